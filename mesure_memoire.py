@@ -1,0 +1,700 @@
+"""IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase
+GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network.
+
+Usage::
+
+    python mesure_memoire.py estimate --parameters 7000000000 --bits 16 --reserve-gib 4
+    python mesure_memoire.py environment --device cuda:0
+    python mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 \\
+        --dtype float32 --warmup 1 --repeats 2 --output mesures-petit-essai.json
+
+``estimate`` needs only Python >= 3.10 and its standard library.  ``environment`` and
+``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
+failures print one line on stderr and exit 2 (3 when the GPU runs out of memory).
+
+The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim into
+``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.
+"""
+
+import argparse  # noqa: I001 -- the command line only; the notebook block below is kept apart
+import sys
+
+# >>> notebook: Imports (standard library only; PyTorch is imported lazily)
+import json
+import math
+import os
+import platform
+import re
+import tempfile
+import time
+from datetime import datetime, timezone
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
+# <<< notebook
+
+# >>> notebook: Constants, validation and the error type
+KIT_NAME = "iteragpu-lab-v1"
+RESULT_SCHEMA_VERSION = 1
+GIB_BYTES = 2**30  # binary gibibyte
+GB_BYTES = 10**9  # decimal gigabyte
+MIB_BYTES = 2**20
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+PHASES = ("model_load", "inputs", "cold_forward", "warmup", "warm_forward")
+PHASE_MEMORY_FIELDS = (
+    "baseline_allocated_bytes",
+    "baseline_reserved_bytes",
+    "end_allocated_bytes",
+    "end_reserved_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+)
+NOT_INCLUDED_IN_ESTIMATE = (
+    "activations",
+    "KV cache",
+    "quantization metadata",
+    "gradients",
+    "optimizer states",
+    "libraries",
+    "the CUDA/ROCm context",
+)
+DRIVER_NOTE = (
+    "The CUDA/HIP runtime built into PyTorch is not the driver: record the driver separately with the vendor tool."
+)
+DRIVER_COMMANDS = {
+    "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
+    "amd": "amd-smi version",
+}
+_DIGITS = re.compile(r"[0-9]{1,30}")  # no sign, underscore, exponent or spaces
+_DEVICE = re.compile(r"cuda:([0-9]{1,4})")
+
+
+class KitError(Exception):
+    """An expected failure: one line for the user, and the exit status to use."""
+
+    exit_code = 2
+
+
+class MeasurementFailed(KitError):
+    """The GPU work itself failed (out of memory, most often): nothing is written."""
+
+    exit_code = 3
+
+
+def whole_number(option, value, minimum):
+    """Return ``value`` as an int >= ``minimum``; accepts an int or a string of digits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and _DIGITS.fullmatch(value):
+        number = int(value)
+    else:
+        number = None
+    if number is None or number < minimum:
+        wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
+        raise KitError(f"{option}: expected {wanted}, got {value!r}")
+    return number
+
+
+def non_negative_decimal(option, value):
+    """Return ``value`` as a finite Decimal >= 0 (a string or a number)."""
+    try:
+        number = Decimal(str(value).strip()) if not isinstance(value, bool) else None
+    except InvalidOperation:
+        number = None
+    if number is None or not number.is_finite() or number < 0:
+        raise KitError(f"{option}: expected a finite number >= 0, got {value!r}")
+    return number
+
+
+def device_index(device):
+    """Return N for a device written ``cuda:N``; anything else is refused."""
+    match = _DEVICE.fullmatch(device) if isinstance(device, str) else None
+    if match is None:
+        raise KitError(f"--device: expected cuda:N (for example cuda:0), got {device!r}")
+    return int(match.group(1))
+
+
+def redact(text):
+    """Remove file-system paths from an error message before it is shown or saved."""
+    text = re.sub(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,]*[\\/][^\s'\"():,]*", "<path>", str(text))
+    return text.splitlines()[0] if text else ""
+
+
+def describe_error(exc):
+    return f"{type(exc).__name__}: {redact(exc)}".rstrip(": ")
+
+
+def decimal_ratio(numerator, denominator):
+    """Exact enough quotient of two ints: 60 significant digits, no float involved."""
+    with localcontext() as context:
+        context.prec = 60
+        return Decimal(numerator) / Decimal(denominator)
+
+
+def rounded(number, places):
+    """Round a Decimal half-up to ``places`` decimals."""
+    return number.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+
+
+# <<< notebook
+
+
+# >>> notebook: 1. Weight-memory estimate (arithmetic only, no GPU)
+def estimate_weights(parameters, bits, reserve_gib=0):
+    """Weight bytes of ``parameters`` values stored on ``bits`` bits each, plus a reserve.
+
+    Bits are rounded up to whole bytes per parameter.  GiB and GB figures are exact
+    Decimals; the outputs round them half-up (2 decimals in text, 6 in JSON).
+    """
+    parameters = whole_number("--parameters", parameters, 1)
+    bits = whole_number("--bits", bits, 1)
+    reserve = non_negative_decimal("--reserve-gib", reserve_gib)
+    bytes_per_parameter = -(-bits // 8)  # ceil(bits / 8) with integers
+    weight_bytes = parameters * bytes_per_parameter
+    weight_gib = decimal_ratio(weight_bytes, GIB_BYTES)
+    return {
+        "parameters": parameters,
+        "bits": bits,
+        "bytes_per_parameter": bytes_per_parameter,
+        "weight_bytes": weight_bytes,
+        "weight_gib": weight_gib,
+        "weight_gb": decimal_ratio(weight_bytes, GB_BYTES),
+        "reserve_gib": reserve,
+        "reserve_is": "a hypothesis chosen by the user, not a measured reserve",
+        "total_gib": weight_gib + reserve,
+        "not_included": list(NOT_INCLUDED_IN_ESTIMATE),
+    }
+
+
+def format_estimate(estimate):
+    def gib(value):
+        return f"{rounded(value, 2)} GiB"
+
+    return "\n".join(
+        [
+            "Weight-memory estimate (arithmetic only, no GPU)",
+            f"  parameters            {estimate['parameters']}",
+            f"  storage width         {estimate['bits']} bits -> "
+            f"{estimate['bytes_per_parameter']} bytes per parameter (rounded up to whole bytes)",
+            f"  weight bytes          {estimate['weight_bytes']}",
+            f"  weights               {gib(estimate['weight_gib'])} (2**30 bytes) = "
+            f"{rounded(estimate['weight_gb'], 2)} GB (10**9 bytes)",
+            f"  reserve (hypothesis)  {gib(estimate['reserve_gib'])}, your assumption, not a measured reserve",
+            f"  total                 {gib(estimate['total_gib'])}",
+            "Bytes are exact integers; GiB and GB are rounded half-up to 2 decimals.",
+            "Not included: " + ", ".join(estimate["not_included"]) + ".",
+            "This does not predict whether a real model fits a card.",
+        ]
+    )
+
+
+# <<< notebook
+
+
+# >>> notebook: 2. Environment diagnosis (degrades field by field, never fails whole)
+def import_torch():
+    """Return (torch, None), or (None, why) when PyTorch cannot be imported."""
+    try:
+        import torch
+    except Exception as exc:  # ImportError, or OSError from a missing shared library
+        return None, describe_error(exc)
+    return torch, None
+
+
+def collect_environment(device):
+    """What this process sees: Python, OS, PyTorch and the chosen GPU.
+
+    Reads no environment variable and records no hostname, user name, path, GPU UUID
+    or serial number.  Each query that fails leaves null and a line in ``field_errors``.
+    """
+    index = device_index(device)
+    field_errors = {}
+
+    def query(name, function):
+        try:
+            return function()
+        except Exception as exc:
+            field_errors[name] = describe_error(exc)
+            return None
+
+    environment = {
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        },
+        "os": {"name": platform.system(), "release": platform.release(), "machine": platform.machine()},
+        "torch": None,
+        "torch_error": None,
+        "cuda_build": None,
+        "hip_build": None,
+        "cudnn_or_miopen_version": None,
+        "device": device,
+        "device_count": None,
+        "gpu_available": False,
+        "gpu_unavailable_reason": None,
+        "gpu": None,
+        "field_errors": field_errors,
+        "driver_note": DRIVER_NOTE,
+        "driver_commands": dict(DRIVER_COMMANDS),
+    }
+    torch, environment["torch_error"] = import_torch()
+    if torch is None:
+        environment["gpu_unavailable_reason"] = "PyTorch is not importable"
+        return environment
+    environment["torch"] = query("torch", lambda: str(torch.__version__))
+    environment["cuda_build"] = query("cuda_build", lambda: torch.version.cuda)
+    environment["hip_build"] = query("hip_build", lambda: getattr(torch.version, "hip", None))
+    environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: torch.backends.cudnn.version())
+    available = query("cuda_available", lambda: bool(torch.cuda.is_available()))
+    count = environment["device_count"] = query("device_count", lambda: int(torch.cuda.device_count()))
+    if not available:
+        if environment["cuda_build"] is None and environment["hip_build"] is None:
+            reason = "this PyTorch build has no CUDA or ROCm support"
+        else:
+            reason = "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)"
+        environment["gpu_unavailable_reason"] = reason
+        return environment
+    if count is None or index >= count:
+        environment["gpu_unavailable_reason"] = f"{device} is out of range: PyTorch sees {count} device(s)"
+        return environment
+    properties = query("properties", lambda: torch.cuda.get_device_properties(index))
+    if properties is None:
+        environment["gpu_unavailable_reason"] = f"the properties of {device} cannot be read"
+        return environment
+    free_and_total = query("mem_get_info", lambda: torch.cuda.mem_get_info(index)) or (None, None)
+    total_bytes = int(properties.total_memory)
+    environment["gpu_available"] = True
+    environment["gpu"] = {
+        "name": str(properties.name),
+        "compute_capability": f"{properties.major}.{properties.minor}",
+        "gcn_arch_name": getattr(properties, "gcnArchName", None) if environment["hip_build"] else None,
+        "multi_processor_count": getattr(properties, "multi_processor_count", None),
+        "total_memory_bytes": total_bytes,
+        "total_memory_gib": decimal_ratio(total_bytes, GIB_BYTES),
+        "mem_get_info_free_bytes": free_and_total[0],
+        "mem_get_info_total_bytes": free_and_total[1],
+        "allocator_backend": query("allocator_backend", lambda: torch.cuda.memory.get_allocator_backend()),
+    }
+    return environment
+
+
+def format_environment(environment):
+    def shown(value, missing="none"):
+        return missing if value is None else str(value)
+
+    lines = [
+        "Environment diagnosis (this process only)",
+        f"  Python                {environment['python']['version']} ({environment['python']['implementation']})",
+        f"  OS                    {environment['os']['name']} {environment['os']['release']} "
+        f"{environment['os']['machine']}",
+        "  PyTorch               " + shown(environment["torch"], f"not importable ({environment['torch_error']})"),
+        f"  CUDA build            {shown(environment['cuda_build'])}",
+        f"  HIP build             {shown(environment['hip_build'])}",
+        f"  cuDNN/MIOpen          {shown(environment['cudnn_or_miopen_version'])}",
+        f"  device                {environment['device']} "
+        f"(PyTorch sees {shown(environment['device_count'], 'no')} device(s))",
+    ]
+    gpu = environment["gpu"]
+    if gpu is None:
+        lines.append(f"  GPU usable            no: {environment['gpu_unavailable_reason']}")
+    else:
+        free, total = gpu["mem_get_info_free_bytes"], gpu["mem_get_info_total_bytes"]
+        lines += [
+            "  GPU usable            yes",
+            f"  GPU name              {gpu['name']}",
+            f"  compute capability    {gpu['compute_capability']}"
+            + (f" ({gpu['gcn_arch_name']})" if gpu["gcn_arch_name"] else ""),
+            f"  memory (runtime)      {gpu['total_memory_bytes']} bytes = {rounded(gpu['total_memory_gib'], 2)} GiB",
+            f"  mem_get_info          free {shown(free)} / total {shown(total)} bytes",
+            f"  allocator backend     {shown(gpu['allocator_backend'], 'unknown')}",
+        ]
+    for name, error in sorted(environment["field_errors"].items()):
+        lines.append(f"  query failed          {name}: {error}")
+    lines.append(environment["driver_note"])
+    for vendor, command in environment["driver_commands"].items():
+        lines.append(f"  {vendor.upper():<6} {command}")
+    return "\n".join(lines)
+
+
+# <<< notebook
+
+
+# >>> notebook: 3. Phase-by-phase measurement (GPU only, no CPU fallback)
+def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
+    """Validate a measurement's parameters; returns them as a dict."""
+    device_index(device)
+    if dtype not in DTYPE_BYTES:
+        raise KitError(f"--dtype: expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    return {
+        "device": device,
+        "batch": whole_number("--batch", batch, 1),
+        "context": whole_number("--context", context, 1),
+        "width": whole_number("--width", width, 1),
+        "dtype": dtype,
+        "warmup": whole_number("--warmup", warmup, 0),
+        "repeats": whole_number("--repeats", repeats, 1),
+        "seed": whole_number("--seed", seed, 0),
+    }
+
+
+def synthetic_model(config):
+    """Shapes and bytes of the synthetic MLP and its tensors, computed without PyTorch."""
+    width, hidden = config["width"], 4 * config["width"]
+    element_bytes = DTYPE_BYTES[config["dtype"]]
+    # Names as torch.nn.Sequential gives them (index 1 is the GELU, which has no weights).
+    shapes = {"0.weight": [hidden, width], "0.bias": [hidden], "2.weight": [width, hidden], "2.bias": [width]}
+    tensors = [
+        {"name": name, "shape": shape, "bytes": math.prod(shape) * element_bytes} for name, shape in shapes.items()
+    ]
+    io_shape = [config["batch"], config["context"], width]
+    return {
+        "architecture": f"Linear({width} -> {hidden}) -> GELU -> Linear({hidden} -> {width})",
+        "width": width,
+        "hidden_width": hidden,
+        "bias": True,
+        "dtype": config["dtype"],
+        "execution": "eval mode, torch.inference_mode, no autocast, no gradients, no optimizer",
+        "parameters": sum(math.prod(shape) for shape in shapes.values()),
+        "parameter_bytes": sum(tensor["bytes"] for tensor in tensors),
+        "parameter_tensors": tensors,
+        "input_shape": io_shape,
+        "input_bytes": math.prod(io_shape) * element_bytes,
+        "output_shape": io_shape,
+        "output_bytes": math.prod(io_shape) * element_bytes,
+    }
+
+
+def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
+    """One phase of the protocol; returns (record, work's output).
+
+    The output is still referenced while the end readings are taken; the caller drops
+    it before the next pass.  The allocator cache is never emptied.
+    """
+    cuda.synchronize(device)
+    baseline_allocated = cuda.memory_allocated(device)
+    baseline_reserved = cuda.memory_reserved(device)
+    cuda.reset_peak_memory_stats(device)
+    started_ns = clock()
+    output = work()
+    cuda.synchronize(device)
+    elapsed_ns = clock() - started_ns
+    record = {
+        "phase": phase,
+        "nanoseconds": elapsed_ns,
+        "seconds": elapsed_ns / 1e9,
+        "baseline_allocated_bytes": baseline_allocated,
+        "baseline_reserved_bytes": baseline_reserved,
+        "end_allocated_bytes": cuda.memory_allocated(device),
+        "end_reserved_bytes": cuda.memory_reserved(device),
+        "peak_allocated_bytes": cuda.max_memory_allocated(device),
+        "peak_reserved_bytes": cuda.max_memory_reserved(device),
+    }
+    return record, output
+
+
+class PhaseFailed(Exception):
+    def __init__(self, phase, error):
+        super().__init__(phase, error)
+        self.phase, self.error = phase, error
+
+
+def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
+    """Run the phases of the spec's table in order; returns their records.
+
+    ``cuda`` is ``torch.cuda`` for a real measurement (tests pass a recording stand-in).
+    """
+    dtype = getattr(torch, config["dtype"])
+    records = []
+
+    def phase(name, work, **labels):
+        try:
+            record, output = run_phase(cuda, device, name, work, clock)
+        except Exception as exc:
+            raise PhaseFailed(name, exc) from exc
+        records.append({**record, **labels})
+        return output
+
+    def load_model():
+        width = config["width"]
+        model = torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+        )
+        return model.to(device=device, dtype=dtype).eval()
+
+    def make_inputs():
+        generator = torch.Generator(device=device)
+        generator.manual_seed(config["seed"])
+        shape = (config["batch"], config["context"], config["width"])
+        return torch.randn(shape, generator=generator, device=device, dtype=dtype)
+
+    def warmup_passes():
+        output = None
+        for _ in range(config["warmup"]):
+            output = None  # release the previous pass's output before the next pass
+            output = model(inputs)
+        return output  # the last output is alive at the end reading
+
+    torch.manual_seed(config["seed"])  # the CPU initialization of the weights
+    with torch.inference_mode():
+        model = phase("model_load", load_model)
+        inputs = phase("inputs", make_inputs)
+        # Forward outputs are not kept: each is released when phase() returns.
+        phase("cold_forward", lambda: model(inputs))
+        if config["warmup"]:
+            phase("warmup", warmup_passes, passes=config["warmup"])
+        for repetition in range(1, config["repeats"] + 1):
+            phase("warm_forward", lambda: model(inputs), repetition=repetition)
+    return records
+
+
+def check_new_output(path):
+    """Refuse an output that exists or whose folder is missing, before any GPU work."""
+    if not isinstance(path, str) or not path.strip():
+        raise KitError("--output: a new file name is required")
+    if os.path.lexists(path):
+        raise KitError(f"--output: {path} already exists; choose a new name (results are never overwritten)")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise KitError(f"--output: the folder of {path} does not exist")
+    return path
+
+
+def _dtype_problem(torch, index, dtype):
+    if dtype == "bfloat16":
+        with torch.cuda.device(index):
+            if not torch.cuda.is_bf16_supported(including_emulation=False):
+                return "bfloat16 is not supported natively by this GPU"
+    float16_too_old = torch.version.hip is None and torch.cuda.get_device_capability(index) < (5, 3)
+    if dtype == "float16" and float16_too_old:
+        return "float16 arithmetic needs compute capability 5.3 or newer"
+    return None
+
+
+def _host_memory_bytes():
+    try:  # POSIX only; where unknown, the check is skipped
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(value_bytes):
+    return f"{rounded(decimal_ratio(value_bytes, GIB_BYTES), 2)} GiB"
+
+
+def measure(config, tool):
+    """Measure the synthetic MLP on the chosen GPU; returns the result (writes nothing).
+
+    Refuses (KitError, exit 2) without PyTorch, without a usable GPU, with an unsupported
+    dtype or sizes that cannot fit; raises MeasurementFailed (exit 3) when a phase fails.
+    """
+    model_summary = synthetic_model(config)
+    torch, torch_error = import_torch()
+    if torch is None:
+        raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
+    cuda = torch.cuda
+    cuda_initialized_before = bool(cuda.is_initialized())
+    environment = collect_environment(config["device"])
+    if not environment["gpu_available"]:
+        raise KitError(
+            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; "
+            "nothing measured, no CPU fallback, no file written"
+        )
+    index = device_index(config["device"])
+    problem = _dtype_problem(torch, index, config["dtype"])
+    if problem:
+        raise KitError(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
+    needed_bytes = sum(model_summary[key] for key in ("parameter_bytes", "input_bytes", "output_bytes"))
+    if needed_bytes > environment["gpu"]["total_memory_bytes"]:
+        raise KitError(
+            f"weights, inputs and one output need {_gib(needed_bytes)}, more than the "
+            f"{_gib(environment['gpu']['total_memory_bytes'])} the GPU announces: shrink a dimension"
+        )
+    host_bytes = _host_memory_bytes()
+    cpu_build_bytes = model_summary["parameters"] * 4  # built in float32 on the CPU first
+    if host_bytes is not None and cpu_build_bytes > host_bytes:
+        raise KitError(
+            f"building the model on the CPU needs {_gib(cpu_build_bytes)}, more than this "
+            f"machine's {_gib(host_bytes)} of RAM: shrink --width"
+        )
+    device = torch.device("cuda", index)
+    cuda.set_device(device)
+    cuda.init()  # reset_peak_memory_stats fails before CUDA is initialized
+    allocated_before = cuda.memory_allocated(device)
+    reserved_before = cuda.memory_reserved(device)
+    try:
+        phases = measure_phases(torch, cuda, device, config)
+    except PhaseFailed as failure:
+        sizes = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
+        error = failure.error
+        if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
+            raise MeasurementFailed(
+                f"out of memory in phase {failure.phase} ({sizes}) on {config['device']}: "
+                "nothing written; shrink one dimension and retry in a new process"
+            ) from None
+        raise MeasurementFailed(
+            f"phase {failure.phase} failed ({sizes}): {describe_error(error)}; nothing written"
+        ) from None
+    fresh = allocated_before == 0 and reserved_before == 0
+    return {
+        "kit": KIT_NAME,
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "tool": tool,
+        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "environment": environment,
+        "configuration": {
+            **config,
+            "cuda_initialized_before_measure": cuda_initialized_before,
+            "allocated_bytes_before_measure": allocated_before,
+            "reserved_bytes_before_measure": reserved_before,
+            "fresh_process_warning": None
+            if fresh
+            else "PyTorch already held GPU memory in this process before the measurement: "
+            "this is not a fresh process and the figures are not comparable; restart it",
+        },
+        "synthetic_model": model_summary,
+        "phases": phases,
+    }
+
+
+def to_json(data):
+    """Serialize a result: exact Decimals become numbers rounded half-up to 6 decimals."""
+
+    def plain(value):
+        if isinstance(value, Decimal):
+            return float(rounded(value, 6))
+        raise TypeError(f"cannot serialize {type(value).__name__}")
+
+    return json.dumps(data, indent=2, sort_keys=False, default=plain) + "\n"
+
+
+def write_new_file(path, text):
+    """Write ``text`` to ``path`` atomically, never replacing an existing file.
+
+    The data goes to a temporary file in the same folder first, then is hard-linked
+    under its name (which fails if the name appeared meanwhile): a crash leaves either
+    no result or a whole one.
+    """
+    folder = os.path.dirname(path) or "."
+    handle, temporary = tempfile.mkstemp(prefix=".partial-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            raise KitError(f"--output: {path} appeared during the measurement; nothing overwritten") from None
+    finally:
+        os.unlink(temporary)
+
+
+def format_phase_table(result):
+    def mib(value_bytes):
+        return f"{rounded(decimal_ratio(value_bytes, MIB_BYTES), 2)}"
+
+    header = ("phase", "ms", "end alloc MiB", "peak alloc MiB", "peak reserved MiB")
+    rows = [header]
+    for record in result["phases"]:
+        label = record["phase"]
+        if "repetition" in record:
+            label += f" #{record['repetition']}"
+        if "passes" in record:
+            label += f" x{record['passes']}"
+        rows.append(
+            (
+                label,
+                f"{rounded(decimal_ratio(record['nanoseconds'], 10**6), 3)}",
+                mib(record["end_allocated_bytes"]),
+                mib(record["peak_allocated_bytes"]),
+                mib(record["peak_reserved_bytes"]),
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(widths[0]) if column == 0 else cell.rjust(widths[column]) for column, cell in enumerate(row)
+        )
+        for row in rows
+    )
+
+
+# <<< notebook
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors become one line (KitError) instead of usage text and exit."""
+
+    def error(self, message):
+        raise KitError(message)
+
+
+def _emit(args, data, formatter):
+    # The JSON and the text come from the same data.
+    sys.stdout.write(to_json(data) if args.json else formatter(data) + "\n")
+
+
+def _command_estimate(args):
+    _emit(args, estimate_weights(args.parameters, args.bits, args.reserve_gib), format_estimate)
+
+
+def _command_environment(args):
+    _emit(args, collect_environment(args.device), format_environment)
+
+
+def _command_measure(args):
+    config = measure_config(
+        args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed
+    )
+    check_new_output(args.output)
+    result = measure(config, tool="mesure_memoire.py")
+    write_new_file(args.output, to_json(result))
+    warning = result["configuration"]["fresh_process_warning"]
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(format_phase_table(result))
+    print(f"Result written to {args.output}")
+
+
+def build_parser():
+    parser = _Parser(prog="mesure_memoire.py", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    estimate = commands.add_parser("estimate", help="weight memory from a parameter count, no GPU")
+    estimate.add_argument("--parameters", required=True, help="number of parameters, a positive integer")
+    estimate.add_argument("--bits", required=True, help="storage width per parameter in bits (4, 8, 16, 32 ...)")
+    estimate.add_argument(
+        "--reserve-gib", default="0", help="extra GiB you assume on top of the weights (a hypothesis; default 0)"
+    )
+    estimate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    estimate.set_defaults(func=_command_estimate)
+
+    environment = commands.add_parser("environment", help="diagnose Python, PyTorch and the chosen GPU")
+    environment.add_argument("--device", required=True, help="the GPU to inspect, written cuda:N")
+    environment.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    environment.set_defaults(func=_command_environment)
+
+    measure_parser = commands.add_parser("measure", help="measure the synthetic MLP phase by phase on a GPU")
+    measure_parser.add_argument("--device", required=True, help="the GPU to measure, written cuda:N")
+    measure_parser.add_argument("--output", required=True, help="new JSON file for the result (never overwritten)")
+    measure_parser.add_argument("--batch", default="1", help="batch size (default 1)")
+    measure_parser.add_argument("--context", default="16", help="positions per input row (default 16)")
+    measure_parser.add_argument("--width", default="64", help="model width; the hidden layer is 4x (default 64)")
+    measure_parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16 (default float32)")
+    measure_parser.add_argument("--warmup", default="1", help="warm-up passes, 0 or more (default 1)")
+    measure_parser.add_argument("--repeats", default="2", help="measured warm passes, 1 or more (default 2)")
+    measure_parser.add_argument("--seed", default="0", help="seed of the weights and inputs (default 0)")
+    measure_parser.set_defaults(func=_command_measure)
+    return parser
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        args.func(args)
+    except KitError as error:
+        print(f"mesure_memoire.py: error: {error}", file=sys.stderr)
+        return error.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""`mesure_memoire.py environment`: a diagnosis that degrades field by field and stays private."""
+
+import getpass
+import json
+import os
+import socket
+import types
+
+import pytest
+import torch
+from conftest import ROOT, assert_one_line_refusal, run_script
+
+import mesure_memoire
+
+
+def test_without_torch_it_reports_why_and_exits_0():
+    completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", "--json", python_flags=("-S",))
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(completed.stdout)
+    assert data["torch"] is None
+    assert "torch" in data["torch_error"]
+    assert data["gpu_available"] is False and data["gpu"] is None
+    assert data["gpu_unavailable_reason"] == "PyTorch is not importable"
+
+
+def test_with_the_cpu_build_it_reports_no_gpu():
+    completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", "--json")
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(completed.stdout)
+    assert data["torch"] == torch.__version__
+    assert data["torch_error"] is None
+    assert data["cuda_build"] is None and data["hip_build"] is None
+    assert data["device"] == "cuda:0" and data["device_count"] == 0
+    assert data["gpu_available"] is False
+    assert "no CUDA or ROCm support" in data["gpu_unavailable_reason"]
+    assert data["python"]["version"].count(".") == 2
+
+
+def test_text_output_names_the_driver_commands():
+    completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0")
+    assert completed.returncode == 0, completed.stderr
+    assert "not the driver" in completed.stdout
+    assert "nvidia-smi --query-gpu=name,driver_version --format=csv" in completed.stdout
+    assert "amd-smi version" in completed.stdout
+    assert "GPU usable            no: this PyTorch build has no CUDA or ROCm support" in completed.stdout
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:", "cuda:-1", "cpu", "CUDA:0", "cuda:0 ", "cuda:x", "0", "gpu:0"])
+def test_a_malformed_device_is_a_usage_error(device):
+    completed = run_script("mesure_memoire.py", "environment", "--device", device)
+    assert_one_line_refusal(completed, "--device", "cuda:N")
+
+
+def test_missing_device_is_a_usage_error():
+    assert_one_line_refusal(run_script("mesure_memoire.py", "environment"), "--device")
+
+
+def test_privacy_no_environment_variable_hostname_user_or_path_in_any_output(tmp_path):
+    sentinel = "SENTINEL-7f3a9c-PRIVATE"
+    env = dict(os.environ, ITERAGPU_PRIVATE_SENTINEL=sentinel, CUDA_VISIBLE_DEVICES=sentinel)
+    outputs = []
+    for args in (
+        ("environment", "--device", "cuda:0"),
+        ("environment", "--device", "cuda:0", "--json"),
+        ("estimate", "--parameters", "7", "--bits", "4"),
+        ("measure", "--device", "cuda:0", "--output", "out.json"),
+    ):
+        for flags in ((), ("-S",)):
+            completed = run_script("mesure_memoire.py", *args, python_flags=flags, env=env, cwd=tmp_path)
+            outputs.append(completed.stdout + completed.stderr)
+    forbidden = [sentinel, socket.gethostname(), getpass.getuser(), str(ROOT), str(tmp_path), os.path.expanduser("~")]
+    for text in outputs:
+        for secret in forbidden:
+            assert secret not in text
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_the_scripts_never_read_environment_variables():
+    for script in ("mesure_memoire.py",):
+        source = (ROOT / script).read_text(encoding="utf-8")
+        for reader in ("os.environ", "getenv", "gethostname", "getuser", ".uuid", "platform.node", "expanduser"):
+            assert reader not in source, (script, reader)
+
+
+# The tests below replace a few torch.cuda functions with stand-ins, because no GPU can be
+# had here: they check how the collector degrades and what it keeps, not real GPU values.
+
+
+def _stand_in_gpu(monkeypatch, count=1):
+    properties = types.SimpleNamespace(
+        name="Stand-in GPU",
+        major=9,
+        minor=0,
+        total_memory=80 * 2**30,
+        multi_processor_count=132,
+        uuid="GPU-STANDIN-UUID-0000",
+        serial="STANDIN-SERIAL-1234",
+        pci_bus_id=7,
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (79 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "native")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+
+
+def test_stand_in_gpu_fields_are_kept_and_identifiers_are_not(monkeypatch, capsys):
+    _stand_in_gpu(monkeypatch)
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(text)
+    assert data["gpu_available"] is True
+    gpu = data["gpu"]
+    assert gpu["name"] == "Stand-in GPU" and gpu["compute_capability"] == "9.0"
+    assert gpu["total_memory_bytes"] == 80 * 2**30 and gpu["total_memory_gib"] == 80.0
+    assert gpu["mem_get_info_free_bytes"] == 79 * 2**30
+    assert gpu["allocator_backend"] == "native"
+    assert gpu["gcn_arch_name"] is None
+    assert "STANDIN-UUID" not in text and "STANDIN-SERIAL" not in text
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    human = capsys.readouterr().out
+    assert "80.00 GiB" in human and "STANDIN" not in human
+
+
+def test_stand_in_device_index_out_of_range(monkeypatch):
+    _stand_in_gpu(monkeypatch, count=2)
+    environment = mesure_memoire.collect_environment("cuda:2")
+    assert environment["gpu_available"] is False
+    reason = environment["gpu_unavailable_reason"]
+    assert "out of range" in reason and "2 device(s)" in reason
+
+
+def test_stand_in_a_query_that_raises_degrades_only_its_field(monkeypatch):
+    _stand_in_gpu(monkeypatch)
+
+    def broken(*args):
+        raise RuntimeError("query exploded in /home/someone/secret/lib.so")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", broken)
+    monkeypatch.setattr(torch.backends.cudnn, "version", broken)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["gpu_available"] is True
+    assert environment["gpu"]["mem_get_info_free_bytes"] is None
+    assert environment["cudnn_or_miopen_version"] is None
+    assert set(environment["field_errors"]) == {"mem_get_info", "cudnn_or_miopen_version"}
+    assert "/home/someone" not in json.dumps(environment["field_errors"])
+    assert "<path>" in environment["field_errors"]["mem_get_info"]
+
+
+def test_redact_removes_paths():
+    assert mesure_memoire.redact("libcudart.so.13: cannot open /usr/lib/x86_64/libcudart.so.13") == (
+        "libcudart.so.13: cannot open <path>"
+    )
+    assert "Users" not in mesure_memoire.redact(r"failed at C:\Users\ana\torch\lib\c10.dll")
+
+
+@pytest.mark.parametrize("command", [[], ["estimate"], ["environment"], ["measure"]])
+def test_help_of_each_command(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        mesure_memoire.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mesure_memoire.py")
+    expected = {"estimate": "--reserve-gib", "environment": "--device", "measure": "--repeats"}
+    assert expected.get(command[0] if command else None, "estimate") in out

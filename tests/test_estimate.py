@@ -1,0 +1,134 @@
+"""`mesure_memoire.py estimate`: integer arithmetic, labels, refusals, standard library only."""
+
+import json
+import shutil
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+from conftest import ROOT, assert_one_line_refusal, run_script
+
+import mesure_memoire
+
+
+def test_reference_example_from_the_readme():
+    completed = run_script(
+        "mesure_memoire.py", "estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"
+    )
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    assert "14000000000" in out
+    assert "13.04 GiB" in out and "14.00 GB" in out and "17.04 GiB" in out
+    assert "not a measured reserve" in out
+    for item in mesure_memoire.NOT_INCLUDED_IN_ESTIMATE:
+        assert item in out
+    assert "does not predict whether a real model fits" in out
+    assert "GB (10**9 bytes)" in out and "GiB (2**30 bytes)" in out
+
+
+@pytest.mark.parametrize(
+    ("bits", "expected_bytes_per_parameter"),
+    [(1, 1), (4, 1), (7, 1), (8, 1), (9, 2), (12, 2), (16, 2), (17, 3), (24, 3), (32, 4), (33, 5), (64, 8)],
+)
+def test_bits_round_up_to_whole_bytes(bits, expected_bytes_per_parameter):
+    estimate = mesure_memoire.estimate_weights(1_000_003, bits)
+    assert estimate["bytes_per_parameter"] == expected_bytes_per_parameter
+    assert estimate["weight_bytes"] == 1_000_003 * expected_bytes_per_parameter
+    assert isinstance(estimate["weight_bytes"], int)
+
+
+def test_gib_and_gb_are_exact_decimals():
+    estimate = mesure_memoire.estimate_weights(2**30, 8, "0.5")
+    assert estimate["weight_gib"] == 1
+    assert estimate["weight_gb"] == Decimal("1.073741824")
+    assert estimate["total_gib"] == Decimal("1.5")
+
+
+def test_json_output_carries_the_same_figures():
+    completed = run_script(
+        "mesure_memoire.py", "estimate", "--parameters", "7000000000", "--bits", "12", "--reserve-gib", "4", "--json"
+    )
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(completed.stdout)
+    assert data["parameters"] == 7000000000 and data["bits"] == 12
+    assert data["bytes_per_parameter"] == 2
+    assert data["weight_bytes"] == 14000000000
+    assert data["weight_gib"] == 13.038516  # 14e9 / 2**30, half-up to 6 decimals
+    assert data["weight_gb"] == 14.0
+    assert data["reserve_gib"] == 4.0
+    assert data["total_gib"] == 17.038516
+    assert "hypothesis" in data["reserve_is"]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--parameters", "0", "--bits", "16"], "--parameters"),
+        (["--parameters", "-5", "--bits", "16"], "--parameters"),
+        (["--parameters", "1.5", "--bits", "16"], "--parameters"),
+        (["--parameters", "7e9", "--bits", "16"], "--parameters"),
+        (["--parameters", "nan", "--bits", "16"], "--parameters"),
+        (["--parameters", "inf", "--bits", "16"], "--parameters"),
+        (["--parameters", "", "--bits", "16"], "--parameters"),
+        (["--parameters", "1_000", "--bits", "16"], "--parameters"),
+        (["--parameters", "10", "--bits", "0"], "--bits"),
+        (["--parameters", "10", "--bits", "-8"], "--bits"),
+        (["--parameters", "10", "--bits", "8.0"], "--bits"),
+        (["--parameters", "10", "--bits", "16", "--reserve-gib", "-1"], "--reserve-gib"),
+        (["--parameters", "10", "--bits", "16", "--reserve-gib", "nan"], "--reserve-gib"),
+        (["--parameters", "10", "--bits", "16", "--reserve-gib", "inf"], "--reserve-gib"),
+        (["--parameters", "10", "--bits", "16", "--reserve-gib", "-inf"], "--reserve-gib"),
+        (["--parameters", "10", "--bits", "16", "--reserve-gib", "four"], "--reserve-gib"),
+        (["--bits", "16"], "--parameters"),
+        (["--parameters", "10"], "--bits"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line(args, option, capsys):
+    assert mesure_memoire.main(["estimate", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and option in lines[0] and lines[0].startswith("mesure_memoire.py: error:")
+
+
+def test_refusal_from_the_command_line_has_no_traceback():
+    completed = run_script("mesure_memoire.py", "estimate", "--parameters", "abc", "--bits", "16")
+    assert_one_line_refusal(completed, "--parameters", "'abc'")
+
+
+def test_runs_without_site_packages_and_never_imports_torch():
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import mesure_memoire as m; "
+        "rc = m.main(['estimate', '--parameters', '7000000000', '--bits', '16']); "
+        "print('torch' in sys.modules, rc)"
+    )
+    completed = subprocess.run([sys.executable, "-S", "-c", code, str(ROOT)], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines()[-1] == "False 0"
+    assert "13.04 GiB" in completed.stdout
+
+
+def _python310():
+    for candidate in ("python3.10", "/root/.pyenv/versions/3.10.13/bin/python3.10"):
+        path = shutil.which(candidate) or candidate
+        try:
+            version = subprocess.run(
+                [path, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, timeout=30
+            )
+        except OSError:
+            continue
+        if version.returncode == 0 and version.stdout.strip() == "(3, 10)":
+            return path
+    return None
+
+
+def test_python_3_10_gives_the_same_estimate():
+    python310 = _python310()
+    if python310 is None:
+        pytest.skip("no Python 3.10 interpreter on this machine")
+    args = ("estimate", "--parameters", "7000000000", "--bits", "12", "--reserve-gib", "4", "--json")
+    old = run_script("mesure_memoire.py", *args, python=python310, python_flags=("-S",))
+    new = run_script("mesure_memoire.py", *args)
+    assert old.returncode == 0, old.stderr
+    assert old.stdout == new.stdout

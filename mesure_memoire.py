@@ -587,6 +587,14 @@ def write_new_file(path, text):
         os.unlink(temporary)
 
 
+def measure_to_file(config, output, tool):
+    """The whole measurement: refuse an unusable output first, measure, then write atomically."""
+    check_new_output(output)
+    result = measure(config, tool)
+    write_new_file(output, to_json(result))
+    return result
+
+
 def format_phase_table(result):
     def mib(value_bytes):
         return f"{rounded(decimal_ratio(value_bytes, MIB_BYTES), 2)}"
@@ -644,9 +652,7 @@ def _command_measure(args):
     config = measure_config(
         args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed
     )
-    check_new_output(args.output)
-    result = measure(config, tool="mesure_memoire.py")
-    write_new_file(args.output, to_json(result))
+    result = measure_to_file(config, args.output, tool="mesure_memoire.py")
     warning = result["configuration"]["fresh_process_warning"]
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

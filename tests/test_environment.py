@@ -4,7 +4,6 @@ import getpass
 import json
 import os
 import socket
-import types
 
 import pytest
 import torch
@@ -82,31 +81,11 @@ def test_the_scripts_never_read_environment_variables():
             assert reader not in source, (script, reader)
 
 
-# The tests below replace a few torch.cuda functions with stand-ins, because no GPU can be
-# had here: they check how the collector degrades and what it keeps, not real GPU values.
+# The tests below use the stand_in_gpu fixture (conftest.py), because no GPU can be had
+# here: they check how the collector degrades and what it keeps, not real GPU values.
 
 
-def _stand_in_gpu(monkeypatch, count=1):
-    properties = types.SimpleNamespace(
-        name="Stand-in GPU",
-        major=9,
-        minor=0,
-        total_memory=80 * 2**30,
-        multi_processor_count=132,
-        uuid="GPU-STANDIN-UUID-0000",
-        serial="STANDIN-SERIAL-1234",
-        pci_bus_id=7,
-    )
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (79 * 2**30, 80 * 2**30))
-    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "native")
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
-
-
-def test_stand_in_gpu_fields_are_kept_and_identifiers_are_not(monkeypatch, capsys):
-    _stand_in_gpu(monkeypatch)
+def test_stand_in_gpu_fields_are_kept_and_identifiers_are_not(stand_in_gpu, capsys):
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     text = capsys.readouterr().out
     data = json.loads(text)
@@ -123,16 +102,15 @@ def test_stand_in_gpu_fields_are_kept_and_identifiers_are_not(monkeypatch, capsy
     assert "80.00 GiB" in human and "STANDIN" not in human
 
 
-def test_stand_in_device_index_out_of_range(monkeypatch):
-    _stand_in_gpu(monkeypatch, count=2)
+def test_stand_in_device_index_out_of_range(stand_in_gpu):
+    stand_in_gpu(count=2)
     environment = mesure_memoire.collect_environment("cuda:2")
     assert environment["gpu_available"] is False
     reason = environment["gpu_unavailable_reason"]
     assert "out of range" in reason and "2 device(s)" in reason
 
 
-def test_stand_in_a_query_that_raises_degrades_only_its_field(monkeypatch):
-    _stand_in_gpu(monkeypatch)
+def test_stand_in_a_query_that_raises_degrades_only_its_field(stand_in_gpu, monkeypatch):
 
     def broken(*args):
         raise RuntimeError("query exploded in /home/someone/secret/lib.so")

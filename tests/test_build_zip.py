@@ -1,0 +1,181 @@
+"""tools/build_zip.py: a byte-reproducible nine-member archive, its manifest, its refusals."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from conftest import ROOT, run_script
+
+spec = importlib.util.spec_from_file_location("build_zip", ROOT / "tools" / "build_zip.py")
+build_zip = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(build_zip)
+
+SHIPPED = sorted(
+    ["README.md", "LICENSE.txt", "MANIFEST.json", "mesure_memoire.py", "mesure-memoire.ipynb", "calcul_forfaits.py",
+     "tarifs-forfaits.csv", "protocole-qualite.md", "resultats-bruts.csv"]
+)  # fmt: skip
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def readme_command(prefix):
+    """The README's one-line command that starts with ``prefix``."""
+    line = next(line for line in README.splitlines() if line.startswith(prefix))
+    return line
+
+
+@pytest.fixture
+def source(tmp_path):
+    """A copy of the shipped files, to build from or to corrupt."""
+    folder = tmp_path / "source"
+    folder.mkdir()
+    for name in SHIPPED:
+        shutil.copy(ROOT / name, folder / name)
+    return folder
+
+
+def build(source, output, env=None):
+    return run_script("tools/build_zip.py", "--source", source, "--output", output, env=env)
+
+
+def test_two_builds_and_another_time_zone_give_identical_bytes(source, tmp_path):
+    first, second, elsewhere = tmp_path / "a.zip", tmp_path / "b.zip", tmp_path / "c.zip"
+    assert build(source, first).returncode == 0
+    assert build(source, second).returncode == 0
+    env = {key: value for key, value in os.environ.items() if key != "SOURCE_DATE_EPOCH"}
+    completed = build(source, elsewhere, env={**env, "TZ": "Pacific/Kiritimati"})
+    assert completed.returncode == 0, completed.stderr
+    assert first.read_bytes() == second.read_bytes() == elsewhere.read_bytes()
+
+
+def test_nine_members_under_one_folder_dated_and_0644(source, tmp_path):
+    output = tmp_path / "kit.zip"
+    assert build(source, output).returncode == 0
+    with zipfile.ZipFile(output) as archive:
+        infos = archive.infolist()
+    assert [info.filename for info in infos] == [f"iteragpu-lab-v1/{name}" for name in SHIPPED]
+    for info in infos:
+        assert not info.is_dir()
+        assert info.date_time == (2026, 9, 24, 0, 0, 0)
+        assert info.external_attr >> 16 == 0o100644 and info.create_system == 3
+
+
+def test_source_date_epoch_is_used_and_clamped(source, tmp_path):
+    for epoch, expected in (("1700000000", (2023, 11, 14, 22, 13, 20)), ("0", (1980, 1, 1, 0, 0, 0))):
+        output = tmp_path / f"{epoch}.zip"
+        assert build(source, output, env={**os.environ, "SOURCE_DATE_EPOCH": epoch}).returncode == 0
+        with zipfile.ZipFile(output) as archive:
+            assert {info.date_time for info in archive.infolist()} == {expected}
+
+
+def test_the_manifest_lists_every_member_and_itself_without_hash():
+    manifest = json.loads((ROOT / "MANIFEST.json").read_text(encoding="utf-8"))
+    assert manifest["name"] == "iteragpu-lab-v1"
+    assert [entry["path"] for entry in manifest["members"]] == SHIPPED
+    for entry in manifest["members"]:
+        if entry["path"] == "MANIFEST.json":
+            assert entry["bytes"] is None and entry["sha256"] is None
+        else:
+            data = (ROOT / entry["path"]).read_bytes()
+            assert entry["bytes"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+    assert (ROOT / "MANIFEST.json").read_text(encoding="utf-8").endswith("}\n")
+
+
+def extract(source, tmp_path):
+    output = tmp_path / "kit.zip"
+    assert build(source, output).returncode == 0
+    target = tmp_path / "new-folder"
+    if shutil.which("unzip"):
+        subprocess.run(["unzip", "-q", str(output), "-d", str(target)], check=True)
+    else:
+        with zipfile.ZipFile(output) as archive:
+            archive.extractall(target)
+    return target / "iteragpu-lab-v1"
+
+
+def verify(folder):
+    command = shlex.split(readme_command('python -c "import hashlib'))
+    return subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, cwd=folder)
+
+
+def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
+    folder = extract(source, tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == SHIPPED
+    completed = verify(folder)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "OK: every member matches MANIFEST.json\n"
+    if shutil.which("sha256sum"):
+        alternative = subprocess.run(readme_command("python -c \"import json;[print"), shell=True, cwd=folder,
+                                     capture_output=True, text=True)  # fmt: skip
+        assert alternative.returncode == 0 and alternative.stdout.count(": OK") == 8
+
+
+def test_the_extracted_kit_works_as_a_new_user_would_use_it(source, tmp_path):
+    folder = extract(source, tmp_path)
+    package = subprocess.run([sys.executable, "calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"],
+                             capture_output=True, text=True, cwd=folder)  # fmt: skip
+    assert package.returncode == 0 and "364800 cents" in package.stdout
+    arguments = ["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]
+    estimate = subprocess.run([sys.executable, "-S", "mesure_memoire.py", *arguments],
+                              capture_output=True, text=True, cwd=folder)  # fmt: skip
+    assert estimate.returncode == 0 and "17.04 GiB" in estimate.stdout
+
+
+@pytest.mark.parametrize("member", [name for name in SHIPPED if name != "MANIFEST.json"])
+def test_flipping_one_byte_of_any_member_fails_the_verification(source, tmp_path, member):
+    folder = extract(source, tmp_path)
+    data = bytearray((folder / member).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (folder / member).write_bytes(bytes(data))
+    completed = verify(folder)
+    assert completed.returncode == 1
+    assert completed.stdout == f"FAILED: {member}\n"
+
+
+def test_a_missing_member_fails_the_verification(source, tmp_path):
+    folder = extract(source, tmp_path)
+    (folder / "LICENSE.txt").unlink()
+    assert verify(folder).stdout == "FAILED: LICENSE.txt\n"
+
+
+def _corrupt_notebook(folder):
+    notebook = json.loads((folder / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
+    notebook["cells"][2]["execution_count"] = 3
+    (folder / "mesure-memoire.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
+
+
+REFUSALS = {
+    "missing member": (lambda f: (f / "protocole-qualite.md").unlink(), "missing member(s): protocole-qualite.md"),
+    "notebook outputs": (_corrupt_notebook, "saved outputs or execution counts in: parameters"),
+    "filled template": (lambda f: (f / "resultats-bruts.csv").open("a").write("r1,2026-10-01\n"), "header only"),
+    "bad catalog": (lambda f: (f / "tarifs-forfaits.csv").write_text("gpu\n"), "tarifs-forfaits.csv fails validation"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSALS))
+def test_each_refusal_leaves_no_archive_and_the_manifest_unchanged(source, tmp_path, kind):
+    corrupt, reason = REFUSALS[kind]
+    corrupt(source)
+    manifest_before = (source / "MANIFEST.json").read_bytes()
+    output = tmp_path / "kit.zip"
+    completed = build(source, output)
+    assert completed.returncode == 2
+    assert len(completed.stderr.splitlines()) == 1 and reason in completed.stderr
+    assert not output.exists() and not output.with_name("kit.zip.partial").exists()
+    assert (source / "MANIFEST.json").read_bytes() == manifest_before
+
+
+def test_check_passes_on_the_repository_and_catches_a_stale_manifest(source):
+    assert run_script("tools/build_zip.py", "--check").returncode == 0
+    assert run_script("tools/build_zip.py", "--check", "--source", source).returncode == 0
+    (source / "README.md").write_text(README + "\nOne more line.\n", encoding="utf-8")
+    completed = run_script("tools/build_zip.py", "--check", "--source", source)
+    assert completed.returncode == 1
+    assert "MANIFEST.json is stale for README.md" in completed.stderr
+    assert build_zip.stale_members(source) == ["README.md"]

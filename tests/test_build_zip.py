@@ -11,6 +11,7 @@ import sys
 import zipfile
 
 import pytest
+
 from conftest import ROOT, run_script
 
 spec = importlib.util.spec_from_file_location("build_zip", ROOT / "tools" / "build_zip.py")

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 import torch
-from conftest import ROOT, assert_one_line_refusal, run_script
 
 import mesure_memoire
+from conftest import ROOT, assert_one_line_refusal, run_script
 
 
 def test_without_torch_it_reports_why_and_exits_0():

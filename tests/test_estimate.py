@@ -7,9 +7,9 @@ import sys
 from decimal import Decimal
 
 import pytest
-from conftest import ROOT, assert_one_line_refusal, run_script
 
 import mesure_memoire
+from conftest import ROOT, assert_one_line_refusal, run_script
 
 
 def test_reference_example_from_the_readme():

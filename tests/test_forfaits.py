@@ -5,9 +5,9 @@ import json
 from fractions import Fraction
 
 import pytest
-from conftest import ROOT, assert_one_line_refusal, run_script
 
 import calcul_forfaits
+from conftest import ROOT, assert_one_line_refusal, run_script
 
 CSV_PATH = ROOT / "tarifs-forfaits.csv"
 

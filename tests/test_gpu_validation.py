@@ -7,9 +7,9 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import ROOT, assert_one_line_refusal, run_script
 
 import mesure_memoire
+from conftest import ROOT, assert_one_line_refusal, run_script
 
 spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "tools" / "gpu_validation.py")
 gpu_validation = importlib.util.module_from_spec(spec)
@@ -100,9 +100,13 @@ def test_observations_report_the_model_load_delta_and_what_cold_forward_leaves()
 
 
 def test_verdict_table_counts_failures():
-    table = gpu_validation.format_verdicts([("a", True, ""), ("bb", False, "why")])
-    assert table.splitlines()[-1] == "1 passed, 1 failed"
-    assert "bb     FAIL     why" in table
+    table = gpu_validation.format_verdicts([("a", True, ""), ("bb", False, "why\nnot")])
+    assert table.splitlines() == [
+        "check  verdict  detail",
+        "a      PASS",
+        "bb     FAIL     why not",
+        "1 passed, 1 failed",
+    ]
 
 
 def test_timer_cross_check_runs_the_same_forward(monkeypatch):

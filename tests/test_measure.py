@@ -12,9 +12,9 @@ import weakref
 
 import pytest
 import torch
-from conftest import RecordingCudaStandIn, assert_one_line_refusal, run_script
 
 import mesure_memoire
+from conftest import RecordingCudaStandIn, assert_one_line_refusal, run_script
 
 SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
                "--warmup", "1", "--repeats", "2"]  # fmt: skip

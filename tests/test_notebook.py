@@ -10,10 +10,10 @@ import sys
 
 import nbformat
 import pytest
-from conftest import ROOT, run_script
 from nbclient import NotebookClient
 
 import mesure_memoire
+from conftest import ROOT, run_script
 
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
 spec = importlib.util.spec_from_file_location("build_notebook", ROOT / "tools" / "build_notebook.py")

@@ -27,7 +27,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import build_notebook  # noqa: E402  (the notebook's own output check)
-
 import calcul_forfaits  # noqa: E402  (the catalog's own validation)
 
 NAME = "iteragpu-lab-v1"

@@ -7,8 +7,9 @@ Usage::
 Into a new (or empty) folder it writes: the vendor tool's driver query, the environment JSON,
 ``measure`` results from fresh processes (the README's small trial; its larger command in
 float32, float16 and bfloat16; a compute-bound configuration for the timing cross-check), the
-standard output of each run, ``summary.json`` and ``verdict.txt``.  It checks invariants on
-every result and prints a verdict table last.  It needs python3 and PyTorch only, and a usable
+notebook's code cells run as plain python3 and their result, a log of each run,
+``summary.json`` and ``verdict.txt``.  It checks invariants on every result and prints a
+verdict table last.  It needs python3 and PyTorch only, and a usable
 GPU: without one it exits 2 and writes nothing.  Exit 1 when an invariant fails.
 """
 
@@ -21,8 +22,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
+import build_notebook  # noqa: E402  (to run the notebook's code cells without Jupyter)
 import mesure_memoire  # noqa: E402  (the kit's own script, beside this folder)
+
+NOTEBOOK_RESULT = "mesures-notebook.json"  # the output named in the notebook's parameters cell
 
 ALIGNMENT_BYTES = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 SLACK_PER_TENSOR_BYTES = 2**20  # allowed above that: 1 MiB per tensor
@@ -151,7 +156,9 @@ def _shown(arguments):
 def format_verdicts(rows):
     width = max(len(name) for name, _, _ in [("check", 0, 0), *rows])
     lines = [f"{'check'.ljust(width)}  verdict  detail"]
-    lines += [f"{name.ljust(width)}  {'PASS' if ok else 'FAIL':7}  {detail}".rstrip() for name, ok, detail in rows]
+    for name, ok, detail in rows:
+        detail = " ".join(str(detail).split())  # one line per check, whatever a log held
+        lines.append(f"{name.ljust(width)}  {'PASS' if ok else 'FAIL':7}  {detail}".rstrip())
     failed = sum(not passed for _, passed, _ in rows)
     lines.append(f"{len(rows) - failed} passed, {failed} failed")
     return "\n".join(lines)
@@ -185,6 +192,17 @@ def validate(device, output_dir):
         result = json.loads((output_dir / f"{stem}.json").read_text(encoding="utf-8"))
         rows += [(f"{stem}: {name}", passed, detail) for name, passed, detail in check_result(result)]
         summary["runs"][stem] = {"command": _shown(arguments), **observations(result)}
+    # The notebook's code cells as one plain python3 script (no Jupyter on a GPU box), with its
+    # default parameters: the small trial, written to NOTEBOOK_RESULT in the evidence folder.
+    notebook = json.loads(build_notebook.NOTEBOOK.read_text(encoding="utf-8"))
+    code = build_notebook.code_cells_as_script(notebook)
+    completed = run_to_file([sys.executable, "-c", code], output_dir / "notebook.log", "python3 <notebook code cells>")
+    if completed.returncode != 0 or not (output_dir / NOTEBOOK_RESULT).is_file():
+        rows.append(("notebook code cells: result written", False, completed.stdout.strip()[-200:]))
+    else:
+        result = json.loads((output_dir / NOTEBOOK_RESULT).read_text(encoding="utf-8"))
+        rows += [(f"notebook: {name}", passed, detail) for name, passed, detail in check_result(result)]
+        summary["runs"]["notebook"] = {"command": "python3 <notebook code cells>", **observations(result)}
     cross = summary["runs"].get("measure-crosscheck-bfloat16")
     if cross:
         import torch

@@ -28,7 +28,7 @@ import re
 import tempfile
 import time
 from datetime import datetime, timezone
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
 # <<< notebook
 
 # >>> notebook: Constants, validation and the error type
@@ -94,13 +94,13 @@ def whole_number(option, value, minimum):
 
 
 def non_negative_decimal(option, value):
-    """Return ``value`` as a finite Decimal >= 0 (a string or a number)."""
+    """Return ``value`` as a finite Decimal >= 0 and below 10**30 (a string or a number)."""
     try:
         number = Decimal(str(value).strip()) if not isinstance(value, bool) else None
     except InvalidOperation:
         number = None
-    if number is None or not number.is_finite() or number < 0:
-        raise KitError(f"{option}: expected a finite number >= 0, got {value!r}")
+    if number is None or not number.is_finite() or number < 0 or number.adjusted() >= 30:
+        raise KitError(f"{option}: expected a finite number >= 0 and below 1e30, got {value!r}")
     return number
 
 
@@ -122,16 +122,24 @@ def describe_error(exc):
     return f"{type(exc).__name__}: {redact(exc)}".rstrip(": ")
 
 
+def exact_context():
+    """A decimal context wide enough that no accepted input is ever rounded before display.
+
+    (The default 28 digits would round, or fail to quantize, the largest accepted figures.)
+    """
+    return localcontext(Context(prec=200))
+
+
 def decimal_ratio(numerator, denominator):
-    """Exact enough quotient of two ints: 60 significant digits, no float involved."""
-    with localcontext() as context:
-        context.prec = 60
+    """The quotient of two ints as an exact Decimal (a power of 2 or 10 divides exactly)."""
+    with exact_context():
         return Decimal(numerator) / Decimal(denominator)
 
 
 def rounded(number, places):
     """Round a Decimal half-up to ``places`` decimals."""
-    return number.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    with exact_context():
+        return number.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
 
 
 # <<< notebook
@@ -150,6 +158,8 @@ def estimate_weights(parameters, bits, reserve_gib=0):
     bytes_per_parameter = -(-bits // 8)  # ceil(bits / 8) with integers
     weight_bytes = parameters * bytes_per_parameter
     weight_gib = decimal_ratio(weight_bytes, GIB_BYTES)
+    with exact_context():
+        total_gib = weight_gib + reserve
     return {
         "parameters": parameters,
         "bits": bits,
@@ -159,7 +169,7 @@ def estimate_weights(parameters, bits, reserve_gib=0):
         "weight_gb": decimal_ratio(weight_bytes, GB_BYTES),
         "reserve_gib": reserve,
         "reserve_is": "a hypothesis chosen by the user, not a measured reserve",
-        "total_gib": weight_gib + reserve,
+        "total_gib": total_gib,
         "not_included": list(NOT_INCLUDED_IN_ESTIMATE),
     }
 

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 
@@ -45,6 +46,18 @@ def test_gib_and_gb_are_exact_decimals():
     assert estimate["total_gib"] == Decimal("1.5")
 
 
+def test_the_largest_accepted_inputs_are_shown_exactly():
+    parameters, bits = "9" * 30, "9" * 30
+    completed = run_script("mesure_memoire.py", "estimate", "--parameters", parameters, "--bits", bits,
+                           "--reserve-gib", "0.005")  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    weight_bytes = int(parameters) * -(-int(bits) // 8)
+    total = Fraction(weight_bytes, 2**30) + Fraction(5, 1000)
+    hundredths = (total * 100 + Fraction(1, 2)).__floor__()  # half-up, independently of Decimal
+    assert f"total                 {hundredths // 100}.{hundredths % 100:02d} GiB" in completed.stdout
+    assert f"weight bytes          {weight_bytes}" in completed.stdout
+
+
 def test_json_output_carries_the_same_figures():
     completed = run_script(
         "mesure_memoire.py", "estimate", "--parameters", "7000000000", "--bits", "12", "--reserve-gib", "4", "--json"
@@ -80,6 +93,9 @@ def test_json_output_carries_the_same_figures():
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "inf"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "-inf"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "four"], "--reserve-gib"),
+        (["--parameters", "10", "--bits", "16", "--reserve-gib", "1e30"], "--reserve-gib"),
+        (["--parameters", "10", "--bits", "16", "--reserve-gib", "1e999999"], "--reserve-gib"),
+        (["--parameters", "1" + "0" * 30, "--bits", "16"], "--parameters"),
         (["--bits", "16"], "--parameters"),
         (["--parameters", "10"], "--bits"),
     ],

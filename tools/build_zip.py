@@ -109,14 +109,17 @@ def stale_members(source):
 def write_zip(source, output):
     date_time = member_timestamp()
     temporary = output.with_name(output.name + ".partial")
-    with zipfile.ZipFile(temporary, "w") as archive:
-        for name in MEMBERS:
-            info = zipfile.ZipInfo(f"{NAME}/{name}", date_time)
-            info.create_system = UNIX
-            info.external_attr = REGULAR_FILE_0644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, (source / name).read_bytes(), compresslevel=9)
-    os.replace(temporary, output)
+    try:
+        with zipfile.ZipFile(temporary, "w") as archive:
+            for name in MEMBERS:
+                info = zipfile.ZipInfo(f"{NAME}/{name}", date_time)
+                info.create_system = UNIX
+                info.external_attr = REGULAR_FILE_0644 << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, (source / name).read_bytes(), compresslevel=9)
+        os.replace(temporary, output)  # a whole archive or none under the final name
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def main(argv=None) -> int:

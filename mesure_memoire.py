@@ -534,7 +534,7 @@ def measure(config, tool):
     except PhaseFailed as failure:
         sizes = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
         error = failure.error
-        if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower():
+        if isinstance(error, cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
             raise MeasurementFailed(
                 f"out of memory in phase {failure.phase} ({sizes}) on {config['device']}: "
                 "nothing written; shrink one dimension and retry in a new process"

@@ -75,7 +75,7 @@ def test_privacy_no_environment_variable_hostname_user_or_path_in_any_output(tmp
 
 
 def test_the_scripts_never_read_environment_variables():
-    for script in ("mesure_memoire.py",):
+    for script in ("mesure_memoire.py", "calcul_forfaits.py"):
         source = (ROOT / script).read_text(encoding="utf-8")
         for reader in ("os.environ", "getenv", "gethostname", "getuser", ".uuid", "platform.node", "expanduser"):
             assert reader not in source, (script, reader)

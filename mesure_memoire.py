@@ -63,7 +63,8 @@ DRIVER_COMMANDS = {
     "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
     "amd": "amd-smi version",
 }
-_DIGITS = re.compile(r"[0-9]{1,30}")  # no sign, underscore, exponent or spaces
+_DIGITS = re.compile(r"[0-9]+")  # no sign, underscore, exponent or spaces
+MAX_DIGITS = 30  # bounds every product the kit computes
 _DEVICE = re.compile(r"cuda:([0-9]{1,4})")
 
 
@@ -83,13 +84,13 @@ def whole_number(option, value, minimum):
     """Return ``value`` as an int >= ``minimum``; accepts an int or a string of digits."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and _DIGITS.fullmatch(value):
+    elif isinstance(value, str) and _DIGITS.fullmatch(value) and len(value) <= MAX_DIGITS:
         number = int(value)
     else:
         number = None
-    if number is None or number < minimum:
+    if number is None or number < minimum or number >= 10**MAX_DIGITS:
         wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
-        raise KitError(f"{option}: expected {wanted}, got {value!r}")
+        raise KitError(f"{option}: expected {wanted} of at most {MAX_DIGITS} digits, got {value!r}")
     return number
 
 

@@ -21,7 +21,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 from datetime import date
-from decimal import ROUND_HALF_UP, Decimal, localcontext
+from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 from pathlib import Path
 
 CATALOG_COLUMNS = ("gpu", "model", "memory_gb", "gpus_per_lot", "days", "price_cents", "currency", "snapshot_date")
@@ -142,7 +142,7 @@ def load_catalog(path=None):
 
 def duration_days(value):
     """3, 7 or 30 (an int or its string); anything else is refused: prices are never prorated."""
-    if str(value) not in {str(days) for days in DURATIONS_DAYS} or isinstance(value, bool):
+    if str(value) not in {str(days) for days in DURATIONS_DAYS}:
         raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {value!r}")
     return int(value)
 
@@ -162,6 +162,16 @@ def cents_to_usd(cents):
     return f"{cents // 100}.{cents % 100:02d}"
 
 
+def usd_share(cents, divisor):
+    """``cents / divisor`` in USD, rounded half-up to the cent, as a string.
+
+    Computed and rounded in a 200-digit context: the default 28 digits cannot quantize the
+    largest totals a valid catalog and ``--lots`` allow.
+    """
+    with localcontext(Context(prec=200)):
+        return str((Decimal(cents) / 100 / Decimal(divisor)).quantize(CENT, rounding=ROUND_HALF_UP))
+
+
 def price_package(catalog, gpu, days, lots=1, accepted_results=None):
     """The whole package's price; the cost per accepted result when that count is given."""
     tariff = find_tariff(catalog, gpu, days)
@@ -169,12 +179,7 @@ def price_package(catalog, gpu, days, lots=1, accepted_results=None):
     if accepted_results is not None:
         accepted_results = positive_int("--accepted-results", accepted_results)
     total_price_cents = tariff.price_cents * lots  # a lot's price already covers all its GPUs
-    cost = None
-    if accepted_results is not None:
-        with localcontext() as context:
-            context.prec = 60
-            exact = Decimal(total_price_cents) / Decimal(100) / Decimal(accepted_results)
-        cost = str(exact.quantize(CENT, rounding=ROUND_HALF_UP))
+    cost = None if accepted_results is None else usd_share(total_price_cents, accepted_results)
     return {
         "gpu": tariff.gpu,
         "model": tariff.model,
@@ -223,10 +228,8 @@ def catalog_table(catalog, days=None):
     for tariff in sorted(catalog, key=lambda t: (t.gpu, t.days)):
         if days is not None and tariff.days != days:
             continue
-        with localcontext() as context:
-            context.prec = 60
-            per_gpu_day = Decimal(tariff.price_cents) / 100 / (tariff.days * tariff.gpus_per_lot)
-        rows.append({**asdict(tariff), "usd_per_gpu_day": str(per_gpu_day.quantize(CENT, rounding=ROUND_HALF_UP))})
+        per_gpu_day = usd_share(tariff.price_cents, tariff.days * tariff.gpus_per_lot)
+        rows.append({**asdict(tariff), "usd_per_gpu_day": per_gpu_day})
     return rows
 
 

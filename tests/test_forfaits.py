@@ -48,6 +48,18 @@ def test_cost_rounds_half_up_to_the_cent(total_cents, accepted, expected):
     assert half_up_cents(Fraction(total_cents, 100 * accepted)) == expected
 
 
+def test_the_largest_valid_totals_are_rounded_exactly(tmp_path):
+    biggest_cents = "9" * 18  # the most the catalog's validation accepts
+    (tmp_path / "big.csv").write_bytes(with_cell(2, "price_cents", biggest_cents.encode()))
+    lots, accepted = "9" * 18, "7"
+    completed = run_script("calcul_forfaits.py", "--catalog", "big.csv", "--gpu", "a100-40gb", "--days", "3",
+                           "--lots", lots, "--accepted-results", accepted, "--json", cwd=tmp_path)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    total = int(biggest_cents) * int(lots)
+    assert json.loads(completed.stdout)["total_price_cents"] == total
+    assert json.loads(completed.stdout)["cost_per_accepted_result_usd"] == half_up_cents(Fraction(total, 100 * 7))
+
+
 def test_the_readme_example_and_its_output():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "python calcul_forfaits.py --gpu b200 --days 7 --lots 2\n" in readme

@@ -373,6 +373,17 @@ def synthetic_model(config):
     }
 
 
+def phase_names(config):
+    """The phase lines a measurement writes, in order (no warmup line when --warmup is 0)."""
+    model_load, inputs, cold_forward, warmup, warm_forward = PHASES
+    return [model_load, inputs, cold_forward] + [warmup] * bool(config["warmup"]) + [warm_forward] * config["repeats"]
+
+
+def build_model(torch, width):
+    """The synthetic MLP, built and initialized on the CPU in float32 (PyTorch's default)."""
+    return torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+
+
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     """One phase of the protocol; returns (record, work's output).
 
@@ -424,11 +435,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
         return output
 
     def load_model():
-        width = config["width"]
-        model = torch.nn.Sequential(
-            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
-        )
-        return model.to(device=device, dtype=dtype).eval()
+        return build_model(torch, config["width"]).to(device=device, dtype=dtype).eval()
 
     def make_inputs():
         generator = torch.Generator(device=device)

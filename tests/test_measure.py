@@ -199,7 +199,9 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     )
 
     expected = ["model_load", "inputs", "cold_forward"] + (["warmup"] if warmup else []) + ["warm_forward"] * repeats
-    assert [r["phase"] for r in records] == expected
+    assert (
+        [r["phase"] for r in records] == expected == mesure_memoire.phase_names(config(warmup=warmup, repeats=repeats))
+    )
     assert len(records) == (6 if (warmup, repeats) == (1, 2) else 3 + bool(warmup) + repeats)
     assert [r["repetition"] for r in records if r["phase"] == "warm_forward"] == list(range(1, repeats + 1))
     assert [r.get("passes") for r in records if r["phase"] == "warmup"] == ([warmup] if warmup else [])
@@ -225,8 +227,8 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
 def test_synthetic_model_matches_the_real_pytorch_model():
     for dtype in mesure_memoire.DTYPE_BYTES:
         summary = mesure_memoire.synthetic_model(config(width=48, batch=3, context=5, dtype=dtype))
-        model = torch.nn.Sequential(torch.nn.Linear(48, 192), torch.nn.GELU(), torch.nn.Linear(192, 48))
-        model = model.to(dtype=getattr(torch, dtype))
+        model = mesure_memoire.build_model(torch, 48).to(dtype=getattr(torch, dtype))  # the model measure runs
+        assert [type(layer).__name__ for layer in model] == ["Linear", "GELU", "Linear"]
         real = {name: (list(p.shape), p.numel() * p.element_size()) for name, p in model.named_parameters()}
         assert {t["name"]: (t["shape"], t["bytes"]) for t in summary["parameter_tensors"]} == real
         assert summary["parameters"] == sum(p.numel() for p in model.parameters()) == 8 * 48 * 48 + 5 * 48

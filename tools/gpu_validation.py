@@ -59,8 +59,7 @@ def check_result(result):
 
     config = result.get("configuration", {})
     phases = result.get("phases", [])
-    expected = ["model_load", "inputs", "cold_forward"] + ["warmup"] * bool(config.get("warmup"))
-    expected += ["warm_forward"] * config.get("repeats", 0)
+    expected = mesure_memoire.phase_names({"warmup": config.get("warmup", 0), "repeats": config.get("repeats", 0)})
     names = [phase.get("phase") for phase in phases]
     check("phase lines", names == expected, f"{len(names)} lines")
     repetitions = [phase.get("repetition") for phase in phases if phase.get("phase") == "warm_forward"]
@@ -122,8 +121,7 @@ def timer_median_seconds(torch, device, options, seed=0):
 
     width, dtype = options["width"], getattr(torch, options["dtype"])
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
-    model = model.to(device=device, dtype=dtype).eval()
+    model = mesure_memoire.build_model(torch, width).to(device=device, dtype=dtype).eval()
     inputs = torch.randn(options["batch"], options["context"], width, device=device, dtype=dtype)
 
     def forward():

@@ -68,7 +68,11 @@ def test_nine_members_under_one_folder_dated_and_0644(source, tmp_path):
 
 
 def test_source_date_epoch_is_used_and_clamped(source, tmp_path):
-    for epoch, expected in (("1700000000", (2023, 11, 14, 22, 13, 20)), ("0", (1980, 1, 1, 0, 0, 0))):
+    for epoch, expected in (
+        ("1700000000", (2023, 11, 14, 22, 13, 20)),
+        ("0", (1980, 1, 1, 0, 0, 0)),
+        ("9999999999", (2107, 12, 31, 23, 59, 58)),
+    ):
         output = tmp_path / f"{epoch}.zip"
         assert build(source, output, env={**os.environ, "SOURCE_DATE_EPOCH": epoch}).returncode == 0
         with zipfile.ZipFile(output) as archive:
@@ -180,3 +184,6 @@ def test_check_passes_on_the_repository_and_catches_a_stale_manifest(source):
     assert completed.returncode == 1
     assert "MANIFEST.json is stale for README.md" in completed.stderr
     assert build_zip.stale_members(source) == ["README.md"]
+    (source / "LICENSE.txt").unlink()
+    missing = run_script("tools/build_zip.py", "--check", "--source", source)
+    assert missing.returncode == 2 and missing.stderr == "build_zip.py: error: missing member(s): LICENSE.txt\n"

@@ -3,7 +3,7 @@
 Usage::
 
     python tools/build_zip.py                 # regenerate MANIFEST.json, write dist/iteragpu-lab-v1.zip
-    python tools/build_zip.py --check         # exit 1 if the committed MANIFEST.json is stale
+    python tools/build_zip.py --check         # exit 1 if MANIFEST.json is stale (2 if a member is unfit)
 
 The archive holds exactly the nine members under one folder, in sorted order, each dated
 2026-09-24 00:00:00 (or ``SOURCE_DATE_EPOCH``, clamped at 1980-01-01), mode 0644, made on
@@ -37,6 +37,7 @@ MEMBERS = tuple(sorted((
 )))  # fmt: skip
 RELEASE_DATE = (2026, 9, 24, 0, 0, 0)
 ZIP_EPOCH_SECONDS = 315532800  # 1980-01-01, the earliest date a zip entry can hold
+ZIP_LAST_SECONDS = 4354819198  # 2107-12-31 23:59:58, the latest
 UNIX = 3  # zip "version made by" system: the permission bits below are Unix ones
 REGULAR_FILE_0644 = 0o100644
 
@@ -50,7 +51,7 @@ def member_timestamp():
     if epoch is None:
         return RELEASE_DATE
     try:
-        seconds = max(int(epoch), ZIP_EPOCH_SECONDS)
+        seconds = min(max(int(epoch), ZIP_EPOCH_SECONDS), ZIP_LAST_SECONDS)
     except ValueError:
         raise BuildError(f"SOURCE_DATE_EPOCH must be whole seconds, got {epoch!r}") from None
     return time.gmtime(seconds)[:6]
@@ -106,8 +107,7 @@ def stale_members(source):
     return differing
 
 
-def write_zip(source, output):
-    date_time = member_timestamp()
+def write_zip(source, output, date_time):
     temporary = output.with_name(output.name + ".partial")
     try:
         with zipfile.ZipFile(temporary, "w") as archive:
@@ -130,6 +130,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     source = args.source
     try:
+        check_members(source)  # --check too: what must never ship fails CI as well
         if args.check:
             stale = stale_members(source)
             if stale:
@@ -137,7 +138,6 @@ def main(argv=None) -> int:
                       file=sys.stderr)  # fmt: skip
                 return 1
             return 0
-        check_members(source)
         date_time = member_timestamp()  # refuse a bad SOURCE_DATE_EPOCH before writing anything
         output = args.output
         if output is None:
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         text = manifest_text(source)
         if not (source / MANIFEST).is_file() or (source / MANIFEST).read_text(encoding="utf-8") != text:
             (source / MANIFEST).write_text(text, encoding="utf-8", newline="\n")
-        write_zip(source, output)
+        write_zip(source, output, date_time)
     except BuildError as error:
         print(f"build_zip.py: error: {error}", file=sys.stderr)
         return 2

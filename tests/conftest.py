@@ -36,11 +36,6 @@ def assert_one_line_refusal(completed, *fragments, exit_code=2):
 
 
 @pytest.fixture
-def root():
-    return ROOT
-
-
-@pytest.fixture
 def stand_in_gpu(monkeypatch):
     """A stand-in for a visible CUDA GPU, because no GPU can be had here.
 

@@ -26,6 +26,9 @@ def test_reference_example_from_the_readme():
         assert item in out
     assert "does not predict whether a real model fits" in out
     assert "GB (10**9 bytes)" in out and "GiB (2**30 bytes)" in out
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "python mesure_memoire.py estimate --parameters 7000000000 --bits 16 --reserve-gib 4\n" in readme
+    assert "14000000000 bytes, 13.04 GiB (14.00 GB), and 17.04 GiB in total" in readme
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,12 @@ def test_the_runs_cover_the_readme_commands_and_three_dtypes():
                                              "dtype": "float32"}  # fmt: skip
     assert {r["dtype"] for r in runs.values()} == set(mesure_memoire.DTYPE_BYTES)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    larger = runs["measure-larger-float32"]
-    flags = " ".join(f"--{key} {larger[key]}" for key in ("batch", "context", "width", "dtype", "warmup", "repeats"))
-    assert f"python mesure_memoire.py measure --device cuda:0 {flags} --output mesures.json" in readme
+    for stem, output in (
+        ("measure-small-float32", "mesures-petit-essai.json"),
+        ("measure-larger-float32", "mesures.json"),
+    ):
+        options = runs[stem]
+        flags = " ".join(
+            f"--{key} {options[key]}" for key in ("batch", "context", "width", "dtype", "warmup", "repeats")
+        )
+        assert f"python mesure_memoire.py measure --device cuda:0 {flags} --output {output}" in readme

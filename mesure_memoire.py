@@ -95,13 +95,13 @@ def whole_number(option, value, minimum):
 
 
 def non_negative_decimal(option, value):
-    """Return ``value`` as a finite Decimal >= 0 and below 10**30 (a string or a number)."""
+    """Return ``value`` as a finite Decimal >= 0 and below 10**MAX_DIGITS (a string or a number)."""
     try:
         number = Decimal(str(value).strip()) if not isinstance(value, bool) else None
     except InvalidOperation:
         number = None
-    if number is None or not number.is_finite() or number < 0 or number.adjusted() >= 30:
-        raise KitError(f"{option}: expected a finite number >= 0 and below 1e30, got {value!r}")
+    if number is None or not number.is_finite() or number < 0 or number.adjusted() >= MAX_DIGITS:
+        raise KitError(f"{option}: expected a finite number >= 0 and below 1e{MAX_DIGITS}, got {value!r}")
     return number
 
 

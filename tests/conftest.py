@@ -1,6 +1,8 @@
 """Shared helpers: the repository root, and running a kit script as a new user would."""
 
 import contextlib
+import hashlib
+import os
 import subprocess
 import sys
 import types
@@ -33,6 +35,20 @@ def assert_one_line_refusal(completed, *fragments, exit_code=2):
     assert completed.stdout == ""
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def tree_digest(root):
+    """Every file under ``root`` (relative path -> SHA-256 and mode): equal before and after a refusal."""
+    digest = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                digest[os.path.relpath(path, root)] = "not a regular file"
+                continue
+            with open(path, "rb") as stream:
+                digest[os.path.relpath(path, root)] = (hashlib.sha256(stream.read()).hexdigest(), os.stat(path).st_mode)
+    return digest
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcont
 
 # >>> notebook: Constants, validation and the error type
 KIT_NAME = "iteragpu-lab-v1"
-RESULT_SCHEMA_VERSION = 1
+RESULT_SCHEMA_VERSION = 2  # 2 adds requested bytes, device time, predictions and verdicts
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
@@ -210,6 +210,19 @@ def import_torch():
     return torch, None
 
 
+SETTINGS = (
+    "float32_matmul_precision",
+    "cuda_matmul_allow_tf32",
+    "cudnn_allow_tf32",
+    "cuda_matmul_allow_fp16_reduced_precision_reduction",
+    "cuda_matmul_allow_bf16_reduced_precision_reduction",
+    "preferred_blas_library",
+    "allocator_backend",
+    "cublas_workspace_size_bytes",
+    "cublaslt_workspace_size_bytes",
+)
+
+
 def collect_environment(device):
     """What this process sees: Python, OS, PyTorch and the chosen GPU.
 
@@ -242,6 +255,7 @@ def collect_environment(device):
         "gpu_available": False,
         "gpu_unavailable_reason": None,
         "gpu": None,
+        "settings": dict.fromkeys(SETTINGS),
         "field_errors": field_errors,
         "driver_note": DRIVER_NOTE,
         "driver_commands": dict(DRIVER_COMMANDS),
@@ -251,6 +265,17 @@ def collect_environment(device):
         environment["gpu_unavailable_reason"] = "PyTorch is not importable"
         return environment
     environment["torch"] = query("torch", lambda: str(torch.__version__))
+    settings = environment["settings"]
+    matmul = torch.backends.cuda.matmul
+    # Read from PyTorch's API (never from environment variables): these change the figures.
+    settings["float32_matmul_precision"] = query("float32_matmul_precision", torch.get_float32_matmul_precision)
+    settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
+    settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
+    for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+        settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
+    settings["preferred_blas_library"] = query(
+        "preferred_blas_library", lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
+    )
     environment["cuda_build"] = query("cuda_build", lambda: torch.version.cuda)
     environment["hip_build"] = query("hip_build", lambda: getattr(torch.version, "hip", None))
     environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: torch.backends.cudnn.version())
@@ -284,7 +309,17 @@ def collect_environment(device):
         "mem_get_info_total_bytes": free_and_total[1],
         "allocator_backend": query("allocator_backend", lambda: torch.cuda.memory.get_allocator_backend()),
     }
+    settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
+    for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.10 exposes them
+        function = getattr(torch.backends.cuda, name, None)
+        if function is not None:
+            settings[f"{name}_bytes"] = query(name, lambda function=function: _on_device(torch, index, function))
     return environment
+
+
+def _on_device(torch, index, function):
+    with torch.cuda.device(index):  # the default workspace size depends on the current device
+        return int(function())
 
 
 def format_environment(environment):
@@ -317,6 +352,9 @@ def format_environment(environment):
             f"  mem_get_info          free {shown(free)} / total {shown(total)} bytes",
             f"  allocator backend     {shown(gpu['allocator_backend'], 'unknown')}",
         ]
+    for key, value in (environment.get("settings") or {}).items():
+        if value is not None:
+            lines.append(f"  setting               {key} = {value}")
     for name, error in sorted(environment["field_errors"].items()):
         lines.append(f"  query failed          {name}: {error}")
     lines.append(environment["driver_note"])
@@ -384,24 +422,213 @@ def build_model(torch, width):
     return torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
 
 
+# What the prediction assumes about PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp):
+# every block is the request rounded up to 512 bytes; a block above 1 MiB comes from the large pool,
+# which hands out a cached or new block whole when less than 1 MiB more would remain, so such a block
+# may hold up to 1 MiB more than its rounded request.  Both are allocator defaults.
+ALLOCATOR_ROUNDING_BYTES = 512
+ALLOCATOR_SMALL_BLOCK_BYTES = 2**20  # the largest block of the small pool, and the large pool's slack
+# An allowance for the BLAS workspaces that the first matrix product allocates and keeps: not a
+# prediction (each run measures them), but room for the largest PyTorch default found in its source
+# (ROCm gfx94x/gfx95x: a 128 MiB hipBLAS workspace plus a 76 MiB hipBLASLt one), rounded up.
+BLAS_WORKSPACE_ALLOWANCE_BYTES = 256 * MIB_BYTES
+# The fit check keeps this much of the free memory for what the allocator's counters never see:
+# the cuBLAS/hipBLAS handles and the kernel code loaded at the first forward, and the allocator's
+# segments, which reserve more than they allocate.
+FIT_MARGIN_BYTES = GIB_BYTES
+FORWARD_TENSORS = ("fc1_output", "gelu_output", "output")  # the tensors one forward pass allocates
+PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
+
+
+def allocated_block_bytes(requested_bytes):
+    """The caching allocator's block for a request: rounded up to a multiple of 512 bytes (512 at least)."""
+    return max(1, -(-requested_bytes // ALLOCATOR_ROUNDING_BYTES)) * ALLOCATOR_ROUNDING_BYTES
+
+
+def _forward_pass():
+    # Sequential runs Linear, GELU, Linear: the first Linear's output is still alive while GELU
+    # writes its own, and is released when GELU returns; GELU's output is released when the
+    # second Linear returns.  In inference mode nothing is kept for a backward pass.
+    return [("alloc", "fc1_output"), ("alloc", "gelu_output"), ("free", "fc1_output"), ("alloc", "output"),
+            ("free", "gelu_output")]  # fmt: skip
+
+
+def _phase_events(name, config):
+    """The GPU tensors a phase allocates and releases, in order."""
+    if name == "model_load":
+        # Module.to(device, dtype) converts each float32 CPU parameter on the CPU, then copies
+        # it into one new GPU tensor of the requested dtype: nothing else is allocated on the GPU.
+        return [("alloc", tensor) for tensor in ("0.weight", "0.bias", "2.weight", "2.bias")]
+    if name == "inputs":
+        return [("alloc", "inputs")]  # randn fills a new tensor in place; the generator holds no GPU memory
+    if name == "warmup":
+        # Each pass after the first releases the previous pass's output before it starts.
+        return _forward_pass() + ([("free", "output")] + _forward_pass()) * (config["warmup"] - 1)
+    return _forward_pass()
+
+
+def _simulate(events, sizes):
+    """End and peak of the requested and allocated bytes, relative to the phase's baseline."""
+    live = {}
+    peak = {"requested": 0, "allocated": 0, "slack": 0}
+    alive_at_peak = []
+
+    def slack(names):
+        return sum(
+            ALLOCATOR_SMALL_BLOCK_BYTES for n in names if allocated_block_bytes(sizes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES
+        )
+
+    for action, tensor in events:
+        if action == "free":
+            del live[tensor]
+            continue
+        live[tensor] = sizes[tensor]
+        requested = sum(live.values())
+        if requested > peak["requested"]:
+            peak["requested"], alive_at_peak = requested, list(live)
+        peak["allocated"] = max(peak["allocated"], sum(allocated_block_bytes(b) for b in live.values()))
+        peak["slack"] = max(peak["slack"], slack(live))
+    return {
+        "end_requested_bytes": sum(live.values()),
+        "peak_requested_bytes": peak["requested"],
+        "end_allocated_bytes": sum(allocated_block_bytes(b) for b in live.values()),
+        "peak_allocated_bytes": peak["allocated"],
+        "end_allocated_slack_bytes": slack(live),
+        "peak_allocated_slack_bytes": peak["slack"],
+        "alive_at_end": list(live),
+        "alive_at_peak": alive_at_peak,
+    }
+
+
+def _phase_labels(config):
+    """(phase, labels) for each phase line, as measure writes them."""
+    labels, repetition = [], 0
+    for name in phase_names(config):
+        if name == "warmup":
+            labels.append((name, {"passes": config["warmup"]}))
+        elif name == "warm_forward":
+            repetition += 1
+            labels.append((name, {"repetition": repetition}))
+        else:
+            labels.append((name, {}))
+    return labels
+
+
+def predict_memory(config):
+    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU).
+
+    Requested bytes are exact; allocated bytes use the allocator's 512-byte rounding, and a
+    block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``).  Each phase's figures are
+    relative to its baseline.  The BLAS workspace of the first forward is not predicted: it is
+    measured; ``predicted_peak_allocated_bytes`` counts a named allowance for it.
+    """
+    model = synthetic_model(config)
+    element_bytes = DTYPE_BYTES[config["dtype"]]
+    rows = config["batch"] * config["context"]
+    sizes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
+    sizes.update(inputs=model["input_bytes"], output=model["output_bytes"])
+    sizes.update(fc1_output=rows * model["hidden_width"] * element_bytes)
+    sizes.update(gelu_output=rows * model["hidden_width"] * element_bytes)
+    phases, level, peak, peak_phase = [], 0, 0, None
+    for name, labels in _phase_labels(config):
+        predicted = _simulate(_phase_events(name, config), sizes)
+        record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
+        record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
+        workspace = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
+        if workspace:
+            record["blas_workspace"] = (
+                "allocated by the first matrix product and kept: measured by the run, not predicted here "
+                "(the allowance counts it in the predicted peak)"
+            )
+        if level + workspace + predicted["peak_allocated_bytes"] > peak:
+            peak, peak_phase = level + workspace + predicted["peak_allocated_bytes"], name
+        level += workspace + predicted["end_allocated_bytes"]
+        phases.append(record)
+        # Outputs are released when a phase ends: the next baseline holds weights, inputs, workspace.
+        if name not in ("model_load", "inputs"):
+            level -= predicted["end_allocated_bytes"]
+    return {
+        "kit": KIT_NAME,
+        "what": "a prediction from arithmetic alone (no PyTorch, no GPU) of what each phase of measure "
+        "should do to PyTorch's CUDA caching allocator",
+        "configuration": dict(config),
+        "tensor_bytes": sizes,
+        "allocator_rounding_bytes": ALLOCATOR_ROUNDING_BYTES,
+        "large_block_slack_bytes": ALLOCATOR_SMALL_BLOCK_BYTES,
+        "blas_workspace_allowance_bytes": BLAS_WORKSPACE_ALLOWANCE_BYTES,
+        "phases": phases,
+        "predicted_peak_allocated_bytes": peak,
+        "predicted_peak_phase": peak_phase,
+        "fit_margin_bytes": FIT_MARGIN_BYTES,
+        "needs_free_bytes": peak + FIT_MARGIN_BYTES,
+        "not_included": [
+            "the CUDA/ROCm context",
+            "the BLAS handles and kernel code, which the allocator's counters never see",
+            "reserved memory above allocated (the allocator's segments)",
+        ],
+    }
+
+
+def format_plan(plan):
+    def mib(value_bytes):
+        return f"{rounded(decimal_ratio(value_bytes, MIB_BYTES), 3)}"
+
+    header = ("phase", "end req MiB", "peak req MiB", "end alloc MiB", "peak alloc MiB")
+    rows = [header]
+    for record in plan["phases"]:
+        rows.append((_phase_label(record), *(mib(record[counter]) for counter in PREDICTED_COUNTERS)))
+    config = plan["configuration"]
+    lines = [
+        f"Plan for measure (arithmetic only, no GPU, nothing written): batch {config['batch']}, "
+        f"context {config['context']}, width {config['width']}, {config['dtype']}",
+        "Per phase, above the phase's baseline; requested bytes exact, allocated rounded to 512-byte blocks:",
+        _table(rows),
+        f"BLAS workspace allowance on the first forward: {mib(plan['blas_workspace_allowance_bytes'])} MiB "
+        "(an allowance: measure measures the workspace)",
+        f"Predicted peak allocated: {plan['predicted_peak_allocated_bytes']} bytes = "
+        f"{_gib(plan['predicted_peak_allocated_bytes'])}, in {plan['predicted_peak_phase']}",
+        f"measure needs {plan['needs_free_bytes']} bytes = {_gib(plan['needs_free_bytes'])} free "
+        f"(the peak plus a {_gib(plan['fit_margin_bytes'])} margin).",
+        "Not included: " + ", ".join(plan["not_included"]) + ".",
+    ]
+    return "\n".join(lines)
+
+
+def _requested(stats, which):
+    # "requested_bytes.*" exists in PyTorch's memory_stats since 2.1; None where it does not.
+    value = stats.get(f"requested_bytes.all.{which}") if isinstance(stats, dict) else None
+    return value if isinstance(value, int) else None
+
+
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     """One phase of the protocol; returns (record, work's output).
 
     The output is still referenced while the end readings are taken; the caller drops
-    it before the next pass.  The allocator cache is never emptied.
+    it before the next pass.  The allocator cache is never emptied.  Device time comes
+    from two CUDA events recorded on the device's current stream around the work.
     """
     cuda.synchronize(device)
     baseline_allocated = cuda.memory_allocated(device)
     baseline_reserved = cuda.memory_reserved(device)
+    baseline_stats = cuda.memory_stats(device)
     cuda.reset_peak_memory_stats(device)
+    events = None
+    if getattr(cuda, "Event", None) is not None:
+        stream = cuda.current_stream(device)
+        events = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
     started_ns = clock()
+    if events:
+        events[0].record(stream)
     output = work()
+    if events:
+        events[1].record(stream)
     cuda.synchronize(device)
     elapsed_ns = clock() - started_ns
     record = {
         "phase": phase,
         "nanoseconds": elapsed_ns,
         "seconds": elapsed_ns / 1e9,
+        "device_ms": float(events[0].elapsed_time(events[1])) if events else None,
         "baseline_allocated_bytes": baseline_allocated,
         "baseline_reserved_bytes": baseline_reserved,
         "end_allocated_bytes": cuda.memory_allocated(device),
@@ -409,6 +636,10 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
         "peak_allocated_bytes": cuda.max_memory_allocated(device),
         "peak_reserved_bytes": cuda.max_memory_reserved(device),
     }
+    stats = cuda.memory_stats(device)
+    record["baseline_requested_bytes"] = _requested(baseline_stats, "current")
+    record["end_requested_bytes"] = _requested(stats, "current")
+    record["peak_requested_bytes"] = _requested(stats, "peak")
     return record, output
 
 
@@ -419,9 +650,10 @@ class PhaseFailed(Exception):
 
 
 def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
-    """Run the phases of the spec's table in order; returns their records.
+    """Run the phases of the spec's table in order; returns (their records, the output summary).
 
-    ``cuda`` is ``torch.cuda`` for a real measurement (tests pass a recording stand-in).
+    ``cuda`` is ``torch.cuda`` for a real measurement (tests pass a recording stand-in).  The
+    summary of the last output is computed after the phases, outside any timing.
     """
     dtype = getattr(torch, config["dtype"])
     records = []
@@ -450,17 +682,113 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
             output = model(inputs)
         return output  # the last output is alive at the end reading
 
-    torch.manual_seed(config["seed"])  # the CPU initialization of the weights
+    try:
+        torch.manual_seed(config["seed"])  # the CPU initialization of the weights
+    except Exception as exc:
+        raise KitError(f"seeding failed: {describe_error(exc)}; nothing measured, no file written") from None
     with torch.inference_mode():
         model = phase("model_load", load_model)
         inputs = phase("inputs", make_inputs)
-        # Forward outputs are not kept: each is released when phase() returns.
+        # Forward outputs are not kept: each is released when phase() returns, except the
+        # last, which is released only after its summary.
         phase("cold_forward", lambda: model(inputs))
         if config["warmup"]:
             phase("warmup", warmup_passes, passes=config["warmup"])
+        output = None
         for repetition in range(1, config["repeats"] + 1):
-            phase("warm_forward", lambda: model(inputs), repetition=repetition)
-    return records
+            output = None  # release the previous repetition's output before the next pass
+            output = phase("warm_forward", lambda: model(inputs), repetition=repetition)
+        try:
+            summary = summarize_output(torch, output)
+        except Exception as exc:
+            raise PhaseFailed("output_summary", exc) from exc
+    return records, summary
+
+
+def summarize_output(torch, output):
+    """All finite, a float64 checksum (null unless all finite) and the element count of an output."""
+    finite = bool(torch.isfinite(output).all().item())
+    checksum = float(output.to(torch.float64).sum().item()) if finite else None
+    return {"all_finite": finite, "checksum_float64": checksum, "elements": int(output.numel())}
+
+
+def check_prediction(records, plan):
+    """Put each phase's prediction, verdict and disagreements beside its measurement.
+
+    Requested bytes must match exactly; allocated bytes must lie between the 512-byte rounded
+    prediction and that plus the large blocks' slack.  The first forward's BLAS workspace is
+    measured: what it leaves allocated beyond the predicted output.  Returns
+    (records, prediction_check, workspace).
+    """
+    predicted_phases = plan["phases"]
+    disagreements, not_checked = [], []
+    workspace = {"measured_bytes": None, "requested_bytes": None,
+                 "how": "cold_forward's end level above its baseline, less its predicted output: what the first "
+                 "forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
+                 "allowance_bytes": plan["blas_workspace_allowance_bytes"]}  # fmt: skip
+    checked = []
+    for record, predicted in zip(records, predicted_phases, strict=True):
+        expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
+        measured = {
+            "end_allocated_bytes": record["end_allocated_bytes"] - record["baseline_allocated_bytes"],
+            "peak_allocated_bytes": record["peak_allocated_bytes"] - record["baseline_allocated_bytes"],
+        }
+        if record.get("baseline_requested_bytes") is not None:
+            for counter in ("end_requested_bytes", "peak_requested_bytes"):
+                measured[counter] = record[counter] - record["baseline_requested_bytes"]
+        low = {counter: expected[counter] for counter in measured}
+        high = dict(low)
+        high["end_allocated_bytes"] += predicted["end_allocated_slack_bytes"]
+        high["peak_allocated_bytes"] += predicted["peak_allocated_slack_bytes"]
+        if record["phase"] == "cold_forward" and workspace["measured_bytes"] is None:
+            # The workspace stays allocated: it sits in the end level and, from the first
+            # product on, in the peak.  The end only has to hold at least the output.
+            workspace_bytes = measured["end_allocated_bytes"] - expected["end_allocated_bytes"]
+            workspace["measured_bytes"] = workspace_bytes
+            high["end_allocated_bytes"] = None
+            low["peak_allocated_bytes"] += workspace_bytes - predicted["end_allocated_slack_bytes"]
+            high["peak_allocated_bytes"] += workspace_bytes
+            if "end_requested_bytes" in measured:
+                workspace_requested = measured["end_requested_bytes"] - expected["end_requested_bytes"]
+                workspace["requested_bytes"] = workspace_requested
+                high["end_requested_bytes"] = None
+                low["peak_requested_bytes"] += workspace_requested
+                high["peak_requested_bytes"] += workspace_requested
+        record_disagreements = []
+        for counter in PREDICTED_COUNTERS:
+            if counter not in measured:
+                continue
+            value = measured[counter]
+            if value < low[counter] or (high[counter] is not None and value > high[counter]):
+                closest = low[counter] if value < low[counter] else high[counter]
+                record_disagreements.append(
+                    {
+                        "phase": record["phase"],
+                        "repetition": record.get("repetition"),
+                        "counter": counter,
+                        "predicted_bytes": closest,
+                        "measured_bytes": value,
+                        "difference_bytes": value - closest,
+                        "relative_to": "the phase's baseline",
+                    }  # fmt: skip
+                )
+        record["predicted"] = {**expected, "relative_to": "the phase's baseline",
+                               "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
+                               "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"]}  # fmt: skip
+        record["disagreements"] = record_disagreements
+        if record_disagreements:
+            record["verdict"], record["verdict_reason"] = "disagrees", None
+        elif len(measured) < len(PREDICTED_COUNTERS):
+            record["verdict"] = "not checked"
+            record["verdict_reason"] = "this PyTorch's memory_stats has no requested-bytes counters"
+            not_checked.append(_phase_label(record))
+        else:
+            record["verdict"], record["verdict_reason"] = "agrees", None
+        disagreements += record_disagreements
+        checked.append(record)
+    prediction_check = {"agrees": not disagreements and not not_checked, "disagreements": disagreements,
+                        "not_checked": not_checked}  # fmt: skip
+    return checked, prediction_check, workspace
 
 
 def check_new_output(path):
@@ -497,18 +825,55 @@ def _gib(value_bytes):
     return f"{rounded(decimal_ratio(value_bytes, GIB_BYTES), 2)} GiB"
 
 
+def fit_problem(plan, environment):
+    """Why the predicted peak cannot fit the GPU's free memory less the margin; None when it fits."""
+    gpu = environment["gpu"]
+    free, source = gpu["mem_get_info_free_bytes"], "free (mem_get_info)"
+    if free is None:  # mem_get_info failed: only the announced total is known
+        free, source = gpu["total_memory_bytes"], "announced in total (mem_get_info failed)"
+    usable = free - plan["fit_margin_bytes"]
+    peak = plan["predicted_peak_allocated_bytes"]
+    if peak <= usable:
+        return None
+    config, tensors = plan["configuration"], plan["tensor_bytes"]
+    weight_bytes = sum(tensors[name] for name in ("0.weight", "0.bias", "2.weight", "2.bias"))
+    if weight_bytes >= peak - weight_bytes:
+        advice = "shrink --width (the weights dominate)"
+    else:
+        larger = "--context" if config["context"] >= config["batch"] else "--batch"
+        advice = f"shrink {larger} (the activations dominate)"
+    return (
+        f"the predicted peak, {peak} bytes ({_gib(peak)}), exceeds the {free} bytes ({_gib(free)}) {source} "
+        f"less a {_gib(plan['fit_margin_bytes'])} margin: {advice}"
+    )
+
+
 def measure(config, tool):
     """Measure the synthetic MLP on the chosen GPU; returns the result (writes nothing).
 
     Refuses (KitError, exit 2) without PyTorch, without a usable GPU, with an unsupported
-    dtype or sizes that cannot fit; raises MeasurementFailed (exit 3) when a phase fails.
+    dtype, sizes whose predicted peak cannot fit, or a failed set-up step; raises
+    MeasurementFailed (exit 3) when a phase fails.
     """
     model_summary = synthetic_model(config)
+    plan = predict_memory(config)
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
     cuda = torch.cuda
-    cuda_initialized_before = bool(cuda.is_initialized())
+
+    def set_up(step, function):
+        # A set-up failure is a refusal (exit 2): one line, nothing measured, nothing written.
+        try:
+            return function()
+        except KitError:
+            raise
+        except Exception as exc:
+            raise KitError(
+                f"{step} failed on {config['device']}: {describe_error(exc)}; nothing measured, no file written"
+            ) from None
+
+    cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     environment = collect_environment(config["device"])
     if not environment["gpu_available"]:
         raise KitError(
@@ -516,15 +881,12 @@ def measure(config, tool):
             "nothing measured, no CPU fallback, no file written"
         )
     index = device_index(config["device"])
-    problem = _dtype_problem(torch, index, config["dtype"])
+    problem = set_up("the dtype probe", lambda: _dtype_problem(torch, index, config["dtype"]))
     if problem:
         raise KitError(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
-    needed_bytes = sum(model_summary[key] for key in ("parameter_bytes", "input_bytes", "output_bytes"))
-    if needed_bytes > environment["gpu"]["total_memory_bytes"]:
-        raise KitError(
-            f"weights, inputs and one output need {_gib(needed_bytes)}, more than the "
-            f"{_gib(environment['gpu']['total_memory_bytes'])} the GPU announces: shrink a dimension"
-        )
+    problem = fit_problem(plan, environment)  # before any GPU allocation of the kit's own
+    if problem:
+        raise KitError(problem)
     host_bytes = _host_memory_bytes()
     cpu_build_bytes = model_summary["parameters"] * 4  # built in float32 on the CPU first
     if host_bytes is not None and cpu_build_bytes > host_bytes:
@@ -533,16 +895,17 @@ def measure(config, tool):
             f"machine's {_gib(host_bytes)} of RAM: shrink --width"
         )
     device = torch.device("cuda", index)
-    cuda.set_device(device)
-    cuda.init()  # reset_peak_memory_stats fails before CUDA is initialized
-    allocated_before = cuda.memory_allocated(device)
-    reserved_before = cuda.memory_reserved(device)
+    set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
+    set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
+    allocated_before = set_up("torch.cuda.memory_allocated", lambda: cuda.memory_allocated(device))
+    reserved_before = set_up("torch.cuda.memory_reserved", lambda: cuda.memory_reserved(device))
     try:
-        phases = measure_phases(torch, cuda, device, config)
+        phases, output_summary = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
         sizes = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
         error = failure.error
-        if isinstance(error, cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
+        out_of_memory = getattr(cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
+        if isinstance(error, out_of_memory) or "out of memory" in str(error).lower():
             raise MeasurementFailed(
                 f"out of memory in phase {failure.phase} ({sizes}) on {config['device']}: "
                 "nothing written; shrink one dimension and retry in a new process"
@@ -550,6 +913,7 @@ def measure(config, tool):
         raise MeasurementFailed(
             f"phase {failure.phase} failed ({sizes}): {describe_error(error)}; nothing written"
         ) from None
+    phases, prediction_check, workspace = check_prediction(phases, plan)
     fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
@@ -569,6 +933,11 @@ def measure(config, tool):
         },
         "synthetic_model": model_summary,
         "phases": phases,
+        "prediction_check": prediction_check,
+        "workspace": workspace,
+        "output_summary": output_summary,
+        "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
+        "fit_margin_bytes": plan["fit_margin_bytes"],
     }
 
 
@@ -613,34 +982,69 @@ def measure_to_file(config, output, tool):
     return result
 
 
-def format_phase_table(result):
-    def mib(value_bytes):
-        return f"{rounded(decimal_ratio(value_bytes, MIB_BYTES), 2)}"
+def _phase_label(record):
+    label = record["phase"]
+    if record.get("repetition") is not None:
+        label += f" #{record['repetition']}"
+    if record.get("passes") is not None:
+        label += f" x{record['passes']}"
+    return label
 
-    header = ("phase", "ms", "end alloc MiB", "peak alloc MiB", "peak reserved MiB")
-    rows = [header]
-    for record in result["phases"]:
-        label = record["phase"]
-        if "repetition" in record:
-            label += f" #{record['repetition']}"
-        if "passes" in record:
-            label += f" x{record['passes']}"
-        rows.append(
-            (
-                label,
-                f"{rounded(decimal_ratio(record['nanoseconds'], 10**6), 3)}",
-                mib(record["end_allocated_bytes"]),
-                mib(record["peak_allocated_bytes"]),
-                mib(record["peak_reserved_bytes"]),
-            )
-        )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+
+def _table(rows):
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return "\n".join(
         "  ".join(
             cell.ljust(widths[0]) if column == 0 else cell.rjust(widths[column]) for column, cell in enumerate(row)
-        )
+        ).rstrip()
         for row in rows
     )
+
+
+def format_phase_table(result):
+    """The measurement as a table; a prediction that disagrees is marked, and each difference listed."""
+
+    def mib(value_bytes):
+        return f"{rounded(decimal_ratio(value_bytes, MIB_BYTES), 2)}"
+
+    header = ("phase", "ms", "device ms", "end alloc MiB", "peak alloc MiB", "peak reserved MiB", "prediction")
+    rows = [header]
+    for record in result["phases"]:
+        device_ms = record.get("device_ms")
+        verdict = record.get("verdict", "not checked")
+        rows.append(
+            (
+                _phase_label(record),
+                f"{rounded(decimal_ratio(record['nanoseconds'], 10**6), 3)}",
+                "n/a" if device_ms is None else f"{device_ms:.3f}",
+                mib(record["end_allocated_bytes"]),
+                mib(record["peak_allocated_bytes"]),
+                mib(record["peak_reserved_bytes"]),
+                "DISAGREES" if verdict == "disagrees" else verdict,
+            )
+        )
+    lines = [_table(rows)]
+    for disagreement in (result.get("prediction_check") or {}).get("disagreements", []):
+        label = _phase_label(disagreement)
+        lines.append(
+            f"DISAGREES {label}: {disagreement['counter']} above baseline measured {disagreement['measured_bytes']}, "
+            f"predicted {disagreement['predicted_bytes']} (difference {disagreement['difference_bytes']:+d} bytes)"
+        )
+    workspace = result.get("workspace")
+    if workspace and workspace.get("measured_bytes") is not None:
+        lines.append(
+            f"BLAS workspace measured: {workspace['measured_bytes']} bytes allocated by the first forward "
+            "beyond the prediction"
+        )
+    summary = result.get("output_summary")
+    if summary:
+        checksum = summary["checksum_float64"]
+        lines.append(
+            f"Last output: {summary['elements']} elements, "
+            + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
+            + ("" if checksum is None else f", float64 checksum {checksum!r}")
+        )
+    return "\n".join(lines)
 
 
 # <<< notebook
@@ -670,6 +1074,15 @@ def _command_measure(args):
     config = measure_config(
         args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed
     )
+    if args.plan:
+        if args.output is not None:
+            raise KitError("--plan writes nothing: drop --output")
+        _emit(args, predict_memory(config), format_plan)
+        return
+    if args.json:
+        raise KitError("--json goes with --plan; measure writes its JSON to --output")
+    if args.output is None:
+        raise KitError("--output: a new file name is required (or --plan, which measures nothing and writes nothing)")
     result = measure_to_file(config, args.output, tool="mesure_memoire.py")
     warning = result["configuration"]["fresh_process_warning"]
     if warning:
@@ -698,7 +1111,9 @@ def build_parser():
 
     measure_parser = commands.add_parser("measure", help="measure the synthetic MLP phase by phase on a GPU")
     measure_parser.add_argument("--device", required=True, help="the GPU to measure, written cuda:N")
-    measure_parser.add_argument("--output", required=True, help="new JSON file for the result (never overwritten)")
+    measure_parser.add_argument(
+        "--output", help="new JSON file for the result (never overwritten); required unless --plan"
+    )
     measure_parser.add_argument("--batch", default="1", help="batch size (default 1)")
     measure_parser.add_argument("--context", default="16", help="positions per input row (default 16)")
     measure_parser.add_argument("--width", default="64", help="model width; the hidden layer is 4x (default 64)")
@@ -706,6 +1121,12 @@ def build_parser():
     measure_parser.add_argument("--warmup", default="1", help="warm-up passes, 0 or more (default 1)")
     measure_parser.add_argument("--repeats", default="2", help="measured warm passes, 1 or more (default 2)")
     measure_parser.add_argument("--seed", default="0", help="seed of the weights and inputs (default 0)")
+    measure_parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the predicted memory per phase from arithmetic alone: no PyTorch, no GPU, writes nothing",
+    )
+    measure_parser.add_argument("--json", action="store_true", help="with --plan: print one JSON object")
     measure_parser.set_defaults(func=_command_measure)
     return parser
 

@@ -81,31 +81,64 @@ def stand_in_gpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
         monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
         monkeypatch.setattr(torch.version, "cuda", "13.0")
+        # The CPU build lacks the BLAS workspace queries; these stand-in sizes are PyTorch's NVIDIA defaults.
+        monkeypatch.setattr(torch.backends.cuda, "cublas_workspace_size", lambda size=None: 8 * 2**20 + 128 * 2**10)
+        monkeypatch.setattr(torch.backends.cuda, "cublaslt_workspace_size", lambda size=None: 2**20)
         return properties
 
     install()
     return install
 
 
+class WrongDevice(AssertionError):
+    """A torch.cuda call named another device than the measured one (None included)."""
+
+
 class RecordingCudaStandIn:
     """A stand-in for torch.cuda, because no GPU can be had here: it records the order of
-    the protocol's calls and returns fixed counters.  For ordering tests only.
+    the protocol's calls and the device each names, and returns fixed counters.  For
+    ordering tests only; it proves nothing about real GPU figures.
 
-    ``observe`` (optional) is called at each call and its value recorded with it;
-    ``fail_on_synchronize`` raises the given exception at that (1-based) synchronize call.
+    Every call must name ``device`` (the measured device): another one, or None, raises
+    WrongDevice, which fails the phase and so the test.  ``observe`` (optional) is called
+    at each call and its value recorded with it; ``fail_on_synchronize`` raises the given
+    exception at that (1-based) synchronize call.  ``requested=False`` stands in for a
+    PyTorch whose memory_stats lacks the requested-bytes counters; ``events=False`` for
+    one without CUDA events.  Subclasses change the counters by overriding ``levels``.
     """
 
-    def __init__(self, observe=None, fail_on_synchronize=None):
+    def __init__(self, observe=None, fail_on_synchronize=None, device="dev", requested=True, events=True,
+                 device_ms=0.25):  # fmt: skip
         self.calls = []
+        self.devices = []
+        self.device = device
         self.observe = observe or (lambda: None)
         self.fail_on_synchronize = fail_on_synchronize or (0, None)
         self.synchronize_count = 0
+        self.requested = requested
+        self.device_ms = device_ms
+        if events:
+            self.Event = lambda enable_timing=False: _StandInEvent(self, enable_timing)
+
+    def levels(self):
+        """The counters: current and peak allocated, reserved and requested bytes."""
+        return {"allocated": 1000, "reserved": 2000, "peak_allocated": 1500, "peak_reserved": 2500,
+                "requested": 900, "peak_requested": 1400}  # fmt: skip
+
+    def reset_peaks(self):
+        """What reset_peak_memory_stats does to the counters (nothing, for fixed ones)."""
+
+    def _check(self, name, device):
+        self.devices.append((name, device))
+        if device is None or device != self.device:
+            raise WrongDevice(f"{name}({device!r}) on a measurement of {self.device!r}")
 
     def _record(self, name, value=None):
         self.calls.append((name, self.observe()))
         return value
 
     def synchronize(self, device):
+        self._check("synchronize", device)
         self.synchronize_count += 1
         number, error = self.fail_on_synchronize
         if number == self.synchronize_count:
@@ -113,16 +146,54 @@ class RecordingCudaStandIn:
         self._record("synchronize")
 
     def memory_allocated(self, device):
-        return self._record("memory_allocated", 1000)
+        self._check("memory_allocated", device)
+        return self._record("memory_allocated", self.levels()["allocated"])
 
     def memory_reserved(self, device):
-        return self._record("memory_reserved", 2000)
+        self._check("memory_reserved", device)
+        return self._record("memory_reserved", self.levels()["reserved"])
+
+    def memory_stats(self, device):
+        self._check("memory_stats", device)
+        levels = self.levels()
+        stats = {"allocated_bytes.all.current": levels["allocated"]}
+        if self.requested:
+            stats.update({"requested_bytes.all.current": levels["requested"],
+                          "requested_bytes.all.peak": levels["peak_requested"]})  # fmt: skip
+        return self._record("memory_stats", stats)
 
     def reset_peak_memory_stats(self, device):
+        self._check("reset_peak_memory_stats", device)
+        self.reset_peaks()
         self._record("reset_peak_memory_stats")
 
     def max_memory_allocated(self, device):
-        return self._record("max_memory_allocated", 1500)
+        self._check("max_memory_allocated", device)
+        return self._record("max_memory_allocated", self.levels()["peak_allocated"])
 
     def max_memory_reserved(self, device):
-        return self._record("max_memory_reserved", 2500)
+        self._check("max_memory_reserved", device)
+        return self._record("max_memory_reserved", self.levels()["peak_reserved"])
+
+    def current_stream(self, device):
+        self._check("current_stream", device)
+        self._record("current_stream")
+        return types.SimpleNamespace(device=device)
+
+
+class _StandInEvent:
+    """A stand-in for torch.cuda.Event: records where it is recorded; its elapsed time is fixed."""
+
+    def __init__(self, recorder, enable_timing):
+        self.recorder, self.enable_timing, self.recorded = recorder, enable_timing, False
+        recorder._record("Event")
+
+    def record(self, stream):
+        self.recorder._check("event.record", stream.device)
+        self.recorded = True
+        self.recorder._record("event.record")
+
+    def elapsed_time(self, end):
+        assert self.enable_timing and end.enable_timing, "elapsed_time needs events created with enable_timing"
+        assert self.recorded and end.recorded, "elapsed_time of an event never recorded"
+        return self.recorder._record("elapsed_time", self.recorder.device_ms)

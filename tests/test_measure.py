@@ -125,18 +125,20 @@ def _stand_in_measurement(monkeypatch, recorder):
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
-    monkeypatch.setattr(
-        mesure_memoire,
-        "measure_phases",
-        lambda torch_module, cuda, device, config: real_measure_phases(
-            torch_module, recorder, torch.device("cpu"), config
-        ),
-    )
+    assert recorder.device == torch.device("cpu")  # the real model runs on the CPU
+
+    def on_the_cpu(torch_module, cuda, device, config):
+        assert device == torch.device("cuda", mesure_memoire.device_index(config["device"]))
+        return real_measure_phases(torch_module, recorder, torch.device("cpu"), config)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
 
 
 def test_stand_in_out_of_memory_exits_3_naming_phase_and_configuration(stand_in_gpu, monkeypatch, tmp_path, capsys):
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    _stand_in_measurement(monkeypatch, RecordingCudaStandIn(fail_on_synchronize=(8, error)))  # warmup's end
+    _stand_in_measurement(
+        monkeypatch, RecordingCudaStandIn(fail_on_synchronize=(8, error), device=torch.device("cpu"))
+    )  # warmup's end
     output = tmp_path / "o.json"
     assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 3
     err = capsys.readouterr().err.splitlines()
@@ -163,15 +165,39 @@ def test_run_phase_follows_the_protocol_order():
 
     record, output = mesure_memoire.run_phase(recorder, "dev", "inputs", work, clock)
     assert [name for name, _ in recorder.calls] == [
-        "synchronize", "memory_allocated", "memory_reserved", "reset_peak_memory_stats", "clock", "work",
-        "synchronize", "clock", "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
+        "synchronize", "memory_allocated", "memory_reserved", "memory_stats", "reset_peak_memory_stats",
+        "current_stream", "Event", "Event", "clock", "event.record", "work", "event.record", "synchronize", "clock",
+        "elapsed_time", "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
+        "memory_stats",
     ]  # fmt: skip
+    assert {device for _, device in recorder.devices} == {"dev"}  # every call names the measured device
     assert output == "output"
     assert record == {
-        "phase": "inputs", "nanoseconds": 250, "seconds": 250e-9,
+        "phase": "inputs", "nanoseconds": 250, "seconds": 250e-9, "device_ms": 0.25,
         "baseline_allocated_bytes": 1000, "baseline_reserved_bytes": 2000, "end_allocated_bytes": 1000,
         "end_reserved_bytes": 2000, "peak_allocated_bytes": 1500, "peak_reserved_bytes": 2500,
+        "baseline_requested_bytes": 900, "end_requested_bytes": 900, "peak_requested_bytes": 1400,
     }  # fmt: skip
+
+
+def test_run_phase_without_requested_counters_or_events_says_null():
+    recorder = RecordingCudaStandIn(requested=False, events=False)
+    record, _ = mesure_memoire.run_phase(recorder, "dev", "inputs", lambda: None)
+    assert record["device_ms"] is None
+    assert record["baseline_requested_bytes"] is record["end_requested_bytes"] is record["peak_requested_bytes"] is None
+    assert "Event" not in [name for name, _ in recorder.calls]
+
+
+@pytest.mark.parametrize("wrong", [None, "other", torch.device("cuda", 1)])
+def test_a_call_naming_another_device_fails_the_stand_in(wrong):
+    """The stand-in checks every device argument, so a synchronize(None) in the protocol fails a test."""
+    recorder = RecordingCudaStandIn(device=torch.device("cuda", 0))
+    with pytest.raises(AssertionError, match="on a measurement of"):
+        mesure_memoire.run_phase(recorder, wrong, "inputs", lambda: None)
+    real_run_phase_synchronizes_the_given_device = mesure_memoire.run_phase(
+        recorder, torch.device("cuda", 0), "inputs", lambda: None
+    )
+    assert real_run_phase_synchronizes_the_given_device[0]["phase"] == "inputs"
 
 
 @pytest.fixture
@@ -193,8 +219,10 @@ def forward_outputs():
 @pytest.mark.parametrize(("warmup", "repeats"), [(1, 2), (3, 2), (0, 1)])
 def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_outputs, warmup, repeats):
     outputs, live_before_each_pass = forward_outputs
-    recorder = RecordingCudaStandIn(observe=lambda: sum(ref() is not None for ref in outputs))
-    records = mesure_memoire.measure_phases(
+    recorder = RecordingCudaStandIn(
+        observe=lambda: sum(ref() is not None for ref in outputs), device=torch.device("cpu")
+    )
+    records, summary = mesure_memoire.measure_phases(
         torch, recorder, torch.device("cpu"), config(warmup=warmup, repeats=repeats)
     )
 
@@ -208,20 +236,29 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     for record in records:
         assert set(mesure_memoire.PHASE_MEMORY_FIELDS) <= set(record)
         assert record["seconds"] > 0 and record["nanoseconds"] > 0
+        assert record["device_ms"] == 0.25 and record["end_requested_bytes"] == 900
 
     # Every pass runs with no earlier output alive: outputs are released before the next pass.
     assert len(live_before_each_pass) == 1 + warmup + repeats
     assert set(live_before_each_pass) == {0}
-    # The recorder sees 9 calls per phase (the clock is not a cuda call): call 0 is the
-    # start synchronize, call 5 the end memory_allocated reading.
-    calls_per_phase = 9
+    # The recorder sees 17 calls per phase (the clock and the work are not cuda calls): call 0 is
+    # the start synchronize, call 12 the end memory_allocated reading.
+    calls_per_phase = 17
     assert len(recorder.calls) == calls_per_phase * len(records)
     for index, record in enumerate(records):
         calls = recorder.calls[index * calls_per_phase : (index + 1) * calls_per_phase]
         assert calls[0] == ("synchronize", 0)  # no forward output alive when a phase starts
-        assert calls[5][0] == "memory_allocated"
+        assert calls[12][0] == "memory_allocated"
         if record["phase"] not in ("model_load", "inputs"):
-            assert calls[5][1] == 1  # the pass's output is alive at the end reading
+            assert calls[12][1] == 1  # the pass's output is alive at the end reading
+    # The summary is of the last output, after the phases: the real CPU output, seeded.
+    assert summary["elements"] == 1 * 16 * 64 and summary["all_finite"] is True
+    torch.manual_seed(0)
+    model = mesure_memoire.build_model(torch, 64).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        last = model(torch.randn((1, 16, 64), generator=generator))
+    assert summary["checksum_float64"] == float(last.double().sum())
 
 
 def test_synthetic_model_matches_the_real_pytorch_model():
@@ -239,16 +276,19 @@ def test_synthetic_model_matches_the_real_pytorch_model():
 
 
 def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, monkeypatch, tmp_path, capsys):
-    _stand_in_measurement(monkeypatch, RecordingCudaStandIn())
+    _stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
     output = tmp_path / "mesures-petit-essai.json"
     assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 0
     out = capsys.readouterr().out
     result = json.loads(output.read_text(encoding="utf-8"))
     assert set(result) == {"kit", "schema_version", "tool", "created_utc", "environment", "configuration",
-                           "synthetic_model", "phases"}  # fmt: skip
-    assert result["schema_version"] == 1 and result["tool"] == "mesure_memoire.py"
+                           "synthetic_model", "phases", "prediction_check", "workspace", "output_summary",
+                           "predicted_peak_allocated_bytes", "fit_margin_bytes"}  # fmt: skip
+    assert result["schema_version"] == 2 and result["tool"] == "mesure_memoire.py"
     assert result["created_utc"].endswith("Z")
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
+    assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
+    assert result["environment"]["settings"]["allocator_backend"] == "native"
     assert result["configuration"] == {
         "device": "cuda:0", "batch": 1, "context": 16, "width": 64, "dtype": "float32", "warmup": 1,
         "repeats": 2, "seed": 0, "cuda_initialized_before_measure": False, "allocated_bytes_before_measure": 0,
@@ -258,14 +298,45 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert [p["phase"] for p in result["phases"]] == [
         "model_load", "inputs", "cold_forward", "warmup", "warm_forward", "warm_forward"
     ]  # fmt: skip
+    plan = mesure_memoire.predict_memory(config())
+    for record, predicted in zip(result["phases"], plan["phases"], strict=True):
+        assert record["device_ms"] == 0.25
+        assert (record["baseline_requested_bytes"], record["end_requested_bytes"], record["peak_requested_bytes"]) == (
+            900,
+            900,
+            1400,
+        )
+        assert {k: record["predicted"][k] for k in mesure_memoire.PREDICTED_COUNTERS} == {
+            k: predicted[k] for k in mesure_memoire.PREDICTED_COUNTERS
+        }
+        # The stand-in's fixed counters cannot match a prediction: every phase disagrees, visibly.
+        assert record["verdict"] == "disagrees" and record["disagreements"]
+    disagreements = result["prediction_check"]["disagreements"]
+    assert result["prediction_check"]["agrees"] is False
+    assert disagreements == [d for record in result["phases"] for d in record["disagreements"]]
+    inputs_end = next(d for d in disagreements if d["phase"] == "inputs" and d["counter"] == "end_requested_bytes")
+    assert inputs_end == {"phase": "inputs", "repetition": None, "counter": "end_requested_bytes",
+                          "predicted_bytes": 4096, "measured_bytes": 0, "difference_bytes": -4096,
+                          "relative_to": "the phase's baseline"}  # fmt: skip
+    assert result["workspace"]["measured_bytes"] == 0 - 4096  # end minus baseline, less the predicted output
+    assert result["output_summary"]["elements"] == 16 * 64 and result["output_summary"]["all_finite"] is True
+    assert result["predicted_peak_allocated_bytes"] == plan["predicted_peak_allocated_bytes"]
     assert "STANDIN-UUID" not in output.read_text()
     assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporary file left
     lines = out.splitlines()
-    assert lines[0].split() == ["phase", "ms", "end", "alloc", "MiB", "peak", "alloc", "MiB", "peak", "reserved", "MiB"]
+    assert lines[0].split() == ["phase", "ms", "device", "ms", "end", "alloc", "MiB", "peak", "alloc", "MiB", "peak",
+                                "reserved", "MiB", "prediction"]  # fmt: skip
     assert (
         lines[1].startswith("model_load")
         and lines[4].startswith("warmup x1")
         and lines[6].startswith("warm_forward #2")
+    )
+    assert all(line.rstrip().endswith("DISAGREES") for line in lines[1:7])
+    marked = [line for line in lines if line.startswith("DISAGREES ")]
+    assert len(marked) == len(disagreements)
+    assert (
+        "DISAGREES inputs: end_requested_bytes above baseline measured 0, predicted 4096 (difference -4096 bytes)"
+        in (lines)
     )
     assert lines[-1] == f"Result written to {output}"
 

@@ -1,0 +1,259 @@
+"""The prediction against what real PyTorch ops allocate, run on the CPU (and the meta device).
+
+No GPU can be had here.  ``LiveTensorBytes`` is not a stand-in: it watches the real ops that
+the real model runs (a TorchDispatchMode) and counts the storages they create on one device
+for as long as PyTorch keeps them alive (weak references to the storages).  So the tensors
+that are alive together in each phase are PyTorch's, not numbers a stand-in is told.  The
+counter stand-in (conftest's RecordingCudaStandIn) only carries those counts to the
+protocol, in place of torch.cuda.
+
+What the CPU cannot show: allocations inside a CUDA kernel (the BLAS workspace; a temporary
+of the CPU-to-GPU copy), the caching allocator's own rounding (applied here by the kit's
+function), and the transfer of model_load, since on the CPU a float32 model is its own copy.
+The transfer is checked on the meta device instead, through the real Module.to.
+"""
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import mesure_memoire
+from conftest import RecordingCudaStandIn
+
+CPU = torch.device("cpu")
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """The bytes of the live storages that PyTorch's ops create on one device type, and their peak."""
+
+    def __init__(self, device_type):
+        super().__init__()
+        self.device_type = device_type
+        self.storages = {}  # the storage's address -> (weak reference, requested bytes)
+        self.peak_requested = self.peak_allocated = 0
+
+    def live_sizes(self):
+        for key, (ref, _) in list(self.storages.items()):
+            if ref.expired():
+                del self.storages[key]
+        return [size for _, size in self.storages.values()]
+
+    def requested(self):
+        return sum(self.live_sizes())
+
+    def allocated(self):
+        return sum(mesure_memoire.allocated_block_bytes(size) for size in self.live_sizes())
+
+    def reset_peaks(self):
+        self.peak_requested, self.peak_allocated = self.requested(), self.allocated()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        result = func(*args, **kwargs)
+        for tensor in tree_leaves(result):
+            if not isinstance(tensor, torch.Tensor) or tensor.device.type != self.device_type:
+                continue
+            storage = tensor.untyped_storage()
+            if storage._cdata in inputs:  # a view or an in-place op: no new memory
+                continue
+            ref = StorageWeakRef(storage)
+            self.storages.setdefault(ref.cdata, (ref, storage.nbytes()))
+        # Memory only rises when an op creates its outputs, while its inputs are still alive.
+        self.peak_requested = max(self.peak_requested, self.requested())
+        self.peak_allocated = max(self.peak_allocated, self.allocated())
+        return result
+
+
+class LiveTensorCounters(RecordingCudaStandIn):
+    """The counter stand-in, reporting what LiveTensorBytes sees of the real ops (reserved = allocated)."""
+
+    def __init__(self, tracker, device=CPU):
+        super().__init__(device=device)
+        self.tracker = tracker
+
+    def levels(self):
+        tracker = self.tracker
+        allocated = tracker.allocated()
+        return {"allocated": allocated, "reserved": allocated, "peak_allocated": tracker.peak_allocated,
+                "peak_reserved": tracker.peak_allocated, "requested": tracker.requested(),
+                "peak_requested": tracker.peak_requested}  # fmt: skip
+
+    def reset_peaks(self):
+        self.tracker.reset_peaks()
+
+
+def config(**overrides):
+    values = dict(device="cuda:0", batch=1, context=16, width=64, dtype="float32", warmup=1, repeats=2, seed=0)
+    values.update(overrides)
+    return mesure_memoire.measure_config(**values)
+
+
+def run_on_the_cpu(settings):
+    """measure_phases with the real model on the CPU, its counters taken from the live storages."""
+    tracker = LiveTensorBytes("cpu")
+    with tracker:
+        records, summary = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
+    return mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(settings))
+
+
+CONFIGURATIONS = [
+    dict(batch=1, context=16, width=64, warmup=1, repeats=2),  # the README's small trial
+    dict(batch=3, context=5, width=3, warmup=3, repeats=2),  # every tensor below one 512-byte block
+    dict(batch=2, context=33, width=40, warmup=0, repeats=1),  # no warm-up line
+    dict(batch=2, context=128, width=256, warmup=2, repeats=1),  # activations above 1 MiB in float32
+]
+
+
+@pytest.mark.parametrize("dtype", list(mesure_memoire.DTYPE_BYTES))
+@pytest.mark.parametrize("sizes", CONFIGURATIONS)
+def test_the_prediction_matches_the_live_tensors_of_the_real_model(sizes, dtype):
+    records, check, workspace = run_on_the_cpu(config(dtype=dtype, **sizes))
+    assert [r["phase"] for r in records] == mesure_memoire.phase_names(config(**sizes))
+    if dtype == "float32":
+        # On the CPU the float32 build is the model itself, so model_load is checked too.
+        assert check == {"agrees": True, "disagreements": [], "not_checked": []}
+    else:
+        # The CPU also counts the float32 build before the cast, which a GPU's counters never
+        # see: only model_load's peak may differ (the transfer is checked on the meta device).
+        assert {(d["phase"], d["counter"]) for d in check["disagreements"]} <= {
+            ("model_load", "peak_requested_bytes"), ("model_load", "peak_allocated_bytes")
+        }  # fmt: skip
+        assert all(r["verdict"] == "agrees" for r in records if r["phase"] != "model_load")
+    assert workspace["measured_bytes"] == 0 and workspace["requested_bytes"] == 0  # no BLAS workspace on the CPU
+    forward = next(r for r in records if r["phase"] == "cold_forward")
+    element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    activation = sizes["batch"] * sizes["context"] * 4 * sizes["width"] * element
+    # Both hidden activations were alive together, and nothing else was allocated.
+    assert forward["peak_requested_bytes"] - forward["baseline_requested_bytes"] == 2 * activation
+
+
+def test_the_transfer_allocates_one_tensor_per_parameter_on_the_target_device():
+    """Module.to(device, dtype), as model_load runs it, watched on the meta device."""
+    for dtype in mesure_memoire.DTYPE_BYTES:
+        settings = config(width=48, dtype=dtype)
+        predicted = mesure_memoire.predict_memory(settings)["phases"][0]
+        tracker = LiveTensorBytes("meta")
+        with tracker, torch.inference_mode():
+            model = mesure_memoire.build_model(torch, 48).to(device="meta", dtype=getattr(torch, dtype)).eval()
+            assert tracker.requested() == predicted["end_requested_bytes"]
+            assert tracker.allocated() == predicted["end_allocated_bytes"]
+        assert tracker.peak_requested == predicted["peak_requested_bytes"]  # no transient copy on the target
+        assert tracker.peak_allocated == predicted["peak_allocated_bytes"]
+        assert len(tracker.live_sizes()) == 4 == len(list(model.parameters()))
+
+
+def test_a_wrong_liveness_model_is_caught_by_the_real_run(monkeypatch):
+    """If the prediction assumed the first Linear's output released before GELU writes its own,
+    the real ops would contradict it: the check can fail."""
+    real_forward_pass = mesure_memoire._forward_pass
+
+    def optimistic():
+        events = real_forward_pass()
+        events.remove(("free", "fc1_output"))
+        return [("alloc", "fc1_output"), ("free", "fc1_output")] + events[1:]
+
+    monkeypatch.setattr(mesure_memoire, "_forward_pass", optimistic)
+    records, check, _ = run_on_the_cpu(config())
+    assert check["agrees"] is False
+    assert {d["phase"] for d in check["disagreements"]} == {"cold_forward", "warmup", "warm_forward"}
+    warm = next(d for d in check["disagreements"] if d["phase"] == "warm_forward")
+    # Predicted: the GELU output and the final output, 5 x 4096 bytes; PyTorch: both hidden outputs, 8 x 4096.
+    assert (warm["counter"], warm["predicted_bytes"], warm["measured_bytes"]) == ("peak_requested_bytes", 20480, 32768)
+
+
+def test_a_model_that_keeps_its_activations_is_caught(monkeypatch):
+    """The real protocol, with a model that keeps every activation alive: the verdicts say so."""
+    real_build_model = mesure_memoire.build_model
+    kept = []
+
+    def hoarding_model(torch_module, width):
+        model = real_build_model(torch_module, width)
+        for layer in model:
+            layer.register_forward_hook(lambda module, args, output: kept.append(output))
+        return model
+
+    monkeypatch.setattr(mesure_memoire, "build_model", hoarding_model)
+    records, check, _ = run_on_the_cpu(config())
+    assert not check["agrees"]
+    assert [r["verdict"] for r in records][3:] == ["disagrees"] * 3  # warmup and both repetitions
+    assert kept
+
+
+# --- the verdict rules, on hand-made records ------------------------------------------------------
+
+
+def hand_made_records(settings, workspace=0, extra=None):
+    """Records whose counters equal the prediction (plus a workspace after the first forward)."""
+    plan = mesure_memoire.predict_memory(settings)
+    records, allocated, requested = [], 0, 0
+    for predicted in plan["phases"]:
+        record = {"phase": predicted["phase"], "baseline_allocated_bytes": allocated,
+                  "baseline_requested_bytes": requested}  # fmt: skip
+        for key in ("passes", "repetition"):
+            if key in predicted:
+                record[key] = predicted[key]
+        grown = workspace if predicted["phase"] == "cold_forward" else 0
+        record["end_allocated_bytes"] = allocated + grown + predicted["end_allocated_bytes"]
+        record["peak_allocated_bytes"] = allocated + grown + predicted["peak_allocated_bytes"]
+        record["end_requested_bytes"] = requested + grown + predicted["end_requested_bytes"]
+        record["peak_requested_bytes"] = requested + grown + predicted["peak_requested_bytes"]
+        for key, value in (extra or {}).get(len(records), {}).items():
+            record[key] += value
+        records.append(record)
+        allocated, requested = allocated + grown, requested + grown
+        if predicted["phase"] in ("model_load", "inputs"):
+            allocated += predicted["end_allocated_bytes"]
+            requested += predicted["end_requested_bytes"]
+    return records, plan
+
+
+def test_a_workspace_is_measured_not_assumed():
+    records, plan = hand_made_records(config(), workspace=8 * 2**20 + 128 * 2**10)
+    _, check, workspace = mesure_memoire.check_prediction(records, plan)
+    assert check["agrees"] is True
+    assert workspace["measured_bytes"] == workspace["requested_bytes"] == 8 * 2**20 + 128 * 2**10
+    assert workspace["allowance_bytes"] == mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES
+
+
+@pytest.mark.parametrize(
+    ("phase", "counter", "change", "agrees"),
+    [
+        (1, "end_requested_bytes", 1, False),  # requested bytes are exact
+        (1, "end_requested_bytes", -1, False),
+        (1, "end_allocated_bytes", 512, False),  # a small block has no slack
+        (2, "peak_requested_bytes", 4, False),  # a transient allocation in the first forward
+        (4, "peak_allocated_bytes", -512, False),
+        (5, "end_allocated_bytes", 1, False),
+    ],
+)
+def test_each_counter_is_checked(phase, counter, change, agrees):
+    records, plan = hand_made_records(config(), extra={phase: {counter: change}})
+    checked, check, _ = mesure_memoire.check_prediction(records, plan)
+    assert check["agrees"] is agrees
+    (disagreement,) = check["disagreements"]
+    assert disagreement["phase"] == checked[phase]["phase"] and disagreement["counter"] == counter
+    assert disagreement["difference_bytes"] == change
+    assert checked[phase]["verdict"] == "disagrees" and checked[phase]["disagreements"] == [disagreement]
+    assert [r["verdict"] for i, r in enumerate(checked) if i != phase] == ["agrees"] * (len(checked) - 1)
+
+
+def test_a_large_block_may_hold_up_to_one_mebibyte_more():
+    settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks
+    for extra, agrees in ((2**20, True), (2 * 2**20, True), (2 * 2**20 + 1, False)):
+        records, plan = hand_made_records(settings, extra={0: {"end_allocated_bytes": extra}})
+        records[0]["peak_allocated_bytes"] = records[0]["end_allocated_bytes"]
+        assert mesure_memoire.check_prediction(records, plan)[1]["agrees"] is agrees, extra
+
+
+def test_without_requested_counters_the_verdict_is_not_checked():
+    records, plan = hand_made_records(config())
+    for record in records:
+        record["baseline_requested_bytes"] = record["end_requested_bytes"] = record["peak_requested_bytes"] = None
+    checked, check, workspace = mesure_memoire.check_prediction(records, plan)
+    assert {r["verdict"] for r in checked} == {"not checked"}
+    assert all("requested-bytes" in r["verdict_reason"] for r in checked)
+    assert check["agrees"] is False and check["disagreements"] == [] and len(check["not_checked"]) == len(checked)
+    assert workspace["requested_bytes"] is None and workspace["measured_bytes"] == 0

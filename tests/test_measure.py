@@ -385,3 +385,60 @@ def test_the_written_file_is_whole_and_exact(tmp_path):
     target = tmp_path / "r.json"
     mesure_memoire.write_new_file(str(target), '{"a": 1}\n')
     assert target.read_bytes() == b'{"a": 1}\n'
+
+
+# --- no traceback after validation: a failure injected at each step -----------------------------
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("CUDA error: unspecified launch failure in /opt/secret/libcuda.so")
+
+
+@pytest.mark.parametrize(
+    ("step", "dtype", "exit_code", "fragment"),
+    [
+        ("is_initialized", "float32", 2, "torch.cuda.is_initialized failed on cuda:0"),
+        ("get_device_capability", "float16", 2, "the dtype probe failed on cuda:0"),
+        ("is_bf16_supported", "bfloat16", 2, "the dtype probe failed on cuda:0"),
+        ("set_device", "float32", 2, "torch.cuda.set_device failed on cuda:0"),
+        ("init", "float32", 2, "torch.cuda.init failed on cuda:0"),
+        ("memory_allocated", "float32", 2, "torch.cuda.memory_allocated failed on cuda:0"),
+        ("memory_reserved", "float32", 2, "torch.cuda.memory_reserved failed on cuda:0"),
+        ("manual_seed", "float32", 2, "seeding failed"),
+        ("a phase", "float32", 3, "phase inputs failed (batch 1, context 16, width 64, dtype float32)"),
+        ("events", "float32", 3, "phase model_load failed"),
+        ("the output summary", "float32", 3, "phase output_summary failed"),
+    ],
+)
+def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
+    stand_in_gpu, monkeypatch, tmp_path, capsys, step, dtype, exit_code, fragment
+):
+    recorder = RecordingCudaStandIn(device=torch.device("cpu"))
+    if step == "a phase":
+        recorder = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, RuntimeError("bad")))
+    _stand_in_measurement(monkeypatch, recorder)
+    if step in ("is_initialized", "get_device_capability", "is_bf16_supported", "set_device", "init",
+                "memory_allocated", "memory_reserved"):  # fmt: skip
+        monkeypatch.setattr(torch.cuda, step, _boom)
+    elif step == "manual_seed":
+        monkeypatch.setattr(torch, "manual_seed", _boom)
+    elif step == "events":
+        recorder.Event = _boom
+    elif step == "the output summary":
+        monkeypatch.setattr(mesure_memoire, "summarize_output", _boom)
+    arguments = ["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")]
+    arguments[arguments.index("--dtype") + 1] = dtype
+    assert mesure_memoire.main(arguments) == exit_code
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and fragment in lines[0], captured.err
+    assert "Traceback" not in captured.err and "/opt/secret" not in captured.err and captured.out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_nan_output_shows_in_the_summary():
+    summary = mesure_memoire.summarize_output(torch, torch.tensor([[1.0, float("nan")], [2.0, 3.0]]))
+    assert summary == {"all_finite": False, "checksum_float64": None, "elements": 4}
+    summary = mesure_memoire.summarize_output(torch, torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))
+    assert summary["all_finite"] is True and summary["elements"] == 3
+    assert summary["checksum_float64"] == sum(float(v) for v in torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))

@@ -215,3 +215,17 @@ def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu, monkeyp
 def test_the_refusal_names_the_dimension_to_shrink(stand_in_gpu, monkeypatch, tmp_path, capsys, arguments, advice):
     code, err = fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, 4 * 2**30, *arguments)
     assert code == 2 and advice in err and len(err.splitlines()) == 1
+
+
+def test_the_readme_plan_command_and_figures_match_the_code(capsys):
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = next(
+        line for line in readme.splitlines() if line.startswith("python mesure_memoire.py measure") and "--plan" in line
+    )
+    assert mesure_memoire.main(line.split()[2:]) == 0
+    assert "Predicted peak allocated:" in capsys.readouterr().out
+    assert mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES == 256 * MIB and "allowance of 256 MiB" in readme
+    assert mesure_memoire.FIT_MARGIN_BYTES == 2**30 and "less a margin of 1 GiB" in readme
+    assert mesure_memoire.ALLOCATOR_ROUNDING_BYTES == 512 and "512-byte block" in readme

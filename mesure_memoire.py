@@ -7,8 +7,9 @@ Usage::
     python mesure_memoire.py environment --device cuda:0
     python mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 \\
         --dtype float32 --warmup 1 --repeats 2 --output mesures-petit-essai.json
+    python mesure_memoire.py measure --device cuda:0 --batch 2 --context 128 --width 1024 --plan
 
-``estimate`` needs only Python >= 3.10 and its standard library.  ``environment`` and
+``estimate`` and ``measure --plan`` need only Python >= 3.10 and its standard library.  ``environment`` and
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
 failures print one line on stderr and exit 2 (3 when the GPU runs out of memory).
 
@@ -436,7 +437,6 @@ BLAS_WORKSPACE_ALLOWANCE_BYTES = 256 * MIB_BYTES
 # the cuBLAS/hipBLAS handles and the kernel code loaded at the first forward, and the allocator's
 # segments, which reserve more than they allocate.
 FIT_MARGIN_BYTES = GIB_BYTES
-FORWARD_TENSORS = ("fc1_output", "gelu_output", "output")  # the tensors one forward pass allocates
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
 
 

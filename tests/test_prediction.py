@@ -212,9 +212,13 @@ def hand_made_records(settings, workspace=0, extra=None):
 
 def test_a_workspace_is_measured_not_assumed():
     records, plan = hand_made_records(config(), workspace=8 * 2**20 + 128 * 2**10)
-    _, check, workspace = mesure_memoire.check_prediction(records, plan)
+    checked, check, workspace = mesure_memoire.check_prediction(records, plan)
     assert check["agrees"] is True
     assert workspace["measured_bytes"] == workspace["requested_bytes"] == 8 * 2**20 + 128 * 2**10
+    assert checked[2]["predicted"]["peaks_checked_plus_measured_workspace"] == {
+        "allocated_bytes": 8 * 2**20 + 128 * 2**10, "requested_bytes": 8 * 2**20 + 128 * 2**10
+    }  # fmt: skip
+    assert checked[2]["predicted"]["peak_requested_bytes"] == 32768  # the prediction itself, without it
     assert workspace["allowance_bytes"] == mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES
 
 

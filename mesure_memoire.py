@@ -604,8 +604,8 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     """One phase of the protocol; returns (record, work's output).
 
     The output is still referenced while the end readings are taken; the caller drops
-    it before the next pass.  The allocator cache is never emptied.  Device time comes
-    from two CUDA events recorded on the device's current stream around the work.
+    it before the next pass.  The allocator cache is never emptied.  The device time is
+    read from two CUDA events recorded on the device's current stream around the work.
     """
     cuda.synchronize(device)
     baseline_allocated = cuda.memory_allocated(device)

@@ -190,9 +190,7 @@ def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu,
     assert "shrink --context (the activations dominate)" in err
 
 
-def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu, monkeypatch):
-    import torch
-
+def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu):
     stand_in_gpu()
     predicted = plan(8, 1024, 4096, "bfloat16")
     environment = mesure_memoire.collect_environment("cuda:0")
@@ -201,7 +199,6 @@ def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu, monkeyp
     environment["gpu"]["mem_get_info_free_bytes"] = None  # mem_get_info failed: the announced total is used
     environment["gpu"]["total_memory_bytes"] = predicted["needs_free_bytes"] - 1
     assert "announced in total (mem_get_info failed)" in mesure_memoire.fit_problem(predicted, environment)
-    assert torch.cuda.is_available()
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,11 @@ def test_large_blocks_carry_their_slack():
     slack = [(p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in predicted["phases"]]
     # Weights: two blocks above 1 MiB (the biases are small); input, output 64 MiB; hidden 2 blocks.
     assert slack == [(2 * MIB, 2 * MIB), (MIB, MIB)] + [(MIB, 2 * MIB)] * 4
+    # Exactly 1 MiB is still the small pool (no slack); the 4 MiB hidden activations are not.
+    boundary = plan(2, 128, 1024, "float32")["phases"]
+    assert [(p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in boundary[1:3]] == [
+        (0, 0), (0, 2 * MIB)
+    ]  # fmt: skip
     assert [(p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in plan(1, 16, 64, "float32")[
         "phases"
     ]] == [(0, 0)] * 6  # fmt: skip

@@ -664,6 +664,17 @@ def _result_problem(path, why):
     return KitError(f"report: {path!r} is not a kit result: {why}")
 
 
+def _read_at_most(handle, limit):
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(handle, limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def read_result_file(path):
     """The JSON object in ``path``: a regular file of at most MAX_RESULT_BYTES, never modified.
 
@@ -677,13 +688,14 @@ def read_result_file(path):
         raise KitError(f"report: {path!r} does not exist") from None
     except (OSError, ValueError) as exc:
         raise KitError(f"report: {path!r} cannot be opened ({type(exc).__name__})") from None
-    with open(handle, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise _result_problem(path, "not a regular file")
-        try:
-            data = stream.read(MAX_RESULT_BYTES + 1)
-        except OSError as exc:
-            raise KitError(f"report: {path!r} cannot be read ({type(exc).__name__})") from None
+        data = _read_at_most(handle, MAX_RESULT_BYTES + 1)
+    except OSError as exc:
+        raise KitError(f"report: {path!r} cannot be read ({type(exc).__name__})") from None
+    finally:
+        os.close(handle)
     if len(data) > MAX_RESULT_BYTES:
         raise _result_problem(path, f"larger than {MAX_RESULT_BYTES // MIB_BYTES} MiB")
     try:

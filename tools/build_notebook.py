@@ -294,13 +294,21 @@ def read_bounded(path):
         raise BuildError(f"{path.name} does not exist") from None
     except OSError as error:
         raise BuildError(f"{path.name} cannot be opened ({type(error).__name__})") from None
-    with open(handle, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise BuildError(f"{path.name} is not a regular file")
-        try:
-            data = stream.read(MAX_READ_BYTES + 1)
-        except OSError as error:
-            raise BuildError(f"{path.name} cannot be read ({type(error).__name__})") from None
+        chunks, size = [], 0
+        while size <= MAX_READ_BYTES:
+            chunk = os.read(handle, MAX_READ_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        raise BuildError(f"{path.name} cannot be read ({type(error).__name__})") from None
+    finally:
+        os.close(handle)
+    data = b"".join(chunks)
     if len(data) > MAX_READ_BYTES:
         raise BuildError(f"{path.name} is larger than {MAX_READ_BYTES // 2**20} MiB")
     return data

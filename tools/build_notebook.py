@@ -163,10 +163,6 @@ class _StdoutGone(Exception):
     """Standard output is a closed pipe: stop quietly, as POSIX tools do."""
 
 
-class _StdoutFailed(BuildError):
-    """Standard output cannot be written (a full disk, for one): one line, exit 2."""
-
-
 def _one_line(text):
     """Control characters (a newline in a value) shown escaped: a message is always one line."""
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
@@ -376,17 +372,7 @@ def write_stdout(text):
     except BrokenPipeError:
         raise _StdoutGone from None
     except (OSError, ValueError) as error:
-        raise _StdoutFailed(f"cannot write to standard output ({type(error).__name__})") from None
-
-
-def _silence_stdout():
-    """After a failed write, point stdout at devnull so the interpreter's last flush cannot fail."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (AttributeError, OSError, ValueError):  # no real stdout (a test's capture, or closed)
-        pass
+        raise BuildError(f"cannot write to standard output ({type(error).__name__})") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -436,12 +422,9 @@ def main(argv=None) -> int:
         try:
             return run(argv)
         except BuildError as error:
-            if isinstance(error, _StdoutFailed):
-                _silence_stdout()
             print(f"{PROGRAM}: error: {_one_line(error)}", file=sys.stderr)
             return 2
         except _StdoutGone:
-            _silence_stdout()
             return 1
     except KeyboardInterrupt:
         print(f"{PROGRAM}: interrupted; nothing was left half-written", file=sys.stderr)

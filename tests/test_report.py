@@ -113,6 +113,14 @@ def test_a_zero_median_leaves_the_derived_figures_empty():
     assert line.splitlines()[1].split()[-3:] == ["n/a", "n/a", "none"]
 
 
+def test_device_median_is_the_decimal_of_the_written_figures():
+    result = load("schema2.json")
+    warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
+    for phase, device_ms in zip(warm, (0.3, 0.1, 0.2), strict=True):
+        phase["device_ms"] = device_ms
+    assert row_of(result)["warm_median_device_ms"] == Decimal("0.2")  # not the binary float's expansion
+
+
 def test_device_median_needs_every_warm_line_to_have_device_ms():
     result = load("schema2.json")
     result["phases"][-1]["device_ms"] = None
@@ -137,9 +145,13 @@ def test_each_flag_is_raised_by_its_own_cause_only():
     not_fresh["configuration"]["fresh_process_warning"] = "PyTorch already held GPU memory"
     disagrees["prediction_check"] = {"agrees": False, "disagreements": [{"phase": "inputs"}]}
     non_finite["output_summary"]["all_finite"] = False
-    rows = mesure_memoire.report_rows([("a", base), ("b", not_fresh), ("c", disagrees), ("d", non_finite)])
+    empty_warning = copy.deepcopy(base)
+    empty_warning["configuration"]["fresh_process_warning"] = ""  # a string, however short, is a warning
+    rows = mesure_memoire.report_rows(
+        [("a", base), ("b", not_fresh), ("c", disagrees), ("d", non_finite), ("e", empty_warning)]
+    )
     assert [row["flags"] for row in rows] == [[], ["not a fresh process"], ["prediction disagreed"],
-                                              ["non-finite output"]]  # fmt: skip
+                                              ["non-finite output"], ["not a fresh process"]]  # fmt: skip
 
 
 def test_schema_1_has_no_prediction_or_output_flags_even_with_stray_keys():
@@ -398,3 +410,48 @@ def test_report_runs_with_the_standard_library_alone(tmp_path):
     completed = run_script("mesure_memoire.py", "report", str(DATA / "schema1.json"), python_flags=("-S", "-I"))
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.splitlines()[1].split()[:3] == [str(DATA / "schema1.json"), "Crafted", "GPU"]
+
+
+# --- the README's loop and example ----------------------------------------------------------------------
+
+
+def _readme_section():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme.split("### One dimension at a time, then `report`", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_example_is_the_real_output_of_its_command(monkeypatch, capsys):
+    section = _readme_section()
+    command = section.split("```console\n", 1)[1].split("\n```", 1)[0]
+    example = section.split("```txt\n", 1)[1].split("```", 1)[0]
+    assert command.startswith("python mesure_memoire.py report ")
+    monkeypatch.chdir(DATA / "readme")
+    before = tree_digest(DATA)
+    assert mesure_memoire.main(command.split()[2:]) == 0
+    assert capsys.readouterr().out == example
+    assert tree_digest(DATA) == before
+
+
+def test_the_readme_loop_stops_at_the_first_exit_3_and_reports_what_it_wrote(tmp_path):
+    """The README's loop, run by sh, with a shell function standing in for ``python`` (no GPU here):
+    widths up to 1024 "fit" (the crafted results are copied), 2048 "runs out of memory" (exit 3);
+    the report line then runs the real script."""
+    loop = _readme_section().split("```sh\n", 1)[1].split("```", 1)[0]
+    stand_in = f"""\
+python() {{
+    echo "$*" >> calls.log
+    if [ "$2" = report ]; then shift 2; "{sys.executable}" "{ROOT / "mesure_memoire.py"}" report "$@"; return; fi
+    width= output=
+    while [ $# -gt 0 ]; do case $1 in --width) width=$2;; --output) output=$2;; esac; shift; done
+    if [ "$width" -gt 1024 ]; then echo "mesure_memoire.py: error: out of memory" >&2; return 3; fi
+    cp "{DATA / "readme"}/mesures-width-$width.json" "$output"
+}}
+"""
+    completed = subprocess.run(["sh", "-c", stand_in + loop], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr == "mesure_memoire.py: error: out of memory\n"
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert [call.split("--width ")[1].split()[0] for call in calls[:-1]] == ["256", "512", "1024", "2048"]
+    assert calls[-1] == "mesure_memoire.py report mesures-width-256.json mesures-width-512.json mesures-width-1024.json"
+    example = _readme_section().split("```txt\n", 1)[1].split("```", 1)[0]
+    assert completed.stdout == "width 2048: exit status 3, stopping here\n" + example

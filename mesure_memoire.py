@@ -777,9 +777,12 @@ def _checked_result(path, result):
         "sizes": sizes,
         "dtype": config["dtype"],
         "parameters": model["parameters"],
-        "phases": phases,
-        "cold": cold[0],
-        "warm": warm,
+        # Only these figures are kept, so that the parsed file can be freed before the next is read.
+        "peak_allocated_bytes": max(phase["peak_allocated_bytes"] for phase in phases),
+        "peak_reserved_bytes": max(phase["peak_reserved_bytes"] for phase in phases),
+        "cold_ns": cold[0]["nanoseconds"],
+        "warm_ns": [phase["nanoseconds"] for phase in warm],
+        "warm_median_device_ms": _device_median_ms(warm),
         "not_fresh": warning is not None,
         **checks,
     }
@@ -805,13 +808,16 @@ ENVIRONMENT_LABELS = {"gpu": "GPU", "torch": "PyTorch", "cuda_build": "CUDA buil
 
 
 def report_rows(named_results):
-    """One row per (file as given, parsed result), in order; pure: reads and writes nothing."""
+    """One row per (file as given, parsed result), in order; pure: reads and writes nothing.
+
+    ``named_results`` may be a generator: each result is checked, summarized and dropped in turn.
+    """
     checked = [(path, _checked_result(path, result)) for path, result in named_results]
     first = checked[0][1]["identity"] if checked else {}
     rows = []
     for path, item in checked:
         batch, context, width = (item["sizes"][key] for key in ("batch", "context", "width"))
-        median_ns = _median([phase["nanoseconds"] for phase in item["warm"]])
+        median_ns = _median(item["warm_ns"])
         flop = forward_flop(batch, context, width)
         with exact_context():
             per_second = None if median_ns == 0 else Decimal(10**9) / median_ns
@@ -837,12 +843,12 @@ def report_rows(named_results):
                     "context": context,
                     "width": width,
                     "parameters": item["parameters"],
-                    "peak_allocated_bytes": max(phase["peak_allocated_bytes"] for phase in item["phases"]),
-                    "peak_reserved_bytes": max(phase["peak_reserved_bytes"] for phase in item["phases"]),
-                    "cold_forward_ms": _milliseconds(item["cold"]["nanoseconds"]),
-                    "warm_repetitions": len(item["warm"]),
+                    "peak_allocated_bytes": item["peak_allocated_bytes"],
+                    "peak_reserved_bytes": item["peak_reserved_bytes"],
+                    "cold_forward_ms": _milliseconds(item["cold_ns"]),
+                    "warm_repetitions": len(item["warm_ns"]),
                     "warm_median_ms": warm_median_ms,
-                    "warm_median_device_ms": _device_median_ms(item["warm"]),
+                    "warm_median_device_ms": item["warm_median_device_ms"],
                     "positions_per_forward": batch * context,
                     "flop_per_forward": flop,
                     "derived_positions_per_second": None if per_second is None else batch * context * per_second,
@@ -856,7 +862,7 @@ def report_rows(named_results):
 def report(paths):
     """Read each result file (bounded, never modified), then compute the report's rows."""
     return {
-        "results": report_rows([(path, read_result_file(path)) for path in paths]),
+        "results": report_rows((path, read_result_file(path)) for path in paths),
         "derived_figures": REPORT_DERIVED_NOTE,
         "flop_convention": REPORT_FLOP_CONVENTION,
     }

@@ -97,8 +97,8 @@ Imports and definitions every step uses. Run these cells; nothing is measured un
 # Step number -> (the step's text under its heading, the id of the cell that runs it, that cell's code).
 STEPS = {
     "1": (
-        "Arithmetic only, no GPU: bits are rounded up to whole bytes per parameter; GiB are `2**30` "
-        "bytes, GB `10**9`. The reserve is your hypothesis, not a measured reserve.",
+        "Bits are rounded up to whole bytes per parameter; GiB are `2**30` bytes, GB `10**9`. The "
+        "reserve is your hypothesis, not a measured reserve.",
         "run-estimate",
         """\
 try:

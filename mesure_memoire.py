@@ -682,8 +682,9 @@ def read_result_file(path):
     """
     import stat  # only this reader needs it
 
+    # Non-blocking, so that a FIFO cannot hang the open; binary, so that Windows translates nothing.
     try:
-        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise KitError(f"report: {path!r} does not exist") from None
     except (OSError, ValueError) as exc:

@@ -284,8 +284,9 @@ def code_cells_as_script(notebook):
 
 def read_bounded(path):
     """The bytes of a regular file of at most MAX_READ_BYTES; a FIFO or device is never read."""
+    # Non-blocking, so that a FIFO cannot hang the open; binary, so that Windows translates nothing.
     try:
-        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise BuildError(f"{path.name} does not exist") from None
     except OSError as error:

@@ -8,8 +8,9 @@ Usage::
     python mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 \\
         --dtype float32 --warmup 1 --repeats 2 --output mesures-petit-essai.json
     python mesure_memoire.py measure --device cuda:0 --batch 2 --context 128 --width 1024 --plan
+    python mesure_memoire.py report mesures-petit-essai.json mesures.json
 
-``estimate`` and ``measure --plan`` need only Python >= 3.10 and its standard library.  ``environment`` and
+``estimate``, ``measure --plan`` and ``report`` need only Python >= 3.10 and its standard library.  ``environment`` and
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
 failures print one line on stderr and exit 2 (3 when the GPU runs out of memory).
 
@@ -1056,6 +1057,294 @@ def format_phase_table(result):
 # <<< notebook
 
 
+# >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
+RESULT_SCHEMA_VERSIONS_READ = (1, 2)  # every schema the kit has written: old results stay readable
+MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
+REPORT_FLOP_CONVENTION = (
+    "FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, "
+    "= 16*N*width**2 + 5*N*width for N = batch*context positions"
+)
+REPORT_DERIVED_NOTE = (
+    "derived, not measured: a forward's positions or FLOP divided by the warm median wall time "
+    "(which includes Python's overhead and the synchronizations)"
+)
+
+
+def _result_problem(path, why):
+    return KitError(f"report: {path!r} is not a kit result: {why}")
+
+
+def _read_at_most(handle, limit):
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(handle, limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def read_result_file(path):
+    """The JSON object in ``path``: a regular file of at most MAX_RESULT_BYTES, never modified.
+
+    FIFOs, devices and folders are refused without being read (opened non-blocking, then checked).
+    """
+    import stat  # only this reader needs it
+
+    # Non-blocking, so that a FIFO cannot hang the open; binary, so that Windows translates nothing.
+    try:
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise KitError(f"report: {path!r} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise KitError(f"report: {path!r} cannot be opened ({type(exc).__name__})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            raise _result_problem(path, "not a regular file")
+        data = _read_at_most(handle, MAX_RESULT_BYTES + 1)
+    except OSError as exc:
+        raise KitError(f"report: {path!r} cannot be read ({type(exc).__name__})") from None
+    finally:
+        os.close(handle)
+    if len(data) > MAX_RESULT_BYTES:
+        raise _result_problem(path, f"larger than {MAX_RESULT_BYTES // MIB_BYTES} MiB")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _result_problem(path, "not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise _result_problem(path, f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # an int of too many digits, or nesting too deep
+        raise _result_problem(path, f"not JSON ({type(exc).__name__})") from None
+
+
+def _count(value):
+    """A whole number the kit could have written (0 <= value < 10**MAX_DIGITS), else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**MAX_DIGITS
+    return value if ok else None
+
+
+def _milliseconds(nanoseconds):
+    return decimal_ratio(nanoseconds, 10**6)
+
+
+def _median(values):
+    """The median of ints or Decimals, exactly (the mean of the two middle values for an even count)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return Decimal(ordered[middle])
+    with exact_context():
+        return (Decimal(ordered[middle - 1]) + Decimal(ordered[middle])) / 2
+
+
+def _checked_result(path, result):
+    """Return what the report reads from one result, or raise KitError naming the file and the field."""
+    if not isinstance(result, dict):
+        raise _result_problem(path, f"a JSON {type(result).__name__}, not an object")
+    if result.get("kit") != KIT_NAME:
+        raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
+    version = result.get("schema_version")
+    if _count(version) not in RESULT_SCHEMA_VERSIONS_READ:
+        raise _result_problem(path, f"schema_version {version!r} is not one this version reads (1 or 2)")
+    config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
+    if not all(isinstance(part, dict) for part in (config, model, environment)):
+        raise _result_problem(path, "configuration, synthetic_model or environment is missing")
+    sizes = {key: _count(config.get(key)) for key in ("batch", "context", "width")}
+    if not all(sizes.values()) or config.get("dtype") not in DTYPE_BYTES or _count(model.get("parameters")) is None:
+        raise _result_problem(path, "its configuration or parameter count is not one measure writes")
+    gpu = environment.get("gpu")
+    identity = {
+        "gpu": gpu.get("name") if isinstance(gpu, dict) else None,
+        **{key: environment.get(key) for key in ("torch", "cuda_build", "hip_build")},
+    }
+    if not all(value is None or isinstance(value, str) for value in identity.values()):
+        raise _result_problem(path, "its environment's GPU name, PyTorch or build is not text")
+    phases = result.get("phases")
+    fields = ("nanoseconds", "peak_allocated_bytes", "peak_reserved_bytes")
+    if not isinstance(phases, list) or not all(
+        isinstance(phase, dict)
+        and phase.get("phase") in PHASES
+        and all(_count(phase.get(f)) is not None for f in fields)
+        for phase in phases
+    ):
+        raise _result_problem(path, "a phase line is missing its name, time or peak counters")
+    cold = [phase for phase in phases if phase["phase"] == "cold_forward"]
+    warm = [phase for phase in phases if phase["phase"] == "warm_forward"]
+    if len(cold) != 1 or not warm:
+        raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
+    checks = {}
+    if version >= 2:
+        for key, flag in (("prediction_check", "agrees"), ("output_summary", "all_finite")):
+            value = result.get(key)
+            if not isinstance(value, dict) or not isinstance(value.get(flag), bool):
+                raise _result_problem(path, f"schema 2 needs {key}.{flag}, true or false")
+            checks[flag] = value[flag]
+        # "agrees" is also false when a counter was unavailable: tell a disagreement from a phase not checked.
+        checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
+        checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
+            checks["agrees"] or checks["not_checked"]
+        )
+    warning = config.get("fresh_process_warning")
+    return {
+        "schema_version": version,
+        "identity": identity,
+        "sizes": sizes,
+        "dtype": config["dtype"],
+        "parameters": model["parameters"],
+        # Only these figures are kept, so that the parsed file can be freed before the next is read.
+        "peak_allocated_bytes": max(phase["peak_allocated_bytes"] for phase in phases),
+        "peak_reserved_bytes": max(phase["peak_reserved_bytes"] for phase in phases),
+        "cold_ns": cold[0]["nanoseconds"],
+        "warm_ns": [phase["nanoseconds"] for phase in warm],
+        "warm_median_device_ms": _device_median_ms(warm),
+        "not_fresh": warning is not None,
+        **checks,
+    }
+
+
+def _device_median_ms(warm):
+    """The median of the warm lines' ``device_ms`` (schema 2), or None where any is missing."""
+    values = [phase.get("device_ms") for phase in warm]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        return None
+    return _median([Decimal(repr(float(value))) for value in values])
+
+
+def forward_flop(batch, context, width):
+    """FLOP of one forward of the synthetic MLP, by REPORT_FLOP_CONVENTION (an exact int)."""
+    positions, hidden = batch * context, 4 * width
+    matmuls = 2 * positions * width * hidden + 2 * positions * hidden * width
+    bias_additions = positions * hidden + positions * width
+    return matmuls + bias_additions
+
+
+ENVIRONMENT_LABELS = {"gpu": "GPU", "torch": "PyTorch", "cuda_build": "CUDA build", "hip_build": "HIP build"}
+
+
+def report_rows(named_results):
+    """One row per (file as given, parsed result), in order; pure: reads and writes nothing.
+
+    ``named_results`` may be a generator: each result is checked, summarized and dropped in turn.
+    """
+    checked = [(path, _checked_result(path, result)) for path, result in named_results]
+    first = checked[0][1]["identity"] if checked else {}
+    rows = []
+    for path, item in checked:
+        batch, context, width = (item["sizes"][key] for key in ("batch", "context", "width"))
+        median_ns = _median(item["warm_ns"])
+        flop = forward_flop(batch, context, width)
+        with exact_context():
+            per_second = None if median_ns == 0 else Decimal(10**9) / median_ns
+            warm_median_ms = median_ns / 10**6
+        flags = []
+        if item["not_fresh"]:
+            flags.append("not a fresh process")
+        if item.get("disagreed"):
+            flags.append("prediction disagreed")
+        if item.get("not_checked"):
+            flags.append("prediction not checked (a counter was unavailable)")
+        if item.get("all_finite") is False:
+            flags.append("non-finite output")
+        differing = [label for key, label in ENVIRONMENT_LABELS.items() if item["identity"][key] != first[key]]
+        if differing:
+            flags.append("environment differs from row 1: " + ", ".join(differing))
+        with exact_context():
+            rows.append(
+                {
+                    "file": path,
+                    "schema_version": item["schema_version"],
+                    **item["identity"],
+                    "dtype": item["dtype"],
+                    "batch": batch,
+                    "context": context,
+                    "width": width,
+                    "parameters": item["parameters"],
+                    "peak_allocated_bytes": item["peak_allocated_bytes"],
+                    "peak_reserved_bytes": item["peak_reserved_bytes"],
+                    "cold_forward_ms": _milliseconds(item["cold_ns"]),
+                    "warm_repetitions": len(item["warm_ns"]),
+                    "warm_median_ms": warm_median_ms,
+                    "warm_median_device_ms": item["warm_median_device_ms"],
+                    "positions_per_forward": batch * context,
+                    "flop_per_forward": flop,
+                    "derived_positions_per_second": None if per_second is None else batch * context * per_second,
+                    "derived_flop_per_second": None if per_second is None else flop * per_second,
+                    "flags": flags,
+                }
+            )
+    return rows
+
+
+def report(paths):
+    """Read each result file (bounded, never modified), then compute the report's rows."""
+    return {
+        "results": report_rows((path, read_result_file(path)) for path in paths),
+        "derived_figures": REPORT_DERIVED_NOTE,
+        "flop_convention": REPORT_FLOP_CONVENTION,
+    }
+
+
+def _cell(value):
+    """Text as it is when printable, else its repr: one table line per file, always."""
+    text = "none" if value is None else str(value)
+    return text if text.isprintable() else repr(text)
+
+
+def format_report(data):
+    def mib(value_bytes):
+        return str(rounded(decimal_ratio(value_bytes, MIB_BYTES), 2))
+
+    def figure(value, places):
+        return "n/a" if value is None else str(rounded(value, places))
+
+    header = ("file", "GPU", "dtype", "batch", "context", "width", "parameters", "peak alloc MiB",
+              "peak reserved MiB", "cold ms", "warm median ms", "positions/s*", "GFLOP/s*", "flags")  # fmt: skip
+    rows = [header]
+    for row in data["results"]:
+        flop_per_second = row["derived_flop_per_second"]
+        with exact_context():
+            gflop_per_second = None if flop_per_second is None else flop_per_second / 10**9
+        rows.append(
+            (
+                _cell(row["file"]),
+                _cell(row["gpu"]),
+                row["dtype"],
+                str(row["batch"]),
+                str(row["context"]),
+                str(row["width"]),
+                str(row["parameters"]),
+                mib(row["peak_allocated_bytes"]),
+                mib(row["peak_reserved_bytes"]),
+                figure(row["cold_forward_ms"], 3),
+                figure(row["warm_median_ms"], 3),
+                figure(row["derived_positions_per_second"], 0),
+                figure(gflop_per_second, 2),
+                "; ".join(row["flags"]) or "none",
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    left = {0, 1, 2, len(header) - 1}
+    lines = [
+        "  ".join(
+            cell.ljust(widths[column]) if column in left else cell.rjust(widths[column])
+            for column, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    ]
+    lines += [
+        "Peaks: maxima over each run's phases, PyTorch's allocator in that process only.",
+        "Times: wall clock; the warm median is the median of the warm_forward lines.",
+        f"* {data['derived_figures']}.",
+        f"  {data['flop_convention']}.",
+    ]
+    return "\n".join(lines)
+
+
+# <<< notebook
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors become one line (KitError) instead of usage text and exit."""
 
@@ -1097,6 +1386,10 @@ def _command_measure(args):
     print(f"Result written to {args.output}")
 
 
+def _command_report(args):
+    _emit(args, report(args.files), format_report)
+
+
 def build_parser():
     parser = _Parser(prog="mesure_memoire.py", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -1134,6 +1427,13 @@ def build_parser():
     )
     measure_parser.add_argument("--json", action="store_true", help="with --plan: print one JSON object")
     measure_parser.set_defaults(func=_command_measure)
+
+    report_parser = commands.add_parser(
+        "report", help="compare result files side by side, one row each; reads them, writes nothing"
+    )
+    report_parser.add_argument("files", nargs="+", metavar="FILE", help="measure result files, in the order to show")
+    report_parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    report_parser.set_defaults(func=_command_report)
     return parser
 
 

@@ -1,0 +1,465 @@
+"""`mesure_memoire.py report`: figures against a hand computation, flags, schema 1 and 2, hostile files.
+
+The results under tests/data/report are crafted (GPU "Crafted GPU", tool "crafted for the tests"):
+they have the shape ``measure`` writes (schema 1 today, schema 2 as in the helpers' contract) and
+no measured figure in them.
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+import mesure_memoire
+from conftest import ROOT, assert_one_line_refusal, run_script, tree_digest
+
+DATA = ROOT / "tests" / "data" / "report"
+
+
+def load(name):
+    return json.loads((DATA / name).read_text(encoding="utf-8"))
+
+
+def row_of(result, name="r.json"):
+    return mesure_memoire.report_rows([(name, result)])[0]
+
+
+# --- figures, checked against a hand computation ------------------------------------------------------
+
+
+def test_schema_1_row_matches_the_hand_computation():
+    row = row_of(load("schema1.json"), "schema1.json")
+    # batch 2, context 128, width 1024, float32; warm lines 1.2, 1.0, 1.1, 1.3 ms; cold 5.4321 ms.
+    positions = 2 * 128
+    flop = 2 * positions * 1024 * 4096 * 2 + positions * 4096 + positions * 1024  # two matmuls, two biases
+    assert flop == 4296278016
+    assert row == {
+        "file": "schema1.json",
+        "schema_version": 1,
+        "gpu": "Crafted GPU",
+        "torch": "2.13.0+cu130",
+        "cuda_build": "13.0",
+        "hip_build": None,
+        "dtype": "float32",
+        "batch": 2,
+        "context": 128,
+        "width": 1024,
+        "parameters": 8 * 1024 * 1024 + 5 * 1024,
+        # weights 33574912 + inputs 1048576 + workspace 8388608 + hidden 4194304 + output 1048576 (cold_forward)
+        "peak_allocated_bytes": 48254976,
+        "peak_reserved_bytes": 24 * 2**21,
+        "cold_forward_ms": Decimal("5.4321"),
+        "warm_repetitions": 4,
+        "warm_median_ms": Decimal("1.15"),  # (1.1 + 1.2) / 2
+        "warm_median_device_ms": None,
+        "positions_per_forward": 256,
+        "flop_per_forward": 4296278016,
+        "derived_positions_per_second": row["derived_positions_per_second"],
+        "derived_flop_per_second": row["derived_flop_per_second"],
+        "flags": [],
+    }
+    # 256 / 0.00115 s and 4296278016 / 0.00115 s, by hand
+    assert mesure_memoire.rounded(row["derived_positions_per_second"], 6) == Decimal("222608.695652")
+    assert mesure_memoire.rounded(row["derived_flop_per_second"], 3) == Decimal("3735893926956.522")
+    assert isinstance(row["peak_allocated_bytes"], int) and isinstance(row["warm_median_ms"], Decimal)
+
+
+def test_schema_2_row_matches_the_hand_computation():
+    row = row_of(load("schema2.json"))
+    # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.8, 1.0 ms; warm device 0.75, 0.5, 1.25 ms.
+    assert (row["schema_version"], row["dtype"], row["parameters"]) == (2, "bfloat16", 8 * 512 * 512 + 5 * 512)
+    assert row["warm_median_ms"] == Decimal("0.9") and row["warm_median_device_ms"] == Decimal("0.75")
+    assert row["cold_forward_ms"] == Decimal("4.1")
+    assert row["flop_per_forward"] == 16 * 1024 * 512**2 + 5 * 1024 * 512 == 4297588736
+    assert mesure_memoire.rounded(row["derived_positions_per_second"], 4) == Decimal("1137777.7778")
+    assert mesure_memoire.rounded(row["derived_flop_per_second"], 2) == Decimal("4775098595555.56")
+    assert (row["peak_allocated_bytes"], row["peak_reserved_bytes"]) == (18879488, 10 * 2**21)
+    assert row["flags"] == []
+
+
+def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
+    result = load("schema1.json")
+    result["phases"][0]["peak_allocated_bytes"] = 2**40  # model_load
+    result["phases"][-1]["peak_reserved_bytes"] = 2**41  # the last warm line
+    row = row_of(result)
+    assert (row["peak_allocated_bytes"], row["peak_reserved_bytes"]) == (2**40, 2**41)
+
+
+@pytest.mark.parametrize(
+    ("nanoseconds", "median_ms"),
+    [([7], "0.000007"), ([3, 1, 2], "0.000002"), ([4, 1, 3, 2], "0.0000025"), ([5, 5, 1, 9, 9], "0.000005")],
+)
+def test_the_warm_median_is_exact(nanoseconds, median_ms):
+    result = load("schema1.json")
+    warm = next(p for p in result["phases"] if p["phase"] == "warm_forward")
+    result["phases"] = [p for p in result["phases"] if p["phase"] != "warm_forward"]
+    result["phases"] += [{**warm, "nanoseconds": ns, "repetition": k} for k, ns in enumerate(nanoseconds, 1)]
+    row = row_of(result)
+    assert row["warm_median_ms"] == Decimal(median_ms) and row["warm_repetitions"] == len(nanoseconds)
+
+
+def test_a_zero_median_leaves_the_derived_figures_empty():
+    result = load("schema1.json")
+    for phase in result["phases"]:
+        if phase["phase"] == "warm_forward":
+            phase["nanoseconds"] = 0
+    row = row_of(result)
+    assert row["derived_positions_per_second"] is None and row["derived_flop_per_second"] is None
+    line = mesure_memoire.format_report({"results": [row], "derived_figures": "d", "flop_convention": "f"})
+    assert line.splitlines()[1].split()[-3:] == ["n/a", "n/a", "none"]
+
+
+def test_device_median_is_the_decimal_of_the_written_figures():
+    result = load("schema2.json")
+    warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
+    for phase, device_ms in zip(warm, (0.3, 0.1, 0.2), strict=True):
+        phase["device_ms"] = device_ms
+    assert row_of(result)["warm_median_device_ms"] == Decimal("0.2")  # not the binary float's expansion
+
+
+def test_device_median_needs_every_warm_line_to_have_device_ms():
+    result = load("schema2.json")
+    result["phases"][-1]["device_ms"] = None
+    assert row_of(result)["warm_median_device_ms"] is None
+    result["phases"][-1]["device_ms"] = float("nan")
+    assert row_of(result)["warm_median_device_ms"] is None
+
+
+def test_forward_flop_follows_the_stated_convention():
+    assert mesure_memoire.forward_flop(1, 1, 1) == 2 * 4 + 2 * 4 + 4 + 1
+    assert mesure_memoire.forward_flop(3, 5, 7) == 16 * 15 * 49 + 5 * 15 * 7
+    assert "GELU not counted" in mesure_memoire.REPORT_FLOP_CONVENTION
+    assert "16*N*width**2 + 5*N*width" in mesure_memoire.REPORT_FLOP_CONVENTION
+
+
+# --- flags ----------------------------------------------------------------------------------------------
+
+
+def test_each_flag_is_raised_by_its_own_cause_only():
+    base = load("schema2.json")
+    not_fresh, disagrees, non_finite = (copy.deepcopy(base) for _ in range(3))
+    not_fresh["configuration"]["fresh_process_warning"] = "PyTorch already held GPU memory"
+    disagrees["prediction_check"] = {"agrees": False, "disagreements": [{"phase": "inputs"}]}
+    non_finite["output_summary"]["all_finite"] = False
+    empty_warning = copy.deepcopy(base)
+    empty_warning["configuration"]["fresh_process_warning"] = ""  # a string, however short, is a warning
+    # measure sets agrees to false when a counter was unavailable: that is not a disagreement.
+    not_checked = copy.deepcopy(base)
+    not_checked["prediction_check"] = {"agrees": False, "disagreements": [], "not_checked": ["inputs"]}
+    both = copy.deepcopy(not_checked)
+    both["prediction_check"]["disagreements"] = [{"phase": "model_load"}]
+    rows = mesure_memoire.report_rows(
+        [("a", base), ("b", not_fresh), ("c", disagrees), ("d", non_finite), ("e", empty_warning),
+         ("f", not_checked), ("g", both)]
+    )  # fmt: skip
+    unchecked = "prediction not checked (a counter was unavailable)"
+    assert [row["flags"] for row in rows] == [[], ["not a fresh process"], ["prediction disagreed"],
+                                              ["non-finite output"], ["not a fresh process"],
+                                              [unchecked], ["prediction disagreed", unchecked]]  # fmt: skip
+
+
+def test_schema_1_has_no_prediction_or_output_flags_even_with_stray_keys():
+    result = load("schema1.json")
+    result["prediction_check"] = {"agrees": False}
+    result["output_summary"] = {"all_finite": False}
+    assert row_of(result)["flags"] == []
+
+
+def test_an_environment_differing_from_the_first_row_is_flagged_by_part():
+    first, gpu, torch, builds = (load("schema1.json") for _ in range(4))
+    gpu["environment"]["gpu"]["name"] = "Another crafted GPU"
+    torch["environment"]["torch"] = "2.12.0+cu126"
+    builds["environment"]["cuda_build"] = None
+    builds["environment"]["hip_build"] = "7.0"
+    rows = mesure_memoire.report_rows([("1", first), ("2", gpu), ("3", torch), ("4", builds), ("5", first)])
+    assert [row["flags"] for row in rows] == [
+        [],
+        ["environment differs from row 1: GPU"],
+        ["environment differs from row 1: PyTorch"],
+        ["environment differs from row 1: CUDA build, HIP build"],
+        [],
+    ]
+    rows = mesure_memoire.report_rows([("2", gpu), ("1", first)])
+    assert [row["flags"] for row in rows] == [[], ["environment differs from row 1: GPU"]]
+
+
+def test_all_flags_together_in_the_text():
+    result = load("schema2.json")
+    result["configuration"]["fresh_process_warning"] = "not fresh"
+    result["prediction_check"]["agrees"] = False
+    result["output_summary"]["all_finite"] = False
+    result["environment"]["torch"] = "other"
+    rows = mesure_memoire.report_rows([("a.json", load("schema2.json")), ("b.json", result)])
+    text = mesure_memoire.format_report({"results": rows, "derived_figures": "d", "flop_convention": "f"})
+    assert text.splitlines()[2].endswith(
+        "not a fresh process; prediction disagreed; non-finite output; environment differs from row 1: PyTorch"
+    )
+
+
+# --- the command line: text and JSON from the same rows -------------------------------------------------
+
+EXPECTED_TEXT = """\
+file          GPU          dtype     batch  context  width  parameters  peak alloc MiB  peak reserved MiB  cold ms  \
+warm median ms  positions/s*  GFLOP/s*  flags
+schema1.json  Crafted GPU  float32       2      128   1024     8393728           46.02              48.00    5.432  \
+         1.150        222609   3735.89  none
+schema2.json  Crafted GPU  bfloat16      4      256    512     2099712           18.00              20.00    4.100  \
+         0.900       1137778   4775.10  none
+Peaks: maxima over each run's phases, PyTorch's allocator in that process only.
+Times: wall clock; the warm median is the median of the warm_forward lines.
+* derived, not measured: a forward's positions or FLOP divided by the warm median wall time (which includes \
+Python's overhead and the synchronizations).
+  FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, = 16*N*width**2 + 5*N*width \
+for N = batch*context positions.
+"""
+
+
+def test_text_output_is_the_hand_checked_table(monkeypatch, capsys):
+    monkeypatch.chdir(DATA)
+    before = tree_digest(DATA)
+    assert mesure_memoire.main(["report", "schema1.json", "schema2.json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == EXPECTED_TEXT and captured.err == ""
+    assert tree_digest(DATA) == before
+
+
+def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys):
+    monkeypatch.chdir(DATA.parent)
+    given = ["report/schema2.json", str(DATA / "schema1.json"), "report/schema2.json"]
+    assert mesure_memoire.main(["report", *given, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data) == ["results", "derived_figures", "flop_convention"]
+    assert [row["file"] for row in data["results"]] == given
+    first = data["results"][1]
+    for key, value in {"gpu": "Crafted GPU", "dtype": "float32", "batch": 2, "context": 128, "width": 1024,
+                       "peak_allocated_bytes": 48254976, "peak_reserved_bytes": 50331648, "warm_median_ms": 1.15,
+                       "cold_forward_ms": 5.4321, "flop_per_forward": 4296278016,
+                       "derived_positions_per_second": 222608.695652, "flags": []}.items():  # fmt: skip
+        assert first[key] == value, key
+    assert data["results"][0]["warm_median_device_ms"] == 0.75 and first["warm_median_device_ms"] is None
+    assert data["derived_figures"].startswith("derived, not measured")
+
+
+def test_the_command_refuses_without_a_file(capsys):
+    assert mesure_memoire.main(["report"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "mesure_memoire.py: error: the following arguments are required: FILE\n"
+
+
+# --- hostile files: one line naming the file, exit 2, nothing printed on stdout, nothing changed ---------
+
+
+def _write(folder, name, content):
+    path = folder / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return name
+
+
+def _valid_with(change):
+    result = load("schema2.json")
+    change(result)
+    return json.dumps(result)
+
+
+def _no_warm(result):
+    result["phases"] = [p for p in result["phases"] if p["phase"] != "warm_forward"]
+
+
+def _two_cold(result):
+    result["phases"].append(dict(result["phases"][2]))
+
+
+HOSTILE = {
+    "missing": (lambda folder: "absent.json", "'absent.json' does not exist"),
+    "newline in name": (lambda folder: "bad\nname.json", "'bad\\nname.json' does not exist"),
+    "empty name": (lambda folder: "", "'' does not exist"),
+    "a folder": (lambda folder: (folder / "sub").mkdir() or "sub", "'sub' is not a kit result: not a regular file"),
+    "/dev/zero": (lambda folder: "/dev/zero", "'/dev/zero' is not a kit result: not a regular file"),
+    "empty": (lambda folder: _write(folder, "e.json", b""), "not JSON (Expecting value at line 1 column 1)"),
+    "not JSON": (lambda folder: _write(folder, "t.json", "hello"), "'t.json' is not a kit result: not JSON"),
+    "not UTF-8": (lambda folder: _write(folder, "b.json", b"\xff\xfe{}"), "not UTF-8 text"),
+    "a JSON list": (lambda folder: _write(folder, "l.json", "[]"), "a JSON list, not an object"),
+    "a JSON number": (lambda folder: _write(folder, "n.json", "3"), "a JSON int, not an object"),
+    "truncated": (
+        lambda folder: _write(folder, "cut.json", (DATA / "schema1.json").read_bytes()[:1000]),
+        "'cut.json' is not a kit result: not JSON",
+    ),
+    "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), "not JSON"),
+    "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), "its 'kit' is not"),
+    "schema 3": (lambda folder: _write(folder, "s3.json", _valid_with(lambda r: r.update(schema_version=3))),
+                 "schema_version 3 is not one this version reads (1 or 2)"),
+    "schema true": (lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
+                    "schema_version True is not one"),
+    "no phases": (lambda folder: _write(folder, "np.json", _valid_with(lambda r: r.pop("phases"))),
+                  "a phase line is missing"),
+    "no warm line": (lambda folder: _write(folder, "nw.json", _valid_with(_no_warm)), "at least one warm_forward"),
+    "two cold lines": (lambda folder: _write(folder, "tc.json", _valid_with(_two_cold)), "one cold_forward line"),
+    "negative time": (
+        lambda folder: _write(folder, "nt.json", _valid_with(lambda r: r["phases"][3].update(nanoseconds=-1))),
+        "a phase line is missing its name, time or peak counters",
+    ),
+    "text counter": (
+        lambda folder: _write(folder, "tx.json",
+                              _valid_with(lambda r: r["phases"][0].update(peak_reserved_bytes="1"))),
+        "a phase line is missing",
+    ),
+    "unknown phase": (
+        lambda folder: _write(folder, "up.json", _valid_with(lambda r: r["phases"][0].update(phase="backward"))),
+        "a phase line is missing",
+    ),
+    "bool batch": (
+        lambda folder: _write(folder, "bb.json", _valid_with(lambda r: r["configuration"].update(batch=True))),
+        "its configuration or parameter count is not one measure writes",
+    ),
+    "float64": (
+        lambda folder: _write(folder, "f64.json", _valid_with(lambda r: r["configuration"].update(dtype="float64"))),
+        "its configuration",
+    ),
+    "huge width": (
+        lambda folder: _write(folder, "hw.json", _valid_with(lambda r: r["configuration"].update(width=10**40))),
+        "its configuration",
+    ),
+    "no environment": (
+        lambda folder: _write(folder, "ne.json", _valid_with(lambda r: r.update(environment=[]))),
+        "configuration, synthetic_model or environment is missing",
+    ),
+    "GPU name not text": (
+        lambda folder: _write(folder, "gn.json", _valid_with(lambda r: r["environment"]["gpu"].update(name=5))),
+        "GPU name, PyTorch or build is not text",
+    ),
+    "schema 2 without its checks": (
+        lambda folder: _write(folder, "s2.json", _valid_with(lambda r: r.pop("prediction_check"))),
+        "schema 2 needs prediction_check.agrees, true or false",
+    ),
+    "schema 2 all_finite not a bool": (
+        lambda folder: _write(folder, "s2f.json", _valid_with(lambda r: r["output_summary"].update(all_finite=0))),
+        "schema 2 needs output_summary.all_finite",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_files_are_refused_in_one_line_naming_them(case, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    make, fragment = HOSTILE[case]
+    name = make(tmp_path)
+    good = _write(tmp_path, "good.json", (DATA / "schema1.json").read_bytes())
+    before = tree_digest(tmp_path)
+    assert mesure_memoire.main(["report", good, name, good]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing shown for the good files either: the report is whole or absent
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mesure_memoire.py: error: report: {name!r}"), captured.err
+    assert fragment in lines[0]
+    assert tree_digest(tmp_path) == before
+
+
+def test_a_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.MAX_RESULT_BYTES == 32 * 2**20
+    with open(tmp_path / "huge.json", "wb") as stream:
+        stream.write(json.dumps(load("schema1.json")).encode() + b" ")
+        stream.truncate(mesure_memoire.MAX_RESULT_BYTES + 1)  # valid JSON followed by NULs, one byte too many
+    assert mesure_memoire.main(["report", "huge.json"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "mesure_memoire.py: error: report: 'huge.json' is not a kit result: larger than 32 MiB\n"
+    )
+    with open(tmp_path / "edge.json", "wb") as stream:
+        text = json.dumps(load("schema1.json")).encode()
+        stream.write(text + b" " * (mesure_memoire.MAX_RESULT_BYTES - len(text)))
+    assert mesure_memoire.main(["report", "edge.json"]) == 0  # exactly at the bound: read
+
+
+def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main(["report", "x\0y"]) == 2
+    assert capsys.readouterr().err == "mesure_memoire.py: error: report: 'x\\x00y' cannot be opened (ValueError)\n"
+    (tmp_path / "sub").mkdir()
+    assert mesure_memoire.main(["report", "sub/missing/deeper.json"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    _write(tmp_path, "f", "{}")
+    assert mesure_memoire.main(["report", "f/inside.json"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "mesure_memoire.py: error: report: 'f/inside.json' cannot be opened (NotADirectoryError)\n"
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_is_refused_at_once_in_a_real_process(tmp_path):
+    """A subprocess, so that a regression hangs one child (killed by the timeout), not the suite."""
+    os.mkfifo(tmp_path / "pipe.json")
+    before = tree_digest(tmp_path)
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "mesure_memoire.py"), "report", "pipe.json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=30,
+    )  # fmt: skip
+    assert_one_line_refusal(
+        completed, "mesure_memoire.py: error: report: 'pipe.json' is not a kit result: not a regular file"
+    )
+    assert tree_digest(tmp_path) == before
+
+
+def test_refusals_through_the_interpreter_exit_2_in_one_line(tmp_path):
+    _write(tmp_path, "list.json", "[1, 2]")
+    completed = run_script("mesure_memoire.py", "report", "list.json", cwd=tmp_path)
+    assert_one_line_refusal(completed, "'list.json' is not a kit result: a JSON list, not an object")
+    completed = run_script("mesure_memoire.py", "report", "/dev/zero", cwd=tmp_path)
+    assert_one_line_refusal(completed, "'/dev/zero' is not a kit result: not a regular file")
+
+
+def test_report_runs_with_the_standard_library_alone(tmp_path):
+    completed = run_script("mesure_memoire.py", "report", str(DATA / "schema1.json"), python_flags=("-S", "-I"))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines()[1].split()[:3] == [str(DATA / "schema1.json"), "Crafted", "GPU"]
+
+
+# --- the README's loop and example ----------------------------------------------------------------------
+
+
+def _readme_section():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme.split("### One dimension at a time, then `report`", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_example_is_the_real_output_of_its_command(monkeypatch, capsys):
+    section = _readme_section()
+    command = section.split("```console\n", 1)[1].split("\n```", 1)[0]
+    example = section.split("```txt\n", 1)[1].split("```", 1)[0]
+    assert command.startswith("python mesure_memoire.py report ")
+    monkeypatch.chdir(DATA / "readme")
+    before = tree_digest(DATA)
+    assert mesure_memoire.main(command.split()[2:]) == 0
+    assert capsys.readouterr().out == example
+    assert tree_digest(DATA) == before
+
+
+def test_the_readme_loop_stops_at_the_first_exit_3_and_reports_what_it_wrote(tmp_path):
+    """The README's loop, run by sh, with a shell function standing in for ``python`` (no GPU here):
+    widths up to 1024 "fit" (the crafted results are copied), 2048 "runs out of memory" (exit 3);
+    the report line then runs the real script."""
+    loop = _readme_section().split("```sh\n", 1)[1].split("```", 1)[0]
+    stand_in = f"""\
+python() {{
+    echo "$*" >> calls.log
+    if [ "$2" = report ]; then shift 2; "{sys.executable}" "{ROOT / "mesure_memoire.py"}" report "$@"; return; fi
+    width= output=
+    while [ $# -gt 0 ]; do case $1 in --width) width=$2;; --output) output=$2;; esac; shift; done
+    if [ "$width" -gt 1024 ]; then echo "mesure_memoire.py: error: out of memory" >&2; return 3; fi
+    cp "{DATA / "readme"}/mesures-width-$width.json" "$output"
+}}
+"""
+    completed = subprocess.run(["sh", "-c", stand_in + loop], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr == "mesure_memoire.py: error: out of memory\n"
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert [call.split("--width ")[1].split()[0] for call in calls[:-1]] == ["256", "512", "1024", "2048"]
+    assert calls[-1] == "mesure_memoire.py report mesures-width-256.json mesures-width-512.json mesures-width-1024.json"
+    example = _readme_section().split("```txt\n", 1)[1].split("```", 1)[0]
+    assert completed.stdout == "width 2048: exit status 3, stopping here\n" + example

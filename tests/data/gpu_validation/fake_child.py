@@ -13,6 +13,7 @@ KIND is "kit" (mesure_memoire.py's environment, measure --plan --json, and measu
 - ``nan``: the outputs are not finite;
 - ``far-checksum``: the bfloat16 checksums are off by twice the tolerance;
 - ``slow-timer``: Timer's median is half of measure's;
+- ``far-output``: the float16 outputs are 10 unit roundoffs from float32's, elementwise;
 - ``no-refusal``: measure writes a result even for a size beyond free memory;
 - ``unsupported=FIELD``: nvidia-smi does not know FIELD;
 - ``schema1``: measure writes schema 1 results.
@@ -86,7 +87,8 @@ def plan(options):
                                                                             "warmup", "repeats", "seed")))  # fmt: skip
     model = mesure_memoire.synthetic_model(config)
     peak = aligned(model["parameter_bytes"]) + 10 * aligned(model["input_bytes"]) + WORKSPACE_BYTES + 4 * MIB
-    return {"predicted_peak_allocated_bytes": peak, "phases": [{"phase": p} for p in mesure_memoire.phase_names(config)]}
+    phases = [{"phase": name} for name in mesure_memoire.phase_names(config)]
+    return {"predicted_peak_allocated_bytes": peak, "phases": phases}
 
 
 def crafted_result(options, doctors=(), salt=""):
@@ -192,13 +194,17 @@ def kit(arguments, doctors):
 
 def cross_check(arguments, doctors):
     answers = {}
-    for name, spec in json.loads(arguments[1]).items():
-        answer = {"checksum_float64": checksum(spec["dtype"], doctors), "absolute_sum_float64": ABSOLUTE_SUM,
-                  "all_finite": True, "elements": spec["batch"] * spec["context"] * spec["width"]}  # fmt: skip
+    for spec in json.loads(arguments[1]):
+        answer = {"dtype": spec["dtype"], "checksum_float64": checksum(spec["dtype"], doctors),
+                  "absolute_sum_float64": ABSOLUTE_SUM, "all_finite": True,
+                  "elements": spec["batch"] * spec["context"] * spec["width"]}  # fmt: skip
+        if "reference" in spec:
+            far = "far-output" in doctors and spec["dtype"] == "float16"
+            answer["relative_l2_to_reference"] = (10 if far else 1.05) * UNIT_ROUNDOFF[spec["dtype"]]
         if spec["timer"]:
             wall = WALL_SECONDS["big"] / (2 if "slow-timer" in doctors else 1.05)
             answer.update(timer_median_seconds=wall, timer_measurements=300, current_device=0)
-        answers[name] = answer
+        answers[spec["name"]] = answer
     print(json.dumps(answers))
     return 0
 

@@ -972,7 +972,8 @@ class Validation:
                 answer = cross.get(name) if isinstance(cross.get(name), dict) else {}
                 child, scale = answer.get("checksum_float64"), answer.get("absolute_sum_float64")
                 same = (
-                    all(_is_number(v) for v in (child, scale, checksums.get(name)))
+                    answer.get("all_finite") is True
+                    and all(_is_number(v) for v in (child, scale, checksums.get(name)))
                     and abs(child - checksums[name]) <= SAME_OUTPUT_RELATIVE * scale
                 )
                 reproduced.append((dtype, same, child, checksums.get(name)))

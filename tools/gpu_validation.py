@@ -52,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(TOOLS))  # build_notebook, imported only when the notebook's code is run
 
 import mesure_memoire  # noqa: E402  (the kit's own script, standard library only at import)
 
@@ -642,6 +643,11 @@ def checksum_agreement(reference_checksum, absolute_sum, checksum, dtype):
 # Evidence: text that never carries a path, and the archive
 
 
+def printable(text):
+    """``text`` on one line, every control character (a newline above all) escaped as repr would."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def one_line(text):
     return " ".join(str(text).split())
 
@@ -935,6 +941,9 @@ class Validation:
                     f"{'n/a' if spread is None else f'{spread:.1%}'}",
                 )
                 self.row(f"{name}: same seed, same checksum", comparison["same_checksum"], f"{comparison['checksums']}")
+            else:  # a missing run is never a reproduced one
+                self.row(f"{name}: counters identical in both runs", False, "two results are needed")
+                self.row(f"{name}: same seed, same checksum", False, "two results are needed")
         self.summary["reproducibility"] = reproducibility
         self.judge_numerics(runs, cross)
 
@@ -1171,7 +1180,7 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors become one line (ValidationError) instead of usage text and exit."""
 
     def error(self, message):
-        raise ValidationError(one_line(message))
+        raise ValidationError(printable(message))
 
 
 def positive_seconds(option, value):

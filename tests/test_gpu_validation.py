@@ -264,6 +264,17 @@ def test_a_wrong_forward_fails_the_elementwise_bound(cpu_cross_check):
     assert reference.sum().item() == answers["larger-float32"]["checksum_float64"]
 
 
+def test_the_real_cross_check_command_reaches_the_gpu_boundary_and_fails_in_one_line(tmp_path):
+    """Its real command line, on this CPU-only build: it imports and gets as far as making the device current."""
+    specs = json.dumps(gpu_validation.cross_check_specs()[:1])
+    argv, shown = gpu_validation.command_for("cross-check", ["cuda:0", specs])
+    record = gpu_validation.Runner(60, 60).run("cross-check", argv, shown, tmp_path)
+    assert (record["outcome"], record["exit_status"], record["stdout"]) == ("exited", 3, "")
+    assert record["stderr"].startswith("cross-check child: ") and len(record["stderr"].splitlines()) == 1
+    assert "_cuda_setDevice" in record["stderr"]  # torch.cuda.set_device, on a build without CUDA
+    assert shown == f"python3 <cross-check child> cuda:0 {specs}" and str(ROOT) not in shown
+
+
 def test_every_size_runs_in_three_dtypes_and_the_readme_commands_are_among_them():
     configurations = gpu_validation.CONFIGURATIONS
     assert set(configurations) == {f"{s}-{d}" for s in ("small", "larger", "big") for d in gpu_validation.DTYPES}

@@ -247,16 +247,20 @@ def command_for(kind, arguments):
 
 
 def cross_check_child(argv):
-    """Child entry: ``cuda:N SPEC_JSON``; prints one JSON object.  Imports PyTorch."""
+    """Child entry: ``cuda:N SPEC_JSON``; prints one JSON object, or one line on stderr and exits 3."""
     import warnings
 
-    device, specs = argv[0], json.loads(argv[1])
-    index = mesure_memoire.device_index(device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # NumPy's absence, for one: not this check's business
-        import torch
-    torch.cuda.set_device(index)  # Timer synchronizes only the current device
-    result = cross_check(torch, torch.device("cuda", index), specs, lambda: torch.cuda.current_device())
+    try:
+        device, specs = argv[0], json.loads(argv[1])
+        index = mesure_memoire.device_index(device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # NumPy's absence, for one: not this check's business
+            import torch
+        torch.cuda.set_device(index)  # Timer synchronizes only the current device
+        result = cross_check(torch, torch.device("cuda", index), specs, lambda: torch.cuda.current_device())
+    except Exception as exc:  # the parent records the line and fails the cross-check rows
+        print(f"cross-check child: {mesure_memoire.describe_error(exc)}", file=sys.stderr)
+        raise SystemExit(3) from None
     sys.stdout.write(json.dumps(result) + "\n")
 
 

@@ -716,3 +716,12 @@ raise SystemExit(g.main(["--device", "cuda:0", "--output-dir", "evidence"]))
     assert (process.returncode, out) == (130, "")
     assert err == "gpu_validation.py: interrupted: children killed; no archive written\n"
     assert list(tmp_path.iterdir()) == []  # interrupted before the GPU was confirmed: nothing kept
+
+
+def test_an_environment_child_that_crashes_is_a_one_line_refusal_without_its_paths(tmp_path, capsys, monkeypatch):
+    crash = f"import sys; sys.stderr.write('Traceback: {ROOT}/mesure_memoire.py failed\\n'); sys.exit(1)"
+    monkeypatch.setattr(gpu_validation, "command_for", lambda kind, arguments: ([sys.executable, "-c", crash], "x"))
+    err = refusal(capsys, ["--device", "cuda:0", "--output-dir", str(tmp_path / "e")],
+                  "the environment check of cuda:0 failed (exit status 1: Traceback: <path> failed)")  # fmt: skip
+    assert str(ROOT) not in err
+    assert list(tmp_path.iterdir()) == []

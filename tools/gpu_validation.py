@@ -56,6 +56,8 @@ sys.path.insert(0, str(TOOLS))  # build_notebook, imported only when the noteboo
 
 import mesure_memoire  # noqa: E402  (the kit's own script, standard library only at import)
 
+MACHINE_PATHS = (str(ROOT), str(TOOLS), sys.executable, sys.prefix)  # never in the evidence or a message
+
 PROG = "gpu_validation.py"
 KIT_SCRIPT = "mesure_memoire.py"
 NOTEBOOK_FILE = "mesure-memoire.ipynb"
@@ -754,7 +756,7 @@ def parse_stdout_json(record):
         return json.loads(record["stdout"]), None
     except ValueError:
         outcome = record["outcome"] if record["outcome"] != "exited" else f"exit status {record['exit_status']}"
-        return None, f"{outcome}: {one_line(record['stderr'])[-300:]}"
+        return None, f"{outcome}: {one_line(scrub(record['stderr'], MACHINE_PATHS))[-300:]}"
 
 
 def refusal_size(environment):
@@ -771,7 +773,7 @@ class Validation:
 
     def __init__(self, device, folder, runner):
         self.device, self.folder, self.runner = device, Path(folder), runner
-        self.secrets = [str(ROOT), str(TOOLS), str(self.folder.resolve()), sys.executable, sys.prefix]
+        self.secrets = [*MACHINE_PATHS, str(self.folder.resolve())]
         self.rows, self.summary = [], {"device": self.device, "tool": PROG}
         self.logged = 0
         self.refusal = None
@@ -795,7 +797,7 @@ class Validation:
             write_new(self.folder / "logs" / f"{self.logged:02d}-{record['name']}.log", scrub(text, self.secrets))
 
     def row(self, name, passed, detail=""):
-        self.rows.append((name, bool(passed), one_line(detail)))
+        self.rows.append((name, bool(passed), one_line(scrub(str(detail), self.secrets))))
 
     # --- steps ---
 

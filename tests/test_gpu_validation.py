@@ -721,7 +721,7 @@ raise SystemExit(g.main(["--device", "cuda:0", "--output-dir", "evidence"]))
 def test_an_environment_child_that_crashes_is_a_one_line_refusal_without_its_paths(tmp_path, capsys, monkeypatch):
     crash = f"import sys; sys.stderr.write('Traceback: {ROOT}/mesure_memoire.py failed\\n'); sys.exit(1)"
     monkeypatch.setattr(gpu_validation, "command_for", lambda kind, arguments: ([sys.executable, "-c", crash], "x"))
-    err = refusal(capsys, ["--device", "cuda:0", "--output-dir", str(tmp_path / "e")],
-                  "the environment check of cuda:0 failed (exit status 1: Traceback: <path>/mesure_memoire.py failed)")  # fmt: skip
+    expected = "the environment check of cuda:0 failed (exit status 1: Traceback: <path>/mesure_memoire.py failed)"
+    err = refusal(capsys, ["--device", "cuda:0", "--output-dir", str(tmp_path / "e")], expected)
     assert str(ROOT) not in err
     assert list(tmp_path.iterdir()) == []

@@ -607,7 +607,7 @@ def test_the_flow_passes_with_healthy_children_and_keeps_its_evidence(tmp_path, 
     assert results == sorted(f"{name}-run{n}.json" for name in gpu_validation.CONFIGURATIONS for n in (1, 2))
     commands = [child["command"] for child in summary["children"]]
     assert "python3 mesure_memoire.py measure --device cuda:0 --batch 8 --context 1024 --width 4096 --dtype bfloat16 " \
-           "--warmup 50 --repeats 30 --seed 0 --output results/big-bfloat16-run2.json" in commands  # fmt: skip
+           "--warmup 100 --repeats 30 --seed 0 --output results/big-bfloat16-run2.json" in commands  # fmt: skip
     with tarfile.open(tmp_path / "evidence.tar.gz") as tar:
         names = [m.name for m in tar.getmembers()]
         everything = b"".join(tar.extractfile(m).read() for m in tar.getmembers())

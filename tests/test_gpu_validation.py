@@ -727,3 +727,16 @@ def test_an_environment_child_that_crashes_is_a_one_line_refusal_without_its_pat
     err = refusal(capsys, ["--device", "cuda:0", "--output-dir", str(tmp_path / "e")], expected)
     assert str(ROOT) not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_archive_that_cannot_be_written_is_one_line_and_the_folder_stays(tmp_path, capsys, monkeypatch):
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gpu_validation.tempfile, "mkstemp", no_space)
+    status, out, err, folder = run_flow(tmp_path, capsys, monkeypatch)
+    assert (status, out) == (2, "")
+    assert (
+        err == "gpu_validation.py: error: the evidence is in the folder, but its archive cannot be written (OSError)\n"
+    )
+    assert (folder / "verdict.txt").is_file() and not (tmp_path / "evidence.tar.gz").exists()

@@ -1169,7 +1169,12 @@ def validate(device, folder, archive, runner):
     verdict, passed = validation.finish(extra)
     if interrupted:
         raise KeyboardInterrupt
-    write_archive(folder, archive)
+    try:
+        write_archive(folder, archive)
+    except OSError as exc:
+        raise ValidationError(
+            f"the evidence is in the folder, but its archive cannot be written ({type(exc).__name__})"
+        ) from None
     return verdict, passed
 
 

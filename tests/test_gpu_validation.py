@@ -740,3 +740,15 @@ def test_an_archive_that_cannot_be_written_is_one_line_and_the_folder_stays(tmp_
         err == "gpu_validation.py: error: the evidence is in the folder, but its archive cannot be written (OSError)\n"
     )
     assert (folder / "verdict.txt").is_file() and not (tmp_path / "evidence.tar.gz").exists()
+
+
+def test_a_full_stdout_is_one_line_on_stderr_and_the_verdict_stays_in_its_file(tmp_path, capsys, monkeypatch):
+    class FullStdout(io.StringIO):
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sys, "stdout", FullStdout())
+    status, _, err, folder = run_flow(tmp_path, capsys, monkeypatch)
+    assert status == 1
+    assert err == "gpu_validation.py: error: cannot print the verdict (OSError); it is in verdict.txt\n"
+    assert (folder / "verdict.txt").read_text().endswith("passed, 0 failed\n")

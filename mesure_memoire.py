@@ -23,10 +23,8 @@ import sys
 import json
 import math
 import os
-import platform
 import re
 import time
-from datetime import datetime, timezone
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 # <<< notebook
 
@@ -144,27 +142,24 @@ def device_index(device):
 
 
 # A path inside quotes (how Python's OSError and most libraries show one): the whole quoted text.
-_QUOTED_PATH = re.compile(r"""(['"])(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1""")
-# A bare path: separators, then folder names that may hold spaces (not a sentence's ". " or ": "),
-# then a last name without spaces.  A drive or "~" marks a path; otherwise two separators do.
-_BARE_PATH = re.compile(
-    r"""(?P<start>(?<![\w.-])[A-Za-z]:|~|[\w.-]*)[\\/]+"""
+_QUOTED_PATH = (  # patterns compiled on first use (re caches them): start-up time
+    r"""(['"])(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1"""
+)
+# A bare path from a root (a slash, a drive, "~", a UNC name): folder names may hold spaces (not a
+# sentence's ". " or ": "), the last name may not.  Or a relative path of two separators or more,
+# without spaces ("torch/csrc/x.cpp"); a single "CUDA/ROCm" is not a path.
+_BARE_PATH = (
+    r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-]))[\\/]+(?=[^\s\\/])"""
     r"""(?:(?:[^\s\\/'"():;,.]|[.:;,](?=[^\s\\/])|[ \t]+(?=[^\s\\/]))*[\\/]+)*"""
+    r"""|(?<![\w.-])[\w.-]+[\\/]+(?:[^\s\\/'"():;,]+[\\/]+)+)"""
     r"""[^\s\\/'"():;,]*"""
 )
 
 
-def _redact_bare(match):
-    path = match.group(0)
-    if match["start"] in ("~",) or match["start"].endswith(":") or path.count("/") + path.count("\\") >= 2:
-        return "<path>"
-    return path
-
-
 def redact(text):
     """The first non-empty line of an error message, on one line, with file-system paths removed."""
-    text = _QUOTED_PATH.sub(lambda match: f"{match[1]}<path>{match[1]}", str(text))
-    text = _BARE_PATH.sub(_redact_bare, text)
+    text = re.sub(_QUOTED_PATH, lambda match: f"{match[1]}<path>{match[1]}", str(text))
+    text = re.sub(_BARE_PATH, "<path>", text)
     lines = [line for line in text.splitlines() if line.strip()]
     return one_line(lines[0].strip()) if lines else ""
 
@@ -295,6 +290,8 @@ def collect_environment(device):
     Reads no environment variable and records no hostname, user name, path, GPU UUID
     or serial number.  Each query that fails leaves null and a line in ``field_errors``.
     """
+    import platform  # here only: the estimate's start-up does not pay for it
+
     index = device_index(device)
     field_errors = {}
 
@@ -637,6 +634,8 @@ def measure(config, tool):
     Refuses (KitError, exit 2) without PyTorch, without a usable GPU, with an unsupported
     dtype or sizes that cannot fit; raises MeasurementFailed (exit 3) when a phase fails.
     """
+    from datetime import datetime, timezone  # here only: the estimate's start-up does not pay for it
+
     model_summary = synthetic_model(config)
     torch, torch_error = import_torch()
     if torch is None:

@@ -572,6 +572,8 @@ def check_new_output(path):
         raise KitError("--output: a new file name is required")
     name, folder = os.path.basename(path), os.path.dirname(path) or "."
     try:
+        if "\0" in path:
+            raise ValueError("embedded null character")
         if not name or name in (".", ".."):
             raise KitError(f"--output: {shown_name(path)} names a folder, not a new file")
         if os.path.lexists(path):

@@ -584,14 +584,16 @@ def check_new_output(path):
             raise KitError(f"--output: the folder of {shown_name(path)} does not exist")
         name_max, path_max = _name_limits(folder)
         if len(os.fsencode(name)) > name_max or len(os.fsencode(path)) >= path_max:
-            raise KitError(f"--output: {shown_name(path)} is too long for this file system ({name_max} bytes per name)")
+            raise KitError(f"--output: {shown_name(path)} is too long for this file system (names: {name_max} bytes)")
         temporary, descriptor = _create_temporary(folder)
+        try:
+            os.close(descriptor)
+        finally:
+            os.unlink(temporary)
     except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
         raise KitError(
             f"--output: cannot create {shown_name(path)}: {describe_error(error)}; nothing measured"
         ) from None
-    os.close(descriptor)
-    os.unlink(temporary)
     return path
 
 
@@ -753,7 +755,10 @@ def write_new_file(path, text):
             except FileExistsError:
                 raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
     finally:
-        os.unlink(temporary)
+        try:  # noqa: SIM105 -- contextlib would be imported for this one line
+            os.unlink(temporary)
+        except FileNotFoundError:  # removed by someone else: nothing left to clean
+            pass
 
 
 def measure_to_file(config, output, tool):

@@ -451,3 +451,50 @@ def test_a_refusal_through_the_interpreter_is_one_line_with_repr(tmp_path):
     completed = run("estimate", "--parameters", "1\n2", "--bits", "16", cwd=tmp_path)
     assert completed.returncode == 2 and completed.stdout == ""
     assert_one_line(completed.stderr, "'1\\n2'")
+
+
+# --- the helpers behind the one-line promise --------------------------------------------------------
+
+
+def test_shown_quotes_escapes_and_shortens_user_values():
+    assert mesure_memoire.shown("a\nb") == "'a\\nb'"
+    long_value = "x" * 200 + "END"
+    text = mesure_memoire.shown(long_value)
+    assert text == "'" + "x" * 59 + "..." + "x" * 8 + "END' (203 characters)"
+    assert mesure_memoire.shown("y" * 78) == "'" + "y" * 78 + "'"  # 80 characters with the quotes: kept whole
+    assert mesure_memoire.shown_name("mesures.json") == "mesures.json"
+    assert mesure_memoire.shown_name("a b.json") == "a b.json"
+    for odd in (" lead.json", "trail.json ", "tab\t.json", "z" * 81, "\u202egnp.json"):
+        assert mesure_memoire.shown_name(odd).startswith("'"), odd
+    assert mesure_memoire.one_line("a\nb\r\tc\x1b\u2028é") == "a\\nb\\r\\tc\\x1b\\u2028é"
+
+
+def test_a_closed_stderr_is_not_a_crash(folder, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stderr", None)
+    assert mesure_memoire.main(["estimate", "--parameters", "x", "--bits", "1"]) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_temporary_names_never_collide_and_limits_have_a_fallback(folder, monkeypatch):
+    taken = folder / f".partial-{bytes(8).hex()}.tmp"
+    taken.write_bytes(b"someone else's")
+    draws = iter([bytes(8), bytes(8), b"\x01" * 8])
+    monkeypatch.setattr(os, "urandom", lambda size: next(draws))
+    mesure_memoire.write_new_file("r.json", "{}\n")
+    assert (folder / "r.json").read_bytes() == b"{}\n"
+    assert taken.read_bytes() == b"someone else's"
+    assert [path.name for path in folder.glob(".partial-*")] == [taken.name]  # ours removed, theirs kept
+    monkeypatch.setattr(os, "urandom", lambda size: bytes(8))
+    with pytest.raises(FileExistsError):
+        mesure_memoire.write_new_file("s.json", "{}\n")
+    assert not (folder / "s.json").exists()
+    taken.unlink()
+
+    def no_pathconf(*args):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "pathconf", no_pathconf)
+    assert mesure_memoire._name_limits(".") == (255, 4096)
+    with pytest.raises(mesure_memoire.KitError, match="too long"):
+        mesure_memoire.check_new_output("n" * 256)
+    assert mesure_memoire.check_new_output("n" * 255) == "n" * 255

@@ -25,12 +25,9 @@ import sys
 import json
 import math
 import os
-import platform
 import re
-import tempfile
 import time
-from datetime import datetime, timezone
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
+from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 # <<< notebook
 
 # >>> notebook: Constants, validation and the error type
@@ -65,9 +62,15 @@ DRIVER_COMMANDS = {
     "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
     "amd": "amd-smi version",
 }
-_DIGITS = re.compile(r"[0-9]+")  # no sign, underscore, exponent or spaces
+# One number grammar for every option: ASCII digits, at most one decimal point; no sign,
+# underscore, exponent, space or other script's digits (so no negative zero either).
+_DIGITS = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"(?P<whole>[0-9]*)(?:\.(?P<fraction>[0-9]*))?")
 MAX_DIGITS = 30  # bounds every product the kit computes
+MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
 _DEVICE = re.compile(r"cuda:([0-9]{1,4})")
+PYTORCH_WARNINGS_FIELD = "pytorch_warnings"  # the field_errors key for warnings PyTorch raised
+PYTORCH_WARNINGS = []  # warnings PyTorch raised in this process: redacted, one line each, no repeats
 
 
 class KitError(Exception):
@@ -82,47 +85,115 @@ class MeasurementFailed(KitError):
     exit_code = 3
 
 
-def whole_number(option, value, minimum):
-    """Return ``value`` as an int >= ``minimum``; accepts an int or a string of digits."""
+def one_line(text):
+    """``text`` on one line: newlines, tabs and other unprintable characters are escaped."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
+
+
+def shown(value, limit=80):
+    """A user's value for a message: its repr (quoted, escaped, one line), shortened when long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-12:]} ({len(str(value))} characters)"
+
+
+def shown_name(path):
+    """A file name the user gave, as typed when printable, else as its repr; shortened when long."""
+    if isinstance(path, str) and path.isprintable() and path.strip() == path and len(path) <= 80:
+        return path
+    return shown(path)
+
+
+def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1):
+    """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and _DIGITS.fullmatch(value) and len(value) <= MAX_DIGITS:
+    elif isinstance(value, str) and len(value) <= MAX_DIGITS and _DIGITS.fullmatch(value):
         number = int(value)
     else:
         number = None
-    if number is None or number < minimum or number >= 10**MAX_DIGITS:
-        wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
-        raise KitError(f"{option}: expected {wanted} of at most {MAX_DIGITS} digits, got {value!r}")
+    if number is None or not minimum <= number <= maximum:
+        if maximum < 10**MAX_DIGITS - 1:
+            wanted = f"a whole number from {minimum} to {maximum} in ASCII digits"
+        else:
+            wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
+            wanted += f" of at most {MAX_DIGITS} ASCII digits"
+        raise KitError(f"{option}: expected {wanted}, got {shown(value)}")
     return number
 
 
 def non_negative_decimal(option, value):
-    """Return ``value`` as a finite Decimal >= 0 and below 10**MAX_DIGITS (a string or a number)."""
-    try:
-        number = Decimal(str(value).strip()) if not isinstance(value, bool) else None
-    except InvalidOperation:
-        number = None
-    if number is None or not number.is_finite() or number < 0 or number.adjusted() >= MAX_DIGITS:
-        raise KitError(f"{option}: expected a finite number >= 0 and below 1e{MAX_DIGITS}, got {value!r}")
-    return number
+    """Return ``value`` as an exact Decimal >= 0: ASCII digits with at most one decimal point, at most
+    MAX_DIGITS digits on each side (a string, an int, or a float whose repr is written so)."""
+    text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
+    match = _DECIMAL.fullmatch(text)
+    whole, fraction = (match["whole"], match["fraction"] or "") if match else ("", "")
+    if not (whole or fraction) or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
+        raise KitError(
+            f"{option}: expected a number >= 0 written with ASCII digits and at most one decimal point "
+            f"(at most {MAX_DIGITS} digits on each side), got {shown(value)}"
+        )
+    return Decimal(f"{whole or 0}.{fraction or 0}")
 
 
 def device_index(device):
     """Return N for a device written ``cuda:N``; anything else is refused."""
     match = _DEVICE.fullmatch(device) if isinstance(device, str) else None
     if match is None:
-        raise KitError(f"--device: expected cuda:N (for example cuda:0), got {device!r}")
+        raise KitError(f"--device: expected cuda:N (for example cuda:0), got {shown(device)}")
     return int(match.group(1))
 
 
+# A path inside quotes (how Python's OSError and most libraries show one): the whole quoted text.
+_QUOTED_PATH = (  # patterns compiled on first use (re caches them): start-up time
+    r"""(['"])(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1"""
+)
+# A bare path from a root (a slash, a drive, "~", a UNC name): folder names may hold spaces (not a
+# sentence's ". " or ": "), the last name may not.  Or a relative path of two separators or more,
+# without spaces ("torch/csrc/x.cpp"); a single "CUDA/ROCm" is not a path.
+_BARE_PATH = (
+    r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-]))[\\/]+(?=[^\s\\/])"""
+    r"""(?:(?:[^\s\\/'"():;,.]|[.:;,](?=[^\s\\/])|[ \t]+(?=[^\s\\/]))*[\\/]+)*"""
+    r"""|(?<![\w.-])[\w.-]+[\\/]+(?:[^\s\\/'"():;,]+[\\/]+)+)"""
+    r"""[^\s\\/'"():;,]*"""
+)
+
+
 def redact(text):
-    """Remove file-system paths from an error message before it is shown or saved."""
-    text = re.sub(r"(?:[A-Za-z]:)?[\\/][^\s'\"():,]*[\\/][^\s'\"():,]*", "<path>", str(text))
-    return text.splitlines()[0] if text else ""
+    """The first non-empty line of an error message, on one line, with file-system paths removed."""
+    text = re.sub(_QUOTED_PATH, lambda match: f"{match[1]}<path>{match[1]}", str(text))
+    text = re.sub(_BARE_PATH, "<path>", text)
+    lines = [line for line in text.splitlines() if line.strip()]
+    return one_line(lines[0].strip()) if lines else ""
 
 
 def describe_error(exc):
     return f"{type(exc).__name__}: {redact(exc)}".rstrip(": ")
+
+
+class CapturedWarnings:
+    """``with CapturedWarnings(field_errors):`` records the warnings raised inside (by PyTorch,
+    mostly) instead of letting them print raw on stderr with library paths: each is kept once,
+    redacted, in PYTORCH_WARNINGS, and all of them in ``field_errors`` when one is given."""
+
+    def __init__(self, field_errors=None):
+        self.field_errors = field_errors
+
+    def __enter__(self):
+        import warnings  # here only: the estimate never needs it
+
+        self._catcher = warnings.catch_warnings(record=True)
+        self._caught = self._catcher.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._catcher.__exit__(*exc_info)
+        for caught in self._caught:
+            line = f"{caught.category.__name__}: {redact(caught.message)}"
+            if line not in PYTORCH_WARNINGS:
+                PYTORCH_WARNINGS.append(line)
+        if PYTORCH_WARNINGS and self.field_errors is not None:
+            self.field_errors[PYTORCH_WARNINGS_FIELD] = " | ".join(PYTORCH_WARNINGS)
+        return False
 
 
 def exact_context():
@@ -206,7 +277,10 @@ def format_estimate(estimate):
 def import_torch():
     """Return (torch, None), or (None, why) when PyTorch cannot be imported."""
     try:
-        import torch
+        # PyTorch may warn while it loads (without NumPy, for one), with its own paths: the
+        # warnings are kept in PYTORCH_WARNINGS (collect_environment reports them), not printed.
+        with CapturedWarnings():
+            import torch
     except Exception as exc:  # ImportError, or OSError from a missing shared library
         return None, describe_error(exc)
     return torch, None
@@ -231,12 +305,15 @@ def collect_environment(device):
     Reads no environment variable and records no hostname, user name, path, GPU UUID
     or serial number.  Each query that fails leaves null and a line in ``field_errors``.
     """
+    import platform  # here only: the estimate's start-up does not pay for it
+
     index = device_index(device)
     field_errors = {}
 
     def query(name, function):
         try:
-            return function()
+            with CapturedWarnings(field_errors):
+                return function()
         except Exception as exc:
             field_errors[name] = describe_error(exc)
             return None
@@ -373,7 +450,7 @@ def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
     """Validate a measurement's parameters; returns them as a dict."""
     device_index(device)
     if dtype not in DTYPE_BYTES:
-        raise KitError(f"--dtype: expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+        raise KitError(f"--dtype: expected one of {', '.join(DTYPE_BYTES)}, got {shown(dtype)}")
     return {
         "device": device,
         "batch": whole_number("--batch", batch, 1),
@@ -382,7 +459,7 @@ def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
         "dtype": dtype,
         "warmup": whole_number("--warmup", warmup, 0),
         "repeats": whole_number("--repeats", repeats, 1),
-        "seed": whole_number("--seed", seed, 0),
+        "seed": whole_number("--seed", seed, 0, MAX_SEED),
     }
 
 
@@ -798,16 +875,74 @@ def check_prediction(records, plan):
     return checked, prediction_check, workspace
 
 
+def _name_limits(folder):
+    """The longest file name and path this folder's file system takes (POSIX; 255 and 4096 elsewhere)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+    except (AttributeError, ValueError, OSError):
+        return 255, 4096
+
+
+def _create_temporary(folder):
+    """Create a new hidden file in ``folder``, exclusively, with the umask's mode; returns (path, descriptor)."""
+    for _ in range(100):
+        temporary = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
+        try:
+            return temporary, os.open(
+                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
+            )
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
+
+
 def check_new_output(path):
-    """Refuse an output that exists or whose folder is missing, before any GPU work."""
+    """Refuse, before any GPU work, an output that exists or cannot be created.
+
+    Beyond the name and its folder, it proves that a file can be created there (a temporary
+    file is created, then removed at once), so a finished measurement is not lost to an
+    unwritable folder.
+    """
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
-    if os.path.lexists(path):
-        raise KitError(f"--output: {path} already exists; choose a new name (results are never overwritten)")
-    folder = os.path.dirname(path) or "."
-    if not os.path.isdir(folder):
-        raise KitError(f"--output: the folder of {path} does not exist")
+    name, folder = os.path.basename(path), os.path.dirname(path) or "."
+    try:
+        if "\0" in path:
+            raise ValueError("embedded null character")
+        if not name or name in (".", ".."):
+            raise KitError(f"--output: {shown_name(path)} names a folder, not a new file")
+        if os.path.lexists(path):
+            raise KitError(
+                f"--output: {shown_name(path)} already exists; choose a new name (results are never overwritten)"
+            )
+        if not os.path.isdir(folder):
+            raise KitError(f"--output: the folder of {shown_name(path)} does not exist")
+        name_max, path_max = _name_limits(folder)
+        if len(os.fsencode(name)) > name_max or len(os.fsencode(path)) >= path_max:
+            raise KitError(f"--output: {shown_name(path)} is too long for this file system (names: {name_max} bytes)")
+        temporary, descriptor = _create_temporary(folder)
+        try:
+            os.close(descriptor)
+        finally:
+            os.unlink(temporary)
+    except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
+        raise KitError(
+            f"--output: cannot create {shown_name(path)}: {describe_error(error)}; nothing measured"
+        ) from None
     return path
+
+
+def _write_exclusively(path, data):
+    """Create ``path`` (never an existing file) and write ``data``; on any failure, remove it again."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+    except BaseException:  # Ctrl-C included: a partial result never stays under its name
+        os.unlink(path)
+        raise
 
 
 def _dtype_problem(torch, index, dtype):
@@ -862,6 +997,8 @@ def measure(config, tool):
     dtype, sizes whose predicted peak cannot fit, or a failed set-up step; raises
     MeasurementFailed (exit 3) when a phase fails.
     """
+    from datetime import datetime, timezone  # here only: the estimate's start-up does not pay for it
+
     model_summary = synthetic_model(config)
     plan = predict_memory(config)
     torch, torch_error = import_torch()
@@ -949,14 +1086,22 @@ def measure(config, tool):
 
 
 def to_json(data):
-    """Serialize a result: exact Decimals become numbers rounded half-up to 6 decimals."""
+    """Serialize a result as indented JSON.  An exact Decimal becomes a number rounded half-up to
+    exactly 6 decimals and written with its own digits (through a float, 10**21 would print as
+    1e+21); everything else is what json.dumps writes."""
 
-    def plain(value):
-        if isinstance(value, Decimal):
-            return float(rounded(value, 6))
-        raise TypeError(f"cannot serialize {type(value).__name__}")
+    def encode(value, indent):
+        if isinstance(value, Decimal) and value.is_finite():
+            return format(rounded(value, 6), "f")
+        inner = indent + "  "
+        if isinstance(value, dict) and value:
+            items = [f"{inner}{json.dumps(str(key))}: {encode(item, inner)}" for key, item in value.items()]
+            return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+        if isinstance(value, (list, tuple)) and value:
+            return "[\n" + ",\n".join(inner + encode(item, inner) for item in value) + "\n" + indent + "]"
+        return json.dumps(value)  # str, int, float, bool, None, {} or []; anything else: TypeError
 
-    return json.dumps(data, indent=2, sort_keys=False, default=plain) + "\n"
+    return encode(data, "") + "\n"
 
 
 def write_new_file(path, text):
@@ -964,28 +1109,52 @@ def write_new_file(path, text):
 
     The data goes to a temporary file in the same folder first, then is hard-linked
     under its name (which fails if the name appeared meanwhile): a crash leaves either
-    no result or a whole one.
+    no result or a whole one.  Where the file system has no hard links (EPERM and the
+    like), the file is created exclusively instead and removed again if writing fails.
+    The file gets the mode the user's umask gives.  Raises KitError when the name is
+    taken, OSError when the data cannot be written.
     """
-    folder = os.path.dirname(path) or "."
-    handle, temporary = tempfile.mkstemp(prefix=".partial-", suffix=".tmp", dir=folder)
+    data = text.encode("utf-8")
+    temporary, descriptor = _create_temporary(os.path.dirname(path) or ".")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
-            stream.write(text)
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         try:
             os.link(temporary, path)
         except FileExistsError:
-            raise KitError(f"--output: {path} appeared during the measurement; nothing overwritten") from None
+            raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
+        except OSError:  # no hard links here: an exclusive create still never overwrites
+            try:
+                _write_exclusively(path, data)
+            except FileExistsError:
+                raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
     finally:
-        os.unlink(temporary)
+        try:  # noqa: SIM105 -- contextlib would be imported for this one line
+            os.unlink(temporary)
+        except FileNotFoundError:  # removed by someone else: nothing left to clean
+            pass
 
 
 def measure_to_file(config, output, tool):
-    """The whole measurement: refuse an unusable output first, measure, then write atomically."""
+    """The whole measurement: refuse an unusable output first, measure, then write atomically.
+
+    Warnings PyTorch raises meanwhile are not printed: they are recorded in the result's
+    ``environment.field_errors``.
+    """
     check_new_output(output)
-    result = measure(config, tool)
-    write_new_file(output, to_json(result))
+    with CapturedWarnings():
+        result = measure(config, tool)
+    environment = result.get("environment")
+    if PYTORCH_WARNINGS and isinstance(environment, dict) and isinstance(environment.get("field_errors"), dict):
+        environment["field_errors"][PYTORCH_WARNINGS_FIELD] = " | ".join(PYTORCH_WARNINGS)
+    try:
+        write_new_file(output, to_json(result))
+    except OSError as error:
+        raise KitError(
+            f"--output: cannot write {shown_name(output)}: {describe_error(error)}; nothing written"
+        ) from None
     return result
 
 
@@ -1349,7 +1518,70 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors become one line (KitError) instead of usage text and exit."""
 
     def error(self, message):
-        raise KitError(message)
+        raise KitError(one_line(message))
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:  # shown with repr, unlike argparse's own message: a value may hold a newline
+            raise KitError("unrecognized arguments: " + " ".join(shown(extra) for extra in extras))
+        return namespace
+
+
+class _StdoutFailed(Exception):
+    """Standard output could not be written: a closed pipe, a full disk, a closed descriptor."""
+
+
+class _GuardedStdout:
+    """sys.stdout while a command runs: a failed write raises _StdoutFailed, so that main tells
+    it apart from the command's own errors (print() and argparse's help write here too)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _call(self, name, *args):
+        if self.stream is None:  # Python found descriptor 1 closed at start-up
+            raise _StdoutFailed(None)
+        try:
+            return getattr(self.stream, name)(*args)
+        except (OSError, ValueError) as error:  # ValueError: the stream was closed
+            raise _StdoutFailed(error) from None
+
+    def write(self, text):
+        return self._call("write", text)
+
+    def flush(self):
+        return self._call("flush")
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _say(message, prefix="error: "):
+    """One line on stderr, starting with the script's name; a closed stderr is not an error."""
+    try:
+        sys.stderr.write(f"mesure_memoire.py: {prefix}{one_line(message)}\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def _stdout_failed(failure, stream):
+    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line.
+
+    The interpreter flushes stdout again at exit; pointing the real descriptor at os.devnull
+    keeps that flush from printing a second error.
+    """
+    error = failure.args[0] if failure.args else None
+    if not isinstance(error, BrokenPipeError):
+        _say("cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
+    if stream is not None and stream is sys.__stdout__:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+    return 1
 
 
 def _emit(args, data, formatter):
@@ -1438,12 +1670,27 @@ def build_parser():
 
 
 def main(argv=None) -> int:
+    """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
+    130: interrupted).  --help raises SystemExit, as argparse does."""
+    stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
     try:
-        args = build_parser().parse_args(argv)
-        args.func(args)
+        try:
+            args = build_parser().parse_args(argv)
+            args.func(args)
+        except SystemExit:  # --help: what argparse printed must reach stdout too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
     except KitError as error:
-        print(f"mesure_memoire.py: error: {error}", file=sys.stderr)
+        _say(error)
         return error.exit_code
+    except _StdoutFailed as failure:
+        return _stdout_failed(failure, stdout)
+    except KeyboardInterrupt:
+        _say("interrupted (Ctrl-C); no partial file left behind", prefix="")
+        return 130
+    finally:
+        sys.stdout = stdout
     return 0
 
 

@@ -142,3 +142,80 @@ def test_help_of_each_command(command, capsys):
     assert out.startswith("usage: mesure_memoire.py")
     expected = {"estimate": "--reserve-gib", "environment": "--device", "measure": "--repeats"}
     assert expected.get(command[0] if command else None, "estimate") in out
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("[Errno 13] Permission denied: '/home/Ana Maria/my results/out.json'",
+         "[Errno 13] Permission denied: '<path>'"),
+        ("/home/Ana Maria/venv 2/lib/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: cudaX",
+         "<path>: undefined symbol: cudaX"),
+        (r'Error loading "C:\Program Files\Python311\Lib\site-packages\torch\lib\c10.dll" or one of its dependencies.',
+         'Error loading "<path>" or one of its dependencies.'),
+        (r"failed at C:\Users\Ana Maria\torch\lib\c10.dll: bad", "failed at <path>: bad"),
+        ("NumPy (Triggered internally at /__w/pytorch/pytorch/torch/csrc/utils/tensor_numpy.cpp:84.)",
+         "NumPy (Triggered internally at <path>:84.)"),
+        ("see ~/secret stuff/x.log", "see <path>"),
+        ('File "/home/ana/my project/x.py", line 3', 'File "<path>", line 3'),
+        ("No such file: \"/home/o'brien/x\"", 'No such file: "<path>"'),
+        ("No such file: '/home/o\\'br\"ien/x'", "No such file: '<path>'"),
+        (r"path \\server\share\ana\x.dll missing", "path <path> missing"),
+        ("cannot open /usr/lib/a.so and also /opt/b.so", "cannot open <path> and also <path>"),
+        ("cannot open /opt/x. Check that CUDA/ROCm is installed",
+         "cannot open <path> Check that CUDA/ROCm is installed"),
+        ("float16/bfloat16 and CUDA/HIP stay", "float16/bfloat16 and CUDA/HIP stay"),
+        ("relative torch/csrc/utils/x.cpp:84", "relative <path>:84"),
+        ("\n\nCUDA error: out of memory\nCUDA kernel errors might be reported later", "CUDA error: out of memory"),
+        ("bad\x1b[31m\ttab", "bad\\x1b[31m\\ttab"),
+        ("", ""),
+    ],
+)  # fmt: skip
+def test_redact_removes_whole_paths_even_with_spaces(message, expected):
+    assert mesure_memoire.redact(message) == expected
+
+
+def test_a_warning_from_a_pytorch_query_is_recorded_redacted_not_printed(stand_in_gpu, monkeypatch, capsys):
+    import warnings
+
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+
+    def warns():
+        warnings.warn("CUDA initialization: driver too old (at /home/ana/my env/lib/x.so)", UserWarning, stacklevel=1)
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_available", warns)
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    recorded = json.loads(captured.out)["field_errors"]
+    assert recorded == {"pytorch_warnings": "UserWarning: CUDA initialization: driver too old (at <path>)"}
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    assert "pytorch_warnings: UserWarning: CUDA initialization" in capsys.readouterr().out
+
+
+def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, capsys):
+    import sys
+    import warnings
+
+    class Loader:  # a stand-in "torch" module whose import warns, as PyTorch does without NumPy
+        def find_spec(self, name, path=None, target=None):
+            import importlib.util
+
+            return importlib.util.spec_from_loader(name, self) if name == "torch" else None
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            warnings.warn(
+                "Failed to initialize NumPy (at /opt/conda/lib/site-packages/torch/x.py)", UserWarning, stacklevel=1
+            )
+
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(sys, "meta_path", [Loader(), *sys.meta_path])
+    module, error = mesure_memoire.import_torch()
+    assert module is sys.modules["torch"] and error is None
+    assert capsys.readouterr().err == ""
+    assert mesure_memoire.PYTORCH_WARNINGS == ["UserWarning: Failed to initialize NumPy (at <path>)"]

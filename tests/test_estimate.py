@@ -151,3 +151,75 @@ def test_python_3_10_gives_the_same_estimate():
     new = run_script("mesure_memoire.py", *args)
     assert old.returncode == 0, old.stderr
     assert old.stdout == new.stdout
+
+
+def _half_up_six(fraction):
+    millionths = (fraction * 10**6 + Fraction(1, 2)).__floor__()
+    return f"{millionths // 10**6}.{millionths % 10**6:06d}"
+
+
+@pytest.mark.parametrize(
+    ("parameters", "bits", "reserve"),
+    [
+        ("9" * 30, "9" * 30, "0." + "9" * 30),
+        ("1", "1", "0"),
+        ("7000000000", "12", "4"),
+        ("1" + "0" * 29, "64", "9" * 30),
+    ],
+)
+def test_json_gives_gib_and_gb_to_exactly_six_decimals_at_every_size(parameters, bits, reserve, capsys):
+    assert mesure_memoire.main(["estimate", "--parameters", parameters, "--bits", bits, "--reserve-gib", reserve,
+                                "--json"]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    data = json.loads(text)  # valid JSON
+    weight_bytes = int(parameters) * -(-int(bits) // 8)
+    expected = {
+        "weight_gib": _half_up_six(Fraction(weight_bytes, 2**30)),
+        "weight_gb": _half_up_six(Fraction(weight_bytes, 10**9)),
+        "reserve_gib": _half_up_six(Fraction(reserve)),
+        "total_gib": _half_up_six(Fraction(weight_bytes, 2**30) + Fraction(reserve)),
+    }
+    for key, literal in expected.items():
+        assert f'  "{key}": {literal},\n' in text, key  # the exact digits, never 9.3e+20
+    assert data["weight_bytes"] == weight_bytes and "e+" not in text and "E+" not in text
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "`--json` gives them to six decimals" in " ".join(readme.split())
+
+
+@pytest.mark.parametrize(
+    ("reserve", "expected"),
+    [("4", "4"), ("4.", "4"), (".5", "0.5"), ("0.5", "0.5"), ("007", "7"), ("0", "0"), ("0.0", "0"), (4, "4"),
+     (0.25, "0.25"), (Decimal("1.5"), "1.5"), ("0." + "1" * 30, "0." + "1" * 30), ("9" * 30, "9" * 30)],
+)  # fmt: skip
+def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
+    value = mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
+    assert value == Decimal(expected) and not value.is_signed()
+
+
+@pytest.mark.parametrize("reserve", ["-0", "-0.0", "+1", " 1", "1 ", "1_0", "٤", "1e1", "0x1", "..5", "", ".", True,
+                                     -1, -0.0, float("nan"), 1e30, None, "0." + "1" * 31, "1" * 31])  # fmt: skip
+def test_one_number_grammar_refuses_the_rest(reserve):
+    with pytest.raises(mesure_memoire.KitError, match="--reserve-gib: expected a number >= 0"):
+        mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
+
+
+def test_to_json_writes_what_json_dumps_writes_except_for_decimals():
+    data = {"a": [1, 2.5, None, True, {}, [], 'é\n"x"'], "b": {"c": {"d": []}}, "e": "", "f": [[{}]]}
+    assert mesure_memoire.to_json(data) == json.dumps(data, indent=2) + "\n"
+    assert mesure_memoire.to_json({"x": Decimal("2.5"), "y": [Decimal(10) ** 25]}) == (
+        '{\n  "x": 2.500000,\n  "y": [\n    10000000000000000000000000.000000\n  ]\n}\n'
+    )
+    with pytest.raises(TypeError):
+        mesure_memoire.to_json({"x": object()})
+    with pytest.raises(TypeError):
+        mesure_memoire.to_json({"x": Decimal("NaN")})
+
+
+def test_whole_numbers_take_ascii_digits_and_an_upper_bound():
+    assert mesure_memoire.whole_number("--seed", str(2**64 - 1), 0, 2**64 - 1) == 2**64 - 1
+    assert mesure_memoire.whole_number("--seed", 0, 0, 2**64 - 1) == 0
+    for value in (2**64, str(2**64), "-1", -1, "٣", "１", "1_0", True, 1.0, "9" * 31):
+        with pytest.raises(mesure_memoire.KitError, match="--seed"):
+            mesure_memoire.whole_number("--seed", value, 0, 2**64 - 1)
+    with pytest.raises(mesure_memoire.KitError, match="from 0 to 18446744073709551615"):
+        mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float32", 0, 1, 2**64)

@@ -435,7 +435,8 @@ def format_environment(environment):
         if value is not None:
             lines.append(f"  setting               {key} = {value}")
     for name, error in sorted(environment["field_errors"].items()):
-        lines.append(f"  query failed          {name}: {error}")
+        label = "PyTorch warned" if name == PYTORCH_WARNINGS_FIELD else "query failed"
+        lines.append(f"  {label:<21} {name}: {error}")
     lines.append(environment["driver_note"])
     for vendor, command in environment["driver_commands"].items():
         lines.append(f"  {vendor.upper():<6} {command}")
@@ -1613,9 +1614,10 @@ def _command_measure(args):
     result = measure_to_file(config, args.output, tool="mesure_memoire.py")
     warning = result["configuration"]["fresh_process_warning"]
     if warning:
-        print(f"warning: {warning}", file=sys.stderr)
+        _say(warning, prefix="warning: ")
     print(format_phase_table(result))
-    print(f"Result written to {args.output}")
+    # As typed, however long (the user needs the whole name); repr only when it would break the line.
+    print(f"Result written to {args.output if args.output.isprintable() else repr(args.output)}")
 
 
 def _command_report(args):

@@ -191,7 +191,7 @@ def test_a_warning_from_a_pytorch_query_is_recorded_redacted_not_printed(stand_i
     recorded = json.loads(captured.out)["field_errors"]
     assert recorded == {"pytorch_warnings": "UserWarning: CUDA initialization: driver too old (at <path>)"}
     assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
-    assert "pytorch_warnings: UserWarning: CUDA initialization" in capsys.readouterr().out
+    assert "  PyTorch warned        pytorch_warnings: UserWarning: CUDA initialization" in capsys.readouterr().out
 
 
 def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, capsys):

@@ -204,6 +204,22 @@ def test_link_refused_with_eperm_falls_back_to_an_exclusive_create(folder, capsy
     assert sorted(os.listdir(folder)) == ["existing.json", "fifo", "o.json", "sub"]  # no temporary left
 
 
+def test_the_written_name_and_the_warning_stay_one_line_each(folder, capsys, monkeypatch, stand_in_measure):
+    real_measure = mesure_memoire.measure
+
+    def not_fresh(config, tool):
+        result = real_measure(config, tool)
+        result["configuration"]["fresh_process_warning"] = "held memory\nbefore"
+        return result
+
+    monkeypatch.setattr(mesure_memoire, "measure", not_fresh)
+    assert mesure_memoire.main([*MEASURE, "--output", "a\nb.json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "mesure_memoire.py: warning: held memory\\nbefore\n"
+    assert captured.out.endswith("\nResult written to 'a\\nb.json'\n")
+    assert (folder / "a\nb.json").is_file()
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
 @pytest.mark.parametrize("hard_links", [True, False])
 def test_the_result_file_respects_the_umask(folder, monkeypatch, umask, hard_links):

@@ -13,6 +13,9 @@ function), and the transfer of model_load, since on the CPU a float32 model is i
 The transfer is checked on the meta device instead, through the real Module.to.
 """
 
+import importlib.util
+import json
+
 import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -20,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import mesure_memoire
-from conftest import RecordingCudaStandIn
+from conftest import ROOT, RecordingCudaStandIn
 
 CPU = torch.device("cpu")
 
@@ -261,3 +264,32 @@ def test_without_requested_counters_the_verdict_is_not_checked():
     assert all("requested-bytes" in r["verdict_reason"] for r in checked)
     assert check["agrees"] is False and check["disagreements"] == [] and len(check["not_checked"]) == len(checked)
     assert workspace["requested_bytes"] is None and workspace["measured_bytes"] == 0
+
+
+def test_a_result_from_the_real_measure_code_passes_the_validators_checker(stand_in_gpu, monkeypatch, tmp_path):
+    """Integration: measure() and to_json() as the CLI runs them, the real model's live CPU tensors as
+    counters (torch.cuda's set-up calls replaced by the named stand-ins), then gpu_validation's checker:
+    every row passes, so the two agree on schema 2.  Doctoring one counter makes a row fail."""
+    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "tools" / "gpu_validation.py")
+    gpu_validation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_validation)
+    settings = config(batch=2, context=8, width=32, warmup=2, repeats=3)
+    tracker = LiveTensorBytes("cpu")
+    real_measure_phases = mesure_memoire.measure_phases
+    for name, stand_in in [("is_initialized", lambda: False), ("set_device", lambda device: None),
+                           ("init", lambda: None), ("memory_allocated", lambda device: 0),
+                           ("memory_reserved", lambda device: 0)]:  # fmt: skip
+        monkeypatch.setattr(torch.cuda, name, stand_in)
+
+    def on_the_cpu(torch_module, cuda, device, configuration):
+        counters = LiveTensorCounters(tracker)
+        counters.device_ms = 1e-6  # the stand-in's event time must stay below the real wall time
+        with tracker:
+            return real_measure_phases(torch_module, counters, CPU, configuration)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
+    result = json.loads(mesure_memoire.to_json(mesure_memoire.measure(settings, tool="mesure_memoire.py")))
+    rows = gpu_validation.check_result(result, requested=settings)
+    assert len(rows) > 20 and [row for row in rows if not row[2]] == []
+    result["phases"][1]["peak_requested_bytes"] += 512
+    assert [row[1] for row in gpu_validation.check_result(result, requested=settings) if not row[2]]

@@ -103,9 +103,10 @@ def read_regular(path, label, limit=MEMBER_LIMIT_BYTES):
         raise
     except OSError as error:
         raise BuildError(f"{label}: cannot be read ({error.strerror or type(error).__name__})") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise BuildError(f"{label} is not a regular file")
     with os.fdopen(descriptor, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise BuildError(f"{label} is not a regular file")
         try:
             data = stream.read(limit + 1)
         except OSError as error:
@@ -239,8 +240,12 @@ def check_output(output, replaceable):
         raise BuildError(f"the folder of {shown(output)} is not a folder")
 
 
-def create_temporary(final, data):
-    """Write ``data`` to ``final.partial``, created new: an existing one (someone's) is never replaced."""
+def create_temporary(final, data, created):
+    """Write ``data`` to ``final.partial``, created new: an existing one (someone's) is never replaced.
+
+    The path joins ``created`` as soon as the file exists, so that an interruption at any later
+    point still finds it to remove.
+    """
     temporary = final.with_name(final.name + ".partial")
     try:
         stream = open(temporary, "xb")  # noqa: SIM115  (closed just below; these clauses are about opening)
@@ -248,14 +253,12 @@ def create_temporary(final, data):
         raise BuildError(f"{shown(temporary)} already exists (an interrupted build?): remove it, then retry") from None
     except OSError as error:
         raise BuildError(f"cannot write beside {shown(final)} ({error.strerror or type(error).__name__})") from None
+    created.append(temporary)
     try:
         with stream:
             stream.write(data)
-    except BaseException as error:
-        temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise BuildError(f"cannot write {shown(temporary)} ({error.strerror or type(error).__name__})") from None
-        raise
+    except OSError as error:
+        raise BuildError(f"cannot write {shown(temporary)} ({error.strerror or type(error).__name__})") from None
     return temporary
 
 
@@ -307,18 +310,19 @@ def write_release(source, output, replaceable, manifest, archive, progress):
             except OSError as error:
                 raise BuildError(f"cannot create {shown(output.parent)} ({error.strerror})") from None
             created_folder = True
-        temporaries.append(create_temporary(output, archive))
+        archive_temporary = create_temporary(output, archive, temporaries)
+        manifest_temporary = None
         if current_manifest != new_manifest:
-            temporaries.append(create_temporary(manifest_path, new_manifest))
+            manifest_temporary = create_temporary(manifest_path, new_manifest, temporaries)
         with signals_held():
             replacing = replaceable and os.path.lexists(output)
             if replacing:
-                os.replace(temporaries[0], output)
+                os.replace(archive_temporary, output)
             else:
-                link_new(temporaries[0], output)
-            if len(temporaries) == 2:
+                link_new(archive_temporary, output)
+            if manifest_temporary is not None:
                 try:
-                    os.replace(temporaries[1], manifest_path)
+                    os.replace(manifest_temporary, manifest_path)
                 except OSError:
                     if not replacing:  # a new archive without its manifest would be a half-done build
                         output.unlink(missing_ok=True)

@@ -2,7 +2,9 @@
 every file as it was.  Each build runs in a copy of the shipped files in tmp_path: the real tree is
 never touched.  In-process through main(argv); a subprocess only for signals and a broken stdout."""
 
+import errno
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -58,6 +60,17 @@ def _own_archive_at(source, path):
     """A real archive of the kit, built from the copy, moved to ``path``."""
     assert build_zip.main(["--source", str(source), "--output", str(path.parent / "built.zip")]) == 0
     (path.parent / "built.zip").rename(path)
+
+
+def _edit_manifest(source, **changes):
+    manifest = json.loads((source / "MANIFEST.json").read_text(encoding="utf-8"))
+    manifest.update(changes)
+    (source / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def _add_manifest_entry(source, entry):
+    manifest = json.loads((source / "MANIFEST.json").read_text(encoding="utf-8"))
+    _edit_manifest(source, members=[*manifest["members"], entry])
 
 
 # fmt: off
@@ -136,6 +149,16 @@ CASES = {
     "check: manifest not UTF-8": (
         lambda s, t: (_write(s / "MANIFEST.json", b"\xff"), ["--check"])[1], {}, 1, "stale for MANIFEST.json",
     ),
+    "check: manifest lists an extra member": (
+        lambda s, t: (_add_manifest_entry(s, {"path": "extra.txt"}), ["--check"])[1], {}, 1, "stale for extra.txt",
+    ),
+    "check: manifest note changed": (
+        lambda s, t: (_edit_manifest(s, note="other"), ["--check"])[1], {}, 1, "stale for MANIFEST.json:",
+    ),
+    "member is a symlink loop": (
+        lambda s, t: ((s / "README.md").unlink(), (s / "README.md").symlink_to(s / "README.md"), [])[2],
+        {}, 2, "README.md: cannot be read",
+    ),
     "check with output": (lambda s, t: ["--check", "--output", str(t / "k.zip")], {}, 2, "does not apply"),
     "unknown option": (lambda s, t: ["--bogus"], {}, 2, "unrecognized arguments: --bogus"),
     "newline in a stray argument": (lambda s, t: ["a\nb"], {}, 2, "a\\nb"),
@@ -195,6 +218,38 @@ def test_a_successful_build_rewrites_a_stale_manifest(source, tmp_path):
     with zipfile.ZipFile(tmp_path / "kit.zip") as archive:
         assert archive.read("iteragpu-lab-v1/MANIFEST.json") == (source / "MANIFEST.json").read_bytes()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kit.zip", "repo"]
+
+
+def test_without_hard_links_the_archive_is_still_created_new(source, tmp_path, monkeypatch, capsys):
+    """os.link stands in for a file system without hard links (EPERM): an exclusive create takes over."""
+
+    def no_hard_links(*args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(build_zip.os, "link", no_hard_links)
+    assert build_zip.main(["--source", str(source), "--output", str(tmp_path / "kit.zip")]) == 0
+    assert build_zip.main(["--source", str(source), "--output", str(tmp_path / "other.zip")]) == 0
+    assert (tmp_path / "kit.zip").read_bytes() == (tmp_path / "other.zip").read_bytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["kit.zip", "other.zip", "repo"]
+    assert build_zip.main(["--source", str(source), "--output", str(tmp_path / "kit.zip")]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_a_manifest_that_cannot_be_renamed_takes_the_new_archive_back(source, tmp_path, monkeypatch, capsys):
+    """os.replace stands in for a file system refusing the manifest's rename, after the archive's link."""
+    make_stale(source)
+    before = tree_digest(tmp_path)
+    replace = os.replace
+
+    def refusing(origin, target):
+        if Path(target).name == "MANIFEST.json":
+            raise PermissionError(errno.EACCES, "Permission denied")
+        replace(origin, target)
+
+    monkeypatch.setattr(build_zip.os, "replace", refusing)
+    assert build_zip.main(["--source", str(source), "--output", str(tmp_path / "kit.zip")]) == 2
+    assert capsys.readouterr().err.startswith("build_zip.py: error: cannot write")
+    assert tree_digest(tmp_path) == before
 
 
 def test_source_date_epoch_accepts_ascii_digits_and_clamps_huge_values():

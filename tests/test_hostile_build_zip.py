@@ -76,43 +76,56 @@ def _add_manifest_entry(source, entry):
 # fmt: off
 # name: (prepare(source, tmp_path) -> argv, environment, exit status, fragment of the stderr line)
 CASES = {
-    "output is a member": (lambda s, t: ["--output", str(s / "README.md")], {}, 2, "already exists"),
-    "output is the manifest": (lambda s, t: ["--output", str(s / "MANIFEST.json")], {}, 2, "already exists"),
+    "output is a member": (lambda s, t: ["--output", str(s / "README.md")], {}, 2,
+                           "--output '{s}/README.md' already exists: this tool never writes over a file"),
+    "output is the manifest": (lambda s, t: ["--output", str(s / "MANIFEST.json")], {}, 2,
+                               "--output '{s}/MANIFEST.json' already exists"),
     "output is an unrelated file": (
         lambda s, t: (_write(t / "notes.txt", b"mine\n"), ["--output", str(t / "notes.txt")])[1],
-        {}, 2, "never writes over a file",
+        {}, 2, "--output '{t}/notes.txt' already exists: this tool never writes over a file",
     ),
     "output is an older archive elsewhere": (
         lambda s, t: (_own_archive_at(s, t / "old.zip"), ["--output", str(t / "old.zip")])[1],
-        {}, 2, "already exists",
+        {}, 2, "--output '{t}/old.zip' already exists",
     ),
     "output is a dangling link": (
         lambda s, t: ((t / "link.zip").symlink_to(t / "nowhere"), ["--output", str(t / "link.zip")])[1],
-        {}, 2, "already exists",
+        {}, 2, "--output '{t}/link.zip' already exists",
+    ),
+    "default place is a link to an archive": (
+        lambda s, t: (_own_archive_at(s, t / "own.zip"), (s / "dist").mkdir(),
+                      (s / "dist" / ARCHIVE).symlink_to(t / "own.zip"), [])[3],
+        {}, 2, "'{s}/dist/iteragpu-lab-v1.zip' exists and is not this tool's archive: move it away",
     ),
     "default place holds an unrelated file": (
-        lambda s, t: (_write(s / "dist" / ARCHIVE, b"not a zip"), [])[1], {}, 2, "is not this tool's archive",
+        lambda s, t: (_write(s / "dist" / ARCHIVE, b"not a zip"), [])[1],
+        {}, 2, "'{s}/dist/iteragpu-lab-v1.zip' exists and is not this tool's archive",
     ),
     "default place is a folder": (
         lambda s, t: ((s / "dist" / ARCHIVE).mkdir(parents=True), [])[1], {}, 2, "is a folder",
     ),
-    "dist is a file": (lambda s, t: (_write(s / "dist", b"x"), [])[1], {}, 2, "is not a folder"),
+    "dist is a file": (lambda s, t: (_write(s / "dist", b"x"), [])[1], {}, 2,
+                       "the folder of '{s}/dist/iteragpu-lab-v1.zip' is not a folder"),
     "a partial archive exists": (
         lambda s, t: (_write(t / "kit.zip.partial", b"someone's"), ["--output", str(t / "kit.zip")])[1],
-        {}, 2, "kit.zip.partial' already exists",
+        {}, 2, "'{t}/kit.zip.partial' already exists (an interrupted build?): remove it, then retry",
     ),
     "a partial manifest exists": (
         lambda s, t: (make_stale(s), _write(s / "MANIFEST.json.partial", b"x"), ["--output", str(t / "k.zip")])[2],
-        {}, 2, "MANIFEST.json.partial' already exists",
+        {}, 2, "'{s}/MANIFEST.json.partial' already exists",
     ),
-    "output names a folder": (lambda s, t: ["--output", str(t)], {}, 2, "is a folder"),
-    "output folder missing": (lambda s, t: ["--output", str(t / "absent" / "k.zip")], {}, 2, "does not exist"),
+    "output names a folder": (lambda s, t: ["--output", str(t)], {}, 2,
+                              "--output '{t}' is a folder: name the archive file"),
+    "output folder missing": (lambda s, t: ["--output", str(t / "absent" / "k.zip")], {}, 2,
+                              "--output: the folder of '{t}/absent/k.zip' does not exist"),
     "output folder read-only": (
-        lambda s, t: (make_stale(s), ["--output", str(read_only_folder(t) / "kit.zip")])[1], {}, 2, "cannot write",
+        lambda s, t: (make_stale(s), ["--output", str(read_only_folder(t) / "kit.zip")])[1],
+        {}, 2, "cannot write beside '",
     ),
     "newline in output": (lambda s, t: ["--output", str(t / "no\nfolder" / "k.zip")], {}, 2, "no\\nfolder"),
     "notebook not JSON": (
-        lambda s, t: (_write(s / "mesure-memoire.ipynb", b"{not json"), [])[1], {}, 2, "not a JSON notebook",
+        lambda s, t: (_write(s / "mesure-memoire.ipynb", b"{not json"), [])[1], {}, 2,
+        "mesure-memoire.ipynb is not a JSON notebook (Expecting property name",
     ),
     "notebook not UTF-8": (
         lambda s, t: (_write(s / "mesure-memoire.ipynb", b'{"cells": "\xff"}'), [])[1], {}, 2, "not a JSON notebook",
@@ -124,14 +137,16 @@ CASES = {
         lambda s, t: (_write(s / "mesure-memoire.ipynb", b'{"cells": "abc"}'), [])[1], {}, 2, "not a notebook",
     ),
     "template not UTF-8": (
-        lambda s, t: (_write(s / "resultats-bruts.csv", b"run_id,\xe9\n"), [])[1], {}, 2, "not UTF-8",
+        lambda s, t: (_write(s / "resultats-bruts.csv", b"run_id,\xe9\n"), [])[1],
+        {}, 2, "resultats-bruts.csv is not UTF-8 (byte 7)",
     ),
     "member is a FIFO": (lambda s, t: ((s / "README.md").unlink(), os.mkfifo(s / "README.md"), [])[2],
                          {}, 2, "README.md is not a regular file"),
     "member is a folder": (lambda s, t: ((s / "LICENSE.txt").unlink(), (s / "LICENSE.txt").mkdir(), [])[2],
                            {}, 2, "LICENSE.txt is not a regular file"),
     "member too large": (
-        lambda s, t: (_write(s / "README.md", b"x" * (2**20 + 1)), [])[1], {}, 2, "README.md is larger than",
+        lambda s, t: (_write(s / "README.md", b"x" * (2**20 + 1)), [])[1],
+        {}, 2, "README.md is larger than 1048576 bytes",
     ),
     "manifest is a folder": (
         lambda s, t: ((s / "MANIFEST.json").unlink(), (s / "MANIFEST.json").mkdir(), [])[2],
@@ -157,7 +172,7 @@ CASES = {
     ),
     "member is a symlink loop": (
         lambda s, t: ((s / "README.md").unlink(), (s / "README.md").symlink_to(s / "README.md"), [])[2],
-        {}, 2, "README.md: cannot be read",
+        {}, 2, "README.md: cannot be read (Too many levels of symbolic links)",
     ),
     "check with output": (lambda s, t: ["--check", "--output", str(t / "k.zip")], {}, 2, "does not apply"),
     "unknown option": (lambda s, t: ["--bogus"], {}, 2, "unrecognized arguments: --bogus"),
@@ -185,7 +200,7 @@ def test_hostile_input_is_one_line_and_changes_nothing(case, source, tmp_path, m
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("build_zip.py: "), captured.err
-    assert fragment in lines[0]
+    assert fragment.format(s=source, t=tmp_path) in lines[0]
     assert "Traceback" not in captured.err and captured.out == ""
     assert tree_digest(tmp_path) == before
 
@@ -250,6 +265,108 @@ def test_a_manifest_that_cannot_be_renamed_takes_the_new_archive_back(source, tm
     assert build_zip.main(["--source", str(source), "--output", str(tmp_path / "kit.zip")]) == 2
     assert capsys.readouterr().err.startswith("build_zip.py: error: cannot write")
     assert tree_digest(tmp_path) == before
+
+
+def test_read_regular_takes_up_to_its_limit_and_no_more(tmp_path):
+    (tmp_path / "four").write_bytes(b"1234")
+    assert build_zip.read_regular(tmp_path / "four", "four", limit=4) == b"1234"
+    with pytest.raises(build_zip.BuildError, match="^four is larger than 3 bytes$"):
+        build_zip.read_regular(tmp_path / "four", "four", limit=3)
+    with pytest.raises(FileNotFoundError):
+        build_zip.read_regular(tmp_path / "absent", "absent")
+
+
+def _interrupt(error):
+    def raising(*args, **kwargs):
+        raise error
+
+    return raising
+
+
+@pytest.mark.parametrize(
+    ("where", "error", "status", "message"),
+    [
+        ("create_temporary", KeyboardInterrupt(), 130, "interrupted by SIGINT: nothing written"),
+        ("create_temporary", build_zip.Interrupted(signal.SIGTERM), 143, "interrupted by SIGTERM: nothing written"),
+        ("archive_bytes", KeyboardInterrupt(), 130, "interrupted by SIGINT: nothing written"),
+        ("read_members", build_zip.Interrupted(signal.SIGTERM), 143, "interrupted by SIGTERM: nothing written"),
+    ],
+)
+def test_an_interruption_before_the_renames_changes_nothing(source, tmp_path, monkeypatch, capsys, where, error,
+                                                             status, message):  # fmt: skip
+    make_stale(source)
+    before = tree_digest(tmp_path)
+    monkeypatch.setattr(build_zip, where, _interrupt(error))
+    assert build_zip.main(["--source", str(source)]) == status
+    captured = capsys.readouterr()
+    assert captured.err == f"build_zip.py: {message}\n" and captured.out == ""
+    assert tree_digest(tmp_path) == before
+
+
+def test_an_interruption_after_the_renames_says_the_files_are_whole(source, tmp_path, monkeypatch, capsys):
+    make_stale(source)
+    write_release = build_zip.write_release
+
+    def then_interrupted(*args):
+        write_release(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_zip, "write_release", then_interrupted)
+    assert build_zip.main(["--source", str(source), "--output", str(tmp_path / "kit.zip")]) == 130
+    expected = "build_zip.py: interrupted by SIGINT: the archive and MANIFEST.json were written whole\n"
+    assert capsys.readouterr().err == expected
+    assert build_zip.stale_members(source) == [] and zipfile.is_zipfile(tmp_path / "kit.zip")
+
+
+def test_main_restores_the_sigterm_handler_it_replaced(source, tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    assert build_zip.main(["--source", str(source), "--check"]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+class _Unwritable:
+    """Stands in for a stdout whose writes fail (a full disk, a closed pipe); it has no file descriptor."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def write(self, text):
+        raise self.error
+
+    def flush(self):
+        raise self.error
+
+    def fileno(self):
+        raise ValueError("no file descriptor")
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected_err"),
+    [
+        (_Unwritable(OSError(errno.ENOSPC, "No space left on device")),
+         "build_zip.py: error: cannot write to stdout (No space left on device): done\n"),
+        (_Unwritable(BrokenPipeError(errno.EPIPE, "Broken pipe")), ""),
+        (None, "build_zip.py: error: stdout is closed: done\n"),
+    ],
+    ids=["full", "broken pipe", "closed"],
+)  # fmt: skip
+def test_an_unwritable_stdout_is_exit_1_and_at_most_one_line(monkeypatch, capsys, stdout, expected_err):
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert build_zip._report("done") == 1
+    assert capsys.readouterr().err == expected_err
+
+
+def test_help_names_the_program_and_every_option(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_zip.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: build_zip.py [-h] [--output OUTPUT] [--check] [--source SOURCE]\n")
+    assert "Build the release: MANIFEST.json, then a byte-reproducible" in out
+    options = [action for action in build_zip.build_parser()._actions if action.option_strings != ["-h", "--help"]]
+    assert [action.dest for action in options] == ["output", "check", "source"]
+    assert all(action.help for action in options)
+    assert build_zip.build_parser().parse_args([]).source == ROOT
 
 
 def test_source_date_epoch_accepts_ascii_digits_and_clamps_huge_values():

@@ -182,22 +182,26 @@ def manifest_text(contents):
 
 
 def stale_members(source, contents=None):
-    """Members whose committed manifest entry differs from the files (or the manifest itself)."""
+    """Members whose committed manifest entry differs from the files; [MANIFEST] when only its text differs."""
     contents = read_members(source) if contents is None else contents
+    expected_text = manifest_text(contents)
     try:
-        committed = json.loads(read_regular(source / MANIFEST, MANIFEST).decode("utf-8"))
-    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, ValueError):
+        committed_bytes = read_regular(source / MANIFEST, MANIFEST)
+    except (FileNotFoundError, NotADirectoryError):
+        return [MANIFEST]
+    if committed_bytes == expected_text.encode("utf-8"):  # byte for byte: the manifest is shipped too
+        return []
+    try:
+        committed = json.loads(committed_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
         return [MANIFEST]
     entries = committed.get("members") if isinstance(committed, dict) else None
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
         return [MANIFEST]
-    expected = json.loads(manifest_text(contents))
     by_path = {str(entry.get("path")): entry for entry in entries}
-    differing = [e["path"] for e in expected["members"] if by_path.get(e["path"]) != e]
+    differing = [e["path"] for e in json.loads(expected_text)["members"] if by_path.get(e["path"]) != e]
     differing += sorted(set(by_path) - set(MEMBERS))
-    if not differing and committed != expected:
-        differing = [MANIFEST]
-    return differing
+    return differing or [MANIFEST]
 
 
 def archive_bytes(contents, manifest, date_time):

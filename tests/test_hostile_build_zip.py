@@ -120,7 +120,7 @@ CASES = {
                               "--output: the folder of '{t}/absent/k.zip' does not exist"),
     "output folder read-only": (
         lambda s, t: (make_stale(s), ["--output", str(read_only_folder(t) / "kit.zip")])[1],
-        {}, 2, "cannot write beside '",
+        {}, 2, ("cannot write beside '", "/kit.zip' (Permission denied)"),
     ),
     "newline in output": (lambda s, t: ["--output", str(t / "no\nfolder" / "k.zip")], {}, 2, "no\\nfolder"),
     "notebook not JSON": (
@@ -131,7 +131,8 @@ CASES = {
         lambda s, t: (_write(s / "mesure-memoire.ipynb", b'{"cells": "\xff"}'), [])[1], {}, 2, "not a JSON notebook",
     ),
     "notebook a JSON list": (
-        lambda s, t: (_write(s / "mesure-memoire.ipynb", b"[]"), [])[1], {}, 2, "not a notebook",
+        lambda s, t: (_write(s / "mesure-memoire.ipynb", b"[]"), [])[1], {}, 2,
+        "mesure-memoire.ipynb is not a notebook: expected a JSON object with a list of cells",
     ),
     "notebook cells not a list": (
         lambda s, t: (_write(s / "mesure-memoire.ipynb", b'{"cells": "abc"}'), [])[1], {}, 2, "not a notebook",
@@ -174,7 +175,16 @@ CASES = {
         lambda s, t: ((s / "README.md").unlink(), (s / "README.md").symlink_to(s / "README.md"), [])[2],
         {}, 2, "README.md: cannot be read (Too many levels of symbolic links)",
     ),
-    "check with output": (lambda s, t: ["--check", "--output", str(t / "k.zip")], {}, 2, "does not apply"),
+    "check with output": (lambda s, t: ["--check", "--output", str(t / "k.zip")], {}, 2,
+                          "build_zip.py: error: --output does not apply to --check, which writes nothing"),
+    "check: manifest is a folder": (
+        lambda s, t: ((s / "MANIFEST.json").unlink(), (s / "MANIFEST.json").mkdir(), ["--check"])[2],
+        {}, 2, "build_zip.py: error: MANIFEST.json is not a regular file",
+    ),
+    "check: two members changed": (
+        lambda s, t: (make_stale(s), _write(s / "LICENSE.txt", b"MIT\n"), ["--check"])[2],
+        {}, 1, "build_zip.py: MANIFEST.json is stale for LICENSE.txt, README.md: run python tools/build_zip.py",
+    ),
     "unknown option": (lambda s, t: ["--bogus"], {}, 2, "unrecognized arguments: --bogus"),
     "newline in a stray argument": (lambda s, t: ["a\nb"], {}, 2, "a\\nb"),
     "option without value": (lambda s, t: ["--output"], {}, 2, "expected one argument"),
@@ -200,7 +210,8 @@ def test_hostile_input_is_one_line_and_changes_nothing(case, source, tmp_path, m
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("build_zip.py: "), captured.err
-    assert fragment.format(s=source, t=tmp_path) in lines[0]
+    for part in (fragment,) if isinstance(fragment, str) else fragment:
+        assert part.format(s=source, t=tmp_path) in lines[0]
     assert "Traceback" not in captured.err and captured.out == ""
     assert tree_digest(tmp_path) == before
 
@@ -286,16 +297,17 @@ def _interrupt(error):
 @pytest.mark.parametrize(
     ("where", "error", "status", "message"),
     [
-        ("create_temporary", KeyboardInterrupt(), 130, "interrupted by SIGINT: nothing written"),
-        ("create_temporary", build_zip.Interrupted(signal.SIGTERM), 143, "interrupted by SIGTERM: nothing written"),
-        ("archive_bytes", KeyboardInterrupt(), 130, "interrupted by SIGINT: nothing written"),
-        ("read_members", build_zip.Interrupted(signal.SIGTERM), 143, "interrupted by SIGTERM: nothing written"),
+        ("create_temporary", KeyboardInterrupt, 130, "interrupted by SIGINT: nothing written"),
+        ("create_temporary", "SIGTERM", 143, "interrupted by SIGTERM: nothing written"),
+        ("archive_bytes", KeyboardInterrupt, 130, "interrupted by SIGINT: nothing written"),
+        ("read_members", "SIGTERM", 143, "interrupted by SIGTERM: nothing written"),
     ],
 )
 def test_an_interruption_before_the_renames_changes_nothing(source, tmp_path, monkeypatch, capsys, where, error,
                                                              status, message):  # fmt: skip
     make_stale(source)
     before = tree_digest(tmp_path)
+    error = build_zip.Interrupted(signal.SIGTERM) if error == "SIGTERM" else error()  # made here, not at collection
     monkeypatch.setattr(build_zip, where, _interrupt(error))
     assert build_zip.main(["--source", str(source)]) == status
     captured = capsys.readouterr()
@@ -318,10 +330,39 @@ def test_an_interruption_after_the_renames_says_the_files_are_whole(source, tmp_
     assert build_zip.stale_members(source) == [] and zipfile.is_zipfile(tmp_path / "kit.zip")
 
 
-def test_main_restores_the_sigterm_handler_it_replaced(source, tmp_path):
-    before = signal.getsignal(signal.SIGTERM)
-    assert build_zip.main(["--source", str(source), "--check"]) == 0
-    assert signal.getsignal(signal.SIGTERM) is before
+@pytest.mark.parametrize("handler", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
+def test_main_leaves_the_sigterm_handler_as_it_found_it(source, capsys, handler):
+    """An ignored SIGTERM (nohup, a parent's choice) stays ignored; a replaced one is restored."""
+    seen = []
+    check_members = build_zip.check_members
+
+    def recording(contents):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return check_members(contents)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        build_zip.check_members = recording
+        assert build_zip.main(["--source", str(source), "--check"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        build_zip.check_members = check_members
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [signal.SIG_IGN if handler is signal.SIG_IGN else build_zip._raise_interrupted]
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_failure_after_creating_dist_removes_it_again(source, tmp_path, capsys):
+    make_stale(source)
+    _write(source / "MANIFEST.json.partial", b"someone's")
+    before = tree_digest(tmp_path)
+    assert build_zip.main(["--source", str(source)]) == 2
+    assert "MANIFEST.json.partial' already exists" in capsys.readouterr().err
+    assert tree_digest(tmp_path) == before and not (source / "dist").exists()
+
+
+def test_one_line_escapes_control_characters_only():
+    assert build_zip.one_line("a\\b\nc\x1bé") == "a\\b\\nc\\x1bé"
 
 
 class _Unwritable:
@@ -362,7 +403,7 @@ def test_help_names_the_program_and_every_option(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: build_zip.py [-h] [--output OUTPUT] [--check] [--source SOURCE]\n")
-    assert "Build the release: MANIFEST.json, then a byte-reproducible" in out
+    assert "Build the release: MANIFEST.json, then a byte-reproducible" in out and "Usage::" not in out
     options = [action for action in build_zip.build_parser()._actions if action.option_strings != ["-h", "--help"]]
     assert [action.dest for action in options] == ["output", "check", "source"]
     assert all(action.help for action in options)

@@ -352,7 +352,7 @@ def build_parser():
 
 
 def run(args, progress):
-    """Check or build; returns the exit status and the line for stdout (None for none)."""
+    """Check or build; returns the line for stdout (None for none).  Failures raise."""
     source = args.source
     if args.check and args.output is not None:
         raise BuildError("--output does not apply to --check, which writes nothing")
@@ -363,7 +363,7 @@ def run(args, progress):
         if stale:
             names = ", ".join(map(one_line, stale))
             raise StaleManifest(f"{MANIFEST} is stale for {names}: run python tools/build_zip.py")
-        return 0, None
+        return None
     date_time = member_timestamp(os.environ.get("SOURCE_DATE_EPOCH"))  # the reproducible-builds convention
     default = source / "dist" / f"{NAME}.zip"
     output = default if args.output is None else args.output
@@ -373,7 +373,7 @@ def run(args, progress):
     archive = archive_bytes(contents, manifest, date_time)
     write_release(source, output, replaceable, manifest, archive, progress)
     dated = "{:04d}-{:02d}-{:02d} {:02d}:{:02d}:{:02d}".format(*date_time)
-    return 0, f"wrote {one_line(output.name)}: {len(MEMBERS)} members under {NAME}/, dated {dated}"
+    return f"wrote {one_line(output.name)}: {len(MEMBERS)} members under {NAME}/, dated {dated}"
 
 
 def _raise_interrupted(signal_number, frame):
@@ -407,7 +407,7 @@ def main(argv=None) -> int:
         pass
     try:
         args = build_parser().parse_args(argv)
-        status, line = run(args, progress)
+        line = run(args, progress)
     except StaleManifest as error:
         print(f"{PROGRAM}: {error}", file=sys.stderr)
         return 1
@@ -422,7 +422,7 @@ def main(argv=None) -> int:
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
-    return _report(line) if line is not None else status
+    return 0 if line is None else _report(line)
 
 
 if __name__ == "__main__":

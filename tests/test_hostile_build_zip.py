@@ -274,7 +274,8 @@ def test_a_manifest_that_cannot_be_renamed_takes_the_new_archive_back(source, tm
 
     monkeypatch.setattr(build_zip.os, "replace", refusing)
     assert build_zip.main(["--source", str(source), "--output", str(tmp_path / "kit.zip")]) == 2
-    assert capsys.readouterr().err.startswith("build_zip.py: error: cannot write")
+    expected = "build_zip.py: error: cannot replace MANIFEST.json (Permission denied); no archive written\n"
+    assert capsys.readouterr().err == expected
     assert tree_digest(tmp_path) == before
 
 

@@ -327,10 +327,11 @@ def write_release(source, output, replaceable, manifest, archive, progress):
             if manifest_temporary is not None:
                 try:
                     os.replace(manifest_temporary, manifest_path)
-                except OSError:
+                except OSError as error:
                     if not replacing:  # a new archive without its manifest would be a half-done build
                         output.unlink(missing_ok=True)
-                    raise
+                    reason = error.strerror or type(error).__name__
+                    raise BuildError(f"cannot replace {MANIFEST} ({reason}); no archive written") from None
             progress["written"] = True
     except OSError as error:
         raise BuildError(f"cannot write {shown(output)} ({error.strerror or type(error).__name__})") from None

@@ -331,7 +331,8 @@ def write_release(source, output, replaceable, manifest, archive, progress):
                     if not replacing:  # a new archive without its manifest would be a half-done build
                         output.unlink(missing_ok=True)
                     reason = error.strerror or type(error).__name__
-                    raise BuildError(f"cannot replace {MANIFEST} ({reason}); no archive written") from None
+                    archive_state = "the archive was replaced" if replacing else "no archive written"
+                    raise BuildError(f"cannot replace {MANIFEST} ({reason}); {archive_state}") from None
             progress["written"] = True
     except OSError as error:
         raise BuildError(f"cannot write {shown(output)} ({error.strerror or type(error).__name__})") from None

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+import zlib
 
 import pytest
 
@@ -42,24 +43,33 @@ def source(tmp_path):
 
 
 def build(source, output, env=None):
-    return run_script("tools/build_zip.py", "--source", source, "--output", output, env=env)
+    """Build in-process through main(argv), returning the exit status; with ``env``, in a new process."""
+    argv = ["--source", str(source), "--output", str(output)]
+    if env is None:
+        return build_zip.main(argv)
+    return run_script("tools/build_zip.py", *argv, env=env).returncode
 
 
 def test_two_builds_and_another_time_zone_give_identical_bytes(source, tmp_path):
     first, second, elsewhere = tmp_path / "a.zip", tmp_path / "b.zip", tmp_path / "c.zip"
-    assert build(source, first).returncode == 0
-    assert build(source, second).returncode == 0
+    assert build(source, first) == 0
+    assert build(source, second) == 0
     env = {key: value for key, value in os.environ.items() if key != "SOURCE_DATE_EPOCH"}
-    completed = build(source, elsewhere, env={**env, "TZ": "Pacific/Kiritimati"})
-    assert completed.returncode == 0, completed.stderr
+    assert build(source, elsewhere, env={**env, "TZ": "Pacific/Kiritimati"}) == 0
     assert first.read_bytes() == second.read_bytes() == elsewhere.read_bytes()
 
 
 def test_nine_members_under_one_folder_dated_and_0644(source, tmp_path):
     output = tmp_path / "kit.zip"
-    assert build(source, output).returncode == 0
+    assert build(source, output) == 0
     with zipfile.ZipFile(output) as archive:
         infos = archive.infolist()
+        for info in infos:
+            data = archive.read(info)
+            assert data == (source / info.filename.split("/", 1)[1]).read_bytes()
+            assert info.compress_type == zipfile.ZIP_DEFLATED
+            deflate = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate at level 9, as the tool asks
+            assert info.compress_size == len(deflate.compress(data) + deflate.flush())
     assert [info.filename for info in infos] == [f"iteragpu-lab-v1/{name}" for name in SHIPPED]
     for info in infos:
         assert not info.is_dir()
@@ -67,14 +77,15 @@ def test_nine_members_under_one_folder_dated_and_0644(source, tmp_path):
         assert info.external_attr >> 16 == 0o100644 and info.create_system == 3
 
 
-def test_source_date_epoch_is_used_and_clamped(source, tmp_path):
+def test_source_date_epoch_is_used_and_clamped(source, tmp_path, monkeypatch):
     for epoch, expected in (
         ("1700000000", (2023, 11, 14, 22, 13, 20)),
         ("0", (1980, 1, 1, 0, 0, 0)),
         ("9999999999", (2107, 12, 31, 23, 59, 58)),
     ):
         output = tmp_path / f"{epoch}.zip"
-        assert build(source, output, env={**os.environ, "SOURCE_DATE_EPOCH": epoch}).returncode == 0
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+        assert build(source, output) == 0
         with zipfile.ZipFile(output) as archive:
             assert {info.date_time for info in archive.infolist()} == {expected}
 
@@ -90,11 +101,13 @@ def test_the_manifest_lists_every_member_and_itself_without_hash():
             data = (ROOT / entry["path"]).read_bytes()
             assert entry["bytes"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
     assert (ROOT / "MANIFEST.json").read_text(encoding="utf-8").endswith("}\n")
+    assert (ROOT / "MANIFEST.json").read_text(encoding="utf-8").startswith('{\n  "name": "iteragpu-lab-v1",\n')
+    assert build_zip.manifest_text(build_zip.read_members(ROOT)) == (ROOT / "MANIFEST.json").read_text(encoding="utf-8")
 
 
 def extract(source, tmp_path):
     output = tmp_path / "kit.zip"
-    assert build(source, output).returncode == 0
+    assert build(source, output) == 0
     target = tmp_path / "new-folder"
     if shutil.which("unzip"):
         subprocess.run(["unzip", "-q", str(output), "-d", str(target)], check=True)
@@ -156,22 +169,29 @@ def _corrupt_notebook(folder):
 
 
 REFUSALS = {
-    "missing member": (lambda f: (f / "protocole-qualite.md").unlink(), "missing member(s): protocole-qualite.md"),
-    "notebook outputs": (_corrupt_notebook, "saved outputs or execution counts in: parameters"),
+    "missing member": (lambda f: (f / "protocole-qualite.md").unlink(), "missing member(s): protocole-qualite.md\n"),
+    "missing members": (
+        lambda f: ((f / "README.md").unlink(), (f / "LICENSE.txt").unlink()),
+        "build_zip.py: error: missing member(s): LICENSE.txt, README.md\n",
+    ),
+    "notebook outputs": (_corrupt_notebook, "saved outputs or execution counts in: parameters\n"),
     "filled template": (lambda f: (f / "resultats-bruts.csv").open("a").write("r1,2026-10-01\n"), "header only"),
-    "bad catalog": (lambda f: (f / "tarifs-forfaits.csv").write_text("gpu\n"), "tarifs-forfaits.csv fails validation"),
+    "bad catalog": (
+        lambda f: (f / "tarifs-forfaits.csv").write_text("gpu\n"),
+        "tarifs-forfaits.csv fails validation: tarifs-forfaits.csv:",
+    ),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(REFUSALS))
-def test_each_refusal_leaves_no_archive_and_the_manifest_unchanged(source, tmp_path, kind):
+def test_each_refusal_leaves_no_archive_and_the_manifest_unchanged(source, tmp_path, kind, capsys):
     corrupt, reason = REFUSALS[kind]
     corrupt(source)
     manifest_before = (source / "MANIFEST.json").read_bytes()
     output = tmp_path / "kit.zip"
-    completed = build(source, output)
-    assert completed.returncode == 2
-    assert len(completed.stderr.splitlines()) == 1 and reason in completed.stderr
+    assert build(source, output) == 2
+    stderr = capsys.readouterr().err
+    assert len(stderr.splitlines()) == 1 and reason in stderr
     assert not output.exists() and not output.with_name("kit.zip.partial").exists()
     assert (source / "MANIFEST.json").read_bytes() == manifest_before
 

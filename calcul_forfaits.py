@@ -246,7 +246,7 @@ def find_tariff(catalog, gpu, days, option="--gpu"):
     """The catalog's row for a slug (any case) and a duration of 3, 7 or 30 days."""
     if str(days) not in ("3", "7", "30"):
         raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
-    slug = str(gpu).strip().lower()
+    slug = str(gpu).lower()
     for tariff in catalog:
         if tariff["gpu"] == slug and tariff["days"] == int(days):
             return tariff

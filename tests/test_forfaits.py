@@ -5,6 +5,7 @@ In-process through main(argv) wherever a new process is not what is tested.
 
 import csv
 import json
+import subprocess
 from fractions import Fraction
 
 import pytest
@@ -434,3 +435,98 @@ def test_the_protocol_holds_each_required_element():
         assert element in protocol, element
     assert protocol.count("____") >= 15  # blanks to fill, not answers
     assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```")
+
+
+# --- the grammar of values, the bounded reader, the cross-version behaviour ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rule", "accepted", "refused"),
+    [
+        ("is_whole", ["1", "9" * 18, "10", "402"], ["", "0", "01", "-1", "+1", "1.0", " 1", "1_0", "٢", "²", "9" * 19]),
+        ("is_number", ["0", "2", "2.5", "0.75", "10.0", "123"],
+         ["", ".5", "2.", "1.2.3", "-1", "1e3", "2,5", "٢.5", " 1"]),
+        ("is_date", ["2026-09-24", "2024-02-29", "2000-02-29", "0001-01-01", "2026-12-31", "2026-04-30"],
+         ["20260924", "2026-W39-4", "2026-9-24", "2026-09-24T00:00", "0000-01-01", "2026-13-01", "2026-00-10",
+          "2026-01-00", "2026-02-29", "1900-02-29", "2026-04-31", "２０２６-09-24", "2026/09/24", " 2026-09-24"]),
+        ("is_utc_time", ["2026-10-05T09:00:00Z", "2026-12-31T23:59:59Z", "2026-01-01T00:00:00Z"],
+         ["2026-10-05T24:00:00Z", "2026-10-05T23:60:00Z", "2026-10-05T23:00:60Z", "2026-10-05T09:00:00",
+          "2026-10-05t09:00:00Z", "2026-10-05 09:00:00Z", "2026-10-05T09:00:00+00:00", "2026-02-30T09:00:00Z",
+          "2026-10-05T9:00:00Z", "2026-10-05T09-00-00Z", "2026-10-05T０9:00:00Z"]),
+        ("is_slug", ["b200", "rtx-pro-6000", "a-b-c"], ["", "-a", "a-", "a--b", "B200", "a_b", "é", "a b", "-"]),
+    ],
+)  # fmt: skip
+def test_the_grammar_of_values(rule, accepted, refused):
+    check = getattr(calcul_forfaits, rule)
+    assert [value for value in accepted if not check(value)] == []
+    assert [value for value in refused if check(value)] == []
+
+
+def test_zero_is_a_whole_number_only_where_counts_allow_it():
+    assert calcul_forfaits.is_whole("0", zero=True) and not calcul_forfaits.is_whole("0")
+    assert not calcul_forfaits.is_whole("00", zero=True) and calcul_forfaits.is_whole("10", zero=True)
+
+
+@pytest.mark.parametrize(
+    ("column", "accepted", "refused"),
+    [
+        ("measurement_file", ["m.json", "a/b.json", "a..b.json", "runs/2026/m.json"],
+         ["", "/m.json", "\\m.json", "../m.json", "a/../m.json", "a\\..\\m.json", "..", "a/.."]),
+        ("measurement_sha256", ["0" * 64, "aF" * 32], ["0" * 63, "0" * 65, "g" * 64, " " + "0" * 63, ""]),
+        ("rental_id", ["r", "rent 1"], ["", " r", "r "]),
+        ("days", ["3", "7", "30"], ["", "5", "07", "3.0", "٣"]),
+    ],
+)  # fmt: skip
+def test_the_results_rules(column, accepted, refused):
+    check = calcul_forfaits.RESULTS_RULES[column][0]
+    assert [value for value in accepted if not check(value)] == []
+    assert [value for value in refused if check(value)] == []
+
+
+def test_the_reader_takes_exactly_the_bound_and_refuses_one_byte_more(tmp_path):
+    (tmp_path / "ten").write_bytes(b"0123456789")
+    (tmp_path / "eleven").write_bytes(b"0123456789A")
+    (tmp_path / "empty").write_bytes(b"")
+    assert calcul_forfaits.read_bounded(tmp_path / "ten", "'ten'", limit=10) == b"0123456789"
+    assert calcul_forfaits.read_bounded(tmp_path / "empty", "'empty'", limit=10) == b""
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        calcul_forfaits.read_bounded(tmp_path / "eleven", "'eleven'", limit=10)
+    assert str(refusal.value) == "'eleven': larger than 10 bytes; nothing computed"
+    assert calcul_forfaits.MAX_TABLE_BYTES == 2**20 and calcul_forfaits.MAX_MEASUREMENT_BYTES == 64 * 2**20
+
+
+def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stderr", None)
+    assert calcul_forfaits.main(["--gpu", "h300", "--days", "7"]) == 2
+    assert capsys.readouterr().out == ""
+
+
+def _interpreters():
+    """CPython versions installed through pyenv, if any: {"3.10": path, ...}."""
+    import glob
+    import shutil
+    from pathlib import Path
+
+    pyenv = shutil.which("pyenv")
+    root = Path.home() / ".pyenv"
+    if pyenv:
+        root = Path(subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30).stdout.strip())
+    found = {}
+    for path in sorted(glob.glob(str(root / "versions" / "3.*" / "bin" / "python3"))):
+        found.setdefault(".".join(Path(path).parent.parent.name.split(".")[:2]), path)
+    return found
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
+def test_every_python_gives_the_same_answers_without_site_packages(tmp_path, version):
+    python = _interpreters().get(version)
+    if python is None:
+        pytest.skip(f"no CPython {version} found through pyenv on this machine")
+    (tmp_path / "basic.csv").write_bytes(GOOD.replace(b"2026-09-24", b"20260924"))
+    ok = run_script("calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3",
+                    python=python, python_flags=("-S",), cwd=tmp_path)  # fmt: skip
+    assert (ok.returncode, ok.stderr) == (0, "")
+    assert "1216.00 USD = total price / 3 accepted results" in ok.stdout
+    refused = run_script("calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python,
+                         python_flags=("-S",), cwd=tmp_path)  # fmt: skip
+    assert_one_line_refusal(refused, "'basic.csv': line 2: snapshot_date must be a date written YYYY-MM-DD")

@@ -112,6 +112,7 @@ RESULTS_RULES = {
     "threshold_fixed_on": DATE, "wall_clock_hours": NUMBER, "notes": None,
 }  # fmt: skip
 CATALOG_COLUMNS = tuple(CATALOG_RULES)
+INT_COLUMNS = ("memory_gb", "gpus_per_lot", "days", "price_cents")  # the catalog's whole numbers
 RESULTS_COLUMNS = tuple(RESULTS_RULES)
 # The options: name -> (metavar, or None for a flag; help).  The parser and --help both read it.
 OPTIONS = {
@@ -211,8 +212,7 @@ def parse_catalog(data, name=repr(CATALOG_FILE_NAME)):  # noqa: B008  (a constan
     """Validate the catalog's bytes and return its tariffs (dicts, whole numbers as ints)."""
     tariffs, seen, first = [], {}, {}
     for line, row in parse_table(data, name, CATALOG_RULES):
-        tariff = {column: int(value) if value.isdigit() else value for column, value in row.items()}
-        tariff["model"] = row["model"]  # a model name may be all digits; it stays a name
+        tariff = {**row, **{column: int(row[column]) for column in INT_COLUMNS}}
         key = (tariff["gpu"], tariff["days"])
         if key in seen:
             fail(name, f"duplicate row for {key[0]}, {key[1]} days (first on line {seen[key]})", line)

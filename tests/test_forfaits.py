@@ -293,6 +293,13 @@ def test_crlf_line_ends_and_a_missing_final_newline_are_accepted(tmp_path, capsy
     assert call(capsys, "--catalog", tmp_path / "no-final.csv", "--gpu", "b200", "--days", "7") == expected
 
 
+def test_names_made_of_digits_stay_names(tmp_path, capsys):
+    (tmp_path / "digits.csv").write_bytes(GOOD.replace(b"\nl4,NVIDIA L4,", b"\n4,4,"))
+    status, out, err = call(capsys, "--catalog", tmp_path / "digits.csv", "--gpu", "4", "--days", "3", "--json")
+    assert status == 0, err
+    assert (json.loads(out)["gpu"], json.loads(out)["model"]) == ("4", "4")
+
+
 def test_a_quoted_model_name_is_read_as_csv(tmp_path, capsys):
     data = GOOD.replace(b",NVIDIA H200,", b',"NVIDIA H200, ""141 GB""",')
     (tmp_path / "quoted.csv").write_bytes(data)

@@ -83,7 +83,7 @@ def is_utc_time(text):
 
 
 def is_slug(text):
-    return text.isascii() and text.replace("-", "").isalnum() and text.islower() and "" not in text.split("-")
+    return text.isascii() and text.replace("-", "").isalnum() and text == text.lower() and "" not in text.split("-")
 
 
 # A CSV's columns, in order, each with the rule its values follow (None: any printable text).

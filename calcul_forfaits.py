@@ -126,7 +126,11 @@ OPTIONS = {
     "--json": (None, "print JSON instead of text"),
     "--help": (None, "print this help and exit"),
 }
-ACTIONS = ("--gpu", "--list", "--results")
+ALLOWED = {  # each action, and the options that go with it
+    "--gpu": {"--gpu", "--days", "--lots", "--accepted-results", "--catalog", "--json"},
+    "--list": {"--list", "--days", "--catalog", "--json"},
+    "--results": {"--results", "--catalog", "--json"},
+}
 USAGE = (f"usage: {PROG} (--gpu SLUG --days N [--lots N] [--accepted-results N] | --list [--days N] | "
          "--results FILE) [--catalog CSV] [--json]")  # fmt: skip
 
@@ -434,15 +438,18 @@ def parse_args(argv):
         if option not in OPTIONS:
             what = "unknown option" if argument.startswith("-") else "unexpected argument"
             raise PricingError(f"{what} {argument!r}; see --help")
+        metavar = OPTIONS[option][0]
         if option in args:
             raise PricingError(f"{option} given twice")
-        if OPTIONS[option][0] is None and equals:
+        if metavar is None and equals:
             raise PricingError(f"{option} takes no value, got {value!r}")
-        if OPTIONS[option][0] and not equals:
+        if metavar and not equals:
             if not rest or rest[0].startswith("--"):
-                raise PricingError(f"{option}: expected a value ({OPTIONS[option][0]})")
+                raise PricingError(f"{option}: expected a value ({metavar})")
             value = rest.pop(0)
-        args[option] = value if OPTIONS[option][0] else True
+        if metavar in ("CSV", "FILE") and not value:
+            raise PricingError(f"{option}: expected a file name, got ''")
+        args[option] = value if metavar else True
     return args
 
 
@@ -452,32 +459,27 @@ def run(argv):
     if "--help" in args:
         lines = [f"  {f'{name} {meta}' if meta else name:24}{text}" for name, (meta, text) in OPTIONS.items()]
         return "\n".join([USAGE, "", __doc__.split("\n\n")[0], "", "options:", *lines])
-    actions = [action for action in ACTIONS if action in args]
-    if not actions:
+    action = next((option for option in args if option in ALLOWED), None)
+    if action is None:
         raise PricingError("one of --gpu, --list or --results is required; see --help")
-    allowed = {"--gpu": ("--days", "--lots", "--accepted-results"), "--list": ("--days",)}.get(actions[0], ())
-    for option in actions[1:] + [name for name in ("--days", "--lots", "--accepted-results") if name in args]:
-        if option not in allowed:
-            raise PricingError(f"{option}: not allowed with {actions[0]}")
-    for option in ("--catalog", "--results"):
-        if args.get(option) == "":
-            raise PricingError(f"{option}: expected a file name, got ''")
-    if args.get("--days", "3") not in ("3", "7", "30"):
-        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {args['--days']!r}")
-    if "--gpu" in args and "--days" not in args:
+    for option in args:
+        if option not in ALLOWED[action]:
+            raise PricingError(f"{option}: not allowed with {action}")
+    days = args.get("--days")
+    if days is not None and days not in ("3", "7", "30"):
+        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
+    if action == "--gpu" and days is None:
         raise PricingError("--days is required with --gpu (3, 7 or 30)")
     catalog = load_catalog(args.get("--catalog"))
-    if "--list" in args:
-        data = catalog_table(catalog, int(args["--days"]) if "--days" in args else None)
+    if action == "--list":
+        data = catalog_table(catalog, days and int(days))
         text = format_catalog(data)
-    elif "--results" in args:
-        name = repr(args["--results"])
-        data = rental_table(read_bounded(args["--results"], name), name, catalog, os.path.dirname(args["--results"]))
+    elif action == "--results":
+        path = args["--results"]
+        data = rental_table(read_bounded(path, repr(path)), repr(path), catalog, os.path.dirname(path))
         text = format_rentals(data)
     else:
-        data = price_package(
-            catalog, args["--gpu"], args["--days"], args.get("--lots", 1), args.get("--accepted-results")
-        )
+        data = price_package(catalog, args["--gpu"], days, args.get("--lots", 1), args.get("--accepted-results"))
         text = format_package(data)
     if "--json" in args:
         import json

@@ -25,6 +25,7 @@ import sys
 
 PROG = "calcul_forfaits.py"
 DURATIONS_DAYS = (3, 7, 30)
+DURATIONS = tuple(map(str, DURATIONS_DAYS))  # as written on a command line or in a CSV
 CATALOG_MODELS = 15
 CURRENCY = "USD"  # every ``_usd`` key below relies on it
 CATALOG_FILE_NAME = "tarifs-forfaits.csv"
@@ -93,7 +94,7 @@ POSITIVE = (is_whole, "a whole positive number with no sign, decimals or spaces"
 COUNT = (lambda text: is_whole(text, zero=True), "a whole number (ASCII digits, no sign)")
 NUMBER = (is_number, "a number (ASCII digits, at most one decimal point)")
 DATE = (is_date, "a date written YYYY-MM-DD")
-DAYS = (lambda text: text in ("3", "7", "30"), "one of 3, 7, 30 (no proration)")
+DAYS = (DURATIONS.__contains__, "one of 3, 7, 30 (no proration)")
 CATALOG_RULES = {
     "gpu": (is_slug, "a lower-case slug"), "model": TEXT, "memory_gb": POSITIVE, "gpus_per_lot": POSITIVE,
     "days": DAYS, "price_cents": POSITIVE, "currency": (CURRENCY.__eq__, f"{CURRENCY}, the kit's currency"),
@@ -232,8 +233,9 @@ def parse_catalog(data, name=repr(CATALOG_FILE_NAME)):  # noqa: B008  (a constan
         missing = [str(days) for days in DURATIONS_DAYS if (gpu, days) not in seen]
         if missing:
             fail(name, f"{gpu} has no row for {', '.join(missing)} days")
-    if len(tariffs) != CATALOG_MODELS * 3:
-        fail(name, f"{len(tariffs)} rows, expected {CATALOG_MODELS * 3} ({CATALOG_MODELS} models x 3 durations)")
+    if len(tariffs) != CATALOG_MODELS * len(DURATIONS):
+        expected = f"{CATALOG_MODELS * len(DURATIONS)} ({CATALOG_MODELS} models x {len(DURATIONS)} durations)"
+        fail(name, f"{len(tariffs)} rows, expected {expected}")
     return tariffs
 
 
@@ -248,7 +250,7 @@ def load_catalog(path=None):
 
 def find_tariff(catalog, gpu, days, option="--gpu"):
     """The catalog's row for a slug (any case) and a duration of 3, 7 or 30 days."""
-    if str(days) not in ("3", "7", "30"):
+    if str(days) not in DURATIONS:
         raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
     slug = str(gpu).lower()
     for tariff in catalog:
@@ -466,7 +468,7 @@ def run(argv):
         if option not in ALLOWED[action]:
             raise PricingError(f"{option}: not allowed with {action}")
     days = args.get("--days")
-    if days is not None and days not in ("3", "7", "30"):
+    if days is not None and days not in DURATIONS:
         raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
     if action == "--gpu" and days is None:
         raise PricingError("--days is required with --gpu (3, 7 or 30)")

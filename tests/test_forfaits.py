@@ -6,6 +6,7 @@ In-process through main(argv) wherever a new process is not what is tested.
 import csv
 import json
 import subprocess
+import sys
 from fractions import Fraction
 
 import pytest
@@ -508,6 +509,24 @@ def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
     monkeypatch.setattr("sys.stderr", None)
     assert calcul_forfaits.main(["--gpu", "h300", "--days", "7"]) == 2
     assert capsys.readouterr().out == ""
+
+
+def imported_modules(*args, cwd):
+    """The modules ``python -X importtime ARGS`` imports (a new process: start-up is what is tested)."""
+    completed = subprocess.run([sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True,
+                               cwd=cwd, timeout=60)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
+
+
+def test_the_price_of_a_package_imports_nothing_a_bare_interpreter_has_not(tmp_path):
+    """Start-up: argparse, re, json, decimal, csv, difflib... are imported only where they are used."""
+    bare = imported_modules("-c", "pass", cwd=tmp_path)
+    assert "site" in bare and "re" not in bare
+    script = ROOT / "calcul_forfaits.py"
+    assert imported_modules(script, "--gpu", "b200", "--days", "7", cwd=tmp_path) <= bare
+    with_cost = imported_modules(script, "--gpu", "b200", "--days", "7", "--accepted-results", "3", cwd=tmp_path)
+    assert "decimal" in with_cost and "json" not in with_cost  # a lazy import is seen when it happens
 
 
 def _interpreters():

@@ -77,7 +77,7 @@ def is_utc_time(text):
         and text[10::3] == "T::Z"
         and clock.isascii()
         and clock.isdigit()
-        and clock < "24"
+        and clock[:2] < "24"
         and clock[2:4] < "60"
         and clock[4:] < "60"
     )
@@ -194,19 +194,21 @@ def parse_table(data, name, rules):
             import csv
 
             try:
-                row = next(csv.reader([line], strict=True), [])
+                row = next(csv.reader([line], strict=True))
             except csv.Error as error:
                 fail(name, f"malformed CSV ({error})", number)
         if number == 1 and tuple(row) != tuple(rules):
             fail(name, f"bad header, expected {','.join(rules)}", number)
-        if len(row) != len(rules):
+        try:
+            fields = dict(zip(rules, row, strict=True))
+        except ValueError:
             fail(name, f"expected {len(rules)} fields, found {len(row)}", number)
-        for (column, rule), value in zip(rules.items(), row, strict=True):
+        for column, value in fields.items():
             if not value.isprintable():
                 fail(name, f"{column} holds a control or unprintable character: {value!r}", number)
-            if rule and number > 1 and not rule[0](value):
-                fail(name, f"{column} must be {rule[1]}, got {value!r}", number)
-        rows.append((number, dict(zip(rules, row, strict=True))))
+            if rules[column] and number > 1 and not rules[column][0](value):
+                fail(name, f"{column} must be {rules[column][1]}, got {value!r}", number)
+        rows.append((number, fields))
     return rows[1:]
 
 
@@ -258,7 +260,7 @@ def find_tariff(catalog, gpu, days, option="--gpu"):
             return tariff
     import difflib  # only for this refusal
 
-    closest = difflib.get_close_matches(slug, sorted({tariff["gpu"] for tariff in catalog}), n=3, cutoff=0.5)
+    closest = difflib.get_close_matches(slug, sorted({tariff["gpu"] for tariff in catalog}))
     hint = f"closest: {', '.join(closest)}; " if closest else ""
     raise PricingError(f"{option}: unknown GPU {gpu!r}; {hint}see --list for every slug")
 
@@ -352,8 +354,8 @@ def rental_table(data, name, catalog, folder):
         rental["units_accepted"] += accepted
     from fractions import Fraction  # the exact order: two costs may round to the same cent
 
-    table = sorted(rentals.values(), key=lambda r: (not r["units_accepted"], Fraction(r["total_price_cents"],
-                   r["units_accepted"] or 1), r["rental_id"]))  # fmt: skip
+    table = sorted(rentals.values(), key=lambda r: (not r["units_accepted"], r["units_accepted"] and Fraction(
+        r["total_price_cents"], r["units_accepted"]), r["rental_id"]))  # fmt: skip
     for rental in table:
         accepted = rental["units_accepted"]
         rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
@@ -367,9 +369,8 @@ def rental_table(data, name, catalog, folder):
 
 def columns_text(lines, left=2):
     """Rows of cells as aligned columns: the first ``left`` left-aligned, the others right-aligned."""
-    widths = [max(map(len, column)) for column in zip(*lines, strict=True)]
-    return ["  ".join(cell.ljust(width) if i < left else cell.rjust(width)
-                      for i, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip()
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return ["  ".join(cell.ljust(widths[i]) if i < left else cell.rjust(widths[i]) for i, cell in enumerate(line))
             for line in lines]  # fmt: skip
 
 

@@ -233,10 +233,12 @@ def with_cell(number, column, value):
     return replace_line(number, b",".join(cells))
 
 
+SIXTEEN = "48 rows, expected 45 (15 models x 3 durations)"
 CORRUPTIONS = {
-    "duplicate row": (GOOD.replace(GOOD.split(b"\n")[2], GOOD.split(b"\n")[1]), "line 3", "duplicate row"),
+    "duplicate row": (GOOD.replace(GOOD.split(b"\n")[2], GOOD.split(b"\n")[1]), "line 3",
+                      f"duplicate row for {GPU_LINE_2}, 3 days (first on line 2)"),
     "missing row": (replace_line(3, b"").replace(b"\n\n", b"\n"), "", "has no row for 7 days"),
-    "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24\n" % d for d in (3, 7, 30)), "", "48 rows"),
+    "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24\n" % d for d in (3, 7, 30)), "", SIXTEEN),
     "decimal cents": (with_cell(2, "price_cents", b"9400.50"), "line 2", "price_cents"),
     "negative cents": (with_cell(2, "price_cents", b"-9400"), "line 2", "price_cents"),
     "empty cents": (with_cell(2, "price_cents", b""), "line 2", "price_cents"),
@@ -457,7 +459,8 @@ def test_the_protocol_holds_each_required_element():
          ["", ".5", "2.", "1.2.3", "-1", "1e3", "2,5", "٢.5", " 1"]),
         ("is_date", ["2026-09-24", "2024-02-29", "2000-02-29", "0001-01-01", "2026-12-31", "2026-04-30"],
          ["20260924", "2026-W39-4", "2026-9-24", "2026-09-24T00:00", "0000-01-01", "2026-13-01", "2026-00-10",
-          "2026-01-00", "2026-02-29", "1900-02-29", "2026-04-31", "２０２６-09-24", "2026/09/24", " 2026-09-24"]),
+          "2026-01-00", "2026-02-29", "1900-02-29", "2026-04-31", "２０２６-09-24", "2026/09/24", " 2026-09-24",
+          "2026-09-a4", "2026-09-+4", "2026-0+-24", "+026-09-24"]),
         ("is_utc_time", ["2026-10-05T09:00:00Z", "2026-12-31T23:59:59Z", "2026-01-01T00:00:00Z"],
          ["2026-10-05T24:00:00Z", "2026-10-05T23:60:00Z", "2026-10-05T23:00:60Z", "2026-10-05T09:00:00",
           "2026-10-05t09:00:00Z", "2026-10-05 09:00:00Z", "2026-10-05T09:00:00+00:00", "2026-02-30T09:00:00Z",
@@ -558,3 +561,90 @@ def test_every_python_gives_the_same_answers_without_site_packages(tmp_path, ver
     refused = run_script("calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python,
                          python_flags=("-S",), cwd=tmp_path)  # fmt: skip
     assert_one_line_refusal(refused, "'basic.csv': line 2: snapshot_date must be a date written YYYY-MM-DD")
+
+
+def test_every_month_has_its_length():
+    lengths = {1: 31, 2: 28, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
+    for month, days in lengths.items():
+        assert calcul_forfaits.is_date(f"2026-{month:02d}-{days:02d}"), month
+        assert not calcul_forfaits.is_date(f"2026-{month:02d}-{days + 1:02d}"), month
+
+
+def test_positive_int_takes_positive_ints_and_their_digits_only():
+    assert calcul_forfaits.positive_int("--lots", 3) == 3 and calcul_forfaits.positive_int("--lots", "12") == 12
+    for bad in (0, -1, True, 2.0, "0", None):
+        with pytest.raises(calcul_forfaits.PricingError, match="^--lots: expected a positive whole number, got "):
+            calcul_forfaits.positive_int("--lots", bad)
+
+
+def test_the_reader_opens_without_blocking(tmp_path, monkeypatch):
+    """A FIFO must not block the open: the flag is checked here, the FIFO itself in test_hostile_forfaits."""
+    import os
+
+    flags = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, flag, *rest: flags.append(flag) or real_open(path, flag, *rest))
+    (tmp_path / "f").write_bytes(b"x")
+    assert calcul_forfaits.read_bounded(tmp_path / "f", "'f'") == b"x"
+    assert flags == [os.O_RDONLY | os.O_NONBLOCK]
+
+
+def test_the_reader_never_asks_for_more_than_the_bound(tmp_path, monkeypatch):
+    import os
+
+    asked, real_read = [], os.read
+    monkeypatch.setattr(os, "read", lambda fd, size: asked.append(size) or real_read(fd, min(size, 4)))
+    (tmp_path / "nine").write_bytes(b"012345678")
+    (tmp_path / "thirty").write_bytes(b"x" * 30)
+    assert calcul_forfaits.read_bounded(tmp_path / "nine", "'nine'", limit=10) == b"012345678"
+    assert asked == [11, 7, 3, 2]
+    asked.clear()
+    with pytest.raises(calcul_forfaits.PricingError, match="larger than 10 bytes"):
+        calcul_forfaits.read_bounded(tmp_path / "thirty", "'thirty'", limit=10)
+    assert asked == [11, 7, 3]  # 4 + 4 + 3 = 11 bytes read at most, never the whole file
+
+
+def test_a_read_error_is_one_refusal(tmp_path, monkeypatch):
+    import os
+
+    def broken(fd, size):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "read", broken)
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        calcul_forfaits.read_bounded(tmp_path / "f", "'f'")
+    assert str(refusal.value) == "'f': cannot be read (Input/output error); nothing computed"
+
+
+def test_a_catalog_line_shows_every_column(capsys):
+    status, out, _ = call(capsys, "--list", "--days", "7")
+    b200 = next(line for line in out.splitlines() if line.startswith("b200 "))
+    assert status == 0
+    assert b200.split() == ["b200", "NVIDIA", "B200", "180", "2", "7", "1824.00", "USD", "130.29", "USD"]
+
+
+def test_the_parsed_options():
+    parse = calcul_forfaits.parse_args
+    assert parse(["--list", "--json", "--days=7"]) == {"--list": True, "--json": True, "--days": "7"}
+    assert parse(["--gpu", "-b200", "--catalog", "c.csv"]) == {"--gpu": "-b200", "--catalog": "c.csv"}
+
+
+def test_help_starts_with_the_usage_and_the_summary(capsys):
+    status, out, _ = call(capsys, "--help")
+    lines = out.splitlines()
+    assert status == 0 and lines[:5] == [
+        calcul_forfaits.USAGE, "", calcul_forfaits.__doc__.splitlines()[0], "", "options:"
+    ]  # fmt: skip
+    assert "  --gpu SLUG              price one package" in out and "  --json                  print JSON" in out
+
+
+def test_json_is_indented_by_two_spaces(capsys):
+    status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--json")
+    assert status == 0 and out.startswith('{\n  "gpu": "b200",\n  "model": "NVIDIA B200",\n')
+
+
+def test_main_reads_the_command_line_when_given_no_argv(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"])
+    assert calcul_forfaits.main() == 0
+    assert "364800 cents" in capsys.readouterr().out

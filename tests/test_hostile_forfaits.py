@@ -232,8 +232,7 @@ def test_an_interrupt_in_process_gives_one_line_and_status_130(capsys, monkeypat
     monkeypatch.setattr(calcul_forfaits, "load_catalog", interrupted)
     status = calcul_forfaits.main(["--list"])
     captured = capsys.readouterr()
-    check_one_line(status, captured.err, 130, "interrupted; nothing written")
-    assert captured.out == ""
+    assert (status, captured.out, captured.err) == (130, "", "calcul_forfaits.py: interrupted; nothing written\n")
 
 
 def process_state(pid):
@@ -280,3 +279,30 @@ def test_argv_that_is_not_utf8_is_shown_escaped(tmp_path):
     completed = subprocess.run([sys.executable, SCRIPT, b"--gpu", b"h\xff", b"--days", b"7"], capture_output=True,
                                cwd=tmp_path, timeout=30)  # fmt: skip
     check_one_line(completed.returncode, completed.stderr.decode("ascii"), 2, "unknown GPU 'h\\udcff'")
+
+
+def test_a_reader_that_left_in_process_gives_status_1_and_no_message(capsys, monkeypatch):
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Gone())
+    status = calcul_forfaits.main(["--list"])
+    assert (status, capsys.readouterr().err) == (1, "")
+
+
+def test_drop_stdout_sends_what_is_left_to_the_null_device(monkeypatch):
+    import types
+
+    reader, writer = os.pipe()
+    open_before = sorted(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(fileno=lambda: writer))
+    calcul_forfaits.drop_stdout()
+    try:
+        assert os.write(writer, b"lost") == 4  # the null device takes it
+    finally:
+        os.close(writer)
+    assert os.read(reader, 10) == b""  # the pipe's only writer was replaced: end of file
+    os.close(reader)
+    if open_before is not None:
+        assert len(os.listdir("/proc/self/fd")) == len(open_before) - 2  # no descriptor leaked

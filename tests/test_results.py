@@ -214,9 +214,11 @@ REFUSALS = {
     "a rental that changes days": ({}, [row(), row(run_id="r2", days="30")], "from line 2"),
     "a rental that changes lots": ({}, [row(), row(run_id="r2", lots="2")], "line 3: rental 'rent-1' differs"),
     "more accepted than submitted": ({}, [row(units_accepted="101")], "units_accepted 101 exceeds units_submitted 100"),
-    "fixed after the run": ({}, [row(threshold_fixed_on="2026-10-06")], "threshold_fixed_on 2026-10-06 is after"),
+    "fixed after the run": ({}, [row(threshold_fixed_on="2026-10-06")], "2: threshold_fixed_on 2026-10-06 is after"),
     "another metric": ({}, [row(), row(run_id="r2", quality_metric="F1")], "line 3: quality_metric or threshold"),
-    "another threshold": ({}, [row(), row(run_id="r2", threshold="0.90")], "line 3: quality_metric or threshold"),
+    "another threshold": ({}, [row(), row(run_id="r2", threshold="0.90")],
+                          "line 3: quality_metric or threshold differs from line 2's: a cost per accepted result "
+                          "compares packages under one protocol only"),
     "missing measurement": ({}, [row(measurement_file="absent.json")], "'absent.json': cannot be read"),
     "altered measurement": ({}, [row(measurement_sha256="0" * 64)], "'m.json': its SHA-256 differs"),
     "absolute measurement path": ({}, [row(measurement_file="/etc/hostname")], "measurement_file must be a path"),
@@ -261,3 +263,11 @@ def test_the_results_use_the_catalog_given(folder, capsys):
     status, out, err = call(capsys, "--results", path, "--catalog", folder / "prices.csv", "--json")
     assert status == 0, err
     assert json.loads(out)["snapshot_date"] == "2026-12-01"
+
+
+def test_a_measurement_file_may_be_larger_than_a_table(folder, capsys):
+    big = b"{}" + b" " * calcul_forfaits.MAX_TABLE_BYTES
+    (folder / "big.json").write_bytes(big)
+    path = write(folder, row(measurement_file="big.json", measurement_sha256=hashlib.sha256(big).hexdigest()))
+    status, _, err = call(capsys, "--results", path)
+    assert (status, err) == (0, "")

@@ -253,11 +253,14 @@ CORRUPTIONS = {
     "other currency on one row": (with_cell(5, "currency", b"EUR"), "line 5", "currency must be USD"),
     "lower-case currency": (with_cell(2, "currency", b"usd"), "line 2", "currency must be USD"),
     "other snapshot": (with_cell(5, "snapshot_date", b"2026-09-25"), "line 5", "snapshot_date differs"),
+    "other snapshot on line 3": (with_cell(3, "snapshot_date", b"2026-09-25"), "line 3",
+                                 "snapshot_date differs from the first row's (2026-09-24)"),
     "bad date": (with_cell(2, "snapshot_date", b"24/09/2026"), "line 2", "snapshot_date"),
     "basic ISO date": (with_cell(2, "snapshot_date", b"20260924"), "line 2", "snapshot_date"),
     "week date": (with_cell(2, "snapshot_date", b"2026-W39-4"), "line 2", "snapshot_date"),
     "no such day": (with_cell(2, "snapshot_date", b"2026-02-29"), "line 2", "snapshot_date"),
-    "bad header": (GOOD.replace(b"price_cents", b"price_usd", 1), "line 1", "bad header"),
+    "bad header": (GOOD.replace(b"price_cents", b"price_usd", 1), "line 1",
+                   "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date"),
     "missing field": (replace_line(2, b",".join(GOOD.split(b"\n")[1].split(b",")[:7])), "line 2", "fields"),
     "blank line": (replace_line(3, b""), "line 3", "fields"),
     "empty file": (b"", "", "empty file"),
@@ -648,3 +651,22 @@ def test_main_reads_the_command_line_when_given_no_argv(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"])
     assert calcul_forfaits.main() == 0
     assert "364800 cents" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "one of --gpu, --list or --results is required; see --help"),
+        (["--gpu", "b200"], "--days is required with --gpu (3, 7 or 30)"),
+        (["--gpu", "b200", "--days", "5"], "--days: expected 3, 7 or 30 (fixed durations, no proration), got '5'"),
+    ],
+)
+def test_whole_refusal_lines(capsys, args, message):
+    assert refused(capsys, *args) == f"calcul_forfaits.py: error: {message}\n"
+
+
+def test_the_pricing_functions_refuse_a_prorated_duration():
+    catalog = calcul_forfaits.load_catalog()
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        calcul_forfaits.price_package(catalog, "b200", 5)
+    assert str(refusal.value) == "--days: expected 3, 7 or 30 (fixed durations, no proration), got 5"

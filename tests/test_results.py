@@ -213,7 +213,7 @@ REFUSALS = {
     "a rental that changes gpu": ({}, [row(), row(run_id="r2", gpu="h200")], "line 3: rental 'rent-1' differs"),
     "a rental that changes days": ({}, [row(), row(run_id="r2", days="30")], "from line 2"),
     "a rental that changes lots": ({}, [row(), row(run_id="r2", lots="2")], "line 3: rental 'rent-1' differs"),
-    "more accepted than submitted": ({}, [row(units_accepted="101")], "units_accepted 101 exceeds units_submitted 100"),
+    "too many accepted": ({}, [row(units_accepted="101")], "line 2: units_accepted 101 exceeds units_submitted 100"),
     "fixed after the run": ({}, [row(threshold_fixed_on="2026-10-06")], "2: threshold_fixed_on 2026-10-06 is after"),
     "another metric": ({}, [row(), row(run_id="r2", quality_metric="F1")], "line 3: quality_metric or threshold"),
     "another threshold": ({}, [row(), row(run_id="r2", threshold="0.90")],
@@ -269,5 +269,11 @@ def test_a_measurement_file_may_be_larger_than_a_table(folder, capsys):
     big = b"{}" + b" " * calcul_forfaits.MAX_TABLE_BYTES
     (folder / "big.json").write_bytes(big)
     path = write(folder, row(measurement_file="big.json", measurement_sha256=hashlib.sha256(big).hexdigest()))
+    status, _, err = call(capsys, "--results", path)
+    assert (status, err) == (0, "")
+
+
+def test_a_threshold_fixed_on_the_day_of_the_run_is_before_it(folder, capsys):
+    path = write(folder, row(threshold_fixed_on="2026-10-05", date_utc="2026-10-05T00:00:00Z"))
     status, _, err = call(capsys, "--results", path)
     assert (status, err) == (0, "")

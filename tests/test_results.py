@@ -14,7 +14,7 @@ import pytest
 import calcul_forfaits
 from conftest import ROOT, tree_digest
 
-DATA = ROOT / "tests" / "data"
+DATA = ROOT / "tests" / "data" / "results"
 EXAMPLE = DATA / "resultats-exemple.csv"
 COLUMNS = calcul_forfaits.RESULTS_COLUMNS
 PRICES = {(t["gpu"], t["days"]): t["price_cents"] for t in calcul_forfaits.load_catalog()}
@@ -69,11 +69,11 @@ def write(folder, *rows, header=HEADER):
 
 def test_the_readme_example_matches_the_command_byte_for_byte(capsys, monkeypatch):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    command = "python calcul_forfaits.py --results tests/data/resultats-exemple.csv"
+    command = "python calcul_forfaits.py --results tests/data/results/resultats-exemple.csv"
     assert f"`{command}` prints:\n\n```text\n" in readme
     shown = readme.split(f"`{command}` prints:\n\n```text\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(ROOT)
-    status, out, err = call(capsys, "--results", "tests/data/resultats-exemple.csv")
+    status, out, err = call(capsys, "--results", "tests/data/results/resultats-exemple.csv")
     assert (status, err) == (0, "")
     assert out == shown
     section = readme.split("## 4. Relate quality and cost", 1)[1].split("\n## ", 1)[0]

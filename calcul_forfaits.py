@@ -5,157 +5,267 @@ Usage::
     python calcul_forfaits.py --gpu b200 --days 7 --lots 2
     python calcul_forfaits.py --gpu h100-sxm --days 30 --accepted-results 120 --json
     python calcul_forfaits.py --list --days 7
+    python calcul_forfaits.py --results resultats-bruts.csv
 
 Standard library only (Python >= 3.10).  Prices come from ``tarifs-forfaits.csv`` beside this
 script (or ``--catalog``): whole USD cents for one lot and the whole duration of 3, 7 or 30
 days, never prorated.  Money is computed with integers and ``decimal.Decimal``, never floats.
-The catalog is validated on every load; expected failures print one line and exit 2.
+Every input file is validated on every load; expected failures print one line and exit 2.
+
+Start-up matters: the calculator is run by hand, often.  At start it imports only modules the
+interpreter has already loaded (json, decimal, csv, difflib, hashlib and fractions are imported
+where used), and reads its command line with a small table-driven parser, because importing
+argparse (and with it re) costs more than half of a bare interpreter's start.  The script is
+compiled on every run, so its code is kept short too.
 """
 
-import argparse
-import csv
-import difflib
-import io
-import json
-import re
+import os
+import stat
 import sys
-from dataclasses import asdict, dataclass
-from datetime import date
-from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
-from pathlib import Path
 
-CATALOG_COLUMNS = ("gpu", "model", "memory_gb", "gpus_per_lot", "days", "price_cents", "currency", "snapshot_date")
+PROG = "calcul_forfaits.py"
 DURATIONS_DAYS = (3, 7, 30)
+DURATIONS = tuple(map(str, DURATIONS_DAYS))  # as written on a command line or in a CSV
 CATALOG_MODELS = 15
+CURRENCY = "USD"  # every ``_usd`` key below relies on it
 CATALOG_FILE_NAME = "tarifs-forfaits.csv"
-DEFAULT_CATALOG = Path(__file__).resolve().with_name(CATALOG_FILE_NAME)
-CENT = Decimal("0.01")
-_POSITIVE = re.compile(r"[1-9][0-9]{0,17}")  # no sign, decimals, separators or spaces
-_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-_CURRENCY = re.compile(r"[A-Z]{3}")
+RESULTS_FILE_NAME = "resultats-bruts.csv"
+MAX_TABLE_BYTES = 2**20  # a valid catalog is about 2.5 KB; years of runs fit many times over
+MAX_MEASUREMENT_BYTES = 64 * 2**20  # a measure result file holds a few KB per hundred phases
+COST_RULE = "total price / accepted results, rounded half-up to the cent"
 
 
 class PricingError(Exception):
     """An expected failure: one line for the user, exit status 2."""
 
 
-@dataclass(frozen=True)
-class Tariff:
-    gpu: str
-    model: str
-    memory_gb: int
-    gpus_per_lot: int
-    days: int
-    price_cents: int
-    currency: str
-    snapshot_date: str
+def fail(name, reason, line=None):
+    """Refuse a file: its name (a repr), the line when known, the reason."""
+    raise PricingError(f"{name}: {'' if line is None else f'line {line}: '}{reason}; nothing computed")
+
+
+# --- the grammar of values: ASCII digits only, the same on every Python version --------------------------
+
+
+def is_whole(text, zero=False):
+    """1 to 18 ASCII digits, no sign, no leading zero (``zero``: "0" too)."""
+    return 0 < len(text) < 19 and text.isascii() and text.isdigit() and (text[0] != "0" or zero and text == "0")
+
+
+def is_number(text):
+    """A non-negative number: ASCII digits, at most one decimal point between digits."""
+    whole, point, fraction = text.partition(".")
+    return (whole + fraction).isascii() and whole.isdigit() and (fraction.isdigit() or not point)
+
+
+def is_date(text):
+    """Exactly ``YYYY-MM-DD``, a real calendar date (3.11's date.fromisoformat takes more forms)."""
+    digits = text[:4] + text[5:7] + text[8:]
+    if len(text) != 10 or text[4::3] != "--" or not (digits.isascii() and digits.isdigit()) or digits < "0001":
+        return False
+    year, month, day = int(text[:4]), int(text[5:7]), int(text[8:])
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    return 0 < month < 13 and 0 < day <= (31, 28 + leap, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)[month - 1]
+
+
+def is_utc_time(text):
+    """Exactly ``YYYY-MM-DDTHH:MM:SSZ``."""
+    clock = text[11:13] + text[14:16] + text[17:19]
+    return (
+        len(text) == 20
+        and is_date(text[:10])
+        and text[10::3] == "T::Z"
+        and clock.isascii()
+        and clock.isdigit()
+        and clock[:2] < "24"
+        and clock[2:4] < "60"
+        and clock[4:] < "60"
+    )
+
+
+def is_slug(text):
+    return text.isascii() and text.replace("-", "").isalnum() and text == text.lower() and "" not in text.split("-")
+
+
+# A CSV's columns, in order, each with the rule its values follow (None: any printable text).
+# The parser, its messages, the template's header and the README's table all follow these.
+TEXT = (lambda text: text != "" and text == text.strip(), "a non-empty text without surrounding spaces")
+POSITIVE = (is_whole, "a whole positive number with no sign, decimals or spaces")
+COUNT = (lambda text: is_whole(text, zero=True), "a whole number (ASCII digits, no sign)")
+NUMBER = (is_number, "a number (ASCII digits, at most one decimal point)")
+DATE = (is_date, "a date written YYYY-MM-DD")
+DAYS = (DURATIONS.__contains__, "one of 3, 7, 30 (no proration)")
+CATALOG_RULES = {
+    "gpu": (is_slug, "a lower-case slug"), "model": TEXT, "memory_gb": POSITIVE, "gpus_per_lot": POSITIVE,
+    "days": DAYS, "price_cents": POSITIVE, "currency": (CURRENCY.__eq__, f"{CURRENCY}, the kit's currency"),
+    "snapshot_date": DATE,
+}  # fmt: skip
+RESULTS_RULES = {
+    "run_id": TEXT, "rental_id": TEXT, "date_utc": (is_utc_time, "a UTC time written YYYY-MM-DDTHH:MM:SSZ"),
+    "gpu": TEXT, "days": DAYS, "lots": POSITIVE, "device": None, "gpu_name": None, "driver_version": None,
+    "torch_version": None, "cuda_or_hip_build": None,
+    "measurement_file": (lambda text: text and ".." not in text.replace("\\", "/").split("/")
+                         and text[0] not in "/\\" and not os.path.isabs(text),
+                         "a path relative to the results file's folder, without '..'"),
+    "measurement_sha256": (lambda text: len(text) == 64 and text.strip("0123456789abcdefABCDEF") == "",
+                           "64 hexadecimal digits"),
+    "units_submitted": COUNT, "units_accepted": COUNT, "quality_metric": TEXT, "threshold": NUMBER,
+    "threshold_fixed_on": DATE, "wall_clock_hours": NUMBER, "notes": None,
+}  # fmt: skip
+CATALOG_COLUMNS = tuple(CATALOG_RULES)
+INT_COLUMNS = ("memory_gb", "gpus_per_lot", "days", "price_cents")  # the catalog's whole numbers
+RESULTS_COLUMNS = tuple(RESULTS_RULES)
+# The options: name -> (metavar, or None for a flag; help).  The parser and --help both read it.
+OPTIONS = {
+    "--gpu": ("SLUG", "price one package: the GPU model's slug, e.g. b200 (case-insensitive; see --list)"),
+    "--list": (None, "print the catalog with the price per GPU-day"),
+    "--results": ("FILE", f"the cost per accepted result of each rental recorded in a filled {RESULTS_FILE_NAME}"),
+    "--days": ("N", "with --gpu: the duration, 3, 7 or 30 (no proration); with --list: a filter"),
+    "--lots": ("N", "with --gpu: the number of lots, a positive whole number (default 1)"),
+    "--accepted-results": ("N", "with --gpu: distinct useful units really accepted; no default on purpose"),
+    "--catalog": ("CSV", f"the price file (default: {CATALOG_FILE_NAME} beside this script)"),
+    "--json": (None, "print JSON instead of text"),
+    "--help": (None, "print this help and exit"),
+}
+ALLOWED = {  # each action, and the options that go with it
+    "--gpu": {"--gpu", "--days", "--lots", "--accepted-results", "--catalog", "--json"},
+    "--list": {"--list", "--days", "--catalog", "--json"},
+    "--results": {"--results", "--catalog", "--json"},
+}
+USAGE = (f"usage: {PROG} (--gpu SLUG --days N [--lots N] [--accepted-results N] | --list [--days N] | "
+         "--results FILE) [--catalog CSV] [--json]")  # fmt: skip
 
 
 def positive_int(option, value):
     """Return ``value`` (an int, or a string of digits) as a positive int."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    if isinstance(value, str) and _POSITIVE.fullmatch(value):
+    if isinstance(value, str) and is_whole(value):
         return int(value)
     raise PricingError(f"{option}: expected a positive whole number, got {value!r}")
 
 
-def parse_catalog(data, name=CATALOG_FILE_NAME):
-    """Validate the catalog's bytes and return its tariffs; any defect raises PricingError."""
+# --- reading files: one bounded reader, one CSV grammar ------------------------------------------------
 
-    def fail(reason, line=None):
-        where = f"{name}: line {line}: " if line is not None else f"{name}: "
-        raise PricingError(f"{where}{reason}; nothing computed")
 
+def read_bounded(path, name, limit=MAX_TABLE_BYTES):
+    """The bytes of a regular file of at most ``limit`` bytes; anything else raises PricingError.
+
+    Opened non-blocking, then checked on the open descriptor: a FIFO neither blocks nor is read,
+    /dev/zero is refused before a byte is read, and a huge file costs ``limit`` bytes at most.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the name
+        fail(name, f"cannot be read ({getattr(error, 'strerror', None) or error})")
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            fail(name, "not a regular file")
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(descriptor, limit + 1 - len(data))
+            if not chunk:
+                return data
+            data += chunk
+    except OSError as error:
+        fail(name, f"cannot be read ({error.strerror})")
+    finally:
+        os.close(descriptor)
+    fail(name, f"larger than {limit} bytes")
+
+
+def parse_table(data, name, rules):
+    """Validate a CSV's bytes against ``rules``; returns [(line number, {column: value})] after the header.
+
+    UTF-8, LF or CRLF line ends, the exact header, the right number of fields on every line, no
+    control (nor other unprintable) character in any field, and each column's rule.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        fail(f"not UTF-8 (byte {error.start})")
+        fail(name, f"not UTF-8 (byte {error.start})")
     if not text.strip():
-        fail("empty file")
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    try:
-        rows = [(reader.line_num, row) for row in reader]
-    except csv.Error as error:
-        fail(f"malformed CSV ({error})", reader.line_num)
-    header_line, header = rows[0]
-    if tuple(header) != CATALOG_COLUMNS:
-        fail(f"bad header, expected {','.join(CATALOG_COLUMNS)}", header_line)
-    tariffs, seen, first_of_gpu = [], {}, {}
-    for line, row in rows[1:]:
-        if len(row) != len(CATALOG_COLUMNS):
-            fail(f"expected {len(CATALOG_COLUMNS)} fields, found {len(row)}", line)
-        fields = dict(zip(CATALOG_COLUMNS, row, strict=True))
-        for column in ("memory_gb", "gpus_per_lot", "price_cents"):
-            if not _POSITIVE.fullmatch(fields[column]):
-                fail(f"{column} must be a whole positive number with no sign, decimals or spaces, "
-                     f"got {fields[column]!r}", line)  # fmt: skip
-        if not _SLUG.fullmatch(fields["gpu"]):
-            fail(f"gpu must be a lower-case slug, got {fields['gpu']!r}", line)
-        if not fields["model"] or fields["model"] != fields["model"].strip():
-            fail("model must be a non-empty name without surrounding spaces", line)
-        if fields["days"] not in {str(days) for days in DURATIONS_DAYS}:
-            fail(f"days must be one of 3, 7, 30, got {fields['days']!r}", line)
-        if not _CURRENCY.fullmatch(fields["currency"]):
-            fail(f"currency must be a three-letter code, got {fields['currency']!r}", line)
+        fail(name, "empty file")
+    rows = []
+    for number, line in enumerate(text.removesuffix("\n").split("\n"), start=1):
+        line = line.removesuffix("\r")
+        row = line.split(",")
+        if '"' in line:  # quoted fields (a note holding a comma): the csv module, only then
+            import csv
+
+            try:
+                row = next(csv.reader([line], strict=True))
+            except csv.Error as error:
+                fail(name, f"malformed CSV ({error})", number)
+        if number == 1 and tuple(row) != tuple(rules):
+            fail(name, f"bad header, expected {','.join(rules)}", number)
         try:
-            date.fromisoformat(fields["snapshot_date"])
+            fields = dict(zip(rules, row, strict=True))
         except ValueError:
-            fail(f"snapshot_date must be a date written YYYY-MM-DD, got {fields['snapshot_date']!r}", line)
-        tariff = Tariff(
-            **{key: int(value) if key in ("memory_gb", "gpus_per_lot", "days", "price_cents") else value
-               for key, value in fields.items()}
-        )  # fmt: skip
-        key = (tariff.gpu, tariff.days)
+            fail(name, f"expected {len(rules)} fields, found {len(row)}", number)
+        for column, value in fields.items():
+            if not value.isprintable():
+                fail(name, f"{column} holds a control or unprintable character: {value!r}", number)
+            if rules[column] and number > 1 and not rules[column][0](value):
+                fail(name, f"{column} must be {rules[column][1]}, got {value!r}", number)
+        rows.append((number, fields))
+    return rows[1:]
+
+
+# --- the catalog ---------------------------------------------------------------------------------------
+
+
+def parse_catalog(data, name=repr(CATALOG_FILE_NAME)):  # noqa: B008  (a constant string)
+    """Validate the catalog's bytes and return its tariffs (dicts, whole numbers as ints)."""
+    tariffs, seen, first = [], {}, {}
+    for line, row in parse_table(data, name, CATALOG_RULES):
+        tariff = {**row, **{column: int(row[column]) for column in INT_COLUMNS}}
+        key = (tariff["gpu"], tariff["days"])
         if key in seen:
-            fail(f"duplicate row for {tariff.gpu}, {tariff.days} days (first on line {seen[key]})", line)
+            fail(name, f"duplicate row for {key[0]}, {key[1]} days (first on line {seen[key]})", line)
         seen[key] = line
-        first = first_of_gpu.setdefault(tariff.gpu, tariff)
+        model = first.setdefault(tariff["gpu"], tariff)
         for column in ("model", "memory_gb", "gpus_per_lot"):
-            if getattr(tariff, column) != getattr(first, column):
-                fail(f"{column} of {tariff.gpu} differs from its first row", line)
-        for column in ("currency", "snapshot_date"):
-            if tariffs and getattr(tariff, column) != getattr(tariffs[0], column):
-                fail(f"{column} differs from the first row's ({getattr(tariffs[0], column)})", line)
+            if tariff[column] != model[column]:
+                fail(name, f"{column} of {tariff['gpu']} differs from its first row", line)
+        if tariffs and tariff["snapshot_date"] != tariffs[0]["snapshot_date"]:
+            fail(name, f"snapshot_date differs from the first row's ({tariffs[0]['snapshot_date']})", line)
         tariffs.append(tariff)
-    for gpu in first_of_gpu:
-        missing = [days for days in DURATIONS_DAYS if (gpu, days) not in seen]
+    for gpu in first:
+        missing = [str(days) for days in DURATIONS_DAYS if (gpu, days) not in seen]
         if missing:
-            fail(f"{gpu} has no row for {', '.join(map(str, missing))} days")
-    expected_rows = CATALOG_MODELS * len(DURATIONS_DAYS)
-    if len(tariffs) != expected_rows:
-        fail(
-            f"{len(tariffs)} rows, expected {expected_rows} ({CATALOG_MODELS} models x {len(DURATIONS_DAYS)} durations)"
-        )
+            fail(name, f"{gpu} has no row for {', '.join(missing)} days")
+    if len(tariffs) != CATALOG_MODELS * len(DURATIONS):
+        expected = f"{CATALOG_MODELS * len(DURATIONS)} ({CATALOG_MODELS} models x {len(DURATIONS)} durations)"
+        fail(name, f"{len(tariffs)} rows, expected {expected}")
     return tariffs
 
 
 def load_catalog(path=None):
-    """Read and validate the catalog (default: the CSV beside this script)."""
-    name = CATALOG_FILE_NAME if path is None else str(path)
-    try:
-        data = Path(path or DEFAULT_CATALOG).read_bytes()
-    except OSError as error:
-        raise PricingError(f"{name}: cannot be read ({error.strerror or type(error).__name__})") from None
-    return parse_catalog(data, name)
+    """Read and validate the catalog (default: the CSV beside this script, named by its file name only)."""
+    if path is None:
+        here = os.path.dirname(os.path.realpath(__file__))
+        return parse_catalog(read_bounded(os.path.join(here, CATALOG_FILE_NAME), repr(CATALOG_FILE_NAME)))
+    name = repr(os.fspath(path))
+    return parse_catalog(read_bounded(path, name), name)
 
 
-def duration_days(value):
-    """3, 7 or 30 (an int or its string); anything else is refused: prices are never prorated."""
-    if str(value) not in {str(days) for days in DURATIONS_DAYS}:
-        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {value!r}")
-    return int(value)
+def find_tariff(catalog, gpu, days, option="--gpu"):
+    """The catalog's row for a slug (any case) and a duration of 3, 7 or 30 days."""
+    if str(days) not in DURATIONS:
+        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
+    slug = str(gpu).lower()
+    for tariff in catalog:
+        if tariff["gpu"] == slug and tariff["days"] == int(days):
+            return tariff
+    import difflib  # only for this refusal
+
+    closest = difflib.get_close_matches(slug, sorted({tariff["gpu"] for tariff in catalog}))
+    hint = f"closest: {', '.join(closest)}; " if closest else ""
+    raise PricingError(f"{option}: unknown GPU {gpu!r}; {hint}see --list for every slug")
 
 
-def find_tariff(catalog, gpu, days):
-    slug = str(gpu).strip().lower()
-    slugs = sorted({tariff.gpu for tariff in catalog})
-    if slug not in slugs:
-        closest = difflib.get_close_matches(slug, slugs, n=3, cutoff=0.5)
-        hint = f"closest: {', '.join(closest)}; " if closest else ""
-        raise PricingError(f"--gpu: unknown GPU {gpu!r}; {hint}see --list for every slug")
-    days = duration_days(days)
-    return next(t for t in catalog if t.gpu == slug and t.days == days)
+# --- money ---------------------------------------------------------------------------------------------
 
 
 def cents_to_usd(cents):
@@ -168,129 +278,264 @@ def usd_share(cents, divisor):
     Computed and rounded in a 200-digit context: the default 28 digits cannot quantize the
     largest totals a valid catalog and ``--lots`` allow.
     """
+    from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
+
     with localcontext(Context(prec=200)):
-        return str((Decimal(cents) / 100 / Decimal(divisor)).quantize(CENT, rounding=ROUND_HALF_UP))
+        return str((Decimal(cents) / 100 / Decimal(divisor)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
+
+
+def package(tariff, lots):
+    """A rental of ``lots`` lots of one tariff: the price of the whole package, counted once."""
+    return {
+        "gpu": tariff["gpu"], "model": tariff["model"], "memory_gb": tariff["memory_gb"], "days": tariff["days"],
+        "lots": lots, "gpus_per_lot": tariff["gpus_per_lot"], "gpus": tariff["gpus_per_lot"] * lots,
+        "lot_price_cents": tariff["price_cents"],
+        "total_price_cents": tariff["price_cents"] * lots,  # a lot's price already covers all its GPUs
+        "currency": tariff["currency"], "snapshot_date": tariff["snapshot_date"],
+    }  # fmt: skip
 
 
 def price_package(catalog, gpu, days, lots=1, accepted_results=None):
     """The whole package's price; the cost per accepted result when that count is given."""
-    tariff = find_tariff(catalog, gpu, days)
-    lots = positive_int("--lots", lots)
+    result = package(find_tariff(catalog, gpu, days), positive_int("--lots", lots))
     if accepted_results is not None:
         accepted_results = positive_int("--accepted-results", accepted_results)
-    total_price_cents = tariff.price_cents * lots  # a lot's price already covers all its GPUs
-    cost = None if accepted_results is None else usd_share(total_price_cents, accepted_results)
-    return {
-        "gpu": tariff.gpu,
-        "model": tariff.model,
-        "memory_gb": tariff.memory_gb,
-        "days": tariff.days,
-        "lots": lots,
-        "gpus_per_lot": tariff.gpus_per_lot,
-        "gpus": tariff.gpus_per_lot * lots,
-        "lot_price_cents": tariff.price_cents,
-        "total_price_cents": total_price_cents,
-        "currency": tariff.currency,
-        "snapshot_date": tariff.snapshot_date,
-        "accepted_results": accepted_results,
-        "cost_per_accepted_result_usd": cost,
-        "cost_rounding": "total price / accepted results, rounded half-up to the cent",
-    }
+    cost = None if accepted_results is None else usd_share(result["total_price_cents"], accepted_results)
+    return {**result, "accepted_results": accepted_results, "cost_per_accepted_result_usd": cost,
+            "cost_rounding": COST_RULE}  # fmt: skip
 
 
-def format_package(package):
-    currency = package["currency"]
-    if package["cost_per_accepted_result_usd"] is None:
-        cost = "not computed: add --accepted-results N (distinct useful units really accepted)"
-    else:
-        cost = (f"{package['cost_per_accepted_result_usd']} {currency} = total price / "
-                f"{package['accepted_results']} accepted results (rounded half-up to the cent)")  # fmt: skip
-    return "\n".join(
-        [
-            f"Package: {package['model']} ({package['gpu']}), {package['days']} days, {package['lots']} lot(s)",
-            f"  GPUs                      {package['gpus']} "
-            f"({package['gpus_per_lot']} per lot x {package['lots']} lot(s))",
-            f"  lot price                 {cents_to_usd(package['lot_price_cents'])} {currency} "
-            f"({package['lot_price_cents']} cents)",
-            f"  total price               {cents_to_usd(package['total_price_cents'])} {currency} "
-            f"({package['total_price_cents']} cents) = lot price x {package['lots']}",
-            f"  cost per accepted result  {cost}",
-            f"Prices: IteraGPU catalog snapshot of {package['snapshot_date']}, whole {currency} cents for the "
-            "whole duration (3, 7 or 30 days), no hourly proration.",
-            "The CSV proves neither current availability nor a reservation: check the offer shown before buying.",
-        ]
-    )
+# --- raw results: one line per run, one price per rental ----------------------------------------------
+
+
+def rental_table(data, name, catalog, folder):
+    """Group a filled results file's runs by rental, each rental's price counted once, cheapest first.
+
+    Every row is checked before anything is computed: one protocol (one metric and threshold,
+    fixed before each run), the units, the package against the catalog, and the SHA-256 of the
+    measurement file (a path relative to ``folder``).
+    """
+    import hashlib
+
+    rows = parse_table(data, name, RESULTS_RULES)
+    if not rows:
+        fail(name, "no run recorded yet (header only): add one row per real run")
+    rentals, run_lines, rental_lines, (first_line, first) = {}, {}, {}, rows[0]
+    for line, row in rows:
+        run_id, rental_id = row["run_id"], row["rental_id"]
+        if run_id in run_lines:
+            fail(name, f"duplicate run_id {run_id!r} (first on line {run_lines[run_id]})", line)
+        run_lines[run_id] = line
+        if row["threshold_fixed_on"] > row["date_utc"][:10]:
+            fail(name, f"threshold_fixed_on {row['threshold_fixed_on']} is after the run's start "
+                       f"{row['date_utc']}: the protocol is fixed before the runs", line)  # fmt: skip
+        submitted, accepted = int(row["units_submitted"]), int(row["units_accepted"])
+        if accepted > submitted:
+            fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line)
+        if (row["quality_metric"], row["threshold"]) != (first["quality_metric"], first["threshold"]):
+            fail(name, f"quality_metric or threshold differs from line {first_line}'s: a cost per accepted "
+                       "result compares packages under one protocol only", line)  # fmt: skip
+        try:
+            rented = package(find_tariff(catalog, row["gpu"], row["days"], "gpu"), int(row["lots"]))
+        except PricingError as error:
+            fail(name, error, line)
+        rental = rentals.setdefault(rental_id, {"rental_id": rental_id, **rented, "runs": 0, "run_ids": [],
+                                                "units_submitted": 0, "units_accepted": 0})  # fmt: skip
+        if any(rented[column] != rental[column] for column in ("gpu", "days", "lots")):
+            fail(name, f"rental {rental_id!r} differs in gpu, days or lots from line {rental_lines[rental_id]}", line)
+        rental_lines.setdefault(rental_id, line)
+        where = f"{name}: line {line}: measurement_file {row['measurement_file']!r}"
+        measurement = read_bounded(os.path.join(folder, row["measurement_file"]), where, MAX_MEASUREMENT_BYTES)
+        if hashlib.sha256(measurement).hexdigest() != row["measurement_sha256"].lower():
+            raise PricingError(f"{where}: its SHA-256 differs from measurement_sha256; nothing computed")
+        rental["runs"] += 1
+        rental["run_ids"].append(run_id)
+        rental["units_submitted"] += submitted
+        rental["units_accepted"] += accepted
+    from fractions import Fraction  # the exact order: two costs may round to the same cent
+
+    table = sorted(rentals.values(), key=lambda r: (not r["units_accepted"], r["units_accepted"] and Fraction(
+        r["total_price_cents"], r["units_accepted"]), r["rental_id"]))  # fmt: skip
+    for rental in table:
+        accepted = rental["units_accepted"]
+        rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
+    return {"rentals": table, "quality_metric": first["quality_metric"], "threshold": first["threshold"],
+            "currency": catalog[0]["currency"], "snapshot_date": catalog[0]["snapshot_date"],
+            "cost_rounding": f"{COST_RULE}; null when no unit was accepted"}  # fmt: skip
+
+
+# --- text output ---------------------------------------------------------------------------------------
+
+
+def columns_text(lines, left=2):
+    """Rows of cells as aligned columns: the first ``left`` left-aligned, the others right-aligned."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return ["  ".join(cell.ljust(widths[i]) if i < left else cell.rjust(widths[i]) for i, cell in enumerate(line))
+            for line in lines]  # fmt: skip
+
+
+def format_package(data):
+    usd = lambda cents: f"{cents_to_usd(cents)} {data['currency']}"  # noqa: E731
+    cost = "not computed: add --accepted-results N (distinct useful units really accepted)"
+    if data["cost_per_accepted_result_usd"] is not None:
+        cost = (f"{data['cost_per_accepted_result_usd']} {data['currency']} = total price / "
+                f"{data['accepted_results']} accepted results (rounded half-up to the cent)")  # fmt: skip
+    return f"""Package: {data["model"]} ({data["gpu"]}), {data["days"]} days, {data["lots"]} lot(s)
+  GPUs                      {data["gpus"]} ({data["gpus_per_lot"]} per lot x {data["lots"]} lot(s))
+  lot price                 {usd(data["lot_price_cents"])} ({data["lot_price_cents"]} cents)
+  total price               {usd(data["total_price_cents"])} ({data["total_price_cents"]} cents) \
+= lot price x {data["lots"]}
+  cost per accepted result  {cost}
+Prices: IteraGPU catalog snapshot of {data["snapshot_date"]}, whole {data["currency"]} cents for the whole duration \
+(3, 7 or 30 days), no hourly proration.
+The CSV proves neither current availability nor a reservation: check the offer shown before buying."""
 
 
 def catalog_table(catalog, days=None):
     """Rows of the catalog (optionally one duration) with the price per GPU-day, as data."""
-    rows = []
-    for tariff in sorted(catalog, key=lambda t: (t.gpu, t.days)):
-        if days is not None and tariff.days != days:
-            continue
-        per_gpu_day = usd_share(tariff.price_cents, tariff.days * tariff.gpus_per_lot)
-        rows.append({**asdict(tariff), "usd_per_gpu_day": per_gpu_day})
-    return rows
+    return [{**t, "usd_per_gpu_day": usd_share(t["price_cents"], t["days"] * t["gpus_per_lot"])}
+            for t in sorted(catalog, key=lambda t: (t["gpu"], t["days"])) if days in (None, t["days"])]  # fmt: skip
 
 
 def format_catalog(rows):
-    header = ("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")
-    lines = [header] + [
+    lines = [("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")] + [
         (r["gpu"], r["model"], str(r["memory_gb"]), str(r["gpus_per_lot"]), str(r["days"]),
          f"{cents_to_usd(r['price_cents'])} {r['currency']}", f"{r['usd_per_gpu_day']} {r['currency']}")
         for r in rows
     ]  # fmt: skip
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = ["  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i]) for i, cell in enumerate(line))
-            for line in lines]  # fmt: skip
-    text.append(f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent.")
-    return "\n".join(text)
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors become one line (PricingError) instead of usage text."""
-
-    def error(self, message):
-        raise PricingError(message)
-
-
-def build_parser():
-    parser = _Parser(prog="calcul_forfaits.py", description=__doc__.split("\n\n")[0])
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--gpu", help="the GPU model's slug, e.g. b200 (case-insensitive; see --list)")
-    what.add_argument("--list", action="store_true", help="print the catalog with the price per GPU-day")
-    parser.add_argument("--days", help="package duration: 3, 7 or 30 (no proration); with --list, a filter")
-    parser.add_argument("--lots", help="number of lots, a positive whole number (default 1)")
-    parser.add_argument(
-        "--accepted-results",
-        help="distinct useful units really accepted, a positive whole number; no default on purpose",
+    return "\n".join(
+        columns_text(lines)
+        + [f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent."]
     )
-    parser.add_argument("--catalog", help=f"the price CSV (default: {CATALOG_FILE_NAME} beside this script)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    return parser
+
+
+def format_rentals(data):
+    currency = data["currency"]
+    lines = [("rental_id", "gpu", "days", "lots", "GPUs", "total price", "runs", "submitted", "accepted",
+              "per accepted result")] + [
+        (r["rental_id"], r["gpu"], str(r["days"]), str(r["lots"]), str(r["gpus"]),
+         f"{cents_to_usd(r['total_price_cents'])} {currency}", str(r["runs"]), str(r["units_submitted"]),
+         str(r["units_accepted"]), "none accepted" if r["cost_per_accepted_result_usd"] is None
+         else f"{r['cost_per_accepted_result_usd']} {currency}")
+        for r in data["rentals"]
+    ]  # fmt: skip
+    return "\n".join([
+        f"Rentals, cheapest accepted result first; quality metric {data['quality_metric']}, "
+        f"threshold {data['threshold']}:", *columns_text(lines),
+        f"Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
+        f"{data['snapshot_date']}, whole {currency} cents, no hourly proration.",
+        "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to "
+        "the cent."])  # fmt: skip
+
+
+# --- command line --------------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    """The options given, as {option: value, or True for a flag}; every misuse raises PricingError."""
+    args, rest = {}, list(argv)
+    while rest:
+        argument = rest.pop(0)
+        option, equals, value = argument.partition("=") if argument.startswith("--") else (argument, "", "")
+        option = "--help" if option == "-h" else option
+        if option not in OPTIONS:
+            what = "unknown option" if argument.startswith("-") else "unexpected argument"
+            raise PricingError(f"{what} {argument!r}; see --help")
+        metavar = OPTIONS[option][0]
+        if option in args:
+            raise PricingError(f"{option} given twice")
+        if metavar is None and equals:
+            raise PricingError(f"{option} takes no value, got {value!r}")
+        if metavar and not equals:
+            if not rest or rest[0].startswith("--"):
+                raise PricingError(f"{option}: expected a value ({metavar})")
+            value = rest.pop(0)
+        if metavar in ("CSV", "FILE") and not value:
+            raise PricingError(f"{option}: expected a file name, got ''")
+        args[option] = value if metavar else True
+    return args
+
+
+def run(argv):
+    """Compute what the command line asks for; returns the text to print."""
+    args = parse_args(argv)
+    if "--help" in args:
+        lines = [f"  {f'{name} {meta}' if meta else name:24}{text}" for name, (meta, text) in OPTIONS.items()]
+        return "\n".join([USAGE, "", __doc__.split("\n\n")[0], "", "options:", *lines])
+    action = next((option for option in args if option in ALLOWED), None)
+    if action is None:
+        raise PricingError("one of --gpu, --list or --results is required; see --help")
+    for option in args:
+        if option not in ALLOWED[action]:
+            raise PricingError(f"{option}: not allowed with {action}")
+    days = args.get("--days")
+    if days is not None and days not in DURATIONS:
+        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
+    if action == "--gpu" and days is None:
+        raise PricingError("--days is required with --gpu (3, 7 or 30)")
+    catalog = load_catalog(args.get("--catalog"))
+    if action == "--list":
+        data = catalog_table(catalog, days and int(days))
+        text = format_catalog(data)
+    elif action == "--results":
+        path = args["--results"]
+        data = rental_table(read_bounded(path, repr(path)), repr(path), catalog, os.path.dirname(path))
+        text = format_rentals(data)
+    else:
+        data = price_package(catalog, args["--gpu"], days, args.get("--lots", 1), args.get("--accepted-results"))
+        text = format_package(data)
+    if "--json" in args:
+        import json
+
+        text = json.dumps(data, indent=2)
+    return text
+
+
+def say(message):
+    """One line on stderr, when there is a stderr to write to."""
+    try:
+        sys.stderr.write(f"{PROG}: {message}\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def drop_stdout():
+    """Point stdout at the null device, so that the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 def main(argv=None) -> int:
+    """Exit status: 0 done, 1 the output could not be written, 2 a refusal, 130 interrupted."""
     try:
-        args = build_parser().parse_args(argv)
-        days = None if args.days is None else duration_days(args.days)
-        if args.list and (args.lots is not None or args.accepted_results is not None):
-            raise PricingError("--lots and --accepted-results apply to --gpu, not to --list")
-        if args.gpu is not None and days is None:
-            raise PricingError("--days is required with --gpu (3, 7 or 30)")
-        catalog = load_catalog(args.catalog)
-        if args.list:
-            data = catalog_table(catalog, days)
-            text = format_catalog(data)
-        else:
-            lots = 1 if args.lots is None else args.lots
-            data = price_package(catalog, args.gpu, days, lots, args.accepted_results)
-            text = format_package(data)
-    except PricingError as error:
-        print(f"calcul_forfaits.py: error: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps(data, indent=2) if args.json else text)
-    return 0
+        try:
+            text = run(sys.argv[1:] if argv is None else argv)
+        except PricingError as error:
+            say(f"error: {error}")
+            return 2
+        if sys.stdout is None:
+            say("error: stdout is closed; nothing printed")
+            return 1
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader left (``| head``): say nothing, like other command-line tools
+            drop_stdout()
+            return 1
+        except (OSError, UnicodeError, ValueError) as error:
+            drop_stdout()
+            say(f"error: cannot write the output ({getattr(error, 'strerror', None) or type(error).__name__})")
+            return 1
+        return 0
+    except KeyboardInterrupt:
+        drop_stdout()
+        say("interrupted; nothing written")
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,279 @@
+"""calcul_forfaits.py --results: one price per rental, the cost per accepted result, every refusal.
+
+In-process through main(argv).  The measurement files here are placeholders: only their SHA-256
+matters to the calculator.
+"""
+
+import hashlib
+import json
+import shutil
+from fractions import Fraction
+
+import pytest
+
+import calcul_forfaits
+from conftest import ROOT, tree_digest
+
+DATA = ROOT / "tests" / "data" / "results"
+EXAMPLE = DATA / "resultats-exemple.csv"
+COLUMNS = calcul_forfaits.RESULTS_COLUMNS
+PRICES = {(t["gpu"], t["days"]): t["price_cents"] for t in calcul_forfaits.load_catalog()}
+
+
+def half_up_cents(fraction):
+    cents = (fraction * 100 + Fraction(1, 2)).__floor__()
+    return f"{cents // 100}.{cents % 100:02d}"
+
+
+def call(capsys, *args):
+    status = calcul_forfaits.main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def row(**values):
+    """One run's cells, defaults filled in (the measurement file must exist: see ``folder``)."""
+    cells = {
+        "run_id": "r1", "rental_id": "rent-1", "date_utc": "2026-10-05T09:00:00Z", "gpu": "h100-sxm", "days": "7",
+        "lots": "1", "device": "cuda:0", "gpu_name": "GPU", "driver_version": "1", "torch_version": "2.13.0",
+        "cuda_or_hip_build": "13.0", "measurement_file": "m.json", "measurement_sha256": M_SHA,
+        "units_submitted": "100", "units_accepted": "90", "quality_metric": "exact match", "threshold": "0.9",
+        "threshold_fixed_on": "2026-10-01", "wall_clock_hours": "2.5", "notes": "",
+    }  # fmt: skip
+    cells.update(values)
+    assert tuple(cells) == COLUMNS
+    return ",".join(cells.values())
+
+
+M_BYTES = b'{"placeholder": "not a measurement"}\n'
+M_SHA = hashlib.sha256(M_BYTES).hexdigest()
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "m.json").write_bytes(M_BYTES)
+    return tmp_path
+
+
+HEADER = ",".join(COLUMNS)
+
+
+def write(folder, *rows, header=HEADER):
+    path = folder / "runs.csv"
+    path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    return path
+
+
+# --- the table --------------------------------------------------------------------------------------
+
+
+def test_the_readme_example_matches_the_command_byte_for_byte(capsys, monkeypatch):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = "python calcul_forfaits.py --results tests/data/results/resultats-exemple.csv"
+    assert f"`{command}` prints:\n\n```text\n" in readme
+    shown = readme.split(f"`{command}` prints:\n\n```text\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(ROOT)
+    status, out, err = call(capsys, "--results", "tests/data/results/resultats-exemple.csv")
+    assert (status, err) == (0, "")
+    assert out == shown
+    section = readme.split("## 4. Relate quality and cost", 1)[1].split("\n## ", 1)[0]
+    assert section.rstrip().endswith("```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```")
+
+
+def test_the_example_file_gives_each_rental_once_cheapest_first(capsys):
+    status, out, err = call(capsys, "--results", EXAMPLE, "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    assert (data["quality_metric"], data["threshold"], data["currency"]) == ("exact match", "0.9", "USD")
+    assert data["snapshot_date"] == "2026-09-24"
+    runs = list(csv_rows(EXAMPLE))
+    expected = []
+    for rental_id in dict.fromkeys(r["rental_id"] for r in runs):
+        mine = [r for r in runs if r["rental_id"] == rental_id]
+        total = PRICES[(mine[0]["gpu"], int(mine[0]["days"]))] * int(mine[0]["lots"])
+        accepted = sum(int(r["units_accepted"]) for r in mine)
+        expected.append((Fraction(total, accepted), rental_id, total, len(mine), accepted))
+    expected.sort()
+    assert [r["rental_id"] for r in data["rentals"]] == [e[1] for e in expected]
+    for rental, (cost, _, total, count, accepted) in zip(data["rentals"], expected, strict=True):
+        assert rental["total_price_cents"] == total and rental["runs"] == count
+        assert rental["units_accepted"] == accepted
+        assert rental["cost_per_accepted_result_usd"] == half_up_cents(cost / 100)
+    assert any(rental["runs"] > 1 for rental in data["rentals"])  # the example shows a price counted once
+
+
+def csv_rows(path):
+    import csv
+
+    with open(path, encoding="utf-8", newline="") as stream:
+        yield from csv.DictReader(stream)
+
+
+def test_a_rental_with_several_runs_counts_its_price_once(folder, capsys):
+    path = write(
+        folder,
+        row(run_id="a", lots="2", units_accepted="90"),
+        row(run_id="b", lots="2", units_accepted="7"),
+        row(run_id="c", rental_id="rent-2", gpu="mi300x", units_accepted="1", units_submitted="1"),
+    )
+    status, out, err = call(capsys, "--results", path, "--json")
+    assert status == 0, err
+    first, second = json.loads(out)["rentals"]
+    h100 = PRICES[("h100-sxm", 7)] * 2
+    assert first == {
+        "rental_id": "rent-1", "gpu": "h100-sxm", "model": "NVIDIA H100 SXM", "memory_gb": 80, "days": 7, "lots": 2,
+        "gpus_per_lot": 1, "gpus": 2, "lot_price_cents": h100 // 2, "total_price_cents": h100, "currency": "USD",
+        "snapshot_date": "2026-09-24", "runs": 2, "run_ids": ["a", "b"], "units_submitted": 200,
+        "units_accepted": 97, "cost_per_accepted_result_usd": half_up_cents(Fraction(h100, 100 * 97)),
+    }  # fmt: skip
+    assert second["rental_id"] == "rent-2" and second["cost_per_accepted_result_usd"] == cents(PRICES[("mi300x", 7)])
+    status, text, _ = call(capsys, "--results", path)
+    assert status == 0
+    lines = text.splitlines()
+    assert lines[0] == "Rentals, cheapest accepted result first; quality metric exact match, threshold 0.9:"
+    assert lines[1].split() == ["rental_id", "gpu", "days", "lots", "GPUs", "total", "price", "runs", "submitted",
+                                "accepted", "per", "accepted", "result"]  # fmt: skip
+    assert lines[2].split() == ["rent-1", "h100-sxm", "7", "2", "2", cents(h100), "USD", "2", "200", "97",
+                                half_up_cents(Fraction(h100, 100 * 97)), "USD"]  # fmt: skip
+    assert lines[3].split()[0] == "rent-2" and len(lines) == 6
+
+
+def cents(value):
+    return f"{value // 100}.{value % 100:02d}"
+
+
+def test_no_accepted_unit_gives_null_and_sorts_last(folder, capsys):
+    path = write(folder, row(run_id="a", rental_id="zero", units_accepted="0"),
+                 row(run_id="b", rental_id="some", gpu="b300", days="30", units_accepted="1"))  # fmt: skip
+    status, out, _ = call(capsys, "--results", path, "--json")
+    rentals = json.loads(out)["rentals"]
+    assert status == 0 and [r["rental_id"] for r in rentals] == ["some", "zero"]
+    assert rentals[1]["cost_per_accepted_result_usd"] is None and rentals[1]["units_accepted"] == 0
+    assert "null when no unit was accepted" in json.loads(out)["cost_rounding"]
+    status, text, _ = call(capsys, "--results", path)
+    assert text.splitlines()[3].endswith("none accepted")
+
+
+def test_the_order_is_exact_when_two_costs_round_to_the_same_cent(folder, capsys):
+    price = PRICES[("h100-sxm", 7)]
+    # price/n and price/(n+1) round to the same cent once n is large enough; the larger n is cheaper
+    n = 10 * price
+    path = write(folder, row(run_id="a", rental_id="a-first", units_submitted=str(n), units_accepted=str(n)),
+                 row(run_id="b", rental_id="b-second", units_submitted=str(n + 1), units_accepted=str(n + 1)),
+                 row(run_id="c", rental_id="c-tie", units_submitted=str(n + 1), units_accepted=str(n + 1)))  # fmt: skip
+    status, out, _ = call(capsys, "--results", path, "--json")
+    rentals = json.loads(out)["rentals"]
+    assert status == 0
+    assert len({r["cost_per_accepted_result_usd"] for r in rentals}) == 1
+    assert [r["rental_id"] for r in rentals] == ["b-second", "c-tie", "a-first"]
+
+
+def test_quoted_notes_and_crlf_line_ends_are_read(folder, capsys):
+    path = write(folder, row(notes='"slow, then fine; said ""ok"""'))
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    status, out, err = call(capsys, "--results", path, "--json")
+    assert status == 0, err
+    assert json.loads(out)["rentals"][0]["run_ids"] == ["r1"]
+
+
+def test_the_measurement_path_is_relative_to_the_results_file(folder, capsys, monkeypatch):
+    (folder / "sub").mkdir()
+    shutil.move(folder / "m.json", folder / "sub" / "m.json")
+    write(folder, row(measurement_file="sub/m.json"))
+    monkeypatch.chdir(folder.parent)
+    status, _, err = call(capsys, "--results", f"{folder.name}/runs.csv")
+    assert status == 0, err
+
+
+def test_an_uppercase_sha256_and_gpu_slug_are_accepted(folder, capsys):
+    path = write(folder, row(measurement_sha256=M_SHA.upper(), gpu="H100-SXM"))
+    status, out, err = call(capsys, "--results", path, "--json")
+    assert status == 0, err
+    assert json.loads(out)["rentals"][0]["gpu"] == "h100-sxm"
+
+
+# --- refusals: one line naming the file, the line and the reason; nothing computed ---------------------
+
+REFUSALS = {
+    "bad header": (dict(header="run_id,date_utc"), [], "line 1: bad header"),
+    "old template header": (dict(header=",".join(c for c in COLUMNS if c != "rental_id")), [], "bad header"),
+    "duplicate run_id": ({}, [row(), row()], "line 3: duplicate run_id 'r1' (first on line 2)"),
+    "malformed date": ({}, [row(date_utc="2026-10-05 09:00")], "line 2: date_utc must be"),
+    "no such time": ({}, [row(date_utc="2026-10-05T24:00:00Z")], "line 2: date_utc"),
+    "no such day": ({}, [row(date_utc="2026-02-30T09:00:00Z")], "line 2: date_utc"),
+    "malformed fixed-on date": ({}, [row(threshold_fixed_on="20261001")], "line 2: threshold_fixed_on must be"),
+    "malformed number": ({}, [row(units_submitted="1e3")], "line 2: units_submitted must be a whole number"),
+    "negative units": ({}, [row(units_accepted="-1")], "line 2: units_accepted must be"),
+    "decimal hours with a comma": ({}, [row(wall_clock_hours='"2,5"')], "line 2: wall_clock_hours must be a number"),
+    "non-numeric threshold": ({}, [row(threshold="high")], "line 2: threshold must be a number"),
+    "malformed SHA-256": ({}, [row(measurement_sha256="abc")], "line 2: measurement_sha256 must be 64 hexadecimal"),
+    "unknown package": ({}, [row(gpu="h300")], "line 2: gpu: unknown GPU 'h300'; closest: h200"),
+    "a duration the catalog lacks": ({}, [row(days="5")], "line 2: days must be one of 3, 7, 30"),
+    "zero lots": ({}, [row(lots="0")], "line 2: lots must be a whole positive number"),
+    "a rental that changes gpu": ({}, [row(), row(run_id="r2", gpu="h200")], "line 3: rental 'rent-1' differs"),
+    "a rental that changes days": ({}, [row(), row(run_id="r2", days="30")], "from line 2"),
+    "a rental that changes lots": ({}, [row(), row(run_id="r2", lots="2")], "line 3: rental 'rent-1' differs"),
+    "too many accepted": ({}, [row(units_accepted="101")], "line 2: units_accepted 101 exceeds units_submitted 100"),
+    "fixed after the run": ({}, [row(threshold_fixed_on="2026-10-06")], "2: threshold_fixed_on 2026-10-06 is after"),
+    "another metric": ({}, [row(), row(run_id="r2", quality_metric="F1")], "line 3: quality_metric or threshold"),
+    "another threshold": ({}, [row(), row(run_id="r2", threshold="0.90")],
+                          "line 3: quality_metric or threshold differs from line 2's: a cost per accepted result "
+                          "compares packages under one protocol only"),
+    "missing measurement": ({}, [row(measurement_file="absent.json")], "'absent.json': cannot be read"),
+    "altered measurement": ({}, [row(measurement_sha256="0" * 64)], "'m.json': its SHA-256 differs"),
+    "absolute measurement path": ({}, [row(measurement_file="/etc/hostname")], "measurement_file must be a path"),
+    "measurement outside the folder": ({}, [row(measurement_file="../m.json")], "line 2: measurement_file must be"),
+    "backslash parent": ({}, [row(measurement_file="a\\..\\m.json")], "line 2: measurement_file must be"),
+    "measurement is a folder": ({}, [row(measurement_file=".")], "line 2: measurement_file '.': not a regular file"),
+    "empty rental_id": ({}, [row(rental_id="")], "line 2: rental_id must be a non-empty text"),
+    "control character in notes": ({}, [row(notes="a\x1b[31mred")], "line 2: notes holds a control"),
+    "tab in gpu_name": ({}, [row(gpu_name="A\tB")], "line 2: gpu_name holds a control"),
+    "a line break inside quotes": ({}, [row(notes='"two'), 'lines"'], "line 2: malformed CSV"),
+    "too few fields": ({}, [row()[: row().rindex(",")]], "line 2: expected 20 fields, found 19"),
+    "header only": ({}, [], "no run recorded yet"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSALS))
+def test_a_bad_results_file_is_refused_in_one_line(folder, capsys, kind):
+    options, rows, fragment = REFUSALS[kind]
+    path = write(folder, *rows, **options)
+    before = tree_digest(folder)
+    status, out, err = call(capsys, "--results", path)
+    assert (status, out) == (2, ""), err
+    assert len(err.splitlines()) == 1 and err.startswith(f"calcul_forfaits.py: error: {str(path)!r}: "), err
+    assert fragment in err and err.endswith("; nothing computed\n"), err
+    assert tree_digest(folder) == before
+
+
+def test_the_shipped_template_says_that_no_run_is_recorded(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    status, out, err = call(capsys, "--results", "resultats-bruts.csv")
+    assert (status, out) == (2, "")
+    assert err == (
+        "calcul_forfaits.py: error: 'resultats-bruts.csv': no run recorded yet (header only): add one row per real "
+        "run; nothing computed\n"
+    )
+
+
+def test_the_results_use_the_catalog_given(folder, capsys):
+    catalog = (ROOT / "tarifs-forfaits.csv").read_text(encoding="utf-8")
+    (folder / "prices.csv").write_text(catalog.replace("2026-09-24", "2026-12-01"), encoding="utf-8")
+    path = write(folder, row())
+    status, out, err = call(capsys, "--results", path, "--catalog", folder / "prices.csv", "--json")
+    assert status == 0, err
+    assert json.loads(out)["snapshot_date"] == "2026-12-01"
+
+
+def test_a_measurement_file_may_be_larger_than_a_table(folder, capsys):
+    big = b"{}" + b" " * calcul_forfaits.MAX_TABLE_BYTES
+    (folder / "big.json").write_bytes(big)
+    path = write(folder, row(measurement_file="big.json", measurement_sha256=hashlib.sha256(big).hexdigest()))
+    status, _, err = call(capsys, "--results", path)
+    assert (status, err) == (0, "")
+
+
+def test_a_threshold_fixed_on_the_day_of_the_run_is_before_it(folder, capsys):
+    path = write(folder, row(threshold_fixed_on="2026-10-05", date_utc="2026-10-05T00:00:00Z"))
+    status, _, err = call(capsys, "--results", path)
+    assert (status, err) == (0, "")

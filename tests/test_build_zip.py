@@ -50,6 +50,7 @@ def build(source, output, env=None):
     return run_script("tools/build_zip.py", *argv, env=env).returncode
 
 
+@pytest.mark.whole_kit
 def test_two_builds_and_another_time_zone_give_identical_bytes(source, tmp_path):
     first, second, elsewhere = tmp_path / "a.zip", tmp_path / "b.zip", tmp_path / "c.zip"
     assert build(source, first) == 0
@@ -59,6 +60,7 @@ def test_two_builds_and_another_time_zone_give_identical_bytes(source, tmp_path)
     assert first.read_bytes() == second.read_bytes() == elsewhere.read_bytes()
 
 
+@pytest.mark.whole_kit
 def test_nine_members_under_one_folder_dated_and_0644(source, tmp_path):
     output = tmp_path / "kit.zip"
     assert build(source, output) == 0
@@ -77,6 +79,7 @@ def test_nine_members_under_one_folder_dated_and_0644(source, tmp_path):
         assert info.external_attr >> 16 == 0o100644 and info.create_system == 3
 
 
+@pytest.mark.whole_kit
 def test_source_date_epoch_is_used_and_clamped(source, tmp_path, monkeypatch):
     for epoch, expected in (
         ("1700000000", (2023, 11, 14, 22, 13, 20)),
@@ -90,6 +93,7 @@ def test_source_date_epoch_is_used_and_clamped(source, tmp_path, monkeypatch):
             assert {info.date_time for info in archive.infolist()} == {expected}
 
 
+@pytest.mark.whole_kit
 def test_the_manifest_lists_every_member_and_itself_without_hash():
     manifest = json.loads((ROOT / "MANIFEST.json").read_text(encoding="utf-8"))
     assert manifest["name"] == "iteragpu-lab-v1"
@@ -122,6 +126,7 @@ def verify(folder):
     return subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, cwd=folder)
 
 
+@pytest.mark.whole_kit
 def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
     folder = extract(source, tmp_path)
     assert sorted(p.name for p in folder.iterdir()) == SHIPPED
@@ -134,6 +139,7 @@ def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
         assert alternative.returncode == 0 and alternative.stdout.count(": OK") == 8
 
 
+@pytest.mark.whole_kit
 def test_the_extracted_kit_works_as_a_new_user_would_use_it(source, tmp_path):
     folder = extract(source, tmp_path)
     package = subprocess.run([sys.executable, "calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"],
@@ -145,6 +151,7 @@ def test_the_extracted_kit_works_as_a_new_user_would_use_it(source, tmp_path):
     assert estimate.returncode == 0 and "17.04 GiB" in estimate.stdout
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("member", [name for name in SHIPPED if name != "MANIFEST.json"])
 def test_flipping_one_byte_of_any_member_fails_the_verification(source, tmp_path, member):
     folder = extract(source, tmp_path)
@@ -156,6 +163,7 @@ def test_flipping_one_byte_of_any_member_fails_the_verification(source, tmp_path
     assert completed.stdout == f"FAILED: {member}\n"
 
 
+@pytest.mark.whole_kit
 def test_a_missing_member_fails_the_verification(source, tmp_path):
     folder = extract(source, tmp_path)
     (folder / "LICENSE.txt").unlink()
@@ -183,6 +191,7 @@ REFUSALS = {
 }
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("kind", sorted(REFUSALS))
 def test_each_refusal_leaves_no_archive_and_the_manifest_unchanged(source, tmp_path, kind, capsys):
     corrupt, reason = REFUSALS[kind]
@@ -196,6 +205,7 @@ def test_each_refusal_leaves_no_archive_and_the_manifest_unchanged(source, tmp_p
     assert (source / "MANIFEST.json").read_bytes() == manifest_before
 
 
+@pytest.mark.whole_kit
 def test_check_passes_on_the_repository_and_catches_a_stale_manifest(source):
     assert run_script("tools/build_zip.py", "--check").returncode == 0
     assert run_script("tools/build_zip.py", "--check", "--source", source).returncode == 0

@@ -12,6 +12,7 @@ import mesure_memoire
 from conftest import ROOT, assert_one_line_refusal, run_script
 
 
+@pytest.mark.whole_kit
 def test_without_torch_it_reports_why_and_exits_0():
     completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", "--json", python_flags=("-S",))
     assert completed.returncode == 0, completed.stderr
@@ -54,6 +55,7 @@ def test_missing_device_is_a_usage_error():
     assert_one_line_refusal(run_script("mesure_memoire.py", "environment"), "--device")
 
 
+@pytest.mark.whole_kit
 def test_privacy_no_environment_variable_hostname_user_or_path_in_any_output(tmp_path):
     sentinel = "SENTINEL-7f3a9c-PRIVATE"
     env = dict(os.environ, ITERAGPU_PRIVATE_SENTINEL=sentinel, CUDA_VISIBLE_DEVICES=sentinel)

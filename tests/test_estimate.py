@@ -116,6 +116,7 @@ def test_refusal_from_the_command_line_has_no_traceback():
     assert_one_line_refusal(completed, "--parameters", "'abc'")
 
 
+@pytest.mark.whole_kit
 def test_runs_without_site_packages_and_never_imports_torch():
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import mesure_memoire as m; "
@@ -142,6 +143,7 @@ def _python310():
     return None
 
 
+@pytest.mark.whole_kit
 def test_python_3_10_gives_the_same_estimate():
     python310 = _python310()
     if python310 is None:

@@ -525,6 +525,7 @@ def imported_modules(*args, cwd):
     return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
 
 
+@pytest.mark.whole_kit
 def test_the_price_of_a_package_imports_nothing_a_bare_interpreter_has_not(tmp_path):
     """Start-up: argparse, re, json, decimal, csv, difflib... are imported only where they are used."""
     bare = imported_modules("-c", "pass", cwd=tmp_path)
@@ -551,6 +552,7 @@ def _interpreters():
     return found
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
 def test_every_python_gives_the_same_answers_without_site_packages(tmp_path, version):
     python = _interpreters().get(version)

@@ -443,6 +443,7 @@ def test_without_the_vendor_tool_every_field_is_null_with_its_reason(monkeypatch
     assert all(reason.startswith("could not start") for reason in vendor["field_errors"].values())
 
 
+@pytest.mark.whole_kit
 def test_the_kit_files_are_hashed_and_checked_against_the_manifest(tmp_path):
     import hashlib
 
@@ -592,6 +593,7 @@ def verdict_lines(out):
     return {line.split("  ")[0]: line for line in out.splitlines()}
 
 
+@pytest.mark.whole_kit
 def test_the_flow_passes_with_healthy_children_and_keeps_its_evidence(tmp_path, capsys, monkeypatch):
     seen = []
     status, out, err, folder = run_flow(tmp_path, capsys, monkeypatch, seen=seen, in_process=False)
@@ -619,6 +621,7 @@ def test_the_flow_passes_with_healthy_children_and_keeps_its_evidence(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence", "evidence.tar.gz"]
 
 
+@pytest.mark.whole_kit
 def test_the_flow_names_each_doctored_figure_in_its_verdict_line(tmp_path, capsys, monkeypatch):
     doctors = ("disagree", "nondeterministic", "nan", "far-checksum", "far-output", "slow-timer", "no-refusal",
                "unsupported=power.limit")  # fmt: skip
@@ -648,6 +651,7 @@ def test_the_flow_names_each_doctored_figure_in_its_verdict_line(tmp_path, capsy
     assert (tmp_path / "evidence.tar.gz").is_file()
 
 
+@pytest.mark.whole_kit
 def test_a_hanging_child_is_killed_and_the_summary_and_verdict_are_still_written(tmp_path, capsys, monkeypatch):
     def replace(kind, arguments):
         if "results/big-bfloat16-run2.json" in arguments:
@@ -742,6 +746,7 @@ def test_an_archive_that_cannot_be_written_is_one_line_and_the_folder_stays(tmp_
     assert (folder / "verdict.txt").is_file() and not (tmp_path / "evidence.tar.gz").exists()
 
 
+@pytest.mark.whole_kit
 def test_a_full_stdout_is_one_line_on_stderr_and_the_verdict_stays_in_its_file(tmp_path, capsys, monkeypatch):
     class FullStdout(io.StringIO):
         def write(self, text):

@@ -198,6 +198,7 @@ CASES = {
 # fmt: on
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_input_is_one_line_and_changes_nothing(case, source, tmp_path, monkeypatch, capsys):
     prepare, environment, status, fragment = CASES[case]
@@ -216,6 +217,7 @@ def test_hostile_input_is_one_line_and_changes_nothing(case, source, tmp_path, m
     assert tree_digest(tmp_path) == before
 
 
+@pytest.mark.whole_kit
 def test_the_default_archive_is_rebuilt_in_place(source, capsys):
     assert build_zip.main(["--source", str(source)]) == 0
     first = (source / "dist" / ARCHIVE).read_bytes()
@@ -227,6 +229,7 @@ def test_the_default_archive_is_rebuilt_in_place(source, capsys):
                                                     "2026-09-24 00:00:00"] * 3  # fmt: skip
 
 
+@pytest.mark.whole_kit
 def test_a_build_that_fails_leaves_the_stale_manifest_and_no_dist_folder(source, tmp_path, capsys):
     make_stale(source)
     _write(source / "resultats-bruts.csv", b"run_id\nr1\n")
@@ -236,6 +239,7 @@ def test_a_build_that_fails_leaves_the_stale_manifest_and_no_dist_folder(source,
     assert "header only" in capsys.readouterr().err
 
 
+@pytest.mark.whole_kit
 def test_a_successful_build_rewrites_a_stale_manifest(source, tmp_path):
     make_stale(source)
     assert build_zip.stale_members(source) == ["README.md"]
@@ -246,6 +250,7 @@ def test_a_successful_build_rewrites_a_stale_manifest(source, tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kit.zip", "repo"]
 
 
+@pytest.mark.whole_kit
 def test_without_hard_links_the_archive_is_still_created_new(source, tmp_path, monkeypatch, capsys):
     """os.link stands in for a file system without hard links (EPERM): an exclusive create takes over."""
 
@@ -261,6 +266,7 @@ def test_without_hard_links_the_archive_is_still_created_new(source, tmp_path, m
     assert "already exists" in capsys.readouterr().err
 
 
+@pytest.mark.whole_kit
 def test_a_manifest_that_cannot_be_renamed_takes_the_new_archive_back(source, tmp_path, monkeypatch, capsys):
     """os.replace stands in for a file system refusing the manifest's rename, after the archive's link."""
     make_stale(source)
@@ -304,6 +310,7 @@ def _interrupt(error):
         ("read_members", "SIGTERM", 143, "interrupted by SIGTERM: nothing written"),
     ],
 )
+@pytest.mark.whole_kit
 def test_an_interruption_before_the_renames_changes_nothing(source, tmp_path, monkeypatch, capsys, where, error,
                                                              status, message):  # fmt: skip
     make_stale(source)
@@ -316,6 +323,7 @@ def test_an_interruption_before_the_renames_changes_nothing(source, tmp_path, mo
     assert tree_digest(tmp_path) == before
 
 
+@pytest.mark.whole_kit
 def test_an_interruption_after_the_renames_says_the_files_are_whole(source, tmp_path, monkeypatch, capsys):
     make_stale(source)
     write_release = build_zip.write_release
@@ -331,6 +339,7 @@ def test_an_interruption_after_the_renames_says_the_files_are_whole(source, tmp_
     assert build_zip.stale_members(source) == [] and zipfile.is_zipfile(tmp_path / "kit.zip")
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("handler", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
 def test_main_leaves_the_sigterm_handler_as_it_found_it(source, capsys, handler):
     """An ignored SIGTERM (nohup, a parent's choice) stays ignored; a replaced one is restored."""
@@ -353,6 +362,7 @@ def test_main_leaves_the_sigterm_handler_as_it_found_it(source, capsys, handler)
     assert capsys.readouterr() == ("", "")
 
 
+@pytest.mark.whole_kit
 def test_a_failure_after_creating_dist_removes_it_again(source, tmp_path, capsys):
     make_stale(source)
     _write(source / "MANIFEST.json.partial", b"someone's")
@@ -435,6 +445,7 @@ raise SystemExit(build_zip.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_during_the_build_leaves_every_file_as_it_was(source, tmp_path, signal_number):
     make_stale(source)
@@ -462,6 +473,7 @@ def _build_with_stdout(tmp_path, source, stdout, preexec_fn=None):
                           text=True, timeout=60, preexec_fn=preexec_fn)  # fmt: skip
 
 
+@pytest.mark.whole_kit
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="this system has no /dev/full")
 def test_a_full_stdout_is_one_line_and_exit_1(source, tmp_path):
     with open("/dev/full", "w") as full:
@@ -472,6 +484,7 @@ def test_a_full_stdout_is_one_line_and_exit_1(source, tmp_path):
     assert zipfile.is_zipfile(tmp_path / "kit.zip")  # the build itself was complete
 
 
+@pytest.mark.whole_kit
 def test_a_closed_pipe_is_silent_and_exit_1(source, tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)
@@ -482,6 +495,7 @@ def test_a_closed_pipe_is_silent_and_exit_1(source, tmp_path):
     assert completed.returncode == 1 and completed.stderr == ""
 
 
+@pytest.mark.whole_kit
 def test_a_closed_stdout_is_one_line_and_exit_1(source, tmp_path):
     completed = _build_with_stdout(tmp_path, source, None, preexec_fn=lambda: os.close(1))
     assert completed.returncode == 1

@@ -151,6 +151,7 @@ BLOCKING = {  # a regression would block (FIFO) or read without end (/dev/zero):
 }  # fmt: skip
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("flags", [(), ("-S",)], ids=["site", "no-site"])
 @pytest.mark.parametrize("case", sorted(BLOCKING))
 def test_hostile_input_that_could_block(hostile, case, flags):
@@ -181,6 +182,7 @@ def test_a_closed_pipe_gives_no_traceback_and_a_failure_status(tmp_path, args):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.whole_kit
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="this system has no /dev/full")
 @pytest.mark.parametrize("flags", [(), ("-S",)], ids=["site", "no-site"])
 def test_a_full_stdout_gives_one_line(tmp_path, flags):
@@ -269,6 +271,7 @@ def test_ctrl_c_while_blocked_on_output_gives_one_line_and_status_130(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.whole_kit
 def test_a_refusal_without_site_packages_is_one_line(tmp_path):
     completed = subprocess.run([sys.executable, "-S", SCRIPT, "--list", "a\nb"], capture_output=True, text=True,
                                cwd=tmp_path, timeout=30)  # fmt: skip

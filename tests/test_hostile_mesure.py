@@ -458,6 +458,7 @@ def test_sigint_exits_130_in_one_line_and_leaves_no_file(tmp_path, function, arg
     assert tree_digest(tmp_path) == before
 
 
+@pytest.mark.whole_kit
 def test_without_site_packages_measure_refuses_in_one_line(tmp_path):
     completed = run(*MEASURE, "--output", "o.json", cwd=tmp_path, python_flags=("-S",))
     assert completed.returncode == 2

@@ -121,6 +121,7 @@ def test_print_code_refuses_a_corrupt_notebook_in_one_line(copy, capsys, case):
     assert tree_digest(copy) == before
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("case", ["not UTF-8", "a folder", "a FIFO", "huge"])
 def test_check_refuses_a_notebook_it_cannot_read(copy, capsys, case):
     make, fragment = NOTEBOOKS[case]
@@ -130,6 +131,7 @@ def test_check_refuses_a_notebook_it_cannot_read(copy, capsys, case):
     assert tree_digest(copy) == before
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("case", ["a folder", "a FIFO", "huge"])
 def test_building_over_an_unreadable_notebook_is_refused_and_changes_nothing(copy, capsys, case):
     make, fragment = NOTEBOOKS[case]
@@ -139,6 +141,7 @@ def test_building_over_an_unreadable_notebook_is_refused_and_changes_nothing(cop
     assert tree_digest(copy) == before
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("argv", [["--check"], []])
 def test_a_stale_or_missing_notebook_is_reported_or_rebuilt(copy, capsys, argv):
     (copy / "mesure-memoire.ipynb").unlink()
@@ -166,6 +169,7 @@ SCRIPTS = {
 }
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("argv", [[], ["--check"]])
 @pytest.mark.parametrize("case", SCRIPTS)
 def test_a_corrupt_script_is_refused_in_one_line(copy, capsys, case, argv):
@@ -180,6 +184,7 @@ def test_a_corrupt_script_is_refused_in_one_line(copy, capsys, case, argv):
 # --- writing the notebook -----------------------------------------------------------------------------
 
 
+@pytest.mark.whole_kit
 def test_an_unwritable_folder_leaves_the_notebook_as_it_was(copy, capsys, monkeypatch):
     (copy / "mesure-memoire.ipynb").write_text("{}", encoding="utf-8")
     before = tree_digest(copy)
@@ -193,6 +198,7 @@ def test_an_unwritable_folder_leaves_the_notebook_as_it_was(copy, capsys, monkey
     assert tree_digest(copy) == before
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("where", ["replace", "fsync"])
 def test_ctrl_c_while_writing_exits_130_and_leaves_no_partial_file(copy, capsys, monkeypatch, where):
     (copy / "mesure-memoire.ipynb").write_text("{}", encoding="utf-8")
@@ -228,6 +234,7 @@ class _Unwritable:
         raise self.error
 
 
+@pytest.mark.whole_kit
 @pytest.mark.parametrize("argv", [["--print-code"], [], ["--help"]])
 def test_a_full_stdout_is_one_line(copy, capsys, monkeypatch, argv):
     monkeypatch.setattr(sys, "stdout", _Unwritable(OSError(errno.ENOSPC, "No space left on device")))

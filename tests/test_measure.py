@@ -35,6 +35,7 @@ def test_no_gpu_is_refused_without_cpu_fallback(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.whole_kit
 def test_no_torch_is_refused(tmp_path):
     completed = run_script(
         "mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path, python_flags=("-S",)

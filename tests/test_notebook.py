@@ -68,6 +68,7 @@ def test_self_contained_no_companion_import_no_magic_no_exit():
                 assert module.group(1) in sys.stdlib_module_names or module.group(1) == "torch", line
 
 
+@pytest.mark.whole_kit
 def test_the_committed_notebook_is_generated_from_the_script(capsys):
     assert build_notebook.main(["--check"]) == 0, capsys.readouterr().err
     script = (ROOT / "mesure_memoire.py").read_text(encoding="utf-8")
@@ -84,6 +85,7 @@ def nonblank_lines(text):
     return [line for line in text.splitlines() if line.strip()]
 
 
+@pytest.mark.whole_kit
 def test_the_shared_cells_are_the_unnumbered_blocks_in_order():
     script = (ROOT / "mesure_memoire.py").read_text(encoding="utf-8")
     shared = [block for title, block in build_notebook.script_blocks(script) if not re.match(r"[0-9]+\. ", title)]
@@ -91,6 +93,7 @@ def test_the_shared_cells_are_the_unnumbered_blocks_in_order():
     assert nonblank_lines("\n".join(cells)) == nonblank_lines("\n".join(shared))
 
 
+@pytest.mark.whole_kit
 def test_each_step_is_its_markdown_then_its_code_then_the_cell_that_runs_it():
     script = (ROOT / "mesure_memoire.py").read_text(encoding="utf-8")
     titles = [title for title, _ in build_notebook.script_blocks(script) if re.match(r"[0-9]+\. ", title)]
@@ -132,6 +135,7 @@ def test_no_code_cell_is_longer_than_the_limit_and_the_long_blocks_are_split():
             assert re.match(r"(def |class |import |[A-Z_]+ = |@|# )", first), (cell["id"], first)
 
 
+@pytest.mark.whole_kit
 def test_headings_appear_once_and_code_cells_do_not_repeat_them():
     script = (ROOT / "mesure_memoire.py").read_text(encoding="utf-8")
     titles = [title for title, _ in build_notebook.script_blocks(script)]
@@ -158,6 +162,7 @@ def test_the_parameters_cell_alone_carries_the_papermill_tag():
     assert committed()["cells"][2]["metadata"] == {"tags": ["parameters"]}
 
 
+@pytest.mark.whole_kit
 def test_check_catches_a_script_change(tmp_path, monkeypatch, capsys):
     script = (ROOT / "mesure_memoire.py").read_text(encoding="utf-8")
     changed = script.replace("GIB_BYTES = 2**30", "GIB_BYTES = 10**9")
@@ -172,6 +177,7 @@ def test_check_catches_a_script_change(tmp_path, monkeypatch, capsys):
     )
 
 
+@pytest.mark.whole_kit
 def test_building_writes_only_when_the_notebook_changed(tmp_path, monkeypatch, capsys):
     target = tmp_path / "mesure-memoire.ipynb"
     monkeypatch.setattr(build_notebook, "NOTEBOOK", target)

@@ -121,6 +121,7 @@ def test_plan_text_comes_from_the_same_data(capsys):
     assert "1342346752 bytes = 1.25 GiB free" in text
 
 
+@pytest.mark.whole_kit
 def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
     completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", "--json", python_flags=("-S",), cwd=tmp_path)
     assert completed.returncode == 0 and completed.stderr == ""
@@ -159,6 +160,7 @@ def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.whole_kit
 def test_plan_refuses_a_bad_dimension_like_measure_from_the_command_line(tmp_path):
     completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--width", "0", "--plan", python_flags=("-S",),
                            cwd=tmp_path)  # fmt: skip

@@ -24,6 +24,8 @@ CURRENT = "{}.{}".format(*sys.version_info[:2])
 SHIPPED = ("README.md", "LICENSE.txt", "MANIFEST.json", "mesure_memoire.py", "mesure-memoire.ipynb",
            "calcul_forfaits.py", "tarifs-forfaits.csv", "protocole-qualite.md", "resultats-bruts.csv")  # fmt: skip
 
+pytestmark = pytest.mark.whole_kit  # the mutation pass deselects these (see pyproject.toml)
+
 
 @functools.cache
 def pyenv_roots():

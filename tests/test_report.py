@@ -414,6 +414,7 @@ def test_refusals_through_the_interpreter_exit_2_in_one_line(tmp_path):
     assert_one_line_refusal(completed, "'/dev/zero' is not a kit result: not a regular file")
 
 
+@pytest.mark.whole_kit
 def test_report_runs_with_the_standard_library_alone(tmp_path):
     completed = run_script("mesure_memoire.py", "report", str(DATA / "schema1.json"), python_flags=("-S", "-I"))
     assert completed.returncode == 0, completed.stderr

@@ -12,6 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Under the mutation pass (mutmut), the mutant is chosen per process; its name in the environment
+# would make every script run in a child process look for mutmut's configuration and fail.
+# Children then run the unmutated functions, as they would anyway (their module is __main__).
+os.environ.pop("MUTANT_UNDER_TEST", None)
 
 
 def run_script(script, *args, python_flags=(), cwd=None, env=None, python=sys.executable):

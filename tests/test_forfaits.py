@@ -238,6 +238,7 @@ CORRUPTIONS = {
     "duplicate row": (GOOD.replace(GOOD.split(b"\n")[2], GOOD.split(b"\n")[1]), "line 3",
                       f"duplicate row for {GPU_LINE_2}, 3 days (first on line 2)"),
     "missing row": (replace_line(3, b"").replace(b"\n\n", b"\n"), "", "has no row for 7 days"),
+    "missing rows": (GOOD.replace(b"\n".join(GOOD.split(b"\n")[2:4]) + b"\n", b""), "", "has no row for 7, 30 days"),
     "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24\n" % d for d in (3, 7, 30)), "", SIXTEEN),
     "decimal cents": (with_cell(2, "price_cents", b"9400.50"), "line 2", "price_cents"),
     "negative cents": (with_cell(2, "price_cents", b"-9400"), "line 2", "price_cents"),

@@ -104,6 +104,10 @@ def _environment_json(completed, version):
 
 
 ESTIMATE = ["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]
+PLAN = ["measure", "--device", "cuda:0", "--batch", "2", "--context", "128", "--width", "1024", "--dtype", "bfloat16",
+        "--warmup", "3", "--repeats", "5", "--plan"]  # fmt: skip
+RESULTS = str(ROOT / "tests" / "data" / "results" / "resultats-exemple.csv")
+REPORTED = [str(ROOT / "tests" / "data" / "report" / name) for name in ("schema1.json", "schema2.json")]
 # name: (script, arguments, what must be equal)
 CASES = {
     "estimate": ("mesure_memoire.py", ESTIMATE, _same),
@@ -111,6 +115,10 @@ CASES = {
     "estimate refusal": ("mesure_memoire.py", ["estimate", "--parameters", "12x", "--bits", "16"], _same),
     "environment": ("mesure_memoire.py", ["environment", "--device", "cuda:0"], _environment_text),
     "environment --json": ("mesure_memoire.py", ["environment", "--device", "cuda:0", "--json"], _environment_json),
+    "plan --json": ("mesure_memoire.py", [*PLAN, "--json"], _same),
+    "plan": ("mesure_memoire.py", PLAN, _same),
+    "report --json": ("mesure_memoire.py", ["report", *REPORTED, "--json"], _same),
+    "results --json": ("calcul_forfaits.py", ["--results", RESULTS, "--json"], _same),
     "package": ("calcul_forfaits.py", ["--gpu", "b200", "--days", "7"], _same),
     "package --json": ("calcul_forfaits.py", ["--gpu", "b200", "--days", "7", "--json"], _same),
     "catalog list": ("calcul_forfaits.py", ["--list"], _same),
@@ -138,6 +146,8 @@ def test_the_reference_outputs_are_real_results():
     """What the other interpreters are compared with is itself right, so equal outputs mean something."""
     assert reference("estimate").returncode == 0 and "17.04 GiB" in reference("estimate").stdout
     assert reference("estimate refusal").returncode == 2
+    for case in ("plan --json", "report --json", "results --json"):
+        assert reference(case).returncode == 0 and json.loads(reference(case).stdout), case
     assert reference("package").returncode == 0 and "182400 cents" in reference("package").stdout
     assert reference("catalog list").stdout.count("\n") > 45
     assert reference("archive check").returncode == 0 and reference("archive check").stderr == ""

@@ -238,14 +238,14 @@ class _Unwritable:
 @pytest.mark.parametrize("argv", [["--print-code"], [], ["--help"]])
 def test_a_full_stdout_is_one_line(copy, capsys, monkeypatch, argv):
     monkeypatch.setattr(sys, "stdout", _Unwritable(OSError(errno.ENOSPC, "No space left on device")))
-    assert build_notebook.main(argv) == 2
+    assert build_notebook.main(argv) == 1
     err = capsys.readouterr().err
     assert err == "build_notebook.py: error: cannot write to standard output (OSError)\n"
 
 
 def test_a_closed_stdout_is_one_line(copy, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdout", None)
-    assert build_notebook.main(["--print-code"]) == 2
+    assert build_notebook.main(["--print-code"]) == 1
     assert capsys.readouterr().err == "build_notebook.py: error: standard output is closed\n"
 
 
@@ -270,7 +270,7 @@ def test_print_code_into_dev_full_in_a_real_process(copy):
             [sys.executable, str(copy / "tools" / "build_notebook.py"), "--print-code"],
             stdout=full, stderr=subprocess.PIPE, text=True, cwd=copy, timeout=60,
         )  # fmt: skip
-    assert completed.returncode == 2
+    assert completed.returncode == 1
     assert completed.stderr == "build_notebook.py: error: cannot write to standard output (OSError)\n"
     assert tree_digest(copy) == before
 
@@ -280,7 +280,7 @@ def test_print_code_with_stdout_closed_in_a_real_process(copy):
         ["sh", "-c", f'"{sys.executable}" tools/build_notebook.py --print-code >&-'],
         capture_output=True, text=True, cwd=copy, timeout=60,
     )  # fmt: skip
-    assert completed.returncode == 2
+    assert completed.returncode == 1
     assert completed.stderr == "build_notebook.py: error: standard output is closed\n"
 
 

@@ -12,7 +12,8 @@ block (``1. ...``) is a step: its title becomes the step's heading, followed by 
 the block's code, then the cell that runs it; a block longer than MAX_CELL_LINES is split into
 several cells at top-level definitions.  The parameters cell carries the ``parameters`` tag
 (papermill).  Every code cell is saved without outputs and without an execution count.
-Refusals print one line and exit 2; Ctrl-C exits 130.  Standard library only.
+Refusals print one line and exit 2; an unwritable standard output, one line and 1 (a closed pipe, 1
+silently); Ctrl-C exits 130.  Standard library only.
 """
 
 import argparse
@@ -363,17 +364,21 @@ def write_atomically(path, text):
                 os.unlink(temporary)
 
 
+class _StdoutUnwritable(BuildError):
+    """Standard output is full or closed: one line, and status 1, as the kit's scripts give."""
+
+
 def write_stdout(text):
     stream = sys.stdout
     if stream is None:  # started with stdout closed
-        raise BuildError("standard output is closed")
+        raise _StdoutUnwritable("standard output is closed")
     try:
         stream.write(text)
         stream.flush()
     except BrokenPipeError:
         raise _StdoutGone from None
     except (OSError, ValueError) as error:
-        raise BuildError(f"cannot write to standard output ({type(error).__name__})") from None
+        raise _StdoutUnwritable(f"cannot write to standard output ({type(error).__name__})") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -424,7 +429,7 @@ def main(argv=None) -> int:
             return run(argv)
         except BuildError as error:
             print(f"{PROGRAM}: error: {_one_line(error)}", file=sys.stderr)
-            return 2
+            return 1 if isinstance(error, _StdoutUnwritable) else 2
         except _StdoutGone:
             return 1
     except KeyboardInterrupt:

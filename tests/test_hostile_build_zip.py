@@ -3,7 +3,6 @@ every file as it was.  Each build runs in a copy of the shipped files in tmp_pat
 never touched.  In-process through main(argv); a subprocess only for signals and a broken stdout."""
 
 import errno
-import importlib.util
 import json
 import os
 import shutil
@@ -15,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, tree_digest
+from conftest import ROOT, SHIPPED_ROOT, load_build_zip, tree_digest
 
-spec = importlib.util.spec_from_file_location("build_zip", ROOT / "tools" / "build_zip.py")
-build_zip = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(build_zip)
+build_zip = load_build_zip()
 
 ARCHIVE = "iteragpu-lab-v1.zip"
 
@@ -31,7 +28,7 @@ def source(tmp_path, monkeypatch):
     folder = tmp_path / "repo"
     folder.mkdir()
     for name in build_zip.MEMBERS:
-        shutil.copy(ROOT / name, folder / name)
+        shutil.copy(SHIPPED_ROOT / name, folder / name)
     return folder
 
 
@@ -198,7 +195,6 @@ CASES = {
 # fmt: on
 
 
-@pytest.mark.whole_kit
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_input_is_one_line_and_changes_nothing(case, source, tmp_path, monkeypatch, capsys):
     prepare, environment, status, fragment = CASES[case]
@@ -217,7 +213,6 @@ def test_hostile_input_is_one_line_and_changes_nothing(case, source, tmp_path, m
     assert tree_digest(tmp_path) == before
 
 
-@pytest.mark.whole_kit
 def test_the_default_archive_is_rebuilt_in_place(source, capsys):
     assert build_zip.main(["--source", str(source)]) == 0
     first = (source / "dist" / ARCHIVE).read_bytes()
@@ -229,7 +224,6 @@ def test_the_default_archive_is_rebuilt_in_place(source, capsys):
                                                     "2026-09-24 00:00:00"] * 3  # fmt: skip
 
 
-@pytest.mark.whole_kit
 def test_a_build_that_fails_leaves_the_stale_manifest_and_no_dist_folder(source, tmp_path, capsys):
     make_stale(source)
     _write(source / "resultats-bruts.csv", b"run_id\nr1\n")
@@ -239,7 +233,6 @@ def test_a_build_that_fails_leaves_the_stale_manifest_and_no_dist_folder(source,
     assert "header only" in capsys.readouterr().err
 
 
-@pytest.mark.whole_kit
 def test_a_successful_build_rewrites_a_stale_manifest(source, tmp_path):
     make_stale(source)
     assert build_zip.stale_members(source) == ["README.md"]
@@ -250,7 +243,6 @@ def test_a_successful_build_rewrites_a_stale_manifest(source, tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kit.zip", "repo"]
 
 
-@pytest.mark.whole_kit
 def test_without_hard_links_the_archive_is_still_created_new(source, tmp_path, monkeypatch, capsys):
     """os.link stands in for a file system without hard links (EPERM): an exclusive create takes over."""
 
@@ -266,7 +258,6 @@ def test_without_hard_links_the_archive_is_still_created_new(source, tmp_path, m
     assert "already exists" in capsys.readouterr().err
 
 
-@pytest.mark.whole_kit
 def test_a_manifest_that_cannot_be_renamed_takes_the_new_archive_back(source, tmp_path, monkeypatch, capsys):
     """os.replace stands in for a file system refusing the manifest's rename, after the archive's link."""
     make_stale(source)
@@ -310,7 +301,6 @@ def _interrupt(error):
         ("read_members", "SIGTERM", 143, "interrupted by SIGTERM: nothing written"),
     ],
 )
-@pytest.mark.whole_kit
 def test_an_interruption_before_the_renames_changes_nothing(source, tmp_path, monkeypatch, capsys, where, error,
                                                              status, message):  # fmt: skip
     make_stale(source)
@@ -323,7 +313,6 @@ def test_an_interruption_before_the_renames_changes_nothing(source, tmp_path, mo
     assert tree_digest(tmp_path) == before
 
 
-@pytest.mark.whole_kit
 def test_an_interruption_after_the_renames_says_the_files_are_whole(source, tmp_path, monkeypatch, capsys):
     make_stale(source)
     write_release = build_zip.write_release
@@ -339,7 +328,6 @@ def test_an_interruption_after_the_renames_says_the_files_are_whole(source, tmp_
     assert build_zip.stale_members(source) == [] and zipfile.is_zipfile(tmp_path / "kit.zip")
 
 
-@pytest.mark.whole_kit
 @pytest.mark.parametrize("handler", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
 def test_main_leaves_the_sigterm_handler_as_it_found_it(source, capsys, handler):
     """An ignored SIGTERM (nohup, a parent's choice) stays ignored; a replaced one is restored."""
@@ -362,7 +350,6 @@ def test_main_leaves_the_sigterm_handler_as_it_found_it(source, capsys, handler)
     assert capsys.readouterr() == ("", "")
 
 
-@pytest.mark.whole_kit
 def test_a_failure_after_creating_dist_removes_it_again(source, tmp_path, capsys):
     make_stale(source)
     _write(source / "MANIFEST.json.partial", b"someone's")

@@ -215,6 +215,7 @@ def test_each_refusal_leaves_no_archive_and_the_manifest_unchanged(source, tmp_p
     assert (source / "MANIFEST.json").read_bytes() == manifest_before
 
 
+@pytest.mark.whole_kit
 def test_check_passes_on_the_repository():
     assert run_script("tools/build_zip.py", "--check").returncode == 0
 

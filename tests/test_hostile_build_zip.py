@@ -859,3 +859,12 @@ def test_a_full_stdout_is_pointed_at_devnull_so_the_final_flush_cannot_fail(tmp_
     assert build_zip._report("done") == 1
     expected = "build_zip.py: error: cannot write to stdout (No space left on device): done\n"
     assert capsys.readouterr().err == expected * 2
+
+
+def test_check_reads_each_member_once(source, monkeypatch):
+    """--check judges the very bytes it validated: the members are read once, not again for the manifest."""
+    reads = []
+    read_members = build_zip.read_members
+    monkeypatch.setattr(build_zip, "read_members", lambda folder: reads.append(folder) or read_members(folder))
+    assert build_zip.main(["--source", str(source), "--check"]) == 0
+    assert reads == [source]

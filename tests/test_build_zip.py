@@ -1,23 +1,20 @@
 """tools/build_zip.py: a byte-reproducible nine-member archive, its manifest, its refusals."""
 
 import hashlib
-import importlib.util
 import json
-import os
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 import zlib
 
 import pytest
 
-from conftest import ROOT, run_script
+from conftest import ROOT, SHIPPED_ROOT, load_build_zip, run_script
 
-spec = importlib.util.spec_from_file_location("build_zip", ROOT / "tools" / "build_zip.py")
-build_zip = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(build_zip)
+build_zip = load_build_zip()
 
 SHIPPED = sorted(
     ["README.md", "LICENSE.txt", "MANIFEST.json", "mesure_memoire.py", "mesure-memoire.ipynb", "calcul_forfaits.py",
@@ -38,29 +35,30 @@ def source(tmp_path):
     folder = tmp_path / "source"
     folder.mkdir()
     for name in SHIPPED:
-        shutil.copy(ROOT / name, folder / name)
+        shutil.copy(SHIPPED_ROOT / name, folder / name)
     return folder
 
 
-def build(source, output, env=None):
-    """Build in-process through main(argv), returning the exit status; with ``env``, in a new process."""
-    argv = ["--source", str(source), "--output", str(output)]
-    if env is None:
-        return build_zip.main(argv)
-    return run_script("tools/build_zip.py", *argv, env=env).returncode
+def build(source, output):
+    """Build in-process through main(argv), returning the exit status."""
+    return build_zip.main(["--source", str(source), "--output", str(output)])
 
 
-@pytest.mark.whole_kit
-def test_two_builds_and_another_time_zone_give_identical_bytes(source, tmp_path):
+def test_two_builds_and_another_time_zone_give_identical_bytes(source, tmp_path, monkeypatch):
     first, second, elsewhere = tmp_path / "a.zip", tmp_path / "b.zip", tmp_path / "c.zip"
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
     assert build(source, first) == 0
     assert build(source, second) == 0
-    env = {key: value for key, value in os.environ.items() if key != "SOURCE_DATE_EPOCH"}
-    assert build(source, elsewhere, env={**env, "TZ": "Pacific/Kiritimati"}) == 0
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")  # UTC+14: a local date would be another day
+    time.tzset()
+    try:
+        assert build(source, elsewhere) == 0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
     assert first.read_bytes() == second.read_bytes() == elsewhere.read_bytes()
 
 
-@pytest.mark.whole_kit
 def test_nine_members_under_one_folder_dated_and_0644(source, tmp_path):
     output = tmp_path / "kit.zip"
     assert build(source, output) == 0
@@ -79,7 +77,6 @@ def test_nine_members_under_one_folder_dated_and_0644(source, tmp_path):
         assert info.external_attr >> 16 == 0o100644 and info.create_system == 3
 
 
-@pytest.mark.whole_kit
 def test_source_date_epoch_is_used_and_clamped(source, tmp_path, monkeypatch):
     for epoch, expected in (
         ("1700000000", (2023, 11, 14, 22, 13, 20)),
@@ -93,20 +90,19 @@ def test_source_date_epoch_is_used_and_clamped(source, tmp_path, monkeypatch):
             assert {info.date_time for info in archive.infolist()} == {expected}
 
 
-@pytest.mark.whole_kit
 def test_the_manifest_lists_every_member_and_itself_without_hash():
-    manifest = json.loads((ROOT / "MANIFEST.json").read_text(encoding="utf-8"))
+    manifest = json.loads((SHIPPED_ROOT / "MANIFEST.json").read_text(encoding="utf-8"))
     assert manifest["name"] == "iteragpu-lab-v1"
     assert [entry["path"] for entry in manifest["members"]] == SHIPPED
     for entry in manifest["members"]:
         if entry["path"] == "MANIFEST.json":
             assert entry["bytes"] is None and entry["sha256"] is None
         else:
-            data = (ROOT / entry["path"]).read_bytes()
+            data = (SHIPPED_ROOT / entry["path"]).read_bytes()
             assert entry["bytes"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
-    assert (ROOT / "MANIFEST.json").read_text(encoding="utf-8").endswith("}\n")
-    assert (ROOT / "MANIFEST.json").read_text(encoding="utf-8").startswith('{\n  "name": "iteragpu-lab-v1",\n')
-    assert build_zip.manifest_text(build_zip.read_members(ROOT)) == (ROOT / "MANIFEST.json").read_text(encoding="utf-8")
+    text = (SHIPPED_ROOT / "MANIFEST.json").read_text(encoding="utf-8")
+    assert text.endswith("}\n") and text.startswith('{\n  "name": "iteragpu-lab-v1",\n')
+    assert build_zip.manifest_text(build_zip.read_members(SHIPPED_ROOT)) == text
 
 
 def extract(source, tmp_path):
@@ -176,22 +172,33 @@ def _corrupt_notebook(folder):
     (folder / "mesure-memoire.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
 
 
+ERROR = "build_zip.py: error: "
+# kind: (corrupt(folder), the start of the one stderr line)
 REFUSALS = {
     "missing member": (lambda f: (f / "protocole-qualite.md").unlink(), "missing member(s): protocole-qualite.md\n"),
     "missing members": (
         lambda f: ((f / "README.md").unlink(), (f / "LICENSE.txt").unlink()),
-        "build_zip.py: error: missing member(s): LICENSE.txt, README.md\n",
+        "missing member(s): LICENSE.txt, README.md\n",
     ),
-    "notebook outputs": (_corrupt_notebook, "saved outputs or execution counts in: parameters\n"),
-    "filled template": (lambda f: (f / "resultats-bruts.csv").open("a").write("r1,2026-10-01\n"), "header only"),
+    "notebook outputs": (
+        _corrupt_notebook,
+        "mesure-memoire.ipynb has saved outputs or execution counts in: parameters\n",
+    ),
+    "filled template": (
+        lambda f: (f / "resultats-bruts.csv").open("a").write("r1,2026-10-01\n"),
+        "resultats-bruts.csv must hold its header only, found 2 lines\n",
+    ),
+    "empty template": (
+        lambda f: (f / "resultats-bruts.csv").write_bytes(b""),
+        "resultats-bruts.csv must hold its header only, found 0 lines\n",
+    ),
     "bad catalog": (
         lambda f: (f / "tarifs-forfaits.csv").write_text("gpu\n"),
-        "tarifs-forfaits.csv fails validation: tarifs-forfaits.csv:",
+        "tarifs-forfaits.csv fails validation: tarifs-forfaits.csv: line 1: bad header",
     ),
 }
 
 
-@pytest.mark.whole_kit
 @pytest.mark.parametrize("kind", sorted(REFUSALS))
 def test_each_refusal_leaves_no_archive_and_the_manifest_unchanged(source, tmp_path, kind, capsys):
     corrupt, reason = REFUSALS[kind]
@@ -199,21 +206,25 @@ def test_each_refusal_leaves_no_archive_and_the_manifest_unchanged(source, tmp_p
     manifest_before = (source / "MANIFEST.json").read_bytes()
     output = tmp_path / "kit.zip"
     assert build(source, output) == 2
-    stderr = capsys.readouterr().err
-    assert len(stderr.splitlines()) == 1 and reason in stderr
-    assert not output.exists() and not output.with_name("kit.zip.partial").exists()
+    captured = capsys.readouterr()
+    assert len(captured.err.splitlines()) == 1 and captured.err.startswith(ERROR + reason) and captured.out == ""
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["source"]
     assert (source / "MANIFEST.json").read_bytes() == manifest_before
 
 
 @pytest.mark.whole_kit
-def test_check_passes_on_the_repository_and_catches_a_stale_manifest(source):
+def test_check_passes_on_the_repository():
     assert run_script("tools/build_zip.py", "--check").returncode == 0
-    assert run_script("tools/build_zip.py", "--check", "--source", source).returncode == 0
+
+
+def test_check_passes_on_the_kit_and_catches_a_stale_manifest(source, capsys):
+    assert build_zip.main(["--check", "--source", str(source)]) == 0
+    assert capsys.readouterr() == ("", "")
     (source / "README.md").write_text(README + "\nOne more line.\n", encoding="utf-8")
-    completed = run_script("tools/build_zip.py", "--check", "--source", source)
-    assert completed.returncode == 1
-    assert "MANIFEST.json is stale for README.md" in completed.stderr
+    assert build_zip.main(["--check", "--source", str(source)]) == 1
+    expected = "build_zip.py: MANIFEST.json is stale for README.md: run python tools/build_zip.py\n"
+    assert capsys.readouterr() == ("", expected)
     assert build_zip.stale_members(source) == ["README.md"]
     (source / "LICENSE.txt").unlink()
-    missing = run_script("tools/build_zip.py", "--check", "--source", source)
-    assert missing.returncode == 2 and missing.stderr == "build_zip.py: error: missing member(s): LICENSE.txt\n"
+    assert build_zip.main(["--check", "--source", str(source)]) == 2
+    assert capsys.readouterr() == ("", "build_zip.py: error: missing member(s): LICENSE.txt\n")

@@ -89,8 +89,10 @@ def member_timestamp(epoch=None):
     # int() would also take " 12", "+12", "1_000" and non-ASCII digits such as Arabic-Indic ones.
     if not (epoch.isascii() and epoch.isdigit()):
         raise BuildError(f"SOURCE_DATE_EPOCH must be whole seconds in ASCII digits, got {epoch!r}")
-    # Twelve digits already pass 2107; the length test keeps int() away from huge strings.
-    seconds = ZIP_LAST_SECONDS if len(epoch) > 12 else min(max(int(epoch), ZIP_EPOCH_SECONDS), ZIP_LAST_SECONDS)
+    # Twelve digits already pass 2107; the length test keeps int() away from huge strings.  Leading zeros
+    # do not count: "0000000000001" is 1980, not a far future.
+    digits = epoch.lstrip("0") or "0"
+    seconds = ZIP_LAST_SECONDS if len(digits) > 12 else min(max(int(digits), ZIP_EPOCH_SECONDS), ZIP_LAST_SECONDS)
     return time.gmtime(seconds)[:6]
 
 

@@ -679,11 +679,15 @@ def test_guarded_stdout_passes_through_and_tells_failures_apart():
 
 
 def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypatch, capsys):
+    real_stdout = sys.__stdout__
     with open(tmp_path / "out.txt", "w") as stream:
-        monkeypatch.setattr(sys, "__stdout__", stream)
-        failure = mm._StdoutFailed(OSError(errno.ENOSPC, "No space left on device"))
-        assert mm._stdout_failed(failure, stream) == 1
-        assert os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
+        sys.__stdout__ = stream  # restored before the file closes: the test runner writes there between tests
+        try:
+            failure = mm._StdoutFailed(OSError(errno.ENOSPC, "No space left on device"))
+            code = mm._stdout_failed(failure, stream)
+        finally:
+            sys.__stdout__ = real_stdout
+        assert code == 1 and os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
     assert capsys.readouterr().err == (
         "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
     )

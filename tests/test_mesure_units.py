@@ -711,3 +711,127 @@ def test_main_restores_stdout_and_returns_each_status(capsys, monkeypatch):
     assert mm.main(["estimate", "--parameters", "1", "--bits", "1"]) == 3
     assert capsys.readouterr().err == "mesure_memoire.py: error: out of memory\n"
     assert sys.stdout is stdout
+
+
+# --- report: what a result must hold, and the rows -------------------------------------------------------------
+
+REPORT_DATA = os.path.join(os.path.dirname(__file__), "data", "report")
+
+
+def _schema2():
+    with open(os.path.join(REPORT_DATA, "schema2.json"), encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda r: r["synthetic_model"].pop("parameters"), "its configuration or parameter count is not one"),
+        (lambda r: r["configuration"].update(context=0), "its configuration or parameter count is not one"),
+        (lambda r: r.update(synthetic_model=None), "configuration, synthetic_model or environment is missing"),
+        (lambda r: r.update(configuration=[]), "configuration, synthetic_model or environment is missing"),
+        (lambda r: r["environment"].update(hip_build=7), "its environment's GPU name, PyTorch or build is not text"),
+        (lambda r: r["phases"].append(5), "a phase line is missing its name, time or peak counters"),
+        (lambda r: r.update(phases={}), "a phase line is missing its name, time or peak counters"),
+        (lambda r: r["phases"][0].pop("nanoseconds"), "a phase line is missing its name, time or peak counters"),
+        (lambda r: r["phases"][0].update(peak_allocated_bytes=-1), "a phase line is missing its name"),
+        (lambda r: r.update(output_summary=None), "schema 2 needs output_summary.all_finite, true or false"),
+        (lambda r: r["prediction_check"].update(agrees=1), "schema 2 needs prediction_check.agrees, true or false"),
+        (
+            lambda r: r.update(phases=[p for p in r["phases"] if p["phase"] != "cold_forward"]),
+            "it needs one cold_forward line",
+        ),
+    ],
+)
+def test_checked_result_refuses_each_missing_part_by_name(change, why):
+    result = _schema2()
+    change(result)
+    message = refusal(mm._checked_result, "r.json", result)
+    assert message.startswith("report: 'r.json' is not a kit result: " + why), message
+
+
+def test_a_result_without_gpu_details_is_read_with_none():
+    result = _schema2()
+    result["environment"]["gpu"] = None
+    result["environment"]["torch"] = None
+    row = mm.report_rows([("r.json", result)])[0]
+    assert (row["gpu"], row["torch"], row["cuda_build"]) == (None, None, "13.0")
+    text = mm.format_report({"results": [row], "derived_figures": "d", "flop_convention": "f"})
+    assert text.splitlines()[1].split()[:2] == ["r.json", "none"]
+    assert mm.report_rows([]) == []
+
+
+def test_device_times_must_be_finite_numbers_and_not_booleans():
+    result = _schema2()
+    warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
+    for phase, value in zip(warm, (1, 2, 4), strict=True):
+        phase["device_ms"] = value  # ints are numbers too
+    assert mm.report_rows([("r", result)])[0]["warm_median_device_ms"] == Decimal("2.0")
+    for bad in (True, "1", float("inf")):
+        warm[0]["device_ms"] = bad
+        assert mm.report_rows([("r", result)])[0]["warm_median_device_ms"] is None, bad
+
+
+def test_read_result_file_opens_without_blocking(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.json").write_text("{}")
+    flags, real_open = [], os.open
+    monkeypatch.setattr(os, "open", lambda path, flag, *rest: flags.append(flag) or real_open(path, flag, *rest))
+    assert mm.read_result_file("ok.json") == {}
+    assert flags == [os.O_RDONLY | os.O_NONBLOCK]  # a FIFO cannot hang the open
+    os.mkfifo("pipe")
+    writer = real_open("pipe", os.O_RDWR)  # a writer is there: even a blocking open would return
+    try:
+        assert refusal(mm.read_result_file, "pipe") == "report: 'pipe' is not a kit result: not a regular file"
+    finally:
+        os.close(writer)
+
+
+def test_a_stdout_that_fails_only_on_flush_is_one_line_and_exit_1(capsys, monkeypatch):
+    written = []
+
+    class FullOnFlush:
+        def write(self, text):
+            written.append(text)
+            return len(text)
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    for argv in (["estimate", "--parameters", "1", "--bits", "1"], ["--help"]):
+        monkeypatch.setattr(sys, "stdout", FullOnFlush())
+        written.clear()
+        assert mm.main(argv) == 1
+        assert written and capsys.readouterr().err == (
+            "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
+        )
+
+
+def test_ctrl_c_is_one_exact_line_and_status_130(capsys, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mm, "estimate_weights", interrupted)
+    assert mm.main(["estimate", "--parameters", "1", "--bits", "1"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n"
+    assert captured.out == ""
+
+
+def test_stdout_failed_survives_a_closed_interpreter_stdout(tmp_path, capsys):
+    real_stdout = sys.__stdout__
+    stream = open(tmp_path / "closed.txt", "w")  # noqa: SIM115 -- closed on purpose below
+    stream.close()
+    sys.__stdout__ = stream
+    try:
+        code = mm._stdout_failed(mm._StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), stream)
+    finally:
+        sys.__stdout__ = real_stdout
+    assert code == 1 and capsys.readouterr().err == ""
+
+
+def test_measure_to_file_adds_no_warning_field_when_none_was_raised(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mm, "PYTORCH_WARNINGS", [])
+    monkeypatch.setattr(mm, "measure", lambda config, tool: {"environment": {"field_errors": {}}})
+    assert mm.measure_to_file({}, "r.json", tool="t") == {"environment": {"field_errors": {}}}

@@ -12,6 +12,7 @@ import os
 import sys
 import warnings
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 
@@ -96,7 +97,7 @@ def test_non_negative_decimal_message_and_value():
     assert str(mm.non_negative_decimal("--r", "9" * 30 + "." + "9" * 30)) == "9" * 30 + "." + "9" * 30
     assert mm.non_negative_decimal("--r", "0." + "0" * 29 + "1") == Decimal("1E-30")
     assert str(mm.non_negative_decimal("--r", "5")) == "5.0" and str(mm.non_negative_decimal("--r", ".5")) == "0.5"
-    for value in ("9" * 31, "9" * 31 + ".5", "0." + "0" * 30 + "1", b"1", [1]):
+    for value in ("9" * 31, "9" * 31 + ".5", "0." + "0" * 30 + "1", b"1", [1], Fraction(1), True):
         assert refusal(mm.non_negative_decimal, "--r", value).startswith(message), value
 
 
@@ -501,6 +502,8 @@ def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
         " column 3)"
     )
     assert refusal(mm.read_result_file, "no.json") == "report: 'no.json' does not exist"
+    (tmp_path / "latin.json").write_bytes(b'{"a": "\xe9"}')
+    assert refusal(mm.read_result_file, "latin.json") == "report: 'latin.json' is not a kit result: not UTF-8 text"
 
     def unreadable(handle, size):
         raise OSError(errno.EIO, "I/O error")

@@ -246,6 +246,7 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "_BlasBackend.Cublaslt")
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
+    recorded_indices.properties.gcnArchName = "gfx90a"  # kept only from a ROCm build
     environment = mesure_memoire.collect_environment("cuda:1")
     assert set(environment["python"]) == {"version", "implementation"}
     assert set(environment["os"]) == {"name", "release", "machine"}
@@ -907,3 +908,40 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
     for key in ("cuda_matmul_allow_tf32", "cudnn_allow_tf32", "cuda_matmul_allow_fp16_reduced_precision_reduction",
                 "cuda_matmul_allow_bf16_reduced_precision_reduction"):  # fmt: skip
         assert environment["settings"][key] is None
+
+
+class StandInOutOfMemory(Exception):
+    """A stand-in for PyTorch's out-of-memory error class, whose message does not say "out of memory"."""
+
+
+@pytest.mark.parametrize("where", ["torch.cuda", "torch", "neither"])
+def test_the_out_of_memory_class_is_looked_up_where_pytorch_keeps_it(stand_in_gpu, monkeypatch, where):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    error = StandInOutOfMemory("allocation refused") if where != "neither" else MemoryError("allocation refused")
+    if where == "torch.cuda":
+        monkeypatch.setattr(torch.cuda, "OutOfMemoryError", StandInOutOfMemory, raising=False)
+    else:
+        monkeypatch.delattr(torch.cuda, "OutOfMemoryError", raising=False)
+    if where == "torch":
+        monkeypatch.setattr(torch, "OutOfMemoryError", StandInOutOfMemory)
+    elif where == "neither":
+        monkeypatch.delattr(torch, "OutOfMemoryError")
+
+    def measure_phases(*args):
+        raise mesure_memoire.PhaseFailed("inputs", error)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
+    with pytest.raises(mesure_memoire.MeasurementFailed) as failure:
+        mesure_memoire.measure(config(), tool="t")
+    assert str(failure.value).startswith("out of memory in phase inputs (batch 1, context 16, width 64, dtype float32)")
+
+
+def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: GIB)
+    # 8 * 8192**2 + 5 * 8192 parameters, built in float32 first: 2147647488 bytes.
+    assert str(measure_refusal(config(width=8192))) == (
+        "building the model on the CPU needs 2.00 GiB, more than this machine's 1.00 GiB of RAM: shrink --width"
+    )

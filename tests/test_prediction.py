@@ -293,3 +293,68 @@ def test_a_result_from_the_real_measure_code_passes_the_validators_checker(stand
     assert len(rows) > 20 and [row for row in rows if not row[2]] == []
     result["phases"][1]["peak_requested_bytes"] += 512
     assert [row[1] for row in gpu_validation.check_result(result, requested=settings) if not row[2]]
+
+
+def test_a_disagreement_names_its_repetition_and_the_closest_bound():
+    records, plan = hand_made_records(
+        config(), extra={4: {"end_requested_bytes": -4}, 5: {"peak_allocated_bytes": 512}}
+    )
+    _, check, _ = mesure_memoire.check_prediction(records, plan)
+    base = {"phase": "warm_forward", "relative_to": "the phase's baseline"}
+    assert check["disagreements"] == [
+        {**base, "repetition": 1, "counter": "end_requested_bytes", "predicted_bytes": 4096, "measured_bytes": 4092,
+         "difference_bytes": -4},
+        {**base, "repetition": 2, "counter": "peak_allocated_bytes", "predicted_bytes": 32768, "measured_bytes": 33280,
+         "difference_bytes": 512},
+    ]  # fmt: skip
+    # Below its lower bound, the first forward's end is compared with the output it must hold.
+    records, plan = hand_made_records(config(), extra={2: {"end_allocated_bytes": -512}})
+    disagreement = mesure_memoire.check_prediction(records, plan)[1]["disagreements"][0]
+    assert (disagreement["counter"], disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (
+        "end_allocated_bytes", 4096, -512
+    )  # fmt: skip
+
+
+def test_above_a_large_block_s_slack_the_closest_bound_is_the_upper_one():
+    settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks: 2 MiB of slack
+    records, plan = hand_made_records(settings, extra={0: {"end_allocated_bytes": 2 * 2**20 + 512}})
+    records[0]["peak_allocated_bytes"] = records[0]["end_allocated_bytes"] - 2 * 2**20 - 512
+    (disagreement,) = mesure_memoire.check_prediction(records, plan)[1]["disagreements"]
+    expected = plan["phases"][0]["end_allocated_bytes"]
+    assert (disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (expected + 2 * 2**20, 512)
+
+
+def test_the_first_forward_s_peaks_are_checked_with_the_measured_workspace():
+    workspace = 8 * 2**20 + 128 * 2**10
+    records, plan = hand_made_records(config(), workspace=workspace, extra={2: {"peak_requested_bytes": -4}})
+    (disagreement,) = mesure_memoire.check_prediction(records, plan)[1]["disagreements"]
+    assert (disagreement["counter"], disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (
+        "peak_requested_bytes", 32768 + workspace, -4
+    )  # fmt: skip
+    # A 2 MiB output (one large block, 1 MiB of slack): the peak may sit up to that slack below.
+    settings = config(batch=4, context=128, width=1024)
+    slack = mesure_memoire.predict_memory(settings)["phases"][2]["end_allocated_slack_bytes"]
+    assert slack == 2**20
+    for change, agrees in ((-slack, True), (-slack - 512, False)):
+        records, plan = hand_made_records(settings, workspace=workspace, extra={2: {"peak_allocated_bytes": change}})
+        check = mesure_memoire.check_prediction(records, plan)[1]
+        assert check["agrees"] is agrees, change
+        if not agrees:
+            assert check["disagreements"][0]["difference_bytes"] == -512
+
+
+def test_without_requested_counters_the_allocated_ones_are_still_checked():
+    records, plan = hand_made_records(config(), extra={1: {"end_allocated_bytes": 512}})
+    for record in records:
+        record["baseline_requested_bytes"] = record["end_requested_bytes"] = record["peak_requested_bytes"] = None
+    checked, check, _ = mesure_memoire.check_prediction(records, plan)
+    assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
+    assert checked[1]["verdict"] == "disagrees" and check["not_checked"] == [
+        "model_load", "cold_forward", "warmup x1", "warm_forward #1", "warm_forward #2"
+    ]  # fmt: skip
+
+
+def test_records_and_prediction_must_have_the_same_phases():
+    records, plan = hand_made_records(config())
+    with pytest.raises(ValueError):
+        mesure_memoire.check_prediction(records[:-1], plan)

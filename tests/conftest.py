@@ -68,6 +68,23 @@ def tree_digest(root):
     return digest
 
 
+class UnwritableStdout:
+    """A stand-in for a standard output whose writes fail (a full disk, a closed pipe, a closed
+    file: the error given); it has no file descriptor, so nothing real is touched."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def write(self, text):
+        raise self.error
+
+    def flush(self):
+        raise self.error
+
+    def fileno(self):
+        raise ValueError("no file descriptor")
+
+
 @pytest.fixture
 def stand_in_gpu(monkeypatch):
     """A stand-in for a visible CUDA GPU, because no GPU can be had here.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SHIPPED_ROOT, load_build_zip, tree_digest
+from conftest import ROOT, SHIPPED_ROOT, UnwritableStdout, load_build_zip, tree_digest
 
 build_zip = load_build_zip()
 
@@ -374,28 +374,12 @@ def test_one_line_escapes_control_characters_only():
     assert build_zip.one_line("a\\b\nc\x1bé") == "a\\b\\nc\\x1bé"
 
 
-class _Unwritable:
-    """Stands in for a stdout whose writes fail (a full disk, a closed pipe); it has no file descriptor."""
-
-    def __init__(self, error):
-        self.error = error
-
-    def write(self, text):
-        raise self.error
-
-    def flush(self):
-        raise self.error
-
-    def fileno(self):
-        raise ValueError("no file descriptor")
-
-
 @pytest.mark.parametrize(
     ("stdout", "expected_err"),
     [
-        (_Unwritable(OSError(errno.ENOSPC, "No space left on device")),
+        (UnwritableStdout(OSError(errno.ENOSPC, "No space left on device")),
          "build_zip.py: error: cannot write to stdout (No space left on device): done\n"),
-        (_Unwritable(BrokenPipeError(errno.EPIPE, "Broken pipe")), ""),
+        (UnwritableStdout(BrokenPipeError(errno.EPIPE, "Broken pipe")), ""),
         (None, "build_zip.py: error: stdout is closed: done\n"),
     ],
     ids=["full", "broken pipe", "closed"],

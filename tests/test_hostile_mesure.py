@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import mesure_memoire
-from conftest import ROOT, RecordingCudaStandIn, tree_digest
+from conftest import ROOT, RecordingCudaStandIn, UnwritableStdout, tree_digest
 
 SCRIPT = str(ROOT / "mesure_memoire.py")
 MINE = b'{"mine": true}\n'
@@ -305,17 +305,6 @@ def test_ctrl_c_in_estimate_and_environment_exits_130(folder, capsys, monkeypatc
 # --- a standard output that cannot be written (in-process) ----------------------------------------
 
 
-class BrokenStdout:
-    def __init__(self, error):
-        self.error = error
-
-    def write(self, text):
-        raise self.error
-
-    def flush(self):
-        raise self.error
-
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -329,10 +318,10 @@ class BrokenStdout:
 @pytest.mark.parametrize(
     ("stdout", "message"),
     [
-        (BrokenStdout(OSError(errno.ENOSPC, "No space left on device")), "No space left on device"),
-        (BrokenStdout(ValueError("I/O operation on closed file.")), "closed file"),
+        (UnwritableStdout(OSError(errno.ENOSPC, "No space left on device")), "No space left on device"),
+        (UnwritableStdout(ValueError("I/O operation on closed file.")), "closed file"),
         (None, "standard output is closed"),
-        (BrokenStdout(BrokenPipeError(errno.EPIPE, "Broken pipe")), None),
+        (UnwritableStdout(BrokenPipeError(errno.EPIPE, "Broken pipe")), None),
     ],
 )
 def test_an_unwritable_stdout_is_one_line_or_none_and_exit_1(folder, capsys, monkeypatch, argv, stdout, message):

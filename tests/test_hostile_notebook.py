@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, tree_digest
+from conftest import ROOT, UnwritableStdout, tree_digest
 
 spec = importlib.util.spec_from_file_location("build_notebook_hostile", ROOT / "tools" / "build_notebook.py")
 build_notebook = importlib.util.module_from_spec(spec)
@@ -223,21 +223,10 @@ def test_ctrl_c_while_reading_exits_130(copy, capsys, monkeypatch):
 # --- standard output ----------------------------------------------------------------------------------
 
 
-class _Unwritable:
-    def __init__(self, error):
-        self.error = error
-
-    def write(self, text):
-        raise self.error
-
-    def flush(self):
-        raise self.error
-
-
 @pytest.mark.whole_kit
 @pytest.mark.parametrize("argv", [["--print-code"], [], ["--help"]])
 def test_a_full_stdout_is_one_line(copy, capsys, monkeypatch, argv):
-    monkeypatch.setattr(sys, "stdout", _Unwritable(OSError(errno.ENOSPC, "No space left on device")))
+    monkeypatch.setattr(sys, "stdout", UnwritableStdout(OSError(errno.ENOSPC, "No space left on device")))
     assert build_notebook.main(argv) == 1
     err = capsys.readouterr().err
     assert err == "build_notebook.py: error: cannot write to standard output (OSError)\n"
@@ -250,7 +239,7 @@ def test_a_closed_stdout_is_one_line(copy, capsys, monkeypatch):
 
 
 def test_a_closed_pipe_stops_quietly(copy, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "stdout", _Unwritable(BrokenPipeError(errno.EPIPE, "Broken pipe")))
+    monkeypatch.setattr(sys, "stdout", UnwritableStdout(BrokenPipeError(errno.EPIPE, "Broken pipe")))
     assert build_notebook.main(["--print-code"]) == 1
     assert capsys.readouterr().err == ""
 

@@ -10,6 +10,7 @@ import shutil
 from fractions import Fraction
 
 import pytest
+from test_forfaits import call, half_up_cents
 
 import calcul_forfaits
 from conftest import ROOT, tree_digest
@@ -18,17 +19,6 @@ DATA = ROOT / "tests" / "data" / "results"
 EXAMPLE = DATA / "resultats-exemple.csv"
 COLUMNS = calcul_forfaits.RESULTS_COLUMNS
 PRICES = {(t["gpu"], t["days"]): t["price_cents"] for t in calcul_forfaits.load_catalog()}
-
-
-def half_up_cents(fraction):
-    cents = (fraction * 100 + Fraction(1, 2)).__floor__()
-    return f"{cents // 100}.{cents % 100:02d}"
-
-
-def call(capsys, *args):
-    status = calcul_forfaits.main([str(arg) for arg in args])
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 def row(**values):

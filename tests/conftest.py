@@ -4,6 +4,7 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -21,6 +22,13 @@ os.environ.pop("MUTANT_UNDER_TEST", None)
 # (bigger than a member may be, importing mutmut, unlike MANIFEST.json); the files as shipped are in the
 # folder above it.  Tests that build or check the release from the kit's own files read them there.
 SHIPPED_ROOT = ROOT.parent if ROOT.name == "mutants" and (ROOT.parent / "MANIFEST.json").is_file() else ROOT
+
+
+def sigint_as_from_a_terminal():
+    """``preexec_fn`` for a child that is sent a real SIGINT.  A shell starts its background jobs
+    with SIGINT ignored and Python keeps an ignored SIGINT, so a suite run with ``&`` (or by a
+    tool started so) would see the child ignore it; a user's Ctrl-C reaches a foreground one."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def load_build_zip():

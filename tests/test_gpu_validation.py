@@ -22,7 +22,7 @@ import time
 import pytest
 
 import mesure_memoire
-from conftest import ROOT, tree_digest
+from conftest import ROOT, sigint_as_from_a_terminal, tree_digest
 
 DATA = ROOT / "tests" / "data" / "gpu_validation"
 FAKE_CHILD = DATA / "fake_child.py"
@@ -712,7 +712,7 @@ g.command_for = lambda kind, arguments: ([sys.executable, "-c", "import time; ti
 raise SystemExit(g.main(["--device", "cuda:0", "--output-dir", "evidence"]))
 """
     process = subprocess.Popen([sys.executable, "-c", wrapper], cwd=tmp_path, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
     deadline = time.monotonic() + 20
     while not (tmp_path / "evidence").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SHIPPED_ROOT, UnwritableStdout, load_build_zip, tree_digest
+from conftest import ROOT, SHIPPED_ROOT, UnwritableStdout, load_build_zip, sigint_as_from_a_terminal, tree_digest
 
 build_zip = load_build_zip()
 
@@ -422,10 +422,9 @@ def test_source_date_epoch_accepts_ascii_digits_and_clamps_huge_values():
 
 # Subprocesses: a signal, and a stdout that cannot be written, need a real process.
 PAUSE_AFTER_FIRST_TEMPORARY = """\
-import signal, sys, time
+import sys, time
 sys.path.insert(0, {tools!r})
 import build_zip
-signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
 create_temporary = build_zip.create_temporary
 def pausing(*args):
     temporary = create_temporary(*args)
@@ -445,7 +444,7 @@ def test_a_signal_during_the_build_leaves_every_file_as_it_was(source, tmp_path,
     code = PAUSE_AFTER_FIRST_TEMPORARY.format(tools=str(ROOT / "tools"))
     process = subprocess.Popen([sys.executable, "-c", code, "--source", str(source), "--output",
                                 str(tmp_path / "kit.zip")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)  # fmt: skip
+                               text=True, preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
     try:
         assert process.stdout.readline() == "partial written\n"
         assert (tmp_path / "kit.zip.partial").exists()

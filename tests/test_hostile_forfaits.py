@@ -17,7 +17,7 @@ import time
 import pytest
 
 import calcul_forfaits
-from conftest import ROOT, tree_digest
+from conftest import ROOT, sigint_as_from_a_terminal, tree_digest
 
 SCRIPT = str(ROOT / "calcul_forfaits.py")
 CATALOG = (ROOT / "tarifs-forfaits.csv").read_bytes()
@@ -253,7 +253,8 @@ def test_ctrl_c_while_blocked_on_output_gives_one_line_and_status_130(tmp_path):
     except BlockingIOError:
         pass
     fcntl.fcntl(writer, fcntl.F_SETFL, 0)
-    child = subprocess.Popen([sys.executable, SCRIPT, "--list"], stdout=writer, stderr=subprocess.PIPE, cwd=tmp_path)
+    child = subprocess.Popen([sys.executable, SCRIPT, "--list"], stdout=writer, stderr=subprocess.PIPE, cwd=tmp_path,
+                             preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
     os.close(writer)
     try:
         deadline = time.monotonic() + 20

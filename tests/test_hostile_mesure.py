@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import mesure_memoire
-from conftest import ROOT, RecordingCudaStandIn, UnwritableStdout, tree_digest
+from conftest import ROOT, RecordingCudaStandIn, UnwritableStdout, sigint_as_from_a_terminal, tree_digest
 
 SCRIPT = str(ROOT / "mesure_memoire.py")
 MINE = b'{"mine": true}\n'
@@ -438,7 +438,7 @@ def test_sigint_exits_130_in_one_line_and_leaves_no_file(tmp_path, function, arg
     read_end, write_end = os.pipe()
     process = subprocess.Popen(
         [sys.executable, "-c", HOOKED.format(function=function), str(ROOT), str(write_end), *args],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,),
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,), preexec_fn=sigint_as_from_a_terminal,
     )  # fmt: skip
     os.close(write_end)
     try:

@@ -18,11 +18,9 @@ The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim
 ``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.
 """
 
-import argparse  # noqa: I001 -- the command line only; the notebook block below is kept apart
-import sys
+import sys  # noqa: I001 -- the command line only; the notebook block below is kept apart
 
-# >>> notebook: Imports (standard library only; PyTorch is imported lazily)
-import json
+# >>> notebook: Imports (standard library only; PyTorch and json are imported where used: start-up time)
 import math
 import os
 import re
@@ -1090,6 +1088,7 @@ def to_json(data):
     """Serialize a result as indented JSON.  An exact Decimal becomes a number rounded half-up to
     exactly 6 decimals and written with its own digits (through a float, 10**21 would print as
     1e+21); everything else is what json.dumps writes."""
+    import json
 
     def encode(value, indent):
         if isinstance(value, Decimal) and value.is_finite():
@@ -1260,6 +1259,7 @@ def read_result_file(path):
 
     FIFOs, devices and folders are refused without being read (opened non-blocking, then checked).
     """
+    import json
     import stat  # only this reader needs it
 
     # Non-blocking, so that a FIFO cannot hang the open; binary, so that Windows translates nothing.
@@ -1515,26 +1515,13 @@ def format_report(data):
 # <<< notebook
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors become one line (KitError) instead of usage text and exit."""
-
-    def error(self, message):
-        raise KitError(one_line(message))
-
-    def parse_args(self, args=None, namespace=None):
-        namespace, extras = self.parse_known_args(args, namespace)
-        if extras:  # shown with repr, unlike argparse's own message: a value may hold a newline
-            raise KitError("unrecognized arguments: " + " ".join(shown(extra) for extra in extras))
-        return namespace
-
-
 class _StdoutFailed(Exception):
     """Standard output could not be written: a closed pipe, a full disk, a closed descriptor."""
 
 
 class _GuardedStdout:
     """sys.stdout while a command runs: a failed write raises _StdoutFailed, so that main tells
-    it apart from the command's own errors (print() and argparse's help write here too)."""
+    it apart from the command's own errors (print() writes the results and the help here)."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -1587,101 +1574,153 @@ def _stdout_failed(failure, stream):
 
 def _emit(args, data, formatter):
     # The JSON and the text come from the same data.
-    sys.stdout.write(to_json(data) if args.json else formatter(data) + "\n")
+    sys.stdout.write(to_json(data) if args["--json"] else formatter(data) + "\n")
 
 
 def _command_estimate(args):
-    _emit(args, estimate_weights(args.parameters, args.bits, args.reserve_gib), format_estimate)
+    _emit(args, estimate_weights(args["--parameters"], args["--bits"], args["--reserve-gib"]), format_estimate)
 
 
 def _command_environment(args):
-    _emit(args, collect_environment(args.device), format_environment)
+    _emit(args, collect_environment(args["--device"]), format_environment)
 
 
 def _command_measure(args):
-    config = measure_config(
-        args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed
-    )
-    if args.plan:
-        if args.output is not None:
+    config = measure_config(*(args[option] for option in MEASURE_CONFIG_OPTIONS))
+    if args["--plan"]:
+        if args["--output"] is not None:
             raise KitError("--plan writes nothing: drop --output")
         _emit(args, predict_memory(config), format_plan)
         return
-    if args.json:
+    if args["--json"]:
         raise KitError("--json goes with --plan; measure writes its JSON to --output")
-    if args.output is None:
+    output = args["--output"]
+    if output is None:
         raise KitError("--output: a new file name is required (or --plan, which measures nothing and writes nothing)")
-    result = measure_to_file(config, args.output, tool="mesure_memoire.py")
+    result = measure_to_file(config, output, tool="mesure_memoire.py")
     warning = result["configuration"]["fresh_process_warning"]
     if warning:
         _say(warning, prefix="warning: ")
     print(format_phase_table(result))
     # As typed, however long (the user needs the whole name); repr only when it would break the line.
-    print(f"Result written to {args.output if args.output.isprintable() else repr(args.output)}")
+    print(f"Result written to {output if output.isprintable() else repr(output)}")
 
 
 def _command_report(args):
-    _emit(args, report(args.files), format_report)
+    _emit(args, report(args["FILE"]), format_report)
 
 
-def build_parser():
-    parser = _Parser(prog="mesure_memoire.py", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+# The command line, table-driven: argparse alone would take about a third of ``estimate``'s start-up.
+# {command: (help, handler, {option: (metavar, default, help)})}: a metavar of None makes a flag (default
+# False); REQUIRED, an option without default; an entry without dashes, one or more positional arguments.
+REQUIRED = "required"
+JSON_HELP = "print one JSON object instead of text"
+COMMANDS = {
+    "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, {
+        "--parameters": ("N", REQUIRED, "number of parameters, a positive integer"),
+        "--bits": ("N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
+        "--reserve-gib": ("GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
+        "--json": (None, False, JSON_HELP),
+    }),
+    "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, {
+        "--device": ("cuda:N", REQUIRED, "the GPU to inspect"),
+        "--json": (None, False, JSON_HELP),
+    }),
+    "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, {
+        "--device": ("cuda:N", REQUIRED, "the GPU to measure"),
+        "--output": ("FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
+        "--batch": ("N", "1", "batch size (default 1)"),
+        "--context": ("N", "16", "positions per input row (default 16)"),
+        "--width": ("N", "64", "model width; the hidden layer is 4x (default 64)"),
+        "--dtype": ("NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
+        "--warmup": ("N", "1", "warm-up passes, 0 or more (default 1)"),
+        "--repeats": ("N", "2", "measured warm passes, 1 or more (default 2)"),
+        "--seed": ("N", "0", "seed of the weights and inputs (default 0)"),
+        "--plan": (None, False, "print the predicted memory per phase from arithmetic alone: no PyTorch, no GPU, "
+                                "writes nothing"),
+        "--json": (None, False, "with --plan: print one JSON object"),
+    }),
+    "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, {
+        "FILE": ("FILE", REQUIRED, "measure result files, in the order to show"),
+        "--json": (None, False, JSON_HELP),
+    }),
+}  # fmt: skip
+MEASURE_CONFIG_OPTIONS = ("--device", "--batch", "--context", "--width", "--dtype", "--warmup", "--repeats", "--seed")
+HELP_OPTIONS = ("-h", "--help")
 
-    estimate = commands.add_parser("estimate", help="weight memory from a parameter count, no GPU")
-    estimate.add_argument("--parameters", required=True, help="number of parameters, a positive integer")
-    estimate.add_argument("--bits", required=True, help="storage width per parameter in bits (4, 8, 16, 32 ...)")
-    estimate.add_argument(
-        "--reserve-gib", default="0", help="extra GiB you assume on top of the weights (a hypothesis; default 0)"
-    )
-    estimate.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    estimate.set_defaults(func=_command_estimate)
 
-    environment = commands.add_parser("environment", help="diagnose Python, PyTorch and the chosen GPU")
-    environment.add_argument("--device", required=True, help="the GPU to inspect, written cuda:N")
-    environment.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    environment.set_defaults(func=_command_environment)
+def parse_args(argv):
+    """``(command, {option: value})`` from the arguments, every option present (defaults filled in);
+    ``(command or None, {"--help": True})`` when help is asked.  Any misuse raises KitError.
 
-    measure_parser = commands.add_parser("measure", help="measure the synthetic MLP phase by phase on a GPU")
-    measure_parser.add_argument("--device", required=True, help="the GPU to measure, written cuda:N")
-    measure_parser.add_argument(
-        "--output", help="new JSON file for the result (never overwritten); required unless --plan"
-    )
-    measure_parser.add_argument("--batch", default="1", help="batch size (default 1)")
-    measure_parser.add_argument("--context", default="16", help="positions per input row (default 16)")
-    measure_parser.add_argument("--width", default="64", help="model width; the hidden layer is 4x (default 64)")
-    measure_parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16 (default float32)")
-    measure_parser.add_argument("--warmup", default="1", help="warm-up passes, 0 or more (default 1)")
-    measure_parser.add_argument("--repeats", default="2", help="measured warm passes, 1 or more (default 2)")
-    measure_parser.add_argument("--seed", default="0", help="seed of the weights and inputs (default 0)")
-    measure_parser.add_argument(
-        "--plan",
-        action="store_true",
-        help="print the predicted memory per phase from arithmetic alone: no PyTorch, no GPU, writes nothing",
-    )
-    measure_parser.add_argument("--json", action="store_true", help="with --plan: print one JSON object")
-    measure_parser.set_defaults(func=_command_measure)
+    An option's value follows it or its ``=``; it may begin with one dash (a negative number is
+    then refused by its own check), not two.  No abbreviations: one spelling per option."""
+    if not argv:
+        raise KitError(f"a command is required: {', '.join(COMMANDS)} (see --help)")
+    command, rest = argv[0], list(argv[1:])
+    if command in HELP_OPTIONS:
+        return None, {"--help": True}
+    if command not in COMMANDS:
+        raise KitError(f"unknown command {shown(command)}: expected {', '.join(COMMANDS)} (see --help)")
+    table = COMMANDS[command][2]
+    positional = next((name for name in table if not name.startswith("-")), None)
+    values = {}
+    while rest:
+        argument = rest.pop(0)
+        if positional and (argument == "--" or not argument.startswith("-")):
+            # "--" ends the options, so that a file name may begin with a dash
+            values.setdefault(positional, []).extend(rest if argument == "--" else [argument])
+            rest = [] if argument == "--" else rest
+            continue
+        option, equals, value = argument.partition("=") if argument.startswith("--") else (argument, "", "")
+        if option in HELP_OPTIONS:
+            return command, {"--help": True}
+        if option not in table or option == positional:
+            what = "unknown option" if argument.startswith("-") else "unexpected argument"
+            raise KitError(f"{what} {shown(argument)} for {command} (see {command} --help)")
+        if option in values:
+            raise KitError(f"{option} given twice")
+        metavar = table[option][0]
+        if metavar is None and equals:
+            raise KitError(f"{option} takes no value, got {shown(value)}")
+        if metavar and not equals:
+            if not rest or rest[0].startswith("--"):
+                raise KitError(f"{option}: expected a value ({metavar})")
+            value = rest.pop(0)
+        values[option] = value if metavar else True
+    missing = [name for name, (_, default, _) in table.items() if default == REQUIRED and name not in values]
+    if missing:
+        raise KitError(f"{command} needs {', '.join(missing)} (see {command} --help)")
+    return command, {name: values.get(name, default) for name, (_, default, _) in table.items()}
 
-    report_parser = commands.add_parser(
-        "report", help="compare result files side by side, one row each; reads them, writes nothing"
-    )
-    report_parser.add_argument("files", nargs="+", metavar="FILE", help="measure result files, in the order to show")
-    report_parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    report_parser.set_defaults(func=_command_report)
-    return parser
+
+def help_text(command=None):
+    """The help of one command, or of the script (``command`` None)."""
+    if command is None:
+        lines = [f"  {name:13}{summary}" for name, (summary, _, _) in COMMANDS.items()]
+        return "\n".join([f"usage: mesure_memoire.py COMMAND [OPTION ...]   ({' | '.join(COMMANDS)})", "",
+                          __doc__.split("\n\n")[0], "", "commands:", *lines, "",
+                          "mesure_memoire.py COMMAND --help prints a command's options."])  # fmt: skip
+    summary, _, table = COMMANDS[command]
+    usage, lines = [], []
+    for name, (metavar, default, text) in table.items():
+        spelled = metavar + " ..." if name == metavar else f"{name} {metavar}" if metavar else name
+        usage.append(spelled if default == REQUIRED else f"[{spelled}]")
+        lines.append(f"  {spelled:22}{text}")
+    lines.append(f"  {'-h, --help':22}print this help and exit")
+    return "\n".join([f"usage: mesure_memoire.py {command} {' '.join(usage)}", "", summary, "", "options:", *lines])
 
 
 def main(argv=None) -> int:
     """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
-    130: interrupted).  --help raises SystemExit, as argparse does."""
+    130: interrupted)."""
     stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
     try:
-        try:
-            args = build_parser().parse_args(argv)
-            args.func(args)
-        except SystemExit:  # --help: what argparse printed must reach stdout too
-            sys.stdout.flush()
-            raise
+        command, args = parse_args(sys.argv[1:] if argv is None else list(argv))
+        if "--help" in args:
+            print(help_text(command))
+        else:
+            COMMANDS[command][1](args)
         sys.stdout.flush()
     except KitError as error:
         _say(error)

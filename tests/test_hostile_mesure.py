@@ -71,7 +71,7 @@ REFUSALS = [
     (["estimate", "--parameters", "１", "--bits", "16"], "--parameters", "'１'"),
     (["estimate", "--parameters", "+4", "--bits", "16"], "--parameters", "'+4'"),
     (["estimate", "--parameters", "9" * 100_000, "--bits", "16"], "--parameters", "(100000 characters)"),
-    (["estimate", "--parameters", "1", "--bits", "16", "x\ny"], "unrecognized arguments: 'x\\ny'", ""),
+    (["estimate", "--parameters", "1", "--bits", "16", "x\ny"], "unexpected argument 'x\\ny' for estimate", ""),
     (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1_000"], "--reserve-gib", "'1_000'"),
     (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "٤"], "--reserve-gib", "'٤'"),
     (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", " +4 "], "--reserve-gib", "' +4 '"),
@@ -86,15 +86,15 @@ REFUSALS = [
     (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "Infinity"], "--reserve-gib", ""),
     (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1" * 31], "--reserve-gib", "30 digits"),
     (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "0." + "1" * 31], "--reserve-gib", ""),
-    (["estimate", "--par=1\n", "--bits", "3"], "--parameters", "'1\\n'"),
+    (["estimate", "--par=1\n", "--bits", "3"], "unknown option '--par=1\\n'", "for estimate (see estimate --help)"),
     (["estimate", "--json=yes\n", "--parameters", "1", "--bits", "3"], "--json", "yes\\n"),
-    (["estimate"], "required", "--parameters"),
-    ([], "required", ""),
-    (["bad\ncmd"], "invalid choice", "'bad\\ncmd'"),
+    (["estimate"], "estimate needs --parameters, --bits", "(see estimate --help)"),
+    ([], "a command is required", "estimate, environment, measure, report"),
+    (["bad\ncmd"], "unknown command 'bad\\ncmd'", ""),
     # environment
     (["environment", "--device", "cuda:0\n"], "--device", "'cuda:0\\n'"),
     (["environment", "--device", "cuda:٠"], "--device", "'cuda:٠'"),
-    (["environment", "--device", "cuda:0", "extra\n"], "unrecognized arguments: 'extra\\n'", ""),
+    (["environment", "--device", "cuda:0", "extra\n"], "unexpected argument 'extra\\n'", ""),
     # measure: options, refused before any GPU work
     ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "--seed", "18446744073709551615"),
     ([*MEASURE, "--output", "o.json", "--seed", "-1"], "--seed", "'-1'"),
@@ -438,7 +438,8 @@ def test_sigint_exits_130_in_one_line_and_leaves_no_file(tmp_path, function, arg
     read_end, write_end = os.pipe()
     process = subprocess.Popen(
         [sys.executable, "-c", HOOKED.format(function=function), str(ROOT), str(write_end), *args],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,), preexec_fn=sigint_as_from_a_terminal,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,),
+        preexec_fn=sigint_as_from_a_terminal,
     )  # fmt: skip
     os.close(write_end)
     try:

@@ -546,75 +546,125 @@ def test_cells_show_none_and_escape_unprintable_text():
 
 def test_usage_errors_are_one_line(capsys):
     assert mm.main(["estimate", "--parameters", "1", "--bits", "1", "a\nb", "c"]) == 2
-    assert capsys.readouterr().err == "mesure_memoire.py: error: unrecognized arguments: 'a\\nb' 'c'\n"
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: unexpected argument 'a\\nb' for estimate (see estimate --help)\n"
+    )
     assert mm.main(["nope\n"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("mesure_memoire.py: error: argument COMMAND: invalid choice: ") and err.count("\n") == 1
-    with pytest.raises(mm.KitError) as caught:
-        mm._Parser(prog="p").error("bad\nthing")
-    assert str(caught.value) == "bad\\nthing"
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: unknown command 'nope\\n': expected estimate, environment, measure, report "
+        "(see --help)\n"
+    )
 
 
-def test_parser_options_defaults_and_help():
-    parser = mm.build_parser()
-    assert parser.prog == "mesure_memoire.py"
-    assert parser.description == mm.__doc__.split("\n\n")[0]
-    commands = next(action for action in parser._actions if action.dest == "command")
-    assert commands.required and commands.metavar == "COMMAND"
-    options = {}
-    for name, sub in commands.choices.items():
-        for action in sub._actions:
-            if action.dest != "help":
-                options[(name, action.dest)] = (action.required, action.default, action.help)
-    helps = {action.dest: action.help for action in commands._choices_actions}
-    assert helps == {
-        "estimate": "weight memory from a parameter count, no GPU",
-        "environment": "diagnose Python, PyTorch and the chosen GPU",
-        "measure": "measure the synthetic MLP phase by phase on a GPU",
-        "report": "compare result files side by side, one row each; reads them, writes nothing",
-    }
-    assert options == {
-        ("estimate", "parameters"): (True, None, "number of parameters, a positive integer"),
-        ("estimate", "bits"): (True, None, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
-        ("estimate", "reserve_gib"): (
-            False, "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
-        ("estimate", "json"): (False, False, "print one JSON object instead of text"),
-        ("environment", "device"): (True, None, "the GPU to inspect, written cuda:N"),
-        ("environment", "json"): (False, False, "print one JSON object instead of text"),
-        ("measure", "device"): (True, None, "the GPU to measure, written cuda:N"),
-        ("measure", "output"): (
-            False, None, "new JSON file for the result (never overwritten); required unless --plan"),
-        ("measure", "batch"): (False, "1", "batch size (default 1)"),
-        ("measure", "context"): (False, "16", "positions per input row (default 16)"),
-        ("measure", "width"): (False, "64", "model width; the hidden layer is 4x (default 64)"),
-        ("measure", "dtype"): (False, "float32", "float32, float16 or bfloat16 (default float32)"),
-        ("measure", "warmup"): (False, "1", "warm-up passes, 0 or more (default 1)"),
-        ("measure", "repeats"): (False, "2", "measured warm passes, 1 or more (default 2)"),
-        ("measure", "seed"): (False, "0", "seed of the weights and inputs (default 0)"),
-        ("measure", "plan"): (False, False, "print the predicted memory per phase from arithmetic alone: no PyTorch, "
-                                            "no GPU, writes nothing"),
-        ("measure", "json"): (False, False, "with --plan: print one JSON object"),
-        ("report", "files"): (True, None, "measure result files, in the order to show"),
-        ("report", "json"): (False, False, "print one JSON object instead of text"),
-    }  # fmt: skip
-    report = commands.choices["report"]._actions
-    files = next(action for action in report if action.dest == "files")
-    assert files.nargs == "+" and files.metavar == "FILE"
-    measure = parser.parse_args(["measure", "--device", "cuda:0"])
-    assert (measure.plan, measure.json, measure.output, measure.func) == (False, False, None, mm._command_measure)
-    assert parser.parse_args(["estimate", "--parameters", "1", "--bits", "2"]).func is mm._command_estimate
-    assert parser.parse_args(["environment", "--device", "cuda:0"]).func is mm._command_environment
-    assert parser.parse_args(["report", "a", "b"]).func is mm._command_report
-    assert refusal(parser.parse_args, []) == "the following arguments are required: COMMAND"
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "a command is required: estimate, environment, measure, report (see --help)"),
+        (["-x"], "unknown command '-x': expected estimate, environment, measure, report (see --help)"),
+        (["estimate", "--bits"], "--bits: expected a value (N)"),
+        (["estimate", "--bits", "--json"], "--bits: expected a value (N)"),
+        (["estimate", "--bits=1", "--bits", "2"], "--bits given twice"),
+        (["estimate", "--json=no"], "--json takes no value, got 'no'"),
+        (["estimate", "--json", "--json"], "--json given twice"),
+        (["estimate", "--param", "1"], "unknown option '--param' for estimate (see estimate --help)"),
+        (["estimate", "-p", "1"], "unknown option '-p' for estimate (see estimate --help)"),
+        (["estimate", "FILE"], "unexpected argument 'FILE' for estimate (see estimate --help)"),
+        (["report", "--FILE", "a"], "unknown option '--FILE' for report (see report --help)"),
+        (["report", "--json"], "report needs FILE (see report --help)"),
+        (["report", "-"], "unknown option '-' for report (see report --help)"),
+        (["measure", "--output", "o.json"], "measure needs --device (see measure --help)"),
+        (["estimate", "--json"], "estimate needs --parameters, --bits (see estimate --help)"),
+    ],
+)
+def test_each_misuse_of_the_command_line_is_named(argv, message):
+    assert refusal(mm.parse_args, argv) == message
+
+
+def test_options_values_and_defaults_reach_the_command():
+    assert mm.parse_args(["estimate", "--parameters", "1", "--bits=-2"]) == (
+        "estimate",
+        {"--parameters": "1", "--bits": "-2", "--reserve-gib": "0", "--json": False},
+    )
+    assert mm.parse_args(["estimate", "--bits", "-2", "--parameters=a=b", "--json"])[1] == (
+        {"--parameters": "a=b", "--bits": "-2", "--reserve-gib": "0", "--json": True}
+    )
+    assert mm.parse_args(["measure", "--device", "cuda:0"]) == ("measure", {
+        "--device": "cuda:0", "--output": None, "--batch": "1", "--context": "16", "--width": "64",
+        "--dtype": "float32", "--warmup": "1", "--repeats": "2", "--seed": "0", "--plan": False, "--json": False,
+    })  # fmt: skip
+    assert mm.parse_args(["report", "a", "--json", "b", "--", "--c", "-d"]) == (
+        "report",
+        {"FILE": ["a", "b", "--c", "-d"], "--json": True},
+    )
+    assert mm.parse_args(["report", "--", "a"]) == ("report", {"FILE": ["a"], "--json": False})
+    assert mm.parse_args(["environment", "--device", "cuda:1", "--json"]) == (
+        "environment",
+        {"--device": "cuda:1", "--json": True},
+    )
+    assert mm.parse_args(["--help", "estimate"]) == (None, {"--help": True})
+    assert mm.parse_args(["-h"]) == (None, {"--help": True})
+    assert refusal(mm.parse_args, ["measure", "--bogus", "-h"]) == (  # in order: the misuse comes first
+        "unknown option '--bogus' for measure (see measure --help)"
+    )
+    assert mm.parse_args(["measure", "--device", "cuda:0", "-h", "--bogus"]) == ("measure", {"--help": True})
+    assert mm.parse_args(["estimate", "--help"]) == ("estimate", {"--help": True})
+
+
+def test_each_command_runs_its_own_handler(monkeypatch, capsys):
+    seen = []
+    for name in mm.COMMANDS:
+        monkeypatch.setattr(mm, f"_command_{name}", lambda args, name=name: seen.append(name))
+    # the table holds the handlers themselves, so the stand-ins are put in the table too
+    monkeypatch.setattr(mm, "COMMANDS", {name: (summary, getattr(mm, f"_command_{name}"), table)
+                                         for name, (summary, _, table) in mm.COMMANDS.items()})  # fmt: skip
+    for argv in (["estimate", "--parameters", "1", "--bits", "2"], ["environment", "--device", "cuda:0"],
+                 ["measure", "--device", "cuda:0"], ["report", "a"]):  # fmt: skip
+        assert mm.main(argv) == 0
+    assert seen == ["estimate", "environment", "measure", "report"]
+
+
+def test_the_table_names_each_handler_and_the_options_of_measure_config():
+    handlers = {name: handler for name, (_, handler, _) in mm.COMMANDS.items()}
+    assert handlers == {"estimate": mm._command_estimate, "environment": mm._command_environment,
+                        "measure": mm._command_measure, "report": mm._command_report}  # fmt: skip
+    assert set(mm.MEASURE_CONFIG_OPTIONS) <= set(mm.COMMANDS["measure"][2])
+    assert tuple(f"--{name}" for name in mm.measure_config.__code__.co_varnames[:8]) == mm.MEASURE_CONFIG_OPTIONS
 
 
 def test_help_reaches_stdout_and_exits_0(capsys):
-    with pytest.raises(SystemExit) as caught:
-        mm.main(["estimate", "--help"])
-    assert caught.value.code == 0
+    assert mm.main(["estimate", "--help"]) == 0
+    assert capsys.readouterr().out == (
+        "usage: mesure_memoire.py estimate --parameters N --bits N [--reserve-gib GIB] [--json]\n"
+        "\n"
+        "weight memory from a parameter count, no GPU\n"
+        "\n"
+        "options:\n"
+        "  --parameters N        number of parameters, a positive integer\n"
+        "  --bits N              storage width per parameter in bits (4, 8, 16, 32 ...)\n"
+        "  --reserve-gib GIB     extra GiB you assume on top of the weights (a hypothesis; default 0)\n"
+        "  --json                print one JSON object instead of text\n"
+        "  -h, --help            print this help and exit\n"
+    )
+    assert mm.main(["report", "-h"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: mesure_memoire.py estimate [-h] --parameters PARAMETERS --bits BITS")
-    assert "storage width per parameter in bits" in out
+    assert out.startswith("usage: mesure_memoire.py report FILE ... [--json]\n")
+    assert "  FILE ...              measure result files, in the order to show\n" in out
+
+
+def test_the_script_help_lists_each_command_with_its_summary(capsys):
+    assert mm.main(["--help"]) == 0
+    assert capsys.readouterr().out == (
+        "usage: mesure_memoire.py COMMAND [OPTION ...]   (estimate | environment | measure | report)\n"
+        "\n" + mm.__doc__.split("\n\n")[0] + "\n"
+        "\n"
+        "commands:\n"
+        "  estimate     weight memory from a parameter count, no GPU\n"
+        "  environment  diagnose Python, PyTorch and the chosen GPU\n"
+        "  measure      measure the synthetic MLP phase by phase on a GPU\n"
+        "  report       compare result files side by side, one row each; reads them, writes nothing\n"
+        "\n"
+        "mesure_memoire.py COMMAND --help prints a command's options.\n"
+    )
 
 
 def test_report_command_json_and_text_come_from_the_same_rows(capsys, monkeypatch):

@@ -162,7 +162,7 @@ def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatc
 
 @pytest.mark.whole_kit
 def test_plan_refuses_a_bad_dimension_like_measure_from_the_command_line(tmp_path):
-    completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--width", "0", "--plan", python_flags=("-S",),
+    completed = run_script("mesure_memoire.py", *SMALL_TRIAL[:7], "--width", "0", "--plan", python_flags=("-S",),
                            cwd=tmp_path)  # fmt: skip
     assert_one_line_refusal(completed, "--width: expected a positive whole number")
     assert list(tmp_path.iterdir()) == []

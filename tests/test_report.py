@@ -248,7 +248,7 @@ def test_the_command_refuses_without_a_file(capsys):
     assert mesure_memoire.main(["report"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == "mesure_memoire.py: error: the following arguments are required: FILE\n"
+    assert captured.err == "mesure_memoire.py: error: report needs FILE (see report --help)\n"
 
 
 # --- hostile files: one line naming the file, exit 2, nothing printed on stdout, nothing changed ---------

@@ -1647,6 +1647,7 @@ COMMANDS = {
 }  # fmt: skip
 MEASURE_CONFIG_OPTIONS = ("--device", "--batch", "--context", "--width", "--dtype", "--warmup", "--repeats", "--seed")
 HELP_OPTIONS = ("-h", "--help")
+HELP_WIDTH = 100  # columns of a usage line
 
 
 def parse_args(argv):
@@ -1702,13 +1703,16 @@ def help_text(command=None):
                           __doc__.split("\n\n")[0], "", "commands:", *lines, "",
                           "mesure_memoire.py COMMAND --help prints a command's options."])  # fmt: skip
     summary, _, table = COMMANDS[command]
-    usage, lines = [], []
+    usage, lines = [f"usage: mesure_memoire.py {command}"], []
     for name, (metavar, default, text) in table.items():
         spelled = metavar + " ..." if name == metavar else f"{name} {metavar}" if metavar else name
-        usage.append(spelled if default == REQUIRED else f"[{spelled}]")
+        part = spelled if default == REQUIRED else f"[{spelled}]"
+        if len(usage[-1]) + 1 + len(part) > HELP_WIDTH:  # wrapped between options, never inside one
+            usage.append(" " * 6)
+        usage[-1] += " " + part
         lines.append(f"  {spelled:22}{text}")
     lines.append(f"  {'-h, --help':22}print this help and exit")
-    return "\n".join([f"usage: mesure_memoire.py {command} {' '.join(usage)}", "", summary, "", "options:", *lines])
+    return "\n".join([*usage, "", summary, "", "options:", *lines])
 
 
 def main(argv=None) -> int:

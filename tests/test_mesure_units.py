@@ -649,6 +649,21 @@ def test_help_reaches_stdout_and_exits_0(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: mesure_memoire.py report FILE ... [--json]\n")
     assert "  FILE ...              measure result files, in the order to show\n" in out
+    assert mm.main(["measure", "--help"]) == 0
+    usage = capsys.readouterr().out.split("\n\n")[0].split("\n")
+    assert usage == [  # wrapped at 100 columns, between options
+        "usage: mesure_memoire.py measure --device cuda:N [--output FILE] [--batch N] [--context N]",
+        "       [--width N] [--dtype NAME] [--warmup N] [--repeats N] [--seed N] [--plan] [--json]",
+    ]
+
+
+@pytest.mark.parametrize(("metavar_length", "lines"), [(69, 1), (70, 2)])
+def test_a_usage_line_holds_100_columns_at_most(monkeypatch, metavar_length, lines):
+    metavar = "M" * metavar_length
+    monkeypatch.setitem(mm.COMMANDS, "x", ("s", None, {"--a": (metavar, mm.REQUIRED, "t")}))
+    usage = mm.help_text("x").split("\n\n")[0].split("\n")
+    one_line = [f"usage: mesure_memoire.py x --a {metavar}"]  # 100 columns with 69 M
+    assert usage == (one_line if lines == 1 else ["usage: mesure_memoire.py x", f"       --a {metavar}"])
 
 
 def test_the_script_help_lists_each_command_with_its_summary(capsys):

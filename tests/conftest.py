@@ -22,6 +22,15 @@ os.environ.pop("MUTANT_UNDER_TEST", None)
 # (bigger than a member may be, importing mutmut, unlike MANIFEST.json); the files as shipped are in the
 # folder above it.  Tests that build or check the release from the kit's own files read them there.
 SHIPPED_ROOT = ROOT.parent if ROOT.name == "mutants" and (ROOT.parent / "MANIFEST.json").is_file() else ROOT
+if SHIPPED_ROOT != ROOT:
+    # mutmut forks one child per mutant from the process that ran the whole suite first; a child's
+    # first parallel CPU kernel then waits for worker threads the fork did not copy, and the mutant
+    # times out instead of failing.  One thread in that process: no pool to lose.
+    import torch
+
+    torch.set_num_threads(1)
+    if torch.get_num_interop_threads() != 1:  # settable once per process: mutmut runs the suite again
+        torch.set_num_interop_threads(1)
 
 
 def sigint_as_from_a_terminal():

@@ -20,10 +20,9 @@ The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim
 
 import sys  # noqa: I001 -- the command line only; the notebook block below is kept apart
 
-# >>> notebook: Imports (standard library only; PyTorch and json are imported where used: start-up time)
+# >>> notebook: Imports (standard library only; PyTorch, json and re are imported where used: start-up time)
 import math
 import os
-import re
 import time
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 # <<< notebook
@@ -62,11 +61,9 @@ DRIVER_COMMANDS = {
 }
 # One number grammar for every option: ASCII digits, at most one decimal point; no sign,
 # underscore, exponent, space or other script's digits (so no negative zero either).
-_DIGITS = re.compile(r"[0-9]+")
-_DECIMAL = re.compile(r"(?P<whole>[0-9]*)(?:\.(?P<fraction>[0-9]*))?")
 MAX_DIGITS = 30  # bounds every product the kit computes
 MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
-_DEVICE = re.compile(r"cuda:([0-9]{1,4})")
+MAX_DEVICE_DIGITS = 4
 PYTORCH_WARNINGS_FIELD = "pytorch_warnings"  # the field_errors key for warnings PyTorch raised
 PYTORCH_WARNINGS = []  # warnings PyTorch raised in this process: redacted, one line each, no repeats
 
@@ -101,11 +98,16 @@ def shown_name(path):
     return shown(path)
 
 
+def ascii_digits(text):
+    """True for one or more ASCII digits, nothing else (str.isdigit alone accepts any script's digits)."""
+    return text.isascii() and text.isdigit()
+
+
 def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1):
     """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and len(value) <= MAX_DIGITS and _DIGITS.fullmatch(value):
+    elif isinstance(value, str) and len(value) <= MAX_DIGITS and ascii_digits(value):
         number = int(value)
     else:
         number = None
@@ -123,9 +125,9 @@ def non_negative_decimal(option, value):
     """Return ``value`` as an exact Decimal >= 0: ASCII digits with at most one decimal point, at most
     MAX_DIGITS digits on each side (a string, an int, or a float whose repr is written so)."""
     text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
-    match = _DECIMAL.fullmatch(text)
-    whole, fraction = (match["whole"], match["fraction"] or "") if match else ("", "")
-    if not (whole or fraction) or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
+    whole, _, fraction = text.partition(".")
+    written = all(ascii_digits(part) for part in (whole, fraction) if part)  # a second point is not a digit
+    if not (written and (whole or fraction)) or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
         raise KitError(
             f"{option}: expected a number >= 0 written with ASCII digits and at most one decimal point "
             f"(at most {MAX_DIGITS} digits on each side), got {shown(value)}"
@@ -135,10 +137,10 @@ def non_negative_decimal(option, value):
 
 def device_index(device):
     """Return N for a device written ``cuda:N``; anything else is refused."""
-    match = _DEVICE.fullmatch(device) if isinstance(device, str) else None
-    if match is None:
+    number = device.removeprefix("cuda:") if isinstance(device, str) and device.startswith("cuda:") else ""
+    if not (ascii_digits(number) and len(number) <= MAX_DEVICE_DIGITS):
         raise KitError(f"--device: expected cuda:N (for example cuda:0), got {shown(device)}")
-    return int(match.group(1))
+    return int(number)
 
 
 # A path inside quotes (how Python's OSError and most libraries show one): the whole quoted text.
@@ -158,6 +160,8 @@ _BARE_PATH = (
 
 def redact(text):
     """The first non-empty line of an error message, on one line, with file-system paths removed."""
+    import re  # only error messages need it: start-up time
+
     text = re.sub(_QUOTED_PATH, lambda match: f"{match[1]}<path>{match[1]}", str(text))
     text = re.sub(_BARE_PATH, "<path>", text)
     lines = [line for line in text.splitlines() if line.strip()]

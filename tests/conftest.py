@@ -40,6 +40,14 @@ def sigint_as_from_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def imported_modules(*args, cwd):
+    """The modules ``python -X importtime ARGS`` imports (a new process: start-up is what is tested)."""
+    completed = subprocess.run([sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True,
+                               cwd=cwd, timeout=60)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
+
+
 def load_build_zip():
     """tools/build_zip.py as the module ``tools.build_zip``: the name the mutation pass gives its mutants."""
     spec = importlib.util.spec_from_file_location("tools.build_zip", ROOT / "tools" / "build_zip.py")

@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 
 import mesure_memoire
-from conftest import ROOT, assert_one_line_refusal, run_script
+from conftest import ROOT, assert_one_line_refusal, imported_modules, run_script
 
 
 def test_reference_example_from_the_readme():
@@ -225,3 +225,15 @@ def test_whole_numbers_take_ascii_digits_and_an_upper_bound():
             mesure_memoire.whole_number("--seed", value, 0, 2**64 - 1)
     with pytest.raises(mesure_memoire.KitError, match="from 0 to 18446744073709551615"):
         mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float32", 0, 1, 2**64)
+
+
+@pytest.mark.whole_kit
+def test_the_estimate_imports_only_decimal_beyond_a_bare_interpreter(tmp_path):
+    """Start-up: argparse, json, re, datetime and PyTorch are imported only where they are used."""
+    bare = imported_modules("-c", "pass", cwd=tmp_path)
+    script = ROOT / "mesure_memoire.py"
+    extra = imported_modules(script, "estimate", "--parameters", "7000000000", "--bits", "16", cwd=tmp_path) - bare
+    assert "decimal" in extra  # the GiB are exact decimals
+    assert not extra & {"argparse", "json", "re", "datetime", "stat", "torch"}
+    with_json = imported_modules(script, "estimate", "--parameters", "7", "--bits", "16", "--json", cwd=tmp_path)
+    assert "json" in with_json  # a lazy import is seen when it happens

@@ -6,13 +6,12 @@ In-process through main(argv) wherever a new process is not what is tested.
 import csv
 import json
 import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
 
 import calcul_forfaits
-from conftest import ROOT, assert_one_line_refusal, run_script
+from conftest import ROOT, assert_one_line_refusal, imported_modules, run_script
 
 CSV_PATH = ROOT / "tarifs-forfaits.csv"
 
@@ -516,14 +515,6 @@ def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
     monkeypatch.setattr("sys.stderr", None)
     assert calcul_forfaits.main(["--gpu", "h300", "--days", "7"]) == 2
     assert capsys.readouterr().out == ""
-
-
-def imported_modules(*args, cwd):
-    """The modules ``python -X importtime ARGS`` imports (a new process: start-up is what is tested)."""
-    completed = subprocess.run([sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True,
-                               cwd=cwd, timeout=60)  # fmt: skip
-    assert completed.returncode == 0, completed.stderr
-    return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
 
 
 @pytest.mark.whole_kit

@@ -572,6 +572,10 @@ def test_usage_errors_are_one_line(capsys):
         (["estimate", "FILE"], "unexpected argument 'FILE' for estimate (see estimate --help)"),
         (["report", "--FILE", "a"], "unknown option '--FILE' for report (see report --help)"),
         (["report", "--json"], "report needs FILE (see report --help)"),
+        (["report", "--"], "report needs FILE (see report --help)"),
+        (["estimate", "--help=x"], "--help takes no value, got 'x'"),
+        (["estimate", "-h=x"], "unknown option '-h=x' for estimate (see estimate --help)"),
+        (["estimate", "--", "x"], "unknown option '--' for estimate (see estimate --help)"),
         (["report", "-"], "unknown option '-' for report (see report --help)"),
         (["measure", "--output", "o.json"], "measure needs --device (see measure --help)"),
         (["estimate", "--json"], "estimate needs --parameters, --bits (see estimate --help)"),
@@ -650,7 +654,7 @@ def test_help_reaches_stdout_and_exits_0(capsys):
     assert mm.main(["report", "-h"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: mesure_memoire.py report FILE ... [--json]\n")
-    assert "  FILE ...              measure result files, in the order to show\n" in out
+    assert "  FILE ...              measure result files, in the order to show (after --, a name may start wi" in out
     assert mm.main(["measure", "--help"]) == 0
     usage = capsys.readouterr().out.split("\n\n")[0].split("\n")
     assert usage == [  # wrapped at 100 columns, between options

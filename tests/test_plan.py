@@ -134,17 +134,18 @@ def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
 @pytest.mark.parametrize(
     ("arguments", "fragment"),
     [
-        (["--width", "0"], "--width"),
-        (["--batch", "1.5"], "--batch"),
-        (["--context", "-3"], "--context"),
-        (["--dtype", "float64"], "--dtype"),
-        (["--repeats", "0"], "--repeats"),
+        (["--width", "0"], "--width: expected a positive whole number"),
+        (["--batch", "1.5"], "--batch: expected a positive whole number"),
+        (["--context", "-3"], "--context: expected a positive whole number"),
+        (["--dtype", "float64"], "--dtype: expected one of float32, float16, bfloat16, got 'float64'"),
+        (["--repeats", "0"], "--repeats: expected a positive whole number"),
         (["--output", "x.json"], "--plan writes nothing"),
     ],
 )
 def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, fragment):
     monkeypatch.chdir(tmp_path)
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", *arguments]) == 2
+    base = SMALL_TRIAL[:3]  # the device alone: each option below is then given once
+    assert mesure_memoire.main([*base, "--plan", *arguments]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.splitlines()) == 1 and fragment in captured.err
     assert list(tmp_path.iterdir()) == []

@@ -172,6 +172,11 @@ def describe_error(exc):
     return f"{type(exc).__name__}: {redact(exc)}".rstrip(": ")
 
 
+def pytorch_warnings_line():
+    """The warnings PyTorch raised in this process, on one line, for ``field_errors``."""
+    return " | ".join(PYTORCH_WARNINGS)
+
+
 class CapturedWarnings:
     """``with CapturedWarnings(field_errors):`` records the warnings raised inside (by PyTorch,
     mostly) instead of letting them print raw on stderr with library paths: each is kept once,
@@ -194,7 +199,7 @@ class CapturedWarnings:
             if line not in PYTORCH_WARNINGS:
                 PYTORCH_WARNINGS.append(line)
         if PYTORCH_WARNINGS and self.field_errors is not None:
-            self.field_errors[PYTORCH_WARNINGS_FIELD] = " | ".join(PYTORCH_WARNINGS)
+            self.field_errors[PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
         return False
 
 
@@ -1152,7 +1157,7 @@ def measure_to_file(config, output, tool):
         result = measure(config, tool)
     environment = result.get("environment")
     if PYTORCH_WARNINGS and isinstance(environment, dict) and isinstance(environment.get("field_errors"), dict):
-        environment["field_errors"][PYTORCH_WARNINGS_FIELD] = " | ".join(PYTORCH_WARNINGS)
+        environment["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
     try:
         write_new_file(output, to_json(result))
     except OSError as error:

@@ -121,6 +121,15 @@ def stand_in_gpu(monkeypatch):
     import torch
 
     def install(count=1, total_memory=80 * 2**30, bf16=True):
+        def on_a_device(answer):
+            # Each per-device query must name a visible device by its index (None is refused too).
+            def query(index, *args, **kwargs):
+                if not (isinstance(index, int) and 0 <= index < count):
+                    raise WrongDevice(f"a query named device {index!r}; {count} visible")
+                return answer(*args, **kwargs)
+
+            return query
+
         properties = types.SimpleNamespace(
             name="Stand-in GPU",
             major=9,
@@ -133,12 +142,12 @@ def stand_in_gpu(monkeypatch):
         )
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (total_memory - 2**30, total_memory))
+        monkeypatch.setattr(torch.cuda, "get_device_properties", on_a_device(lambda: properties))
+        monkeypatch.setattr(torch.cuda, "get_device_capability", on_a_device(lambda: (9, 0)))
+        monkeypatch.setattr(torch.cuda, "mem_get_info", on_a_device(lambda: (total_memory - 2**30, total_memory)))
         monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "native")
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
-        monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "device", on_a_device(contextlib.nullcontext))
         monkeypatch.setattr(torch.version, "cuda", "13.0")
         # The CPU build lacks the BLAS workspace queries; these stand-in sizes are PyTorch's NVIDIA defaults.
         monkeypatch.setattr(torch.backends.cuda, "cublas_workspace_size", lambda size=None: 8 * 2**20 + 128 * 2**10)
@@ -244,15 +253,16 @@ class _StandInEvent:
     """A stand-in for torch.cuda.Event: records where it is recorded; its elapsed time is fixed."""
 
     def __init__(self, recorder, enable_timing):
-        self.recorder, self.enable_timing, self.recorded = recorder, enable_timing, False
+        self.recorder, self.enable_timing, self.recorded = recorder, enable_timing, None
         recorder._record("Event")
 
     def record(self, stream):
         self.recorder._check("event.record", stream.device)
-        self.recorded = True
+        self.recorded = len(self.recorder.calls)  # when: the start must be recorded before the end
         self.recorder._record("event.record")
 
     def elapsed_time(self, end):
         assert self.enable_timing and end.enable_timing, "elapsed_time needs events created with enable_timing"
-        assert self.recorded and end.recorded, "elapsed_time of an event never recorded"
+        assert self.recorded is not None and end.recorded is not None, "elapsed_time of an event never recorded"
+        assert self.recorded < end.recorded, "elapsed_time from an event to itself or to an earlier one"
         return self.recorder._record("elapsed_time", self.recorder.device_ms)

@@ -6,7 +6,9 @@ records the device index it is given, and hand-made records for the measured cou
 """
 
 import re
+import time
 import types
+from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
@@ -243,7 +245,7 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
     monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", True)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
-    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "_BlasBackend.Cublaslt")
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "torch._C._BlasBackend.Cublaslt")
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
     recorded_indices.properties.gcnArchName = "gfx90a"  # kept only from a ROCm build
@@ -270,6 +272,17 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
     # Every per-device query names device 1; the workspace sizes are read with device 1 current.
     assert recorded_indices.seen == [("get_device_properties", 1), ("mem_get_info", 1), ("device", 1), ("device", 1)]
     assert environment["driver_commands"] is not mesure_memoire.DRIVER_COMMANDS
+
+
+def test_attributes_an_older_pytorch_lacks_are_null_not_errors(recorded_indices, monkeypatch):
+    del recorded_indices.properties.multi_processor_count
+    monkeypatch.delattr(torch.version, "hip")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["hip_build"] is None and environment["gpu"]["multi_processor_count"] is None
+    assert environment["field_errors"] == {}
+    monkeypatch.setattr(torch.version, "hip", "7.0.1", raising=False)  # a ROCm build without gcnArchName
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["gpu"]["gcn_arch_name"] is None and environment["field_errors"] == {}
 
 
 def test_the_collector_on_a_rocm_build_keeps_the_architecture(recorded_indices, monkeypatch):
@@ -567,8 +580,21 @@ def agreeing_records(settings):
     return records
 
 
-def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(stand_in_gpu, monkeypatch):
+@pytest.fixture
+def five_hours_east_of_utc(monkeypatch):
+    """A local time zone other than UTC (the machines here run in UTC)."""
+    monkeypatch.setenv("TZ", "Etc/GMT-5")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
+    stand_in_gpu, monkeypatch, five_hours_east_of_utc
+):
     stand_in_gpu(count=3)
+    before = datetime.now(timezone.utc).replace(microsecond=0)
     set_up = SetUpCalls(monkeypatch)
     settings = config(device="cuda:2", batch=2, context=3, width=8, warmup=2, repeats=1)
     seen = []
@@ -584,6 +610,8 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(sta
     assert set_up.calls == [("is_initialized",), ("set_device", device), ("init",), ("memory_allocated", device),
                             ("memory_reserved", device)]  # fmt: skip
     assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z", result["created_utc"])
+    created = datetime.strptime(result["created_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert before <= created <= datetime.now(timezone.utc)  # UTC, not the local time five hours ahead
     plan = mesure_memoire.predict_memory(settings)
     assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
@@ -824,7 +852,11 @@ def test_measure_phases_puts_the_model_and_inputs_on_the_measured_device(monkeyp
     monkeypatch.setattr(mesure_memoire, "build_model", build_model)
     settings = config(batch=2, context=3, width=4, dtype="bfloat16", warmup=2, repeats=3, seed=5)
     recorder = RecordingCudaStandIn(device="cuda:7 stand-in")
-    records, summary = mesure_memoire.measure_phases(DeviceRecordingTorch(seen), recorder, "cuda:7 stand-in", settings)
+    ticks = iter(range(0, 10**6, 7))  # each phase reads the clock twice: 7 ns apart
+    records, summary = mesure_memoire.measure_phases(
+        DeviceRecordingTorch(seen), recorder, "cuda:7 stand-in", settings, clock=lambda: next(ticks)
+    )
+    assert [r["nanoseconds"] for r in records] == [7] * 7
     assert seen == [
         ("to", (), {"device": "cuda:7 stand-in", "dtype": torch.bfloat16}),
         ("Generator", "cuda:7 stand-in"),
@@ -861,6 +893,13 @@ def test_a_failing_seed_is_a_refusal_and_a_failing_phase_names_itself(monkeypatc
         mesure_memoire.measure_phases(torch, recorder, torch.device("cpu"), config())
     assert (failure.value.phase, failure.value.error) == ("cold_forward", error)
     assert failure.value.__cause__ is error
+    summary_error = ValueError("no summary")
+    monkeypatch.setattr(mesure_memoire, "summarize_output", lambda torch_module, output: (_ for _ in ()).throw(
+        summary_error))  # fmt: skip
+    with pytest.raises(mesure_memoire.PhaseFailed) as failure:
+        mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=torch.device("cpu")), torch.device("cpu"),
+                                      config())  # fmt: skip
+    assert (failure.value.phase, failure.value.error) == ("output_summary", summary_error)
 
 
 class Raising:

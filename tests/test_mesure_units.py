@@ -173,6 +173,7 @@ def test_describe_error_names_the_type_and_the_redacted_message():
     )
     assert mm.describe_error(ValueError()) == "ValueError"
     assert mm.describe_error(RuntimeError("at /a/b/c\nmore")) == "RuntimeError: at <path>"
+    assert mm.describe_error(RuntimeError("no device X")) == "RuntimeError: no device X"  # only ": " is stripped
 
 
 def test_captured_warnings_are_kept_once_redacted_and_joined(monkeypatch):
@@ -418,6 +419,24 @@ def test_write_new_file_writes_utf8_and_refuses_a_name_taken_meanwhile(tmp_path,
     assert sorted(os.listdir(tmp_path)) == ["y.json", "z.json", "é.json"]  # no temporary left
 
 
+def test_the_temporary_file_is_made_beside_the_result(tmp_path, monkeypatch):
+    """In the result's own folder: the final link (or rename) stays on one file system."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    folders = []
+    real_create_temporary = mm._create_temporary
+
+    def create_temporary(folder):
+        folders.append(folder)
+        return real_create_temporary(folder)
+
+    monkeypatch.setattr(mm, "_create_temporary", create_temporary)
+    mm.write_new_file("sub/r.json", "{}")
+    mm.write_new_file("r.json", "{}")
+    assert folders == ["sub", "."]
+    assert sorted(os.listdir(tmp_path)) == ["r.json", "sub"] and os.listdir(tmp_path / "sub") == ["r.json"]
+
+
 def test_write_new_file_tolerates_a_temporary_removed_by_someone_else(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     real_link = os.link
@@ -635,6 +654,12 @@ def test_the_table_names_each_handler_and_the_options_of_measure_config():
     assert set(mm.MEASURE_CONFIG_OPTIONS) <= set(mm.COMMANDS["measure"][2])
     parameters = inspect.signature(mm.measure_config).parameters  # the signature, also through mutmut's wrapper
     assert tuple(f"--{name}" for name in parameters) == mm.MEASURE_CONFIG_OPTIONS
+
+
+def test_main_without_arguments_reads_the_command_line(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mesure_memoire.py", "estimate", "--parameters", "8", "--bits", "8", "--json"])
+    assert mm.main() == 0
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] == 8
 
 
 def test_help_reaches_stdout_and_exits_0(capsys):

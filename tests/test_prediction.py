@@ -247,6 +247,28 @@ def test_each_counter_is_checked(phase, counter, change, agrees):
     assert [r["verdict"] for i, r in enumerate(checked) if i != phase] == ["agrees"] * (len(checked) - 1)
 
 
+def test_each_record_gets_its_prediction_and_a_verdict_with_its_reason():
+    records, plan = hand_made_records(config(), extra={1: {"end_requested_bytes": 1}})
+    checked, _, _ = mesure_memoire.check_prediction(records, plan)
+    inputs = plan["phases"][1]
+    assert checked[1]["predicted"] == {
+        "end_requested_bytes": inputs["end_requested_bytes"], "peak_requested_bytes": inputs["peak_requested_bytes"],
+        "end_allocated_bytes": inputs["end_allocated_bytes"], "peak_allocated_bytes": inputs["peak_allocated_bytes"],
+        "relative_to": "the phase's baseline", "end_allocated_slack_bytes": inputs["end_allocated_slack_bytes"],
+        "peak_allocated_slack_bytes": inputs["peak_allocated_slack_bytes"],
+    }  # fmt: skip
+    assert [(r["verdict"], r["verdict_reason"]) for r in checked[:3]] == [
+        ("agrees", None), ("disagrees", None), ("agrees", None)
+    ]  # fmt: skip
+    for record in records:
+        record["baseline_requested_bytes"] = None
+    checked, _, _ = mesure_memoire.check_prediction(records, plan)
+    assert (checked[0]["verdict"], checked[0]["verdict_reason"]) == (
+        "not checked",
+        "this PyTorch's memory_stats has no requested-bytes counters",
+    )
+
+
 def test_a_large_block_may_hold_up_to_one_mebibyte_more():
     settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks
     for extra, agrees in ((2**20, True), (2 * 2**20, True), (2 * 2**20 + 1, False)):

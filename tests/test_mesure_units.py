@@ -798,6 +798,23 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
     assert capsys.readouterr().err == "mesure_memoire.py: error: cannot write the output: standard output is closed\n"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="this system has no /dev/full")
+def test_main_points_the_interpreters_own_stdout_at_devnull_when_it_fails(monkeypatch, capsys):
+    """So that the interpreter's last flush at exit cannot print a second error."""
+    real_stdout = sys.__stdout__
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        sys.__stdout__ = full  # restored before the file closes: the test runner writes there between tests
+        try:
+            code = mm.main(["estimate", "--parameters", "1", "--bits", "8"])
+        finally:
+            sys.__stdout__ = real_stdout
+        assert code == 1 and os.path.realpath(f"/proc/self/fd/{full.fileno()}") == os.devnull
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
+    )
+
+
 def test_main_restores_stdout_and_returns_each_status(capsys, monkeypatch):
     stdout = sys.stdout
     assert mm.main(["estimate", "--parameters", "1", "--bits", "1", "--json"]) == 0

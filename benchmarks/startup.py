@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/startup.py              # 41 rounds
     python benchmarks/startup.py --runs 101   # steadier medians
+    python benchmarks/startup.py --parts      # also what estimate's extra time is made of
 
 Each round runs ``python -c pass`` and then each command once, in turn, so that a machine
 speeding up or slowing down weighs on all of them alike; the ratio compares the medians of the
@@ -26,6 +27,13 @@ COMMANDS = (
     ("calcul_forfaits.py", "--gpu", "b200", "--days", "7"),
     ("mesure_memoire.py", "estimate", "--parameters", "7000000000", "--bits", "16"),
 )
+PARTS = {  # estimate's extra time: compiling the script (Python keeps no bytecode for a script it runs), its imports
+    "compiling mesure_memoire.py": (
+        "-c",
+        "compile(open('mesure_memoire.py', encoding='utf-8').read(), 'mesure_memoire.py', 'exec')",
+    ),
+    "its imports": ("-c", "import decimal, math, os, time"),
+}
 
 
 def positive_int(text):
@@ -45,11 +53,11 @@ def wall_seconds(python, arguments):
     return seconds
 
 
-def measure(python, runs):
+def measure(python, runs, commands=COMMANDS):
     """Median seconds of the bare interpreter and of each command, from ``runs`` interleaved rounds."""
-    timings = {arguments: [] for arguments in (BARE, *COMMANDS)}
+    timings = {arguments: [] for arguments in (BARE, *commands)}
     wall_seconds(python, BARE)  # one untimed round warms the file-system cache
-    for arguments in COMMANDS:
+    for arguments in commands:
         wall_seconds(python, arguments)
     for _ in range(runs):
         for arguments in timings:
@@ -61,8 +69,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="startup.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=positive_int, default=41, help="rounds of interleaved runs (default 41)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter to time (default: this one)")
+    parser.add_argument("--parts", action="store_true", help="also time compiling mesure_memoire.py and its imports")
     args = parser.parse_args(argv)
-    medians = measure(args.python, args.runs)
+    medians = measure(args.python, args.runs, COMMANDS + tuple(PARTS.values()) if args.parts else COMMANDS)
     bare = medians[BARE]
     version = subprocess.run([args.python, "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True).stdout.strip()  # fmt: skip
@@ -72,6 +81,9 @@ def main(argv=None) -> int:
         ratio = medians[arguments] / bare
         verdict = "meets the goal" if ratio <= GOAL_RATIO else "over the goal"
         print(f"  {'python ' + ' '.join(arguments):<66} {medians[arguments] * 1000:7.1f} ms  {ratio:.2f}x  {verdict}")
+    for label, arguments in PARTS.items() if args.parts else ():
+        extra_ms = (medians[arguments] - bare) * 1000
+        print(f"  part of estimate: {label:<48} {extra_ms:+7.1f} ms over a bare start")
     return 0
 
 

@@ -62,6 +62,12 @@ def test_every_row_and_several_lot_counts(lots):
         assert package["cost_per_accepted_result_usd"] == half_up_cents(Fraction(lot_cents * lots, 100 * 7))
 
 
+def test_the_api_prices_one_lot_without_a_cost_by_default():
+    package = calcul_forfaits.price_package([tariff(300, gpus_per_lot=8)], "x", 3)  # as --lots 1 does
+    assert (package["lots"], package["gpus"], package["total_price_cents"]) == (1, 8, 300)
+    assert package["cost_per_accepted_result_usd"] is None
+
+
 @pytest.mark.parametrize(
     ("total_cents", "accepted", "expected"),
     [(100, 3, "0.33"), (200, 3, "0.67"), (1, 2, "0.01"), (5, 1000, "0.00"), (25, 10, "0.03"), (364800, 1, "3648.00"),

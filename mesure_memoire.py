@@ -1676,10 +1676,11 @@ def parse_args(argv):
     values, index = {}, 1
     while index < len(argv):
         argument, index = argv[index], index + 1
-        if positional and (argument == "--" or not argument.startswith("-")):
-            # "--" ends the options, so that a file name may begin with a dash
-            values.setdefault(positional, []).extend(argv[index:] if argument == "--" else [argument])
-            index = len(argv) if argument == "--" else index
+        if positional and argument == "--":  # the end of the options: a file name may then begin with a dash
+            values.setdefault(positional, []).extend(argv[index:])
+            break
+        if positional and not argument.startswith("-"):
+            values.setdefault(positional, []).append(argument)
             continue
         option, equals, value = argument.partition("=") if argument.startswith("--") else (argument, "", "")
         if option not in table and option not in HELP_OPTIONS:

@@ -18,7 +18,8 @@ The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim
 ``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.
 """
 
-import sys  # noqa: I001 -- the command line only; the notebook block below is kept apart
+import argparse  # noqa: I001 -- the command line only; the notebook block below is kept apart
+import sys
 
 # >>> notebook: Imports (standard library only; PyTorch, json and re are imported where used: start-up time)
 import math
@@ -1524,24 +1525,58 @@ def format_report(data):
 # <<< notebook
 
 
-class _StdoutFailed(Exception):
+# The command-line contract, shared by the kit's tools (they import these): one line on stderr and
+# exit 2 for any misuse, --help exits 0, 1 for an unwritable stdout, 130 for Ctrl-C.
+HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse under the kit's contract: no abbreviations, a fixed help width, no colour, and any
+    misuse raised as one KitError line (exit 2) instead of a usage block."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH))
+        if sys.version_info >= (3, 14):
+            kwargs.setdefault("color", False)  # argparse would read NO_COLOR and FORCE_COLOR
+        super().__init__(**kwargs)
+
+    def error(self, message):
+        command = self.prog.partition(" ")[2]  # a subcommand's parser: name the command
+        raise KitError(f"{command}: {message}" if command else message)
+
+
+class Once(argparse.Action):
+    """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
+    argparse alone would keep the last one silently."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_given_options", frozenset())
+        if self.dest in given:
+            parser.error(f"argument {option_string}: given twice")
+        namespace._given_options = given | {self.dest}
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+class StdoutFailed(Exception):
     """Standard output could not be written: a closed pipe, a full disk, a closed descriptor."""
 
 
-class _GuardedStdout:
-    """sys.stdout while a command runs: a failed write raises _StdoutFailed, so that main tells
-    it apart from the command's own errors (print() writes the results and the help here)."""
+class GuardedStdout:
+    """sys.stdout while a command runs: a failed write raises StdoutFailed, so that the command line
+    tells it apart from the command's own errors (print() writes the results and the help here;
+    argparse would swallow an OSError while printing the help)."""
 
     def __init__(self, stream):
         self.stream = stream
 
     def _call(self, name, *args):
         if self.stream is None:  # Python found descriptor 1 closed at start-up
-            raise _StdoutFailed(None)
+            raise StdoutFailed(None)
         try:
             return getattr(self.stream, name)(*args)
         except (OSError, ValueError) as error:  # ValueError: the stream was closed
-            raise _StdoutFailed(error) from None
+            raise StdoutFailed(error) from None
 
     def write(self, text):
         return self._call("write", text)
@@ -1553,16 +1588,16 @@ class _GuardedStdout:
         return getattr(self.stream, name)
 
 
-def _say(message, prefix="error: "):
-    """One line on stderr, starting with the script's name; a closed stderr is not an error."""
+def say(prog, message, prefix="error: "):
+    """One line on stderr, starting with the program's name; a closed stderr is not an error."""
     try:
-        sys.stderr.write(f"mesure_memoire.py: {prefix}{one_line(message)}\n")
+        sys.stderr.write(f"{prog}: {prefix}{one_line(message)}\n")
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         pass
 
 
-def _stdout_failed(failure, stream):
+def stdout_failed(prog, failure, stream):
     """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line.
 
     The interpreter flushes stdout again at exit; pointing the real descriptor at os.devnull
@@ -1570,7 +1605,7 @@ def _stdout_failed(failure, stream):
     """
     error = failure.args[0] if failure.args else None
     if not isinstance(error, BrokenPipeError):
-        _say("cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
+        say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
     if stream is not None and stream is sys.__stdout__:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -1579,6 +1614,32 @@ def _stdout_failed(failure, stream):
         except (OSError, ValueError):
             pass
     return 1
+
+
+def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
+    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
+
+    ``command`` parses and runs; it returns None (success) or a status.  KitError: its one line and
+    its exit_code; argparse's own exit (--help): its status; an unwritable stdout: 1; Ctrl-C: 130.
+    """
+    stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
+    try:
+        try:
+            status = command(argv) or 0
+        except SystemExit as exit_:  # argparse after --help; its errors are KitError (ArgumentParser.error)
+            status = exit_.code if isinstance(exit_.code, int) else 2
+        sys.stdout.flush()
+    except KitError as error:
+        say(prog, error)
+        return error.exit_code
+    except StdoutFailed as failure:
+        return stdout_failed(prog, failure, stdout)
+    except KeyboardInterrupt:
+        say(prog, interrupted, prefix="")
+        return 130
+    finally:
+        sys.stdout = stdout
+    return status
 
 
 def _emit(args, data, formatter):
@@ -1609,7 +1670,7 @@ def _command_measure(args):
     result = measure_to_file(config, output, tool="mesure_memoire.py")
     warning = result["configuration"]["fresh_process_warning"]
     if warning:
-        _say(warning, prefix="warning: ")
+        say("mesure_memoire.py", warning, prefix="warning: ")
     print(format_phase_table(result))
     # As typed, however long (the user needs the whole name); repr only when it would break the line.
     print(f"Result written to {output if output.isprintable() else repr(output)}")
@@ -1655,7 +1716,6 @@ COMMANDS = {
 }  # fmt: skip
 MEASURE_CONFIG_OPTIONS = ("--device", "--batch", "--context", "--width", "--dtype", "--warmup", "--repeats", "--seed")
 HELP_OPTIONS = ("-h", "--help")
-HELP_WIDTH = 100  # columns of a usage line
 
 
 def parse_args(argv):
@@ -1725,28 +1785,19 @@ def help_text(command=None):
     return "\n".join([*usage, "", summary, "", "options:", *lines])
 
 
+def _run(argv):
+    command, args = parse_args(argv)
+    if "--help" in args:
+        print(help_text(command))
+    else:
+        COMMANDS[command][1](args)
+
+
 def main(argv=None) -> int:
     """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
     130: interrupted)."""
-    stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
-    try:
-        command, args = parse_args(sys.argv[1:] if argv is None else list(argv))
-        if "--help" in args:
-            print(help_text(command))
-        else:
-            COMMANDS[command][1](args)
-        sys.stdout.flush()
-    except KitError as error:
-        _say(error)
-        return error.exit_code
-    except _StdoutFailed as failure:
-        return _stdout_failed(failure, stdout)
-    except KeyboardInterrupt:
-        _say("interrupted (Ctrl-C); no partial file left behind", prefix="")
-        return 130
-    finally:
-        sys.stdout = stdout
-    return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return run_command_line("mesure_memoire.py", _run, argv, "interrupted (Ctrl-C); no partial file left behind")
 
 
 if __name__ == "__main__":

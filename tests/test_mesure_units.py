@@ -724,9 +724,9 @@ def test_report_command_json_and_text_come_from_the_same_rows(capsys, monkeypatc
 
 
 def test_say_writes_one_prefixed_line_and_survives_a_broken_stderr(capsys, monkeypatch):
-    mm._say("a\nb")
-    mm._say("c", prefix="warning: ")
-    mm._say("d", prefix="")
+    mm.say("mesure_memoire.py", "a\nb")
+    mm.say("mesure_memoire.py", "c", prefix="warning: ")
+    mm.say("mesure_memoire.py", "d", prefix="")
     assert (
         capsys.readouterr().err
         == "mesure_memoire.py: error: a\\nb\nmesure_memoire.py: warning: c\nmesure_memoire.py: d\n"
@@ -741,7 +741,7 @@ def test_say_writes_one_prefixed_line_and_survives_a_broken_stderr(capsys, monke
 
     for error in (OSError(errno.EIO, "x"), ValueError("closed")):
         monkeypatch.setattr(sys, "stderr", Broken(error))
-        mm._say("lost")  # nothing raised
+        mm.say("mesure_memoire.py", "lost")  # nothing raised
 
 
 def test_say_flushes_stderr(monkeypatch):
@@ -752,19 +752,19 @@ def test_say_flushes_stderr(monkeypatch):
             flushed.append(self.getvalue())
 
     monkeypatch.setattr(sys, "stderr", Recording())
-    mm._say("x")
+    mm.say("mesure_memoire.py", "x")
     assert flushed == ["mesure_memoire.py: error: x\n"]
 
 
 def test_guarded_stdout_passes_through_and_tells_failures_apart():
     stream = io.StringIO()
-    guarded = mm._GuardedStdout(stream)
+    guarded = mm.GuardedStdout(stream)
     assert guarded.write("abc") == 3 and guarded.getvalue() == "abc" and guarded.flush() is None
-    with pytest.raises(mm._StdoutFailed) as caught:
-        mm._GuardedStdout(None).write("x")
+    with pytest.raises(mm.StdoutFailed) as caught:
+        mm.GuardedStdout(None).write("x")
     assert caught.value.args == (None,)
     stream.close()
-    with pytest.raises(mm._StdoutFailed) as caught:
+    with pytest.raises(mm.StdoutFailed) as caught:
         guarded.write("x")
     assert isinstance(caught.value.args[0], ValueError) and caught.value.__suppress_context__
 
@@ -772,8 +772,8 @@ def test_guarded_stdout_passes_through_and_tells_failures_apart():
         def flush(self):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(mm._StdoutFailed) as caught:
-        mm._GuardedStdout(Full()).flush()
+    with pytest.raises(mm.StdoutFailed) as caught:
+        mm.GuardedStdout(Full()).flush()
     assert caught.value.args[0].errno == errno.ENOSPC
 
 
@@ -782,8 +782,8 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
     with open(tmp_path / "out.txt", "w") as stream:
         sys.__stdout__ = stream  # restored before the file closes: the test runner writes there between tests
         try:
-            failure = mm._StdoutFailed(OSError(errno.ENOSPC, "No space left on device"))
-            code = mm._stdout_failed(failure, stream)
+            failure = mm.StdoutFailed(OSError(errno.ENOSPC, "No space left on device"))
+            code = mm.stdout_failed("mesure_memoire.py", failure, stream)
         finally:
             sys.__stdout__ = real_stdout
         assert code == 1 and os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
@@ -791,10 +791,10 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
         "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
     )
     with open(tmp_path / "other.txt", "w") as other:  # not the interpreter's stdout: left alone
-        assert mm._stdout_failed(mm._StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), other) == 1
+        assert mm.stdout_failed("mesure_memoire.py", mm.StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), other) == 1
         assert os.path.realpath(f"/proc/self/fd/{other.fileno()}") == str(tmp_path / "other.txt")
     assert capsys.readouterr().err == ""
-    assert mm._stdout_failed(mm._StdoutFailed(), None) == 1
+    assert mm.stdout_failed("mesure_memoire.py", mm.StdoutFailed(), None) == 1
     assert capsys.readouterr().err == "mesure_memoire.py: error: cannot write the output: standard output is closed\n"
 
 
@@ -940,7 +940,7 @@ def test_stdout_failed_survives_a_closed_interpreter_stdout(tmp_path, capsys):
     stream.close()
     sys.__stdout__ = stream
     try:
-        code = mm._stdout_failed(mm._StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), stream)
+        code = mm.stdout_failed("mesure_memoire.py", mm.StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), stream)
     finally:
         sys.__stdout__ = real_stdout
     assert code == 1 and capsys.readouterr().err == ""

@@ -224,6 +224,12 @@ def rounded(number, places):
         return number.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
 
 
+def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
+    """Bytes in GiB (or MiB: ``unit_bytes=MIB_BYTES``), rounded half-up to ``places`` decimals: the figure alone,
+    for a table whose header names the unit or a sentence that writes it after."""
+    return str(rounded(decimal_ratio(value_bytes, unit_bytes), places))
+
+
 # <<< notebook
 
 
@@ -257,9 +263,6 @@ def estimate_weights(parameters, bits, reserve_gib=0):
 
 
 def format_estimate(estimate):
-    def gib(value):
-        return f"{rounded(value, 2)} GiB"
-
     return "\n".join(
         [
             "Weight-memory estimate (arithmetic only, no GPU)",
@@ -267,10 +270,11 @@ def format_estimate(estimate):
             f"  storage width         {estimate['bits']} bits -> "
             f"{estimate['bytes_per_parameter']} bytes per parameter (rounded up to whole bytes)",
             f"  weight bytes          {estimate['weight_bytes']}",
-            f"  weights               {gib(estimate['weight_gib'])} (2**30 bytes) = "
+            f"  weights               {rounded(estimate['weight_gib'], 2)} GiB (2**30 bytes) = "
             f"{rounded(estimate['weight_gb'], 2)} GB (10**9 bytes)",
-            f"  reserve (hypothesis)  {gib(estimate['reserve_gib'])}, your assumption, not a measured reserve",
-            f"  total                 {gib(estimate['total_gib'])}",
+            f"  reserve (hypothesis)  {rounded(estimate['reserve_gib'], 2)} GiB, "
+            "your assumption, not a measured reserve",
+            f"  total                 {rounded(estimate['total_gib'], 2)} GiB",
             "Bytes are exact integers; GiB and GB are rounded half-up to 2 decimals.",
             "Not included: " + ", ".join(estimate["not_included"]) + ".",
             "This does not predict whether a real model fits a card.",
@@ -410,7 +414,7 @@ def _on_device(torch, index, function):
 
 
 def format_environment(environment):
-    def shown(value, missing="none"):
+    def or_missing(value, missing="none"):
         return missing if value is None else str(value)
 
     lines = [
@@ -418,12 +422,12 @@ def format_environment(environment):
         f"  Python                {environment['python']['version']} ({environment['python']['implementation']})",
         f"  OS                    {environment['os']['name']} {environment['os']['release']} "
         f"{environment['os']['machine']}",
-        "  PyTorch               " + shown(environment["torch"], f"not importable ({environment['torch_error']})"),
-        f"  CUDA build            {shown(environment['cuda_build'])}",
-        f"  HIP build             {shown(environment['hip_build'])}",
-        f"  cuDNN/MIOpen          {shown(environment['cudnn_or_miopen_version'])}",
+        "  PyTorch               " + or_missing(environment["torch"], f"not importable ({environment['torch_error']})"),
+        f"  CUDA build            {or_missing(environment['cuda_build'])}",
+        f"  HIP build             {or_missing(environment['hip_build'])}",
+        f"  cuDNN/MIOpen          {or_missing(environment['cudnn_or_miopen_version'])}",
         f"  device                {environment['device']} "
-        f"(PyTorch sees {shown(environment['device_count'], 'no')} device(s))",
+        f"(PyTorch sees {or_missing(environment['device_count'], 'no')} device(s))",
     ]
     gpu = environment["gpu"]
     if gpu is None:
@@ -436,8 +440,8 @@ def format_environment(environment):
             f"  compute capability    {gpu['compute_capability']}"
             + (f" ({gpu['gcn_arch_name']})" if gpu["gcn_arch_name"] else ""),
             f"  memory (runtime)      {gpu['total_memory_bytes']} bytes = {rounded(gpu['total_memory_gib'], 2)} GiB",
-            f"  mem_get_info          free {shown(free)} / total {shown(total)} bytes",
-            f"  allocator backend     {shown(gpu['allocator_backend'], 'unknown')}",
+            f"  mem_get_info          free {or_missing(free)} / total {or_missing(total)} bytes",
+            f"  allocator backend     {or_missing(gpu['allocator_backend'], 'unknown')}",
         ]
     for key, value in (environment.get("settings") or {}).items():
         if value is not None:
@@ -657,25 +661,25 @@ def predict_memory(config):
 
 
 def format_plan(plan):
-    def mib(value_bytes):
-        return f"{rounded(decimal_ratio(value_bytes, MIB_BYTES), 3)}"
-
     header = ("phase", "end req MiB", "peak req MiB", "end alloc MiB", "peak alloc MiB")
     rows = [header]
     for record in plan["phases"]:
-        rows.append((_phase_label(record), *(mib(record[counter]) for counter in PREDICTED_COUNTERS)))
+        rows.append(
+            (_phase_label(record), *(in_units(record[counter], MIB_BYTES, 3) for counter in PREDICTED_COUNTERS))
+        )
     config = plan["configuration"]
     lines = [
         f"Plan for measure (arithmetic only, no GPU, nothing written): batch {config['batch']}, "
         f"context {config['context']}, width {config['width']}, {config['dtype']}",
         "Per phase, above the phase's baseline; requested bytes exact, allocated rounded to 512-byte blocks:",
         _table(rows),
-        f"BLAS workspace allowance on the first forward: {mib(plan['blas_workspace_allowance_bytes'])} MiB "
+        "BLAS workspace allowance on the first forward: "
+        f"{in_units(plan['blas_workspace_allowance_bytes'], MIB_BYTES, 3)} MiB "
         "(an allowance: measure measures the workspace)",
         f"Predicted peak allocated: {plan['predicted_peak_allocated_bytes']} bytes = "
-        f"{_gib(plan['predicted_peak_allocated_bytes'])}, in {plan['predicted_peak_phase']}",
-        f"measure needs {plan['needs_free_bytes']} bytes = {_gib(plan['needs_free_bytes'])} free "
-        f"(the peak plus a {_gib(plan['fit_margin_bytes'])} margin).",
+        f"{in_units(plan['predicted_peak_allocated_bytes'])} GiB, in {plan['predicted_peak_phase']}",
+        f"measure needs {plan['needs_free_bytes']} bytes = {in_units(plan['needs_free_bytes'])} GiB free "
+        f"(the peak plus a {in_units(plan['fit_margin_bytes'])} GiB margin).",
         "Not included: " + ", ".join(plan["not_included"]) + ".",
     ]
     return "\n".join(lines)
@@ -972,10 +976,6 @@ def _host_memory_bytes():
         return None
 
 
-def _gib(value_bytes):
-    return f"{rounded(decimal_ratio(value_bytes, GIB_BYTES), 2)} GiB"
-
-
 def fit_problem(plan, environment):
     """Why the predicted peak cannot fit the GPU's free memory less the margin; None when it fits."""
     gpu = environment["gpu"]
@@ -994,8 +994,8 @@ def fit_problem(plan, environment):
         larger = "--context" if config["context"] >= config["batch"] else "--batch"
         advice = f"shrink {larger} (the activations dominate)"
     return (
-        f"the predicted peak, {peak} bytes ({_gib(peak)}), exceeds the {free} bytes ({_gib(free)}) {source} "
-        f"less a {_gib(plan['fit_margin_bytes'])} margin: {advice}"
+        f"the predicted peak, {peak} bytes ({in_units(peak)} GiB), exceeds the {free} bytes "
+        f"({in_units(free)} GiB) {source} less a {in_units(plan['fit_margin_bytes'])} GiB margin: {advice}"
     )
 
 
@@ -1044,8 +1044,8 @@ def measure(config, tool):
     cpu_build_bytes = model_summary["parameters"] * 4  # built in float32 on the CPU first
     if host_bytes is not None and cpu_build_bytes > host_bytes:
         raise KitError(
-            f"building the model on the CPU needs {_gib(cpu_build_bytes)}, more than this "
-            f"machine's {_gib(host_bytes)} of RAM: shrink --width"
+            f"building the model on the CPU needs {in_units(cpu_build_bytes)} GiB, more than this "
+            f"machine's {in_units(host_bytes)} GiB of RAM: shrink --width"
         )
     device = torch.device("cuda", index)
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
@@ -1190,9 +1190,6 @@ def _table(rows):
 def format_phase_table(result):
     """The measurement as a table; a prediction that disagrees is marked, and each difference listed."""
 
-    def mib(value_bytes):
-        return f"{rounded(decimal_ratio(value_bytes, MIB_BYTES), 2)}"
-
     header = ("phase", "ms", "device ms", "end alloc MiB", "peak alloc MiB", "peak reserved MiB", "prediction")
     rows = [header]
     for record in result["phases"]:
@@ -1203,9 +1200,9 @@ def format_phase_table(result):
                 _phase_label(record),
                 f"{rounded(decimal_ratio(record['nanoseconds'], 10**6), 3)}",
                 "n/a" if device_ms is None else f"{device_ms:.3f}",
-                mib(record["end_allocated_bytes"]),
-                mib(record["peak_allocated_bytes"]),
-                mib(record["peak_reserved_bytes"]),
+                in_units(record["end_allocated_bytes"], MIB_BYTES),
+                in_units(record["peak_allocated_bytes"], MIB_BYTES),
+                in_units(record["peak_reserved_bytes"], MIB_BYTES),
                 "DISAGREES" if verdict == "disagrees" else verdict,
             )
         )
@@ -1473,9 +1470,6 @@ def _cell(value):
 
 
 def format_report(data):
-    def mib(value_bytes):
-        return str(rounded(decimal_ratio(value_bytes, MIB_BYTES), 2))
-
     def figure(value, places):
         return "n/a" if value is None else str(rounded(value, places))
 
@@ -1495,8 +1489,8 @@ def format_report(data):
                 str(row["context"]),
                 str(row["width"]),
                 str(row["parameters"]),
-                mib(row["peak_allocated_bytes"]),
-                mib(row["peak_reserved_bytes"]),
+                in_units(row["peak_allocated_bytes"], MIB_BYTES),
+                in_units(row["peak_reserved_bytes"], MIB_BYTES),
                 figure(row["cold_forward_ms"], 3),
                 figure(row["warm_median_ms"], 3),
                 figure(row["derived_positions_per_second"], 0),
@@ -1541,9 +1535,26 @@ class ArgumentParser(argparse.ArgumentParser):
             kwargs.setdefault("color", False)  # argparse would read NO_COLOR and FORCE_COLOR
         super().__init__(**kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._arguments = list(sys.argv[1:] if args is None else args)  # for error(): what was typed
+        return super().parse_known_args(self._arguments, namespace)
+
     def error(self, message):
+        # argparse checks the required arguments before it reports the unknown ones: a typo of a
+        # required option would read as that option missing.  Name the option typed instead.
+        unknown = self._unknown_options() if message.startswith("the following arguments are required") else []
+        if unknown:
+            message = f"unrecognized arguments: {' '.join(unknown)}"
         command = self.prog.partition(" ")[2]  # a subcommand's parser: name the command
         raise KitError(f"{command}: {message}" if command else message)
+
+    def _unknown_options(self):
+        """The options typed (before any ``--``) that this parser does not know, as typed."""
+        arguments = getattr(self, "_arguments", [])
+        typed = arguments[: arguments.index("--")] if "--" in arguments else arguments
+        options = [argument.partition("=")[0] for argument in typed if argument.startswith("-") and argument != "-"]
+        known = self._option_string_actions
+        return [option for option in options if option not in known and not self._negative_number_matcher.match(option)]
 
 
 class Once(argparse.Action):
@@ -1644,153 +1655,106 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
 
 def _emit(args, data, formatter):
     # The JSON and the text come from the same data.
-    sys.stdout.write(to_json(data) if args["--json"] else formatter(data) + "\n")
+    sys.stdout.write(to_json(data) if args.json else formatter(data) + "\n")
 
 
 def _command_estimate(args):
-    _emit(args, estimate_weights(args["--parameters"], args["--bits"], args["--reserve-gib"]), format_estimate)
+    _emit(args, estimate_weights(args.parameters, args.bits, args.reserve_gib), format_estimate)
 
 
 def _command_environment(args):
-    _emit(args, collect_environment(args["--device"]), format_environment)
+    _emit(args, collect_environment(args.device), format_environment)
 
 
 def _command_measure(args):
-    config = measure_config(*(args[option] for option in MEASURE_CONFIG_OPTIONS))
-    if args["--plan"]:
-        if args["--output"] is not None:
+    # The values arrive as typed: measure_config checks them, with the messages the notebook gets too.
+    config = measure_config(args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats,
+                            args.seed)  # fmt: skip
+    if args.plan:
+        if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
         _emit(args, predict_memory(config), format_plan)
         return
-    if args["--json"]:
+    if args.json:
         raise KitError("--json goes with --plan; measure writes its JSON to --output")
-    output = args["--output"]
-    if output is None:
+    output_path = args.output
+    if output_path is None:
         raise KitError("--output: a new file name is required (or --plan, which measures nothing and writes nothing)")
-    result = measure_to_file(config, output, tool="mesure_memoire.py")
+    result = measure_to_file(config, output_path, tool="mesure_memoire.py")
     warning = result["configuration"]["fresh_process_warning"]
     if warning:
         say("mesure_memoire.py", warning, prefix="warning: ")
     print(format_phase_table(result))
     # As typed, however long (the user needs the whole name); repr only when it would break the line.
-    print(f"Result written to {output if output.isprintable() else repr(output)}")
+    print(f"Result written to {output_path if output_path.isprintable() else repr(output_path)}")
 
 
 def _command_report(args):
-    _emit(args, report(args["FILE"]), format_report)
+    _emit(args, report(args.files), format_report)
 
 
-# The command line, table-driven: importing argparse and building its parser took about 3 ms of a start-up.
-# {command: (help, handler, {option: (metavar, default, help)})}: a metavar of None makes a flag (default
-# False); REQUIRED, an option without default; an entry without dashes, one or more positional arguments.
-REQUIRED = "required"
+# The help: module constants, not __doc__, so that it survives python -OO.
+DESCRIPTION = (
+    "IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase GPU measurement "
+    "of a small synthetic Linear -> GELU -> Linear network."
+)
+EPILOG = "mesure_memoire.py COMMAND --help prints a command's options."
 JSON_HELP = "print one JSON object instead of text"
-COMMANDS = {
-    "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, {
-        "--parameters": ("N", REQUIRED, "number of parameters, a positive integer"),
-        "--bits": ("N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
-        "--reserve-gib": ("GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
-        "--json": (None, False, JSON_HELP),
-    }),
-    "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, {
-        "--device": ("cuda:N", REQUIRED, "the GPU to inspect"),
-        "--json": (None, False, JSON_HELP),
-    }),
-    "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, {
-        "--device": ("cuda:N", REQUIRED, "the GPU to measure"),
-        "--output": ("FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
-        "--batch": ("N", "1", "batch size (default 1)"),
-        "--context": ("N", "16", "positions per input row (default 16)"),
-        "--width": ("N", "64", "model width; the hidden layer is 4x (default 64)"),
-        "--dtype": ("NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
-        "--warmup": ("N", "1", "warm-up passes, 0 or more (default 1)"),
-        "--repeats": ("N", "2", "measured warm passes, 1 or more (default 2)"),
-        "--seed": ("N", "0", "seed of the weights and inputs (default 0)"),
-        "--plan": (None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
-        "--json": (None, False, "with --plan: print one JSON object"),
-    }),
-    "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, {
-        "FILE": ("FILE", REQUIRED, "measure result files, in the order to show (after --, a name may start with -)"),
-        "--json": (None, False, JSON_HELP),
-    }),
+# {command: (summary, handler, [(option, metavar, default, help)])}: a metavar of None makes a flag;
+# REQUIRED, an option without a default.
+REQUIRED = "required"
+COMMAND_OPTIONS = {
+    "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, [
+        ("--parameters", "N", REQUIRED, "number of parameters, a positive integer"),
+        ("--bits", "N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
+        ("--reserve-gib", "GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
+        ("--json", None, False, JSON_HELP),
+    ]),
+    "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, [
+        ("--device", "cuda:N", REQUIRED, "the GPU to inspect"),
+        ("--json", None, False, JSON_HELP),
+    ]),
+    "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, [
+        ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
+        ("--output", "FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
+        ("--batch", "N", "1", "batch size (default 1)"),
+        ("--context", "N", "16", "positions per input row (default 16)"),
+        ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
+        ("--dtype", "NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
+        ("--warmup", "N", "1", "warm-up passes, 0 or more (default 1)"),
+        ("--repeats", "N", "2", "measured warm passes, 1 or more (default 2)"),
+        ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
+        ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
+        ("--json", None, False, "with --plan: print one JSON object"),
+    ]),
+    "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, [
+        ("--json", None, False, JSON_HELP),
+    ]),
 }  # fmt: skip
-MEASURE_CONFIG_OPTIONS = ("--device", "--batch", "--context", "--width", "--dtype", "--warmup", "--repeats", "--seed")
-HELP_OPTIONS = ("-h", "--help")
+FILES_HELP = "measure result files, in the order to show (after --, a name may start with -)"
 
 
-def parse_args(argv):
-    """``(command, {option: value})`` from the arguments, every option present (defaults filled in);
-    ``(command or None, {"--help": True})`` when help is asked.  Any misuse raises KitError.
-
-    An option's value follows it or its ``=``; it may begin with one dash (a negative number is
-    then refused by its own check), not two.  No abbreviations: one spelling per option."""
-    if not argv:
-        raise KitError(f"a command is required: {', '.join(COMMANDS)} (see --help)")
-    command = argv[0]
-    if command in HELP_OPTIONS:
-        return None, {"--help": True}
-    if command not in COMMANDS:
-        raise KitError(f"unknown command {shown(command)}: expected {', '.join(COMMANDS)} (see --help)")
-    table = COMMANDS[command][2]
-    positional = next((name for name in table if not name.startswith("-")), None)
-    values, index = {}, 1
-    while index < len(argv):
-        argument, index = argv[index], index + 1
-        if positional and argument == "--":  # the end of the options: a file name may then begin with a dash
-            values.setdefault(positional, []).extend(argv[index:])
-            break
-        if positional and not argument.startswith("-"):
-            values.setdefault(positional, []).append(argument)
-            continue
-        option, equals, value = argument.partition("=") if argument.startswith("--") else (argument, "", "")
-        if option not in table and option not in HELP_OPTIONS:
-            what = "unknown option" if argument.startswith("-") else "unexpected argument"
-            raise KitError(f"{what} {shown(argument)} for {command} (see {command} --help)")
-        if option in values:
-            raise KitError(f"{option} given twice")
-        metavar = table[option][0] if option in table else None
-        if metavar is None and equals:
-            raise KitError(f"{option} takes no value, got {shown(value)}")
-        if option in HELP_OPTIONS:
-            return command, {"--help": True}
-        if metavar and not equals:
-            if index == len(argv) or argv[index].startswith("--"):
-                raise KitError(f"{option}: expected a value ({metavar})")
-            value, index = argv[index], index + 1
-        values[option] = value if metavar else True
-    given = {name for name, value in values.items() if value != []}  # "report --" names no file
-    missing = [name for name, (_, default, _) in table.items() if default == REQUIRED and name not in given]
-    if missing:
-        raise KitError(f"{command} needs {', '.join(missing)} (see {command} --help)")
-    return command, {name: values.get(name, default) for name, (_, default, _) in table.items()}
-
-
-def help_text(command=None):
-    """The help of one command, or of the script (``command`` None)."""
-    if command is None:
-        lines = [f"  {name:13}{summary}" for name, (summary, _, _) in COMMANDS.items()]
-        return "\n".join([f"usage: mesure_memoire.py COMMAND [OPTION ...]   ({' | '.join(COMMANDS)})", "",
-                          __doc__.split("\n\n")[0], "", "commands:", *lines, "",
-                          "mesure_memoire.py COMMAND --help prints a command's options."])  # fmt: skip
-    summary, _, table = COMMANDS[command]
-    usage, lines = [f"usage: mesure_memoire.py {command}"], []
-    for name, (metavar, default, text) in table.items():
-        spelled = metavar + " ..." if name == metavar else f"{name} {metavar}" if metavar else name
-        part = spelled if default == REQUIRED else f"[{spelled}]"
-        if len(usage[-1]) + 1 + len(part) > HELP_WIDTH:  # wrapped between options, never inside one
-            usage.append(" " * 6)
-        usage[-1] += " " + part
-        lines.append(f"  {spelled:22}{text}")
-    lines.append(f"  {'-h, --help':22}print this help and exit")
-    return "\n".join([*usage, "", summary, "", "options:", *lines])
+def build_parser():
+    """The command line: one subcommand each, every option given at most once (Once)."""
+    parser = ArgumentParser(prog="mesure_memoire.py", description=DESCRIPTION, epilog=EPILOG)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command, (summary, handler, options) in COMMAND_OPTIONS.items():
+        subparser = commands.add_parser(command, help=summary, description=summary)
+        subparser.set_defaults(func=handler)
+        for option, metavar, default, text in options:
+            if metavar is None:
+                subparser.add_argument(option, action=Once, nargs=0, const=True, default=False, help=text)
+            else:
+                subparser.add_argument(option, action=Once, metavar=metavar, required=default == REQUIRED,
+                                       default=None if default == REQUIRED else default, help=text)  # fmt: skip
+        if command == "report":
+            subparser.add_argument("files", nargs="+", metavar="FILE", help=FILES_HELP)
+    return parser
 
 
 def _run(argv):
-    command, args = parse_args(argv)
-    if "--help" in args:
-        print(help_text(command))
-    else:
-        COMMANDS[command][1](args)
+    args = build_parser().parse_args(argv)
+    args.func(args)
 
 
 def main(argv=None) -> int:

@@ -317,56 +317,15 @@ def collect_environment(device):
     Reads no environment variable and records no hostname, user name, path, GPU UUID
     or serial number.  Each query that fails leaves null and a line in ``field_errors``.
     """
-    import platform  # here only: the estimate's start-up does not pay for it
-
     index = device_index(device)
-    field_errors = {}
-
-    def query(name, function):
-        try:
-            with CapturedWarnings(field_errors):
-                return function()
-        except Exception as exc:
-            field_errors[name] = describe_error(exc)
-            return None
-
-    environment = {
-        "python": {
-            "version": platform.python_version(),
-            "implementation": platform.python_implementation(),
-        },
-        "os": {"name": platform.system(), "release": platform.release(), "machine": platform.machine()},
-        "torch": None,
-        "torch_error": None,
-        "cuda_build": None,
-        "hip_build": None,
-        "cudnn_or_miopen_version": None,
-        "device": device,
-        "device_count": None,
-        "gpu_available": False,
-        "gpu_unavailable_reason": None,
-        "gpu": None,
-        "settings": dict.fromkeys(SETTINGS),
-        "field_errors": field_errors,
-        "driver_note": DRIVER_NOTE,
-        "driver_commands": dict(DRIVER_COMMANDS),
-    }
+    environment = _empty_environment(device)
+    query = _field_query(environment["field_errors"])
     torch, environment["torch_error"] = import_torch()
     if torch is None:
         environment["gpu_unavailable_reason"] = "PyTorch is not importable"
         return environment
     environment["torch"] = query("torch", lambda: str(torch.__version__))
-    settings = environment["settings"]
-    matmul = torch.backends.cuda.matmul
-    # Read from PyTorch's API (never from environment variables): these change the figures.
-    settings["float32_matmul_precision"] = query("float32_matmul_precision", torch.get_float32_matmul_precision)
-    settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
-    settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
-    for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
-        settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
-    settings["preferred_blas_library"] = query(
-        "preferred_blas_library", lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
-    )
+    _read_settings(torch, query, environment["settings"])
     environment["cuda_build"] = query("cuda_build", lambda: torch.version.cuda)
     environment["hip_build"] = query("hip_build", lambda: getattr(torch.version, "hip", None))
     environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: torch.backends.cudnn.version())
@@ -386,13 +345,79 @@ def collect_environment(device):
     if properties is None:
         environment["gpu_unavailable_reason"] = f"the properties of {device} cannot be read"
         return environment
+    environment["gpu_available"] = True
+    environment["gpu"] = _gpu_fields(torch, query, index, properties, environment["hip_build"])
+    settings = environment["settings"]
+    settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
+    for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.10 exposes them
+        function = getattr(torch.backends.cuda, name, None)
+        if function is not None:
+            settings[f"{name}_bytes"] = query(name, lambda function=function: _on_device(torch, index, function))
+    return environment
+
+
+def _empty_environment(device):
+    """The environment's fields before PyTorch is asked anything: Python and the OS only."""
+    import platform  # here only: the estimate's start-up does not pay for it
+
+    return {
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        },
+        "os": {"name": platform.system(), "release": platform.release(), "machine": platform.machine()},
+        "torch": None,
+        "torch_error": None,
+        "cuda_build": None,
+        "hip_build": None,
+        "cudnn_or_miopen_version": None,
+        "device": device,
+        "device_count": None,
+        "gpu_available": False,
+        "gpu_unavailable_reason": None,
+        "gpu": None,
+        "settings": dict.fromkeys(SETTINGS),
+        "field_errors": {},
+        "driver_note": DRIVER_NOTE,
+        "driver_commands": dict(DRIVER_COMMANDS),
+    }
+
+
+def _field_query(field_errors):
+    """``query(name, function)``: function's value, or None with a line in ``field_errors`` when it fails."""
+
+    def query(name, function):
+        try:
+            with CapturedWarnings(field_errors):
+                return function()
+        except Exception as exc:
+            field_errors[name] = describe_error(exc)
+            return None
+
+    return query
+
+
+def _read_settings(torch, query, settings):
+    """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
+    matmul = torch.backends.cuda.matmul
+    settings["float32_matmul_precision"] = query("float32_matmul_precision", torch.get_float32_matmul_precision)
+    settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
+    settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
+    for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+        settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
+    settings["preferred_blas_library"] = query(
+        "preferred_blas_library", lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
+    )
+
+
+def _gpu_fields(torch, query, index, properties, hip_build):
+    """The chosen GPU as the runtime announces it (no UUID, no serial number)."""
     free_and_total = query("mem_get_info", lambda: torch.cuda.mem_get_info(index)) or (None, None)
     total_bytes = int(properties.total_memory)
-    environment["gpu_available"] = True
-    environment["gpu"] = {
+    return {
         "name": str(properties.name),
         "compute_capability": f"{properties.major}.{properties.minor}",
-        "gcn_arch_name": getattr(properties, "gcnArchName", None) if environment["hip_build"] else None,
+        "gcn_arch_name": getattr(properties, "gcnArchName", None) if hip_build else None,
         "multi_processor_count": getattr(properties, "multi_processor_count", None),
         "total_memory_bytes": total_bytes,
         "total_memory_gib": decimal_ratio(total_bytes, GIB_BYTES),
@@ -400,12 +425,6 @@ def collect_environment(device):
         "mem_get_info_total_bytes": free_and_total[1],
         "allocator_backend": query("allocator_backend", lambda: torch.cuda.memory.get_allocator_backend()),
     }
-    settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
-    for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.10 exposes them
-        function = getattr(torch.backends.cuda, name, None)
-        if function is not None:
-            settings[f"{name}_bytes"] = query(name, lambda function=function: _on_device(torch, index, function))
-    return environment
 
 
 def _on_device(torch, index, function):
@@ -558,7 +577,7 @@ def _phase_events(name, config):
     return _forward_pass()
 
 
-def _simulate(events, sizes):
+def _simulate(events, tensor_bytes):
     """End and peak of the requested and allocated bytes, relative to the phase's baseline."""
     live = {}
     peak = {"requested": 0, "allocated": 0, "slack": 0}
@@ -566,14 +585,16 @@ def _simulate(events, sizes):
 
     def slack(names):
         return sum(
-            ALLOCATOR_SMALL_BLOCK_BYTES for n in names if allocated_block_bytes(sizes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES
+            ALLOCATOR_SMALL_BLOCK_BYTES
+            for n in names
+            if allocated_block_bytes(tensor_bytes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES
         )
 
     for action, tensor in events:
         if action == "free":
             del live[tensor]
             continue
-        live[tensor] = sizes[tensor]
+        live[tensor] = tensor_bytes[tensor]
         requested = sum(live.values())
         if requested > peak["requested"]:
             peak["requested"], alive_at_peak = requested, list(live)
@@ -616,24 +637,24 @@ def predict_memory(config):
     model = synthetic_model(config)
     element_bytes = DTYPE_BYTES[config["dtype"]]
     rows = config["batch"] * config["context"]
-    sizes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
-    sizes.update(inputs=model["input_bytes"], output=model["output_bytes"])
-    sizes.update(fc1_output=rows * model["hidden_width"] * element_bytes)
-    sizes.update(gelu_output=rows * model["hidden_width"] * element_bytes)
+    tensor_bytes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
+    tensor_bytes.update(inputs=model["input_bytes"], output=model["output_bytes"])
+    tensor_bytes.update(fc1_output=rows * model["hidden_width"] * element_bytes)
+    tensor_bytes.update(gelu_output=rows * model["hidden_width"] * element_bytes)
     phases, level, peak, peak_phase = [], 0, 0, None
     for name, labels in _phase_labels(config):
-        predicted = _simulate(_phase_events(name, config), sizes)
+        predicted = _simulate(_phase_events(name, config), tensor_bytes)
         record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
         record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
-        workspace = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
-        if workspace:
+        workspace_bytes = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
+        if workspace_bytes:
             record["blas_workspace"] = (
                 "allocated by the first matrix product and kept: measured by the run, not predicted here "
                 "(the allowance counts it in the predicted peak)"
             )
-        if level + workspace + predicted["peak_allocated_bytes"] > peak:
-            peak, peak_phase = level + workspace + predicted["peak_allocated_bytes"], name
-        level += workspace + predicted["end_allocated_bytes"]
+        if level + workspace_bytes + predicted["peak_allocated_bytes"] > peak:
+            peak, peak_phase = level + workspace_bytes + predicted["peak_allocated_bytes"], name
+        level += workspace_bytes + predicted["end_allocated_bytes"]
         phases.append(record)
         # Outputs are released when a phase ends: the next baseline holds weights, inputs, workspace.
         if name not in ("model_load", "inputs"):
@@ -643,7 +664,7 @@ def predict_memory(config):
         "what": "a prediction from arithmetic alone (no PyTorch, no GPU) of what each phase of measure "
         "should do to PyTorch's CUDA caching allocator",
         "configuration": dict(config),
-        "tensor_bytes": sizes,
+        "tensor_bytes": tensor_bytes,
         "allocator_rounding_bytes": ALLOCATOR_ROUNDING_BYTES,
         "large_block_slack_bytes": ALLOCATOR_SMALL_BLOCK_BYTES,
         "blas_workspace_allowance_bytes": BLAS_WORKSPACE_ALLOWANCE_BYTES,
@@ -749,7 +770,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     dtype = getattr(torch, config["dtype"])
     records = []
 
-    def phase(name, work, **labels):
+    def timed_phase(name, work, **labels):
         try:
             record, output = run_phase(cuda, device, name, work, clock)
         except Exception as exc:
@@ -778,17 +799,17 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     except Exception as exc:
         raise KitError(f"seeding failed: {describe_error(exc)}; nothing measured, no file written") from None
     with torch.inference_mode():
-        model = phase("model_load", load_model)
-        inputs = phase("inputs", make_inputs)
-        # Forward outputs are not kept: each is released when phase() returns, except the
+        model = timed_phase("model_load", load_model)
+        inputs = timed_phase("inputs", make_inputs)
+        # Forward outputs are not kept: each is released when timed_phase() returns, except the
         # last, which is released only after its summary.
-        phase("cold_forward", lambda: model(inputs))
+        timed_phase("cold_forward", lambda: model(inputs))
         if config["warmup"]:
-            phase("warmup", warmup_passes, passes=config["warmup"])
+            timed_phase("warmup", warmup_passes, passes=config["warmup"])
         output = None
         for repetition in range(1, config["repeats"] + 1):
             output = None  # release the previous repetition's output before the next pass
-            output = phase("warm_forward", lambda: model(inputs), repetition=repetition)
+            output = timed_phase("warm_forward", lambda: model(inputs), repetition=repetition)
         try:
             summary = summarize_output(torch, output)
         except Exception as exc:
@@ -811,58 +832,17 @@ def check_prediction(records, plan):
     measured: what it leaves allocated beyond the predicted output.  Returns
     (records, prediction_check, workspace).
     """
-    predicted_phases = plan["phases"]
     disagreements, not_checked = [], []
     workspace = {"measured_bytes": None, "requested_bytes": None,
                  "how": "cold_forward's end level above its baseline, less its predicted output: what the first "
                  "forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
                  "allowance_bytes": plan["blas_workspace_allowance_bytes"]}  # fmt: skip
     checked = []
-    for record, predicted in zip(records, predicted_phases, strict=True):
+    for record, predicted in zip(records, plan["phases"], strict=True):
         expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
-        measured = {
-            "end_allocated_bytes": record["end_allocated_bytes"] - record["baseline_allocated_bytes"],
-            "peak_allocated_bytes": record["peak_allocated_bytes"] - record["baseline_allocated_bytes"],
-        }
-        if record.get("baseline_requested_bytes") is not None:
-            for counter in ("end_requested_bytes", "peak_requested_bytes"):
-                measured[counter] = record[counter] - record["baseline_requested_bytes"]
-        low = {counter: expected[counter] for counter in measured}
-        high = dict(low)
-        high["end_allocated_bytes"] += predicted["end_allocated_slack_bytes"]
-        high["peak_allocated_bytes"] += predicted["peak_allocated_slack_bytes"]
-        if record["phase"] == "cold_forward" and workspace["measured_bytes"] is None:
-            # The workspace stays allocated: it sits in the end level and, from the first
-            # product on, in the peak.  The end only has to hold at least the output.
-            workspace_bytes = measured["end_allocated_bytes"] - expected["end_allocated_bytes"]
-            workspace["measured_bytes"] = workspace_bytes
-            high["end_allocated_bytes"] = None
-            low["peak_allocated_bytes"] += workspace_bytes - predicted["end_allocated_slack_bytes"]
-            high["peak_allocated_bytes"] += workspace_bytes
-            if "end_requested_bytes" in measured:
-                workspace_requested = measured["end_requested_bytes"] - expected["end_requested_bytes"]
-                workspace["requested_bytes"] = workspace_requested
-                high["end_requested_bytes"] = None
-                low["peak_requested_bytes"] += workspace_requested
-                high["peak_requested_bytes"] += workspace_requested
-        record_disagreements = []
-        for counter in PREDICTED_COUNTERS:
-            if counter not in measured:
-                continue
-            value = measured[counter]
-            if value < low[counter] or (high[counter] is not None and value > high[counter]):
-                closest = low[counter] if value < low[counter] else high[counter]
-                record_disagreements.append(
-                    {
-                        "phase": record["phase"],
-                        "repetition": record.get("repetition"),
-                        "counter": counter,
-                        "predicted_bytes": closest,
-                        "measured_bytes": value,
-                        "difference_bytes": value - closest,
-                        "relative_to": "the phase's baseline",
-                    }  # fmt: skip
-                )
+        measured = _above_baseline(record)
+        low, high = _accepted_range(record, predicted, expected, measured, workspace)
+        record_disagreements = _disagreements(record, measured, low, high)
         record["predicted"] = {**expected, "relative_to": "the phase's baseline",
                                "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
                                "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"]}  # fmt: skip
@@ -886,6 +866,66 @@ def check_prediction(records, plan):
     prediction_check = {"agrees": not disagreements and not not_checked, "disagreements": disagreements,
                         "not_checked": not_checked}  # fmt: skip
     return checked, prediction_check, workspace
+
+
+def _above_baseline(record):
+    """The measured counters of one phase above its baseline (requested bytes where PyTorch has them)."""
+    measured = {
+        "end_allocated_bytes": record["end_allocated_bytes"] - record["baseline_allocated_bytes"],
+        "peak_allocated_bytes": record["peak_allocated_bytes"] - record["baseline_allocated_bytes"],
+    }
+    if record.get("baseline_requested_bytes") is not None:
+        for counter in ("end_requested_bytes", "peak_requested_bytes"):
+            measured[counter] = record[counter] - record["baseline_requested_bytes"]
+    return measured
+
+
+def _accepted_range(record, predicted, expected, measured, workspace):
+    """(low, high): the bounds each measured counter must lie within (high None: no upper bound).
+
+    On the first cold_forward, records the measured workspace in ``workspace`` and widens the bounds by it."""
+    low = {counter: expected[counter] for counter in measured}
+    high = dict(low)
+    high["end_allocated_bytes"] += predicted["end_allocated_slack_bytes"]
+    high["peak_allocated_bytes"] += predicted["peak_allocated_slack_bytes"]
+    if record["phase"] == "cold_forward" and workspace["measured_bytes"] is None:
+        # The workspace stays allocated: it sits in the end level and, from the first
+        # product on, in the peak.  The end only has to hold at least the output.
+        workspace_bytes = measured["end_allocated_bytes"] - expected["end_allocated_bytes"]
+        workspace["measured_bytes"] = workspace_bytes
+        high["end_allocated_bytes"] = None
+        low["peak_allocated_bytes"] += workspace_bytes - predicted["end_allocated_slack_bytes"]
+        high["peak_allocated_bytes"] += workspace_bytes
+        if "end_requested_bytes" in measured:
+            workspace_requested = measured["end_requested_bytes"] - expected["end_requested_bytes"]
+            workspace["requested_bytes"] = workspace_requested
+            high["end_requested_bytes"] = None
+            low["peak_requested_bytes"] += workspace_requested
+            high["peak_requested_bytes"] += workspace_requested
+    return low, high
+
+
+def _disagreements(record, measured, low, high):
+    """One entry per measured counter outside its range, with the closest bound as the prediction."""
+    found = []
+    for counter in PREDICTED_COUNTERS:
+        if counter not in measured:
+            continue
+        value = measured[counter]
+        if value < low[counter] or (high[counter] is not None and value > high[counter]):
+            closest = low[counter] if value < low[counter] else high[counter]
+            found.append(
+                {
+                    "phase": record["phase"],
+                    "repetition": record.get("repetition"),
+                    "counter": counter,
+                    "predicted_bytes": closest,
+                    "measured_bytes": value,
+                    "difference_bytes": value - closest,
+                    "relative_to": "the phase's baseline",
+                }  # fmt: skip
+            )
+    return found
 
 
 def _name_limits(folder):
@@ -1014,39 +1054,10 @@ def measure(config, tool):
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
     cuda = torch.cuda
-
-    def set_up(step, function):
-        # A set-up failure is a refusal (exit 2): one line, nothing measured, nothing written.
-        try:
-            return function()
-        except KitError:
-            raise
-        except Exception as exc:
-            raise KitError(
-                f"{step} failed on {config['device']}: {describe_error(exc)}; nothing measured, no file written"
-            ) from None
-
+    set_up = _set_up_step(config["device"])
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     environment = collect_environment(config["device"])
-    if not environment["gpu_available"]:
-        raise KitError(
-            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; "
-            "nothing measured, no CPU fallback, no file written"
-        )
-    index = device_index(config["device"])
-    problem = set_up("the dtype probe", lambda: _dtype_problem(torch, index, config["dtype"]))
-    if problem:
-        raise KitError(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
-    problem = fit_problem(plan, environment)  # before any GPU allocation of the kit's own
-    if problem:
-        raise KitError(problem)
-    host_bytes = _host_memory_bytes()
-    cpu_build_bytes = model_summary["parameters"] * 4  # built in float32 on the CPU first
-    if host_bytes is not None and cpu_build_bytes > host_bytes:
-        raise KitError(
-            f"building the model on the CPU needs {in_units(cpu_build_bytes)} GiB, more than this "
-            f"machine's {in_units(host_bytes)} GiB of RAM: shrink --width"
-        )
+    index = _refuse_what_cannot_run(torch, set_up, config, plan, environment, model_summary)
     device = torch.device("cuda", index)
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
@@ -1055,17 +1066,7 @@ def measure(config, tool):
     try:
         phases, output_summary = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
-        sizes = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
-        error = failure.error
-        out_of_memory = getattr(cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
-        if isinstance(error, out_of_memory) or "out of memory" in str(error).lower():
-            raise MeasurementFailed(
-                f"out of memory in phase {failure.phase} ({sizes}) on {config['device']}: "
-                "nothing written; shrink one dimension and retry in a new process"
-            ) from None
-        raise MeasurementFailed(
-            f"phase {failure.phase} failed ({sizes}): {describe_error(error)}; nothing written"
-        ) from None
+        raise _measurement_failed(torch, config, failure) from None
     phases, prediction_check, workspace = check_prediction(phases, plan)
     fresh = allocated_before == 0 and reserved_before == 0
     return {
@@ -1092,6 +1093,61 @@ def measure(config, tool):
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
+
+
+def _set_up_step(device):
+    """``set_up(step, function)``: function's value; a failure is a refusal (exit 2): one line,
+    nothing measured, nothing written."""
+
+    def set_up(step, function):
+        try:
+            return function()
+        except KitError:
+            raise
+        except Exception as exc:
+            raise KitError(
+                f"{step} failed on {device}: {describe_error(exc)}; nothing measured, no file written"
+            ) from None
+
+    return set_up
+
+
+def _refuse_what_cannot_run(torch, set_up, config, plan, environment, model_summary):
+    """Refuse, before the kit allocates anything on the GPU: no usable GPU, a dtype it lacks, a predicted
+    peak that cannot fit, a model the host cannot build.  Returns the device's index."""
+    if not environment["gpu_available"]:
+        raise KitError(
+            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; "
+            "nothing measured, no CPU fallback, no file written"
+        )
+    index = device_index(config["device"])
+    problem = set_up("the dtype probe", lambda: _dtype_problem(torch, index, config["dtype"]))
+    if problem:
+        raise KitError(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
+    problem = fit_problem(plan, environment)
+    if problem:
+        raise KitError(problem)
+    host_bytes = _host_memory_bytes()
+    cpu_build_bytes = model_summary["parameters"] * 4  # built in float32 on the CPU first
+    if host_bytes is not None and cpu_build_bytes > host_bytes:
+        raise KitError(
+            f"building the model on the CPU needs {in_units(cpu_build_bytes)} GiB, more than this "
+            f"machine's {in_units(host_bytes)} GiB of RAM: shrink --width"
+        )
+    return index
+
+
+def _measurement_failed(torch, config, failure):
+    """The MeasurementFailed (exit 3) for a failed phase: out of memory named as such."""
+    dimensions = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
+    error = failure.error
+    out_of_memory = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
+    if isinstance(error, out_of_memory) or "out of memory" in str(error).lower():
+        return MeasurementFailed(
+            f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
+            "nothing written; shrink one dimension and retry in a new process"
+        )
+    return MeasurementFailed(f"phase {failure.phase} failed ({dimensions}): {describe_error(error)}; nothing written")
 
 
 def to_json(data):
@@ -1147,23 +1203,23 @@ def write_new_file(path, text):
             pass
 
 
-def measure_to_file(config, output, tool):
+def measure_to_file(config, output_path, tool):
     """The whole measurement: refuse an unusable output first, measure, then write atomically.
 
     Warnings PyTorch raises meanwhile are not printed: they are recorded in the result's
     ``environment.field_errors``.
     """
-    check_new_output(output)
+    check_new_output(output_path)
     with CapturedWarnings():
         result = measure(config, tool)
     environment = result.get("environment")
     if PYTORCH_WARNINGS and isinstance(environment, dict) and isinstance(environment.get("field_errors"), dict):
         environment["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
     try:
-        write_new_file(output, to_json(result))
+        write_new_file(output_path, to_json(result))
     except OSError as error:
         raise KitError(
-            f"--output: cannot write {shown_name(output)}: {describe_error(error)}; nothing written"
+            f"--output: cannot write {shown_name(output_path)}: {describe_error(error)}; nothing written"
         ) from None
     return result
 
@@ -1328,8 +1384,12 @@ def _checked_result(path, result):
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
-    sizes = {key: _count(config.get(key)) for key in ("batch", "context", "width")}
-    if not all(sizes.values()) or config.get("dtype") not in DTYPE_BYTES or _count(model.get("parameters")) is None:
+    dimensions = {key: _count(config.get(key)) for key in ("batch", "context", "width")}
+    if (
+        not all(dimensions.values())
+        or config.get("dtype") not in DTYPE_BYTES
+        or _count(model.get("parameters")) is None
+    ):
         raise _result_problem(path, "its configuration or parameter count is not one measure writes")
     gpu = environment.get("gpu")
     identity = {
@@ -1338,47 +1398,54 @@ def _checked_result(path, result):
     }
     if not all(value is None or isinstance(value, str) for value in identity.values()):
         raise _result_problem(path, "its environment's GPU name, PyTorch or build is not text")
-    phases = result.get("phases")
-    fields = ("nanoseconds", "peak_allocated_bytes", "peak_reserved_bytes")
-    if not isinstance(phases, list) or not all(
-        isinstance(phase, dict)
-        and phase.get("phase") in PHASES
-        and all(_count(phase.get(f)) is not None for f in fields)
-        for phase in phases
-    ):
-        raise _result_problem(path, "a phase line is missing its name, time or peak counters")
-    cold = [phase for phase in phases if phase["phase"] == "cold_forward"]
-    warm = [phase for phase in phases if phase["phase"] == "warm_forward"]
-    if len(cold) != 1 or not warm:
-        raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
-    checks = {}
-    if version >= 2:
-        for key, flag in (("prediction_check", "agrees"), ("output_summary", "all_finite")):
-            value = result.get(key)
-            if not isinstance(value, dict) or not isinstance(value.get(flag), bool):
-                raise _result_problem(path, f"schema 2 needs {key}.{flag}, true or false")
-            checks[flag] = value[flag]
-        # "agrees" is also false when a counter was unavailable: tell a disagreement from a phase not checked.
-        checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
-        checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
-            checks["agrees"] or checks["not_checked"]
-        )
-    warning = config.get("fresh_process_warning")
+    phases, cold, warm = _checked_phases(path, result.get("phases"))
+    checks = _schema_2_checks(path, result) if version >= 2 else {}
     return {
         "schema_version": version,
         "identity": identity,
-        "sizes": sizes,
+        "dimensions": dimensions,
         "dtype": config["dtype"],
         "parameters": model["parameters"],
         # Only these figures are kept, so that the parsed file can be freed before the next is read.
-        "peak_allocated_bytes": max(phase["peak_allocated_bytes"] for phase in phases),
-        "peak_reserved_bytes": max(phase["peak_reserved_bytes"] for phase in phases),
+        "peak_allocated_bytes": max(line["peak_allocated_bytes"] for line in phases),
+        "peak_reserved_bytes": max(line["peak_reserved_bytes"] for line in phases),
         "cold_ns": cold[0]["nanoseconds"],
-        "warm_ns": [phase["nanoseconds"] for phase in warm],
+        "warm_ns": [line["nanoseconds"] for line in warm],
         "warm_median_device_ms": _device_median_ms(warm),
-        "not_fresh": warning is not None,
+        "not_fresh": config.get("fresh_process_warning") is not None,
         **checks,
     }
+
+
+def _checked_phases(path, phases):
+    """(phase lines, the cold_forward line in a list, the warm_forward lines), each line checked."""
+    fields = ("nanoseconds", "peak_allocated_bytes", "peak_reserved_bytes")
+    if not isinstance(phases, list) or not all(
+        isinstance(line, dict) and line.get("phase") in PHASES and all(_count(line.get(f)) is not None for f in fields)
+        for line in phases
+    ):
+        raise _result_problem(path, "a phase line is missing its name, time or peak counters")
+    cold = [line for line in phases if line["phase"] == "cold_forward"]
+    warm = [line for line in phases if line["phase"] == "warm_forward"]
+    if len(cold) != 1 or not warm:
+        raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
+    return phases, cold, warm
+
+
+def _schema_2_checks(path, result):
+    """The verdicts schema 2 records: the prediction's and the output's."""
+    checks = {}
+    for key, flag in (("prediction_check", "agrees"), ("output_summary", "all_finite")):
+        value = result.get(key)
+        if not isinstance(value, dict) or not isinstance(value.get(flag), bool):
+            raise _result_problem(path, f"schema 2 needs {key}.{flag}, true or false")
+        checks[flag] = value[flag]
+    # "agrees" is also false when a counter was unavailable: tell a disagreement from a phase not checked.
+    checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
+    checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
+        checks["agrees"] or checks["not_checked"]
+    )
+    return checks
 
 
 def _device_median_ms(warm):
@@ -1409,7 +1476,7 @@ def report_rows(named_results):
     first = checked[0][1]["identity"] if checked else {}
     rows = []
     for path, item in checked:
-        batch, context, width = (item["sizes"][key] for key in ("batch", "context", "width"))
+        batch, context, width = (item["dimensions"][key] for key in ("batch", "context", "width"))
         median_ns = _median(item["warm_ns"])
         flop = forward_flop(batch, context, width)
         with exact_context():

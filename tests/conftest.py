@@ -266,3 +266,95 @@ class _StandInEvent:
         assert self.recorded is not None and end.recorded is not None, "elapsed_time of an event never recorded"
         assert self.recorded < end.recorded, "elapsed_time from an event to itself or to an earlier one"
         return self.recorder._record("elapsed_time", self.recorder.device_ms)
+
+
+# --- part "mesure": helpers shared by the feature files of mesure_memoire.py ------------------------
+import mesure_memoire  # noqa: E402 -- importable once ROOT is on sys.path
+
+MESURE_SCRIPT = str(ROOT / "mesure_memoire.py")
+
+MIB = 2**20
+GIB = 2**30
+
+
+@pytest.fixture
+def no_earlier_warnings(monkeypatch):
+    """Warnings PyTorch raised in earlier tests would be reported in field_errors: start from none."""
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+
+
+def config(**overrides):
+    values = dict(device="cuda:0", batch=1, context=16, width=64, dtype="float32", warmup=1, repeats=2, seed=0)
+    values.update(overrides)
+    return mesure_memoire.measure_config(**values)
+
+
+def kit_error_of(function, *args):
+    """The KitError message ``function(*args)`` raises."""
+    with pytest.raises(mesure_memoire.KitError) as caught:
+        function(*args)
+    return str(caught.value)
+
+
+MINE = b'{"mine": true}\n'
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """The working folder: an existing result, a FIFO, a subfolder; the cwd of in-process cases."""
+    (tmp_path / "existing.json").write_bytes(MINE)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "kept.txt").write_text("kept\n")
+    os.mkfifo(tmp_path / "fifo")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [], raising=False)
+    return tmp_path
+
+
+def assert_one_line(err, *fragments):
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mesure_memoire.py: "), lines[0]
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def run_in_process(capsys, folder, argv):
+    before = tree_digest(folder)
+    code = mesure_memoire.main(argv)
+    captured = capsys.readouterr()
+    assert tree_digest(folder) == before
+    return code, captured
+
+
+MEASURE = ["measure", "--device", "cuda:0"]
+
+
+BLOCK_NUMPY = (
+    "import runpy, sys; sys.modules['numpy'] = None; sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def assert_refused_before_any_work(folder, capsys, monkeypatch, argv, *fragments):
+    """``main(argv)`` refuses in one line, exit 2, before measure() could run: nothing printed, no file changed."""
+
+    def no_gpu_work(config, tool):
+        raise AssertionError("measure() ran: the refusal came too late")
+
+    monkeypatch.setattr(mesure_memoire, "measure", no_gpu_work)
+    code, captured = run_in_process(capsys, folder, argv)
+    assert code == 2
+    assert captured.out == ""
+    return assert_one_line(captured.err, "mesure_memoire.py: error: ", *fragments)
+
+
+def plain_ids(cases):
+    """Plain ASCII ids, unique by their number: the mutation pass selects tests by id, and ids holding
+    quotes, brackets or escapes were not found again when it ran a second session in the same process."""
+    import re
+
+    return [f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.-]+", "_", " ".join(case[0]))[:50] for number, case in
+            enumerate(cases)]  # fmt: skip

@@ -1,15 +1,35 @@
 """`mesure_memoire.py environment`: a diagnosis that degrades field by field and stays private."""
 
+import errno
 import getpass
+import importlib.util
 import json
 import os
 import socket
+import subprocess
+import sys
+import types
+import warnings
+from decimal import Decimal
 
 import pytest
 import torch
 
 import mesure_memoire
-from conftest import ROOT, assert_one_line_refusal, run_script
+from conftest import (
+    BLOCK_NUMPY,
+    GIB,
+    MESURE_SCRIPT,
+    MIB,
+    ROOT,
+    assert_one_line_refusal,
+    assert_refused_before_any_work,
+    plain_ids,
+    run_script,
+)
+
+# PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
+pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
 
 
 @pytest.mark.whole_kit
@@ -135,15 +155,6 @@ def test_redact_removes_paths():
     assert "Users" not in mesure_memoire.redact(r"failed at C:\Users\ana\torch\lib\c10.dll")
 
 
-@pytest.mark.parametrize("command", [[], ["estimate"], ["environment"], ["measure"]])
-def test_help_of_each_command(command, capsys):
-    assert mesure_memoire.main([*command, "--help"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("usage: mesure_memoire.py")
-    expected = {"estimate": "--reserve-gib", "environment": "--device", "measure": "--repeats"}
-    assert expected.get(command[0] if command else None, "estimate") in out
-
-
 @pytest.mark.parametrize(
     ("message", "expected"),
     [
@@ -200,7 +211,6 @@ def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, caps
 
     class Loader:  # a stand-in "torch" module whose import warns, as PyTorch does without NumPy
         def find_spec(self, name, path=None, target=None):
-            import importlib.util
 
             return importlib.util.spec_from_loader(name, self) if name == "torch" else None
 
@@ -219,3 +229,363 @@ def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, caps
     assert module is sys.modules["torch"] and error is None
     assert capsys.readouterr().err == ""
     assert mesure_memoire.PYTORCH_WARNINGS == ["UserWarning: Failed to initialize NumPy (at <path>)"]
+
+
+# --- the device probes (stand-ins record the device index of every query) -----------------------------
+
+
+@pytest.fixture
+def recorded_indices(stand_in_gpu, monkeypatch):
+    """stand_in_gpu with two devices, whose per-device queries record the index they are given."""
+    properties = stand_in_gpu(count=2)
+    seen = []
+
+    def recording(name, answer):
+        def query(index, *args, **kwargs):
+            seen.append((name, index))
+            return answer(*args, **kwargs)
+
+        return query
+
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", recording("get_device_properties", lambda: properties))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", recording("get_device_capability", lambda: (9, 0)))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", recording("mem_get_info", lambda: (79 * GIB, 80 * GIB)))
+    monkeypatch.setattr(torch.cuda, "device", recording("device", contextlib.nullcontext))
+    return types.SimpleNamespace(seen=seen, properties=properties)
+
+
+def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indices, monkeypatch):
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.setattr(matmul, "allow_tf32", True)
+    monkeypatch.setattr(matmul, "allow_fp16_reduced_precision_reduction", False)
+    monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", True)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "torch._C._BlasBackend.Cublaslt")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
+    recorded_indices.properties.gcnArchName = "gfx90a"  # kept only from a ROCm build
+    environment = mesure_memoire.collect_environment("cuda:1")
+    assert set(environment["python"]) == {"version", "implementation"}
+    assert set(environment["os"]) == {"name", "release", "machine"}
+    del environment["python"], environment["os"]
+    assert environment == {
+        "torch": torch.__version__, "torch_error": None, "cuda_build": "13.0", "hip_build": None,
+        "cudnn_or_miopen_version": 91002, "device": "cuda:1", "device_count": 2, "gpu_available": True,
+        "gpu_unavailable_reason": None,
+        "gpu": {"name": "Stand-in GPU", "compute_capability": "9.0", "gcn_arch_name": None,
+                "multi_processor_count": 132, "total_memory_bytes": 80 * GIB, "total_memory_gib": Decimal(80),
+                "mem_get_info_free_bytes": 79 * GIB, "mem_get_info_total_bytes": 80 * GIB,
+                "allocator_backend": "cudaMallocAsync"},
+        "settings": {"float32_matmul_precision": "high", "cuda_matmul_allow_tf32": True, "cudnn_allow_tf32": False,
+                     "cuda_matmul_allow_fp16_reduced_precision_reduction": False,
+                     "cuda_matmul_allow_bf16_reduced_precision_reduction": True,
+                     "preferred_blas_library": "Cublaslt", "allocator_backend": "cudaMallocAsync",
+                     "cublas_workspace_size_bytes": 8 * MIB + 128 * 2**10, "cublaslt_workspace_size_bytes": MIB},
+        "field_errors": {}, "driver_note": mesure_memoire.DRIVER_NOTE,
+        "driver_commands": mesure_memoire.DRIVER_COMMANDS,
+    }  # fmt: skip
+    # Every per-device query names device 1; the workspace sizes are read with device 1 current.
+    assert recorded_indices.seen == [("get_device_properties", 1), ("mem_get_info", 1), ("device", 1), ("device", 1)]
+    assert environment["driver_commands"] is not mesure_memoire.DRIVER_COMMANDS
+
+
+def test_attributes_an_older_pytorch_lacks_are_null_not_errors(recorded_indices, monkeypatch):
+    del recorded_indices.properties.multi_processor_count
+    monkeypatch.delattr(torch.version, "hip")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["hip_build"] is None and environment["gpu"]["multi_processor_count"] is None
+    assert environment["field_errors"] == {}
+    monkeypatch.setattr(torch.version, "hip", "7.0.1", raising=False)  # a ROCm build without gcnArchName
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["gpu"]["gcn_arch_name"] is None and environment["field_errors"] == {}
+
+
+def test_the_collector_on_a_rocm_build_keeps_the_architecture(recorded_indices, monkeypatch):
+    recorded_indices.properties.gcnArchName = "gfx942:sramecc+:xnack-"
+    recorded_indices.properties.major, recorded_indices.properties.minor = 9, 4
+    monkeypatch.setattr(torch.version, "hip", "7.0.1")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["hip_build"] == "7.0.1" and environment["cuda_build"] is None
+    assert environment["gpu"]["gcn_arch_name"] == "gfx942:sramecc+:xnack-"
+    assert environment["gpu"]["compute_capability"] == "9.4"
+    assert environment["settings"]["cublas_workspace_size_bytes"] == 8 * MIB + 128 * 2**10
+    assert environment["settings"]["cublaslt_workspace_size_bytes"] is None  # no such query: left null
+    assert environment["field_errors"] == {}
+    assert recorded_indices.seen == [("get_device_properties", 0), ("mem_get_info", 0), ("device", 0)]
+
+
+@pytest.mark.parametrize(
+    ("count", "device", "reason"),
+    [
+        (2, "cuda:2", "cuda:2 is out of range: PyTorch sees 2 device(s)"),
+        (None, "cuda:0", "cuda:0 is out of range: PyTorch sees None device(s)"),
+    ],
+)
+def test_the_collector_names_a_device_out_of_range(stand_in_gpu, monkeypatch, count, device, reason):
+    stand_in_gpu(count=2)
+    if count is None:
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 / 0)
+    environment = mesure_memoire.collect_environment(device)
+    assert environment["gpu_available"] is False and environment["gpu"] is None
+    assert environment["gpu_unavailable_reason"] == reason
+    assert environment["device_count"] == count
+
+
+def test_the_collector_when_the_gpu_is_not_visible_or_unreadable(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["gpu_unavailable_reason"] == (
+        "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)"
+    )
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert mesure_memoire.collect_environment("cuda:0")["gpu_unavailable_reason"] == (
+        "this PyTorch build has no CUDA or ROCm support"
+    )
+    monkeypatch.setattr(torch.version, "hip", "7.0")
+    assert mesure_memoire.collect_environment("cuda:0")["gpu_unavailable_reason"].startswith("torch.cuda.is_avail")
+    stand_in_gpu()
+
+    def unreadable(index):
+        raise RuntimeError("no properties")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", unreadable)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["gpu_unavailable_reason"] == "the properties of cuda:0 cannot be read"
+    assert environment["gpu_available"] is False and environment["gpu"] is None
+    assert environment["field_errors"] == {"properties": "RuntimeError: no properties"}
+
+
+def test_each_failing_query_leaves_null_and_names_itself(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken")
+
+    for owner, name in [(torch, "get_float32_matmul_precision"), (torch.backends.cuda, "preferred_blas_library"),
+                        (torch.backends.cudnn, "version"), (torch.cuda.memory, "get_allocator_backend"),
+                        (torch.backends.cuda, "cublas_workspace_size"),
+                        (torch.backends.cuda, "cublaslt_workspace_size")]:  # fmt: skip
+        monkeypatch.setattr(owner, name, broken)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["field_errors"] == dict.fromkeys(
+        ["float32_matmul_precision", "preferred_blas_library", "cudnn_or_miopen_version", "allocator_backend",
+         "cublas_workspace_size", "cublaslt_workspace_size"], "RuntimeError: broken"
+    )  # fmt: skip
+    settings = environment["settings"]
+    assert [
+        settings[key]
+        for key in (
+            "float32_matmul_precision",
+            "preferred_blas_library",
+            "allocator_backend",
+            "cublas_workspace_size_bytes",
+            "cublaslt_workspace_size_bytes",
+        )
+    ] == [None] * 5
+    assert environment["gpu"]["allocator_backend"] is None and environment["gpu_available"] is True
+
+
+def test_the_collector_without_pytorch(monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "import_torch", lambda: (None, "ModuleNotFoundError: No module named 'torch'"))
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["torch"] is None and environment["gpu"] is None and environment["gpu_available"] is False
+    assert environment["torch_error"] == "ModuleNotFoundError: No module named 'torch'"
+    assert environment["gpu_unavailable_reason"] == "PyTorch is not importable"
+    assert environment["settings"] == dict.fromkeys(mesure_memoire.SETTINGS)
+    assert environment["device_count"] is None and environment["field_errors"] == {}
+
+
+def test_on_device_makes_the_index_current_and_returns_an_int(monkeypatch):
+    current = []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            current.append(self.index)
+
+        def __exit__(self, *exc_info):
+            current.append(None)
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    assert mesure_memoire._on_device(torch, 3, lambda: (current[-1], "7")[1]) == 7
+    assert current == [3, None]
+
+
+# --- the environment's text --------------------------------------------------------------------------
+
+
+def test_the_environment_text_exactly_with_a_gpu():
+    environment = {
+        "python": {"version": "3.12.1", "implementation": "CPython"},
+        "os": {"name": "Linux", "release": "6.1", "machine": "x86_64"},
+        "torch": "2.13.0", "torch_error": None, "cuda_build": None, "hip_build": "7.0", "cudnn_or_miopen_version": 3,
+        "device": "cuda:1", "device_count": 2, "gpu_available": True, "gpu_unavailable_reason": None,
+        "gpu": {"name": "MI300X", "compute_capability": "9.4", "gcn_arch_name": "gfx942", "multi_processor_count": 304,
+                "total_memory_bytes": 2**27, "total_memory_gib": Decimal("0.125"), "mem_get_info_free_bytes": None,
+                "mem_get_info_total_bytes": 5, "allocator_backend": None},
+        "settings": {"cudnn_allow_tf32": False, "preferred_blas_library": None, "allocator_backend": "native"},
+        "field_errors": {"pytorch_warnings": "UserWarning: w", "mem_get_info": "RuntimeError: x",
+                         "zz": "RuntimeError: y"},
+        "driver_note": "Note.", "driver_commands": {"amd": "amd-smi version", "nvidia": "nvidia-smi"},
+    }  # fmt: skip
+    assert mesure_memoire.format_environment(environment) == "\n".join(
+        [
+            "Environment diagnosis (this process only)",
+            "  Python                3.12.1 (CPython)",
+            "  OS                    Linux 6.1 x86_64",
+            "  PyTorch               2.13.0",
+            "  CUDA build            none",
+            "  HIP build             7.0",
+            "  cuDNN/MIOpen          3",
+            "  device                cuda:1 (PyTorch sees 2 device(s))",
+            "  GPU usable            yes",
+            "  GPU name              MI300X",
+            "  compute capability    9.4 (gfx942)",
+            "  memory (runtime)      134217728 bytes = 0.13 GiB",
+            "  mem_get_info          free none / total 5 bytes",
+            "  allocator backend     unknown",
+            "  setting               cudnn_allow_tf32 = False",
+            "  setting               allocator_backend = native",
+            "  query failed          mem_get_info: RuntimeError: x",
+            "  PyTorch warned        pytorch_warnings: UserWarning: w",
+            "  query failed          zz: RuntimeError: y",
+            "Note.",
+            "  AMD    amd-smi version",
+            "  NVIDIA nvidia-smi",
+        ]
+    )
+
+
+def test_the_environment_text_exactly_without_a_gpu():
+    environment = {
+        "python": {"version": "3.10.0", "implementation": "PyPy"},
+        "os": {"name": "Darwin", "release": "23", "machine": "arm64"},
+        "torch": None, "torch_error": "ImportError: no torch", "cuda_build": "12.8", "hip_build": None,
+        "cudnn_or_miopen_version": None, "device": "cuda:0", "device_count": None, "gpu_available": False,
+        "gpu_unavailable_reason": "PyTorch is not importable", "gpu": None, "settings": None, "field_errors": {},
+        "driver_note": "N", "driver_commands": {},
+    }  # fmt: skip
+    assert mesure_memoire.format_environment(environment).splitlines() == [
+        "Environment diagnosis (this process only)",
+        "  Python                3.10.0 (PyPy)",
+        "  OS                    Darwin 23 arm64",
+        "  PyTorch               not importable (ImportError: no torch)",
+        "  CUDA build            12.8",
+        "  HIP build             none",
+        "  cuDNN/MIOpen          none",
+        "  device                cuda:0 (PyTorch sees no device(s))",
+        "  GPU usable            no: PyTorch is not importable",
+        "N",
+    ]
+    environment["gpu"] = {"name": "G", "compute_capability": "8.0", "gcn_arch_name": "", "total_memory_bytes": 0,
+                          "total_memory_gib": Decimal(0), "mem_get_info_free_bytes": 0,
+                          "mem_get_info_total_bytes": None, "allocator_backend": "native"}  # fmt: skip
+    lines = mesure_memoire.format_environment(environment).splitlines()
+    assert lines[9:14] == ["  GPU name              G", "  compute capability    8.0",
+                           "  memory (runtime)      0 bytes = 0.00 GiB",
+                           "  mem_get_info          free 0 / total none bytes",
+                           "  allocator backend     native"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("cannot open '/home/someone/x.py' here", "cannot open '<path>' here"),
+        ('cannot open "C:\\Users\\x\\y.dll"', 'cannot open "<path>"'),
+        ("\n\n  first line at /usr/lib/libcuda.so.1 now  \nsecond /x/y", "first line at <path> now"),
+        ("from torch/csrc/x.cpp:12", "from <path>:12"),
+        ("the CUDA/ROCm context", "the CUDA/ROCm context"),
+        ("tab\there", "tab\\there"),
+        ("", ""),
+        ("   \n \n", ""),
+    ],
+)
+def test_redact_keeps_the_first_line_without_paths(text, expected):
+    assert mesure_memoire.redact(text) == expected
+
+
+def test_describe_error_names_the_type_and_the_redacted_message():
+    assert mesure_memoire.describe_error(OSError(errno.ENOENT, "No such file", "/home/u/f")) == (
+        "FileNotFoundError: [Errno 2] No such file: '<path>'"
+    )
+    assert mesure_memoire.describe_error(ValueError()) == "ValueError"
+    assert mesure_memoire.describe_error(RuntimeError("at /a/b/c\nmore")) == "RuntimeError: at <path>"
+    assert (
+        mesure_memoire.describe_error(RuntimeError("no device X")) == "RuntimeError: no device X"
+    )  # only ": " is stripped
+
+
+def test_captured_warnings_are_kept_once_redacted_and_joined(monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+    field_errors = {}
+    with mesure_memoire.CapturedWarnings(field_errors) as captured:
+        warnings.simplefilter("always")
+        warnings.warn("loaded from /opt/lib/x.so", UserWarning, stacklevel=1)
+        warnings.warn("loaded from /opt/lib/x.so", UserWarning, stacklevel=1)
+        warnings.warn("slow", RuntimeWarning, stacklevel=1)
+    assert isinstance(captured, mesure_memoire.CapturedWarnings)
+    assert mesure_memoire.PYTORCH_WARNINGS == ["UserWarning: loaded from <path>", "RuntimeWarning: slow"]
+    assert field_errors == {"pytorch_warnings": "UserWarning: loaded from <path> | RuntimeWarning: slow"}
+    later = {}
+    with mesure_memoire.CapturedWarnings(later):  # warnings seen earlier in the process are reported again
+        pass
+    assert later == {"pytorch_warnings": "UserWarning: loaded from <path> | RuntimeWarning: slow"}
+    with mesure_memoire.CapturedWarnings():  # no field_errors: kept in the process list only
+        warnings.simplefilter("always")
+        warnings.warn("third", UserWarning, stacklevel=1)
+    assert mesure_memoire.PYTORCH_WARNINGS[-1] == "UserWarning: third"
+
+
+def test_captured_warnings_let_exceptions_through_and_restore_the_filters(monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+    field_errors = {}
+    before = list(warnings.filters)
+    with pytest.raises(ZeroDivisionError), mesure_memoire.CapturedWarnings(field_errors):
+        warnings.simplefilter("ignore")
+        1 / 0  # noqa: B018
+    assert warnings.filters == before and field_errors == {}
+
+
+def test_import_torch_reports_why_in_one_line(monkeypatch):
+    torch, why = mesure_memoire.import_torch()
+    assert why is None and torch is sys.modules["torch"]
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert mesure_memoire.import_torch() == (None, "ModuleNotFoundError: import of torch halted; None in sys.modules")
+
+
+@pytest.mark.parametrize("without_numpy", ["this interpreter", "numpy blocked"])
+def test_pytorch_import_warnings_never_reach_stderr(tmp_path, without_numpy):
+    args = ["environment", "--device", "cuda:0", "--json"]
+    if without_numpy == "numpy blocked":  # numpy unimportable for sure: PyTorch then warns at import
+        completed = subprocess.run([sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *args], capture_output=True,
+                                   text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    else:
+        completed = run_script("mesure_memoire.py", *args, cwd=tmp_path)
+    assert completed.returncode == 0 and completed.stderr == ""
+    data = json.loads(completed.stdout)
+    warnings = data["field_errors"].get("pytorch_warnings", "")
+    if without_numpy == "numpy blocked":
+        assert warnings.startswith("UserWarning: Failed to initialize NumPy")
+    assert "site-packages" not in warnings and str(ROOT) not in warnings and "/__w/" not in warnings
+    assert list(tmp_path.iterdir()) == []
+
+
+ENVIRONMENT_REFUSALS = [
+    (["environment", "--device", "cuda:0\n"], "--device", "'cuda:0\\n'"),
+    (["environment", "--device", "cuda:٠"], "--device", "'cuda:٠'"),
+    (["environment", "--device", "cuda:0", "extra\n"], "error: unrecognized arguments: extra\\n", ""),
+    (["environment"], "error: environment: the following arguments are required: --device", ""),
+]
+
+
+@pytest.mark.parametrize(("argv", "first", "second"), ENVIRONMENT_REFUSALS, ids=plain_ids(ENVIRONMENT_REFUSALS))
+def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
+    assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)

@@ -10,7 +10,15 @@ from fractions import Fraction
 import pytest
 
 import mesure_memoire
-from conftest import ROOT, assert_one_line_refusal, imported_modules, run_script
+from conftest import (
+    ROOT,
+    assert_one_line_refusal,
+    assert_refused_before_any_work,
+    imported_modules,
+    kit_error_of,
+    plain_ids,
+    run_script,
+)
 
 
 def test_reference_example_from_the_readme():
@@ -112,8 +120,8 @@ def test_bad_input_is_refused_in_one_line(args, option, capsys):
 
 
 def test_refusal_from_the_command_line_has_no_traceback():
-    completed = run_script("mesure_memoire.py", "estimate", "--parameters", "abc", "--bits", "16")
-    assert_one_line_refusal(completed, "--parameters", "'abc'")
+    completed = run_script("mesure_memoire.py", "estimate", "--parameters", "1\n2", "--bits", "16")
+    assert_one_line_refusal(completed, "--parameters", "'1\\n2'")
 
 
 @pytest.mark.whole_kit
@@ -238,3 +246,249 @@ def test_the_estimate_imports_only_decimal_beyond_a_bare_interpreter(tmp_path):
     assert not extra & {"json", "datetime", "stat", "torch"}
     with_json = imported_modules(script, "estimate", "--parameters", "7", "--bits", "16", "--json", cwd=tmp_path)
     assert "json" in with_json  # a lazy import is seen when it happens
+
+
+# --- rounding and exact decimals ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("number", "places", "expected"),
+    [("0.125", 2, "0.13"), ("0.135", 2, "0.14"), ("2.5", 0, "3"), ("0.0000005", 6, "0.000001"),
+     ("0.1249999", 2, "0.12"), ("7", 2, "7.00"), ("1.0000015", 6, "1.000002")],
+)  # fmt: skip
+def test_rounded_is_half_up_to_exactly_the_places(number, places, expected):
+    result = mesure_memoire.rounded(Decimal(number), places)
+    assert str(result) == expected  # the digits, the exponent: half-even would give 0.12, 2 and 1.000002
+
+
+def test_rounded_and_ratios_keep_every_digit_of_the_largest_figures():
+    big = Decimal("9" * 60 + ".125")
+    assert str(mesure_memoire.rounded(big, 2)) == "9" * 60 + ".13"  # 28 digits (the default context) would fail
+    assert str(mesure_memoire.decimal_ratio(10**61 + 1, 10)) == "1" + "0" * 59 + "0.1"
+    third = mesure_memoire.decimal_ratio(1, 3)
+    assert len(third.as_tuple().digits) == 200  # the exact context's precision
+    with mesure_memoire.exact_context() as context:
+        assert context.prec == 200
+
+
+def test_decimal_ratio_divides_in_its_order():
+    assert mesure_memoire.decimal_ratio(3 * 2**30, 2**30) == 3
+    assert mesure_memoire.decimal_ratio(1, 4) == Decimal("0.25")
+
+
+# --- the one number grammar ---------------------------------------------------------------------------------
+
+
+def test_whole_number_accepts_exactly_max_digits_and_refuses_more():
+    assert mesure_memoire.MAX_DIGITS == 30
+    assert mesure_memoire.whole_number("--x", "9" * 30, 1) == 10**30 - 1
+    assert mesure_memoire.whole_number("--x", 10**30 - 1, 1) == 10**30 - 1
+    assert mesure_memoire.whole_number("--x", "0" * 29 + "7", 1) == 7  # 30 characters, leading zeros allowed
+    assert mesure_memoire.whole_number("--x", 1, 1) == 1 and mesure_memoire.whole_number("--x", "0", 0) == 0
+    message = "--x: expected a positive whole number of at most 30 ASCII digits, got "
+    assert kit_error_of(mesure_memoire.whole_number, "--x", 10**30, 1) == message + "1" + "0" * 30
+    assert kit_error_of(mesure_memoire.whole_number, "--x", "0" * 30 + "7", 1) == message + "'" + "0" * 30 + "7'"
+    assert kit_error_of(mesure_memoire.whole_number, "--x", "0", 1) == message + "'0'"
+    assert kit_error_of(mesure_memoire.whole_number, "--x", 0, 1) == message + "0"
+    assert (
+        kit_error_of(mesure_memoire.whole_number, "--x", -1, 0)
+        == "--x: expected a whole number >= 0 of at most 30 ASCII digits, got -1"
+    )
+    assert (
+        kit_error_of(mesure_memoire.whole_number, "--x", 1, 2)
+        == "--x: expected a whole number >= 2 of at most 30 ASCII digits, got 1"
+    )
+    assert kit_error_of(mesure_memoire.whole_number, "--x", None, 0).endswith("got None")
+    assert kit_error_of(mesure_memoire.whole_number, "--x", False, 0).endswith("got False")
+
+
+def test_whole_number_with_an_upper_bound_names_both_ends():
+    assert mesure_memoire.whole_number("--y", 10**30 - 2, 1, 10**30 - 2) == 10**30 - 2
+    assert kit_error_of(mesure_memoire.whole_number, "--y", 10**30 - 1, 1, 10**30 - 2) == (
+        f"--y: expected a whole number from 1 to {10**30 - 2} in ASCII digits, got {10**30 - 1}"
+    )
+    assert (
+        kit_error_of(mesure_memoire.whole_number, "--y", "8", 3, 7)
+        == "--y: expected a whole number from 3 to 7 in ASCII digits, got '8'"
+    )
+    assert (
+        kit_error_of(mesure_memoire.whole_number, "--y", 2, 3, 7)
+        == "--y: expected a whole number from 3 to 7 in ASCII digits, got 2"
+    )
+    assert mesure_memoire.whole_number("--y", "7", 3, 7) == 7 and mesure_memoire.whole_number("--y", 3, 3, 7) == 3
+
+
+def test_non_negative_decimal_message_and_value():
+    message = "--r: expected a number >= 0 written with ASCII digits and at most one decimal point (at most 30 digits"
+    assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", "x") == message + " on each side), got 'x'"
+    assert str(mesure_memoire.non_negative_decimal("--r", "9" * 30 + "." + "9" * 30)) == "9" * 30 + "." + "9" * 30
+    assert mesure_memoire.non_negative_decimal("--r", "0." + "0" * 29 + "1") == Decimal("1E-30")
+    assert (
+        str(mesure_memoire.non_negative_decimal("--r", "5")) == "5.0"
+        and str(mesure_memoire.non_negative_decimal("--r", ".5")) == "0.5"
+    )
+    for value in ("9" * 31, "9" * 31 + ".5", "0." + "0" * 30 + "1", b"1", [1], Fraction(1), True):
+        assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", value).startswith(message), value
+
+
+# --- messages on one line ------------------------------------------------------------------------------------
+
+
+def test_shown_shortens_past_the_limit_only():
+    assert (
+        mesure_memoire.shown("y" * 79) == "'" + "y" * 59 + "..." + "y" * 11 + "' (79 characters)"
+    )  # 81 with the quotes
+    assert mesure_memoire.shown("abcdefghij", limit=12) == "'abcdefghij'"
+    assert mesure_memoire.shown(12345) == "12345"
+    assert mesure_memoire.shown_name("z" * 80) == "z" * 80
+    assert mesure_memoire.shown_name(b"x.json") == "b'x.json'"
+    assert mesure_memoire.shown_name("bad\n.json") == "'bad\\n.json'"
+
+
+# --- the estimate, in-process ---------------------------------------------------------------------------------
+
+ESTIMATE_TEXT = """\
+Weight-memory estimate (arithmetic only, no GPU)
+  parameters            134217728
+  storage width         8 bits -> 1 bytes per parameter (rounded up to whole bytes)
+  weight bytes          134217728
+  weights               0.13 GiB (2**30 bytes) = 0.13 GB (10**9 bytes)
+  reserve (hypothesis)  0.01 GiB, your assumption, not a measured reserve
+  total                 0.14 GiB
+Bytes are exact integers; GiB and GB are rounded half-up to 2 decimals.
+Not included: activations, KV cache, quantization metadata, gradients, optimizer states, libraries, \
+the CUDA/ROCm context.
+This does not predict whether a real model fits a card.
+"""
+
+
+def test_estimate_text_rounds_halves_up(capsys):
+    # 2**27 bytes = 0.125 GiB exactly; a reserve of 0.005 GiB; 0.130 GiB in total: every half goes up.
+    assert mesure_memoire.main(["estimate", "--parameters", str(2**27), "--bits", "8", "--reserve-gib", "0.005"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ESTIMATE_TEXT.replace("0.14 GiB", "0.13 GiB") and captured.err == ""
+
+
+def test_estimate_text_of_the_readme_example(capsys):
+    assert mesure_memoire.main(["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:7] == [
+        "  parameters            7000000000",
+        "  storage width         16 bits -> 2 bytes per parameter (rounded up to whole bytes)",
+        "  weight bytes          14000000000",
+        "  weights               13.04 GiB (2**30 bytes) = 14.00 GB (10**9 bytes)",
+        "  reserve (hypothesis)  4.00 GiB, your assumption, not a measured reserve",
+        "  total                 17.04 GiB",
+    ]
+
+
+def test_estimate_weights_returns_every_field():
+    assert mesure_memoire.estimate_weights(1, 1) == {
+        "parameters": 1, "bits": 1, "bytes_per_parameter": 1, "weight_bytes": 1,
+        "weight_gib": Decimal(1) / 2**30, "weight_gb": Decimal("1E-9"), "reserve_gib": Decimal(0),
+        "reserve_is": "a hypothesis chosen by the user, not a measured reserve", "total_gib": Decimal(1) / 2**30,
+        "not_included": ["activations", "KV cache", "quantization metadata", "gradients", "optimizer states",
+                         "libraries", "the CUDA/ROCm context"],
+    }  # fmt: skip
+    assert mesure_memoire.estimate_weights("3", "9", "0.5")["total_gib"] == Decimal("0.50000000558793544769287109375")
+    assert kit_error_of(mesure_memoire.estimate_weights, 0, 8) == (
+        "--parameters: expected a positive whole number of at most 30 ASCII digits, got 0"
+    )
+    assert (
+        kit_error_of(mesure_memoire.estimate_weights, 1, 0)
+        == "--bits: expected a positive whole number of at most 30 ASCII digits, got 0"
+    )
+    assert kit_error_of(mesure_memoire.estimate_weights, 1, 1, "-1").startswith("--reserve-gib: expected a number >= 0")
+
+
+def test_estimate_json_rounds_halves_up_to_six_decimals(capsys):
+    # 2**9 bytes = 0.000000476837158203125 GiB; 0.0000005 GiB reserve: both halves at the 7th decimal go up.
+    assert (
+        mesure_memoire.main(["estimate", "--parameters", "512", "--bits", "8", "--reserve-gib", "0.0000005", "--json"])
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert '  "weight_gib": 0.000000,\n' in text and '  "reserve_gib": 0.000001,\n' in text
+    assert '  "total_gib": 0.000001,\n' in text and '  "weight_gb": 0.000001,\n' in text  # 0.000000512 GB
+    assert text.startswith('{\n  "parameters": 512,\n  "bits": 8,\n') and text.endswith("\n  ]\n}\n")
+
+
+# --- to_json ------------------------------------------------------------------------------------------------
+
+
+def test_to_json_indents_nested_containers_and_decimals():
+    data = {"a": {"b": [Decimal("0.0000005"), {"c": Decimal("-1.25")}]}, 3: (1, "x"), "e": {}, "f": []}
+    assert mesure_memoire.to_json(data) == (
+        '{\n  "a": {\n    "b": [\n      0.000001,\n      {\n        "c": -1.250000\n      }\n    ]\n  },\n'
+        '  "3": [\n    1,\n    "x"\n  ],\n  "e": {},\n  "f": []\n}\n'
+    )
+    assert (
+        mesure_memoire.to_json(Decimal("12345678901234567890123456789.5")) == "12345678901234567890123456789.500000\n"
+    )
+    assert mesure_memoire.to_json(Decimal("2.5E+3")) == "2500.000000\n"
+    assert mesure_memoire.to_json("é") == '"\\u00e9"\n'
+    with pytest.raises(TypeError):
+        mesure_memoire.to_json([Decimal("Infinity")])
+
+
+def test_shown_quotes_escapes_and_shortens_user_values():
+    assert mesure_memoire.shown("a\nb") == "'a\\nb'"
+    long_value = "x" * 200 + "END"
+    text = mesure_memoire.shown(long_value)
+    assert text == "'" + "x" * 59 + "..." + "x" * 8 + "END' (203 characters)"
+    assert mesure_memoire.shown("y" * 78) == "'" + "y" * 78 + "'"  # 80 characters with the quotes: kept whole
+    assert mesure_memoire.shown_name("mesures.json") == "mesures.json"
+    assert mesure_memoire.shown_name("a b.json") == "a b.json"
+    for odd in (" lead.json", "trail.json ", "tab\t.json", "z" * 81, "\u202egnp.json"):
+        assert mesure_memoire.shown_name(odd).startswith("'"), odd
+    assert mesure_memoire.one_line("a\nb\r\tc\x1b\u2028é") == "a\\nb\\r\\tc\\x1b\\u2028é"
+
+
+# --- hostile values: one line naming the option, exit 2, nothing changed ------------------------------
+
+ESTIMATE_REFUSALS = [
+    # newlines, escapes, stray values, and one number grammar (ASCII digits, one point)
+    (["estimate", "--parameters", "1\n2", "--bits", "16"], "--parameters", "'1\\n2'"),
+    (["estimate", "--parameters", "10", "--bits", "16\n"], "--bits", "'16\\n'"),
+    (["estimate", "--parameters", "\x1b[31m1", "--bits", "16"], "--parameters", "'\\x1b[31m1'"),
+    (["estimate", "--parameters", "٤", "--bits", "16"], "--parameters", "'٤'"),
+    (["estimate", "--parameters", "１", "--bits", "16"], "--parameters", "'１'"),
+    (["estimate", "--parameters", "+4", "--bits", "16"], "--parameters", "'+4'"),
+    (["estimate", "--parameters", "9" * 100_000, "--bits", "16"], "--parameters", "(100000 characters)"),
+    (["estimate", "--parameters", "1", "--bits", "-2"], "--bits: expected a positive whole number", "'-2'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "x\ny"], "error: unrecognized arguments: x\\ny", ""),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1_000"], "--reserve-gib", "'1_000'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "٤"], "--reserve-gib", "'٤'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", " +4 "], "--reserve-gib", "' +4 '"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "+4"], "--reserve-gib", "'+4'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0"], "--reserve-gib", "'-0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0.0"], "--reserve-gib", "'-0.0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4e0"], "--reserve-gib", "'4e0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1.2.3"], "--reserve-gib", "'1.2.3'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "."], "--reserve-gib", "'.'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", ""], "--reserve-gib", "''"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4\n"], "--reserve-gib", "'4\\n'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "Infinity"], "--reserve-gib", ""),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1" * 31], "--reserve-gib", "30 digits"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "0." + "1" * 31], "--reserve-gib", ""),
+    (["estimate", "--par=1\n", "--bits", "3"], "error: estimate: unrecognized arguments: --par", ""),
+    (["estimate", "--json=yes\n", "--parameters", "1", "--bits", "3"], "argument --json: ignored explicit", "yes\\n"),
+    (["estimate"], "error: estimate: the following arguments are required: --parameters, --bits", ""),
+    ([], "error: the following arguments are required: COMMAND", ""),
+    (["bad\ncmd"], "error: argument COMMAND: invalid choice: 'bad\\ncmd'", "'estimate', 'environment', 'measure'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "first", "second"), ESTIMATE_REFUSALS, ids=plain_ids(ESTIMATE_REFUSALS))
+def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
+    assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)
+
+
+def test_the_options_reach_the_estimate_with_its_default_reserve(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(mesure_memoire, "estimate_weights", lambda *args: seen.append(args) or {})
+    monkeypatch.setattr(mesure_memoire, "format_estimate", lambda estimate: "shown")
+    assert mesure_memoire.main(["estimate", "--bits", "4", "--parameters=7"]) == 0
+    assert mesure_memoire.main(["estimate", "--parameters", "7", "--bits", "4", "--reserve-gib", "0.5", "--json"]) == 0
+    assert seen == [("7", "4", "0"), ("7", "4", "0.5")]
+    assert capsys.readouterr().out == "shown\n{}\n"

@@ -6,24 +6,51 @@ the device queries, and ``RecordingCudaStandIn`` for the allocator counters, whi
 the inputs and the forward passes are the real PyTorch ones, run on the CPU.
 """
 
+import errno
+import io
 import json
 import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+import warnings
 import weakref
+from datetime import datetime, timezone
+from decimal import Decimal
 
 import pytest
 import torch
 
 import mesure_memoire
-from conftest import RecordingCudaStandIn, assert_one_line_refusal, run_script
+from conftest import (
+    BLOCK_NUMPY,
+    GIB,
+    MEASURE,
+    MESURE_SCRIPT,
+    MIB,
+    MINE,
+    ROOT,
+    RecordingCudaStandIn,
+    assert_one_line,
+    assert_one_line_refusal,
+    assert_refused_before_any_work,
+    config,
+    kit_error_of,
+    plain_ids,
+    run_in_process,
+    run_script,
+    sigint_as_from_a_terminal,
+    tree_digest,
+)
 
 SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
                "--warmup", "1", "--repeats", "2"]  # fmt: skip
 
-
-def config(**overrides):
-    values = dict(device="cuda:0", batch=1, context=16, width=64, dtype="float32", warmup=1, repeats=2, seed=0)
-    values.update(overrides)
-    return mesure_memoire.measure_config(**values)
+# PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
+pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
 
 
 # --- refusals, for real (CPU build of PyTorch, or none) -------------------------------------------
@@ -443,3 +470,1303 @@ def test_a_nan_output_shows_in_the_summary():
     summary = mesure_memoire.summarize_output(torch, torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))
     assert summary["all_finite"] is True and summary["elements"] == 3
     assert summary["checksum_float64"] == sum(float(v) for v in torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))
+
+
+def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypatch, capsys):
+    calls = []
+    result = {
+        "configuration": {"fresh_process_warning": "not a fresh\nprocess"},
+        "phases": [{"phase": "inputs", "nanoseconds": 10**6, "device_ms": None, "end_allocated_bytes": 0,
+                    "peak_allocated_bytes": 0, "peak_reserved_bytes": 0, "verdict": "agrees"}],
+    }  # fmt: skip
+
+    def measure_to_file(configuration, output, tool):
+        calls.append((configuration, output, tool))
+        return result
+
+    monkeypatch.setattr(mesure_memoire, "measure_to_file", measure_to_file)
+    arguments = ["measure", "--device", "cuda:2", "--batch", "4", "--output", "out\tname.json"]
+    assert mesure_memoire.main(arguments) == 0
+    captured = capsys.readouterr()
+    assert calls == [(config(device="cuda:2", batch=4), "out\tname.json", "mesure_memoire.py")]
+    assert captured.err == "mesure_memoire.py: warning: not a fresh\\nprocess\n"
+    assert captured.out == mesure_memoire.format_phase_table(result) + "\nResult written to 'out\\tname.json'\n"
+    result["configuration"]["fresh_process_warning"] = None
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "plain name.json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.endswith("\nResult written to plain name.json\n")
+
+
+# --- the phase table ---------------------------------------------------------------------------------
+
+PHASE_TABLE_RESULT = {
+    "phases": [
+        {"phase": "model_load", "nanoseconds": 1234500, "device_ms": None, "end_allocated_bytes": 9 * 2**17,
+         "peak_allocated_bytes": 3 * MIB, "peak_reserved_bytes": 2 * MIB, "verdict": "agrees"},
+        {"phase": "warmup", "passes": 3, "nanoseconds": 10**6, "device_ms": 0.25, "end_allocated_bytes": 0,
+         "peak_allocated_bytes": 5 * 2**18, "peak_reserved_bytes": GIB, "verdict": "disagrees"},
+        {"phase": "warm_forward", "repetition": 2, "nanoseconds": 999, "device_ms": 12.3456,
+         "end_allocated_bytes": 512, "peak_allocated_bytes": 512, "peak_reserved_bytes": MIB},
+    ],
+    "prediction_check": {"disagreements": [
+        {"phase": "warmup", "repetition": None, "counter": "peak_allocated_bytes", "measured_bytes": 1536,
+         "predicted_bytes": 1024, "difference_bytes": 512},
+        {"phase": "warm_forward", "repetition": 2, "counter": "end_requested_bytes", "measured_bytes": 0,
+         "predicted_bytes": 4, "difference_bytes": -4},
+    ]},
+    "workspace": {"measured_bytes": 8519680},
+    "output_summary": {"elements": 1024, "all_finite": True, "checksum_float64": -1.25},
+}  # fmt: skip
+
+# Half-up everywhere: 1.2345 ms -> 1.235, 1.125 MiB -> 1.13 (half-even would write 1.234 and 1.12).
+PHASE_TABLE_TEXT = """\
+phase               ms  device ms  end alloc MiB  peak alloc MiB  peak reserved MiB   prediction
+model_load       1.235        n/a           1.13            3.00               2.00       agrees
+warmup x3        1.000      0.250           0.00            1.25            1024.00    DISAGREES
+warm_forward #2  0.001     12.346           0.00            0.00               1.00  not checked
+DISAGREES warmup: peak_allocated_bytes above baseline measured 1536, predicted 1024 (difference +512 bytes)
+DISAGREES warm_forward #2: end_requested_bytes above baseline measured 0, predicted 4 (difference -4 bytes)
+BLAS workspace measured: 8519680 bytes allocated by the first forward beyond the prediction
+Last output: 1024 elements, all finite, float64 checksum -1.25"""
+
+
+def test_the_phase_table_exactly():
+    assert mesure_memoire.format_phase_table(PHASE_TABLE_RESULT) == PHASE_TABLE_TEXT
+
+
+def test_the_phase_table_without_workspace_checksum_or_checks():
+    result = dict(PHASE_TABLE_RESULT, prediction_check=None, workspace={"measured_bytes": None},
+                  output_summary={"elements": 4, "all_finite": False, "checksum_float64": None})  # fmt: skip
+    lines = mesure_memoire.format_phase_table(result).splitlines()
+    assert lines[:4] == PHASE_TABLE_TEXT.splitlines()[:4]
+    assert lines[4:] == ["Last output: 4 elements, NOT ALL FINITE"]
+    result = dict(result, workspace=None, output_summary=None)
+    assert mesure_memoire.format_phase_table(result).splitlines() == lines[:4]
+
+
+def test_a_phase_label_shows_a_repetition_and_passes_only_when_set():
+    label = mesure_memoire._phase_label
+    assert label({"phase": "warm_forward", "repetition": 2}) == "warm_forward #2"
+    assert label({"phase": "warmup", "passes": 3, "repetition": None}) == "warmup x3"
+    assert label({"phase": "warmup", "passes": 0}) == "warmup x0"
+    assert label({"phase": "inputs", "repetition": None, "passes": None}) == "inputs"
+
+
+def test_the_table_aligns_the_first_column_left_and_the_others_right():
+    assert mesure_memoire._table([("a", "bb", "c"), ("ccc", "d", "")]) == "a    bb  c\nccc   d"
+
+
+def test_in_units_rounds_half_up_in_gib_by_default_or_mib():
+    assert mesure_memoire.in_units(2**27) == "0.13"  # 0.125: half-even would say 0.12
+    assert mesure_memoire.in_units(3 * 2**28) == "0.75"
+    assert mesure_memoire.in_units(0) == "0.00"
+    assert mesure_memoire.in_units(2**19, MIB) == "0.50" and mesure_memoire.in_units(2**9, MIB, 3) == "0.000"
+    assert mesure_memoire.in_units(2**10 + 2**9, MIB, 3) == "0.001"  # 0.00146...: rounded at the third place
+
+
+# --- the dtype probe and the host memory --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "capability", "hip", "bf16", "expected"),
+    [
+        ("bfloat16", (9, 0), None, False, "bfloat16 is not supported natively by this GPU"),
+        ("bfloat16", (9, 0), None, True, None),
+        ("float16", (5, 2), None, True, "float16 arithmetic needs compute capability 5.3 or newer"),
+        ("float16", (5, 3), None, True, None),
+        ("float16", (5, 2), "7.0", True, None),  # ROCm: every supported GPU has float16
+        ("float32", (3, 0), None, False, None),
+    ],
+)
+def test_the_dtype_probe(monkeypatch, dtype, capability, hip, bf16, expected):
+    seen = []
+
+    class Device:
+        def __init__(self, index):
+            seen.append(("device", index))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            return False
+
+    def is_bf16_supported(including_emulation=True):
+        seen.append(("is_bf16_supported", including_emulation))
+        return bf16
+
+    def get_device_capability(index):
+        seen.append(("get_device_capability", index))
+        return capability
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", get_device_capability)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    assert mesure_memoire._dtype_problem(torch, 2, dtype) == expected
+    if dtype == "bfloat16":
+        assert seen[:2] == [("device", 2), ("is_bf16_supported", False)]  # emulation does not count
+    assert ("get_device_capability", 2) in seen or hip is not None or (dtype == "bfloat16" and not bf16)
+
+
+def test_the_host_memory_is_pages_times_page_size(monkeypatch):
+    asked = []
+
+    def sysconf(name):
+        asked.append(name)
+        return {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000}[name]
+
+    monkeypatch.setattr(mesure_memoire.os, "sysconf", sysconf)
+    assert mesure_memoire._host_memory_bytes() == 4096000
+    assert sorted(asked) == ["SC_PAGE_SIZE", "SC_PHYS_PAGES"]
+    for error in (ValueError, OSError, AttributeError):
+
+        def unknown(name, error=error):
+            raise error(name)
+
+        monkeypatch.setattr(mesure_memoire.os, "sysconf", unknown)
+        assert mesure_memoire._host_memory_bytes() is None
+
+
+# --- measure(): every refusal's words, the devices it names, the result it returns ---------------------
+
+
+class SetUpCalls:
+    """Stand-ins for the torch.cuda set-up calls of measure(), recording the device each names."""
+
+    def __init__(self, monkeypatch, allocated=0, reserved=0):
+        self.calls = []
+        for name, answer in [("is_initialized", lambda: True), ("init", lambda: None)]:
+            monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=False))
+        for name, answer in [("set_device", lambda: None), ("memory_allocated", lambda: allocated),
+                             ("memory_reserved", lambda: reserved)]:  # fmt: skip
+            monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=True))
+
+    def recording(self, name, answer, with_device):
+        def call(*args):
+            self.calls.append((name, *args))
+            assert len(args) == with_device, (name, args)
+            return answer()
+
+        return call
+
+
+def agreeing_records(settings):
+    """Records whose counters equal the prediction (as a real GPU without a BLAS workspace would)."""
+    records, level = [], 0
+    for predicted in mesure_memoire.predict_memory(settings)["phases"]:
+        record = {"phase": predicted["phase"], "nanoseconds": 1000, "seconds": 1e-6, "device_ms": 0.001}
+        record.update({key: predicted[key] for key in ("passes", "repetition") if key in predicted})
+        record["baseline_allocated_bytes"] = record["baseline_requested_bytes"] = level
+        record["baseline_reserved_bytes"] = record["end_reserved_bytes"] = record["peak_reserved_bytes"] = 2**21
+        for counter in mesure_memoire.PREDICTED_COUNTERS:
+            record[counter] = level + predicted[counter]
+        if predicted["phase"] in ("model_load", "inputs"):
+            level += predicted["end_allocated_bytes"]
+        records.append(record)
+    return records
+
+
+@pytest.fixture
+def five_hours_east_of_utc(monkeypatch):
+    """A local time zone other than UTC (the machines here run in UTC)."""
+    monkeypatch.setenv("TZ", "Etc/GMT-5")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
+    stand_in_gpu, monkeypatch, five_hours_east_of_utc
+):
+    stand_in_gpu(count=3)
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    set_up = SetUpCalls(monkeypatch)
+    settings = config(device="cuda:2", batch=2, context=3, width=8, warmup=2, repeats=1)
+    seen = []
+
+    def measure_phases(torch_module, cuda, device, configuration):
+        seen.append((torch_module, cuda, device, configuration))
+        return agreeing_records(settings), {"all_finite": True, "checksum_float64": 0.5, "elements": 48}
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
+    result = mesure_memoire.measure(settings, tool="a tool")
+    device = torch.device("cuda", 2)
+    assert seen == [(torch, torch.cuda, device, settings)]
+    assert set_up.calls == [("is_initialized",), ("set_device", device), ("init",), ("memory_allocated", device),
+                            ("memory_reserved", device)]  # fmt: skip
+    assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z", result["created_utc"])
+    created = datetime.strptime(result["created_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert before <= created <= datetime.now(timezone.utc)  # UTC, not the local time five hours ahead
+    plan = mesure_memoire.predict_memory(settings)
+    assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
+    assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
+        "kit": "iteragpu-lab-v1", "schema_version": 2, "tool": "a tool",
+        "configuration": {**settings, "cuda_initialized_before_measure": True, "allocated_bytes_before_measure": 0,
+                          "reserved_bytes_before_measure": 0, "fresh_process_warning": None},
+        "synthetic_model": mesure_memoire.synthetic_model(settings),
+        "prediction_check": {"agrees": True, "disagreements": [], "not_checked": []},
+        "workspace": {"measured_bytes": 0, "requested_bytes": 0,
+                      "how": "cold_forward's end level above its baseline, less its predicted output: what the "
+                      "first forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
+                      "allowance_bytes": 256 * MIB},
+        "output_summary": {"all_finite": True, "checksum_float64": 0.5, "elements": 48},
+        "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"], "fit_margin_bytes": GIB,
+    }  # fmt: skip
+    assert [record["verdict"] for record in result["phases"]] == ["agrees"] * 5
+
+
+@pytest.mark.parametrize(("allocated", "reserved"), [(512, 0), (0, 2**21), (1, 1)])
+def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, monkeypatch, allocated, reserved):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch, allocated=allocated, reserved=reserved)
+    settings = config()
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}))
+    configuration = mesure_memoire.measure(settings, tool="t")["configuration"]
+    assert (configuration["allocated_bytes_before_measure"], configuration["reserved_bytes_before_measure"]) == (
+        allocated, reserved
+    )  # fmt: skip
+    assert configuration["fresh_process_warning"] == (
+        "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
+        "the figures are not comparable; restart it"
+    )
+
+
+def measure_refusal(settings):
+    with pytest.raises(mesure_memoire.KitError) as refusal:
+        mesure_memoire.measure(settings, tool="t")
+    return refusal.value
+
+
+def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "import_torch", lambda: (None, "ImportError: gone"))
+    refusal = measure_refusal(config())
+    assert str(refusal) == "PyTorch is not importable (ImportError: gone): nothing measured, no file written"
+    assert refusal.exit_code == 2
+    monkeypatch.undo()
+    stand_in_gpu(count=1)
+    SetUpCalls(monkeypatch)
+    assert str(measure_refusal(config(device="cuda:1"))) == (
+        "no usable GPU for cuda:1: cuda:1 is out of range: PyTorch sees 1 device(s); "
+        "nothing measured, no CPU fallback, no file written"
+    )
+    stand_in_gpu(bf16=False)
+    assert str(measure_refusal(config(dtype="bfloat16"))) == (
+        "--dtype bfloat16: bfloat16 is not supported natively by this GPU (Stand-in GPU)"
+    )
+    stand_in_gpu(total_memory=GIB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (GIB, GIB))
+    plan = mesure_memoire.predict_memory(config())
+    assert str(measure_refusal(config())) == mesure_memoire.fit_problem(plan, {"gpu": {"mem_get_info_free_bytes": GIB}})
+    stand_in_gpu()
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4 - 1)
+    assert str(measure_refusal(config())) == (
+        "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB of RAM: shrink --width"
+    )
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4)
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}))
+    assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"  # exactly enough RAM
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: None)  # unknown: not checked
+    assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"
+
+
+def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, monkeypatch):
+    stand_in_gpu(count=2)
+    SetUpCalls(monkeypatch)
+
+    def fails(*args):
+        raise RuntimeError("CUDA error: busy")
+
+    monkeypatch.setattr(torch.cuda, "init", fails)
+    refusal = measure_refusal(config(device="cuda:1"))
+    assert (
+        str(refusal)
+        == "torch.cuda.init failed on cuda:1: RuntimeError: CUDA error: busy; nothing measured, no file written"
+    )
+    assert refusal.exit_code == 2 and refusal.__cause__ is None and refusal.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried"),
+         "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
+         "shrink one dimension and retry in a new process"),
+        (RuntimeError("HIP: Out Of Memory"),
+         "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
+         "shrink one dimension and retry in a new process"),
+        (RuntimeError("launch failure at /opt/x/y.so"),
+         "phase warmup failed (batch 1, context 16, width 64, dtype float32): RuntimeError: launch failure at "
+         "<path>; nothing written"),
+    ],
+)  # fmt: skip
+def test_a_failed_phase_exits_3_with_its_words(stand_in_gpu, monkeypatch, error, message):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+
+    def measure_phases(*args):
+        raise mesure_memoire.PhaseFailed("warmup", error)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
+    with pytest.raises(mesure_memoire.MeasurementFailed) as failure:
+        mesure_memoire.measure(config(), tool="t")
+    assert str(failure.value) == message and failure.value.exit_code == 3
+    assert failure.value.__cause__ is None and failure.value.__suppress_context__
+
+
+def test_phase_failed_keeps_the_phase_and_the_error():
+    error = RuntimeError("x")
+    failed = mesure_memoire.PhaseFailed("inputs", error)
+    assert (failed.phase, failed.error, failed.args) == ("inputs", error, ("inputs", error))
+
+
+# --- small pure parts ----------------------------------------------------------------------------------
+
+
+def test_requested_reads_only_whole_counters():
+    requested = mesure_memoire._requested
+    stats = {"requested_bytes.all.current": 5, "requested_bytes.all.peak": 9, "requested_bytes.all.freed": 1.5}
+    assert (requested(stats, "current"), requested(stats, "peak"), requested(stats, "freed")) == (5, 9, None)
+    assert requested({}, "current") is None and requested(None, "current") is None
+    assert requested(["requested_bytes.all.current"], "current") is None
+
+
+def test_summarize_output_of_a_real_tensor():
+    summary = mesure_memoire.summarize_output(torch, torch.tensor([[0.5, 0.25], [1.0, -2.0]], dtype=torch.float16))
+    assert summary == {"all_finite": True, "checksum_float64": -0.25, "elements": 4}
+    assert type(summary["elements"]) is int and type(summary["checksum_float64"]) is float
+    assert mesure_memoire.summarize_output(torch, torch.tensor([float("inf")]))["all_finite"] is False
+
+
+# --- measure_phases: the device and dtype of every tensor it creates ------------------------------------
+
+
+class DeviceRecordingTorch:
+    """The real torch module, except that Generator and randn record the device they are given and then
+    run on the CPU: a stand-in, because no GPU can be had here, so that a device argument left out
+    (which on the CPU would still work) fails the test."""
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def Generator(self, device=None):  # noqa: N802 -- torch's name
+        self.seen.append(("Generator", device))
+        return torch.Generator(device="cpu")
+
+    def randn(self, shape, generator=None, device=None, dtype=None):
+        self.seen.append(("randn", shape, device, dtype, generator is not None))
+        return torch.randn(shape, generator=generator, device="cpu", dtype=dtype)
+
+
+def test_measure_phases_puts_the_model_and_inputs_on_the_measured_device(monkeypatch):
+    from conftest import RecordingCudaStandIn
+
+    seen = []
+    real_build_model = mesure_memoire.build_model
+
+    def build_model(torch_module, width):
+        model = real_build_model(torch, width)
+        real_to = model.to
+
+        def to(*args, **kwargs):
+            seen.append(("to", args, kwargs))
+            return real_to(device="cpu", dtype=kwargs.get("dtype"))
+
+        model.to = to
+        return model
+
+    monkeypatch.setattr(mesure_memoire, "build_model", build_model)
+    settings = config(batch=2, context=3, width=4, dtype="bfloat16", warmup=2, repeats=3, seed=5)
+    recorder = RecordingCudaStandIn(device="cuda:7 stand-in")
+    ticks = iter(range(0, 10**6, 7))  # each phase reads the clock twice: 7 ns apart
+    records, summary = mesure_memoire.measure_phases(
+        DeviceRecordingTorch(seen), recorder, "cuda:7 stand-in", settings, clock=lambda: next(ticks)
+    )
+    assert [r["nanoseconds"] for r in records] == [7] * 7
+    assert seen == [
+        ("to", (), {"device": "cuda:7 stand-in", "dtype": torch.bfloat16}),
+        ("Generator", "cuda:7 stand-in"),
+        ("randn", (2, 3, 4), "cuda:7 stand-in", torch.bfloat16, True),
+    ]
+    assert {device for _, device in recorder.devices} == {"cuda:7 stand-in"}
+    assert [(r["phase"], r.get("passes"), r.get("repetition")) for r in records] == [
+        ("model_load", None, None), ("inputs", None, None), ("cold_forward", None, None), ("warmup", 2, None),
+        ("warm_forward", None, 1), ("warm_forward", None, 2), ("warm_forward", None, 3),
+    ]  # fmt: skip
+    # The seeds: the weights from torch.manual_seed, the inputs from their own generator.
+    torch.manual_seed(5)
+    model = real_build_model(torch, 4).to(dtype=torch.bfloat16).eval()
+    inputs = torch.randn((2, 3, 4), generator=torch.Generator().manual_seed(5), dtype=torch.bfloat16)
+    with torch.inference_mode():
+        expected = model(inputs)
+    assert summary == mesure_memoire.summarize_output(torch, expected) and summary["elements"] == 24
+
+
+def test_a_failing_seed_is_a_refusal_and_a_failing_phase_names_itself(monkeypatch):
+    from conftest import RecordingCudaStandIn
+
+    class NoSeed(DeviceRecordingTorch):
+        def manual_seed(self, seed):
+            raise RuntimeError("seed refused")
+
+    with pytest.raises(mesure_memoire.KitError) as refusal:
+        mesure_memoire.measure_phases(NoSeed([]), RecordingCudaStandIn(), "dev", config())
+    assert str(refusal.value) == "seeding failed: RuntimeError: seed refused; nothing measured, no file written"
+    assert refusal.value.__cause__ is None and refusal.value.__suppress_context__
+    error = RuntimeError("bad")
+    recorder = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(6, error))  # cold_forward
+    with pytest.raises(mesure_memoire.PhaseFailed) as failure:
+        mesure_memoire.measure_phases(torch, recorder, torch.device("cpu"), config())
+    assert (failure.value.phase, failure.value.error) == ("cold_forward", error)
+    assert failure.value.__cause__ is error
+    summary_error = ValueError("no summary")
+    monkeypatch.setattr(mesure_memoire, "summarize_output", lambda torch_module, output: (_ for _ in ()).throw(
+        summary_error))  # fmt: skip
+    with pytest.raises(mesure_memoire.PhaseFailed) as failure:
+        mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=torch.device("cpu")), torch.device("cpu"),
+                                      config())  # fmt: skip
+    assert (failure.value.phase, failure.value.error) == ("output_summary", summary_error)
+
+
+class Raising:
+    """Any attribute read (or str()) raises: a stand-in for a PyTorch query that fails."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"{name} broke")
+
+    def __str__(self):
+        raise RuntimeError("version broke")
+
+
+def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+    monkeypatch.setattr(torch, "__version__", Raising())
+    monkeypatch.setattr(torch.backends.cuda, "matmul", Raising())
+    monkeypatch.setattr(torch.backends, "cudnn", Raising())
+    monkeypatch.setattr(torch, "version", Raising())
+
+    def broken():
+        raise RuntimeError("count broke")
+
+    monkeypatch.setattr(torch.cuda, "is_available", broken)
+    monkeypatch.setattr(torch.cuda, "device_count", broken)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["field_errors"] == {
+        "torch": "RuntimeError: version broke",
+        "cuda_matmul_allow_tf32": "RuntimeError: allow_tf32 broke",
+        "cudnn_allow_tf32": "RuntimeError: allow_tf32 broke",
+        "cuda_matmul_allow_fp16_reduced_precision_reduction": (
+            "RuntimeError: allow_fp16_reduced_precision_reduction broke"
+        ),
+        "cuda_matmul_allow_bf16_reduced_precision_reduction": (
+            "RuntimeError: allow_bf16_reduced_precision_reduction broke"
+        ),
+        "cuda_build": "RuntimeError: cuda broke",
+        "hip_build": "RuntimeError: hip broke",
+        "cudnn_or_miopen_version": "RuntimeError: version broke",
+        "cuda_available": "RuntimeError: count broke",
+        "device_count": "RuntimeError: count broke",
+    }
+    assert environment["torch"] is environment["cuda_build"] is environment["hip_build"] is None
+    assert environment["device_count"] is None and environment["gpu_available"] is False
+    assert environment["gpu_unavailable_reason"] == "this PyTorch build has no CUDA or ROCm support"
+    for key in ("cuda_matmul_allow_tf32", "cudnn_allow_tf32", "cuda_matmul_allow_fp16_reduced_precision_reduction",
+                "cuda_matmul_allow_bf16_reduced_precision_reduction"):  # fmt: skip
+        assert environment["settings"][key] is None
+
+
+class StandInOutOfMemory(Exception):
+    """A stand-in for PyTorch's out-of-memory error class, whose message does not say "out of memory"."""
+
+
+@pytest.mark.parametrize("where", ["torch.cuda", "torch", "neither"])
+def test_the_out_of_memory_class_is_looked_up_where_pytorch_keeps_it(stand_in_gpu, monkeypatch, where):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    error = StandInOutOfMemory("allocation refused") if where != "neither" else MemoryError("allocation refused")
+    if where == "torch.cuda":
+        monkeypatch.setattr(torch.cuda, "OutOfMemoryError", StandInOutOfMemory, raising=False)
+    else:
+        monkeypatch.delattr(torch.cuda, "OutOfMemoryError", raising=False)
+    if where == "torch":
+        monkeypatch.setattr(torch, "OutOfMemoryError", StandInOutOfMemory)
+    elif where == "neither":
+        monkeypatch.delattr(torch, "OutOfMemoryError")
+
+    def measure_phases(*args):
+        raise mesure_memoire.PhaseFailed("inputs", error)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
+    with pytest.raises(mesure_memoire.MeasurementFailed) as failure:
+        mesure_memoire.measure(config(), tool="t")
+    assert str(failure.value).startswith("out of memory in phase inputs (batch 1, context 16, width 64, dtype float32)")
+
+
+def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: GIB)
+    # 8 * 8192**2 + 5 * 8192 parameters, built in float32 first: 2147647488 bytes.
+    assert str(measure_refusal(config(width=8192))) == (
+        "building the model on the CPU needs 2.00 GiB, more than this machine's 1.00 GiB of RAM: shrink --width"
+    )
+
+
+def test_device_index_reads_the_number_after_cuda():
+    assert (
+        mesure_memoire.device_index("cuda:0") == 0
+        and mesure_memoire.device_index("cuda:12") == 12
+        and mesure_memoire.device_index("cuda:9999") == 9999
+    )
+    for device in ("cuda:10000", "cuda:", "cpu", 0, None, "CUDA:0"):
+        assert (
+            kit_error_of(mesure_memoire.device_index, device)
+            == f"--device: expected cuda:N (for example cuda:0), got {device!r}"
+        )
+
+
+def test_measure_config_validates_each_option_by_its_name():
+    seed = str(mesure_memoire.MAX_SEED)
+    assert mesure_memoire.measure_config("cuda:3", "2", "3", "4", "bfloat16", "0", "1", seed) == {
+        "device": "cuda:3", "batch": 2, "context": 3, "width": 4, "dtype": "bfloat16", "warmup": 0, "repeats": 1,
+        "seed": 2**64 - 1,
+    }  # fmt: skip
+    assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0)["seed"] == 0
+    good = ["cuda:0", 1, 1, 1, "float32", 0, 1, 0]
+    positive = "a positive whole number of at most 30 ASCII digits, got 0"
+    for index, option in ((1, "--batch"), (2, "--context"), (3, "--width"), (6, "--repeats")):
+        args = list(good)
+        args[index] = 0
+        assert kit_error_of(mesure_memoire.measure_config, *args) == f"{option}: expected {positive}"
+    args = list(good)
+    args[5] = -1
+    assert (
+        kit_error_of(mesure_memoire.measure_config, *args)
+        == "--warmup: expected a whole number >= 0 of at most 30 ASCII digits, got -1"
+    )
+    args = list(good)
+    args[7] = -1
+    assert kit_error_of(mesure_memoire.measure_config, *args) == (
+        "--seed: expected a whole number from 0 to 18446744073709551615 in ASCII digits, got -1"
+    )
+    args = list(good)
+    args[4] = "float64"
+    assert (
+        kit_error_of(mesure_memoire.measure_config, *args)
+        == "--dtype: expected one of float32, float16, bfloat16, got 'float64'"
+    )
+    args = list(good)
+    args[0] = "cuda"
+    assert kit_error_of(mesure_memoire.measure_config, *args).startswith("--device: expected cuda:N")
+
+
+# --- files: names, limits, temporary files, exclusive writes ---------------------------------------------------
+
+
+def test_name_limits_ask_the_file_system_and_fall_back(tmp_path, monkeypatch):
+    asked = []
+
+    def pathconf(folder, name):
+        asked.append((folder, name))
+        return {"PC_NAME_MAX": 11, "PC_PATH_MAX": 22}[name]
+
+    monkeypatch.setattr(os, "pathconf", pathconf)
+    assert mesure_memoire._name_limits("here") == (11, 22)
+    assert asked == [("here", "PC_NAME_MAX"), ("here", "PC_PATH_MAX")]
+    for error in (AttributeError("no pathconf"), ValueError("unknown name"), OSError(errno.EINVAL, "no")):
+        monkeypatch.setattr(os, "pathconf", lambda folder, name, error=error: (_ for _ in ()).throw(error))
+        assert mesure_memoire._name_limits("here") == (255, 4096)
+
+
+def test_check_new_output_bounds_the_name_and_the_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "pathconf", lambda folder, name: {"PC_NAME_MAX": 10, "PC_PATH_MAX": 16}[name])
+    assert mesure_memoire.check_new_output("n" * 10) == "n" * 10
+    too_long = "--output: nnnnnnnnnnn is too long for this file system (names: 10 bytes)"
+    assert kit_error_of(mesure_memoire.check_new_output, "n" * 11) == too_long
+    os.mkdir("d")
+    assert mesure_memoire.check_new_output("d/" + "p" * 9) == "d/" + "p" * 9  # 11 bytes of path
+    assert mesure_memoire.check_new_output("./d/" + "p" * 10) == "./d/" + "p" * 10  # 14 bytes
+    os.mkdir("dd")
+    assert mesure_memoire.check_new_output("dd/" + "q" * 10) == "dd/" + "q" * 10  # 13 bytes
+    os.makedirs("ddd/e")
+    assert mesure_memoire.check_new_output("ddd/e/" + "r" * 9) == "ddd/e/" + "r" * 9  # 15 bytes: under the limit
+    assert kit_error_of(
+        mesure_memoire.check_new_output, "ddd/e/" + "r" * 10
+    ) == (  # 16 bytes: the limit counts the terminator
+        "--output: ddd/e/rrrrrrrrrr is too long for this file system (names: 10 bytes)"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["d", "dd", "ddd"]  # the probe files are gone
+
+
+def test_check_new_output_messages_are_whole(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.json").write_text("{}")
+    (tmp_path / "f").write_text("")
+    assert kit_error_of(mesure_memoire.check_new_output, "old.json") == (
+        "--output: old.json already exists; choose a new name (results are never overwritten)"
+    )
+    assert kit_error_of(mesure_memoire.check_new_output, "a/..") == "--output: a/.. names a folder, not a new file"
+    assert kit_error_of(mesure_memoire.check_new_output, "..") == "--output: .. names a folder, not a new file"
+    assert (
+        kit_error_of(mesure_memoire.check_new_output, "f/x.json") == "--output: the folder of f/x.json does not exist"
+    )
+    assert kit_error_of(mesure_memoire.check_new_output, "x\0.json") == (
+        "--output: cannot create 'x\\x00.json': ValueError: embedded null character; nothing measured"
+    )
+    for empty in ("", "  ", None, b"x.json"):
+        assert kit_error_of(mesure_memoire.check_new_output, empty) == "--output: a new file name is required"
+    assert mesure_memoire.check_new_output("new.json") == "new.json" and sorted(os.listdir()) == ["f", "old.json"]
+
+
+def test_check_new_output_probes_the_folder_and_removes_the_probe(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    created, real_create = [], mesure_memoire._create_temporary
+
+    def recording(folder):
+        created.append(folder)
+        return real_create(folder)
+
+    monkeypatch.setattr(mesure_memoire, "_create_temporary", recording)
+    os.mkdir("sub")
+    assert (
+        mesure_memoire.check_new_output("sub/r.json") == "sub/r.json"
+        and mesure_memoire.check_new_output("r.json") == "r.json"
+    )
+    assert created == ["sub", "."] and os.listdir("sub") == []
+
+    def no_room(folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mesure_memoire, "_create_temporary", no_room)
+    assert kit_error_of(mesure_memoire.check_new_output, "r.json") == (
+        "--output: cannot create r.json: OSError: [Errno 28] No space left on device; nothing measured"
+    )
+
+
+def test_create_temporary_tries_100_names_then_gives_up(tmp_path, monkeypatch):
+    draws = []
+    monkeypatch.setattr(os, "urandom", lambda size: draws.append(size) or bytes(range(size)))
+    path, descriptor = mesure_memoire._create_temporary(str(tmp_path))
+    os.close(descriptor)
+    assert path == os.path.join(str(tmp_path), ".partial-0001020304050607.tmp") and draws == [8]
+    with pytest.raises(FileExistsError) as caught:
+        mesure_memoire._create_temporary(str(tmp_path))
+    assert str(caught.value) == f"no free temporary name in {tmp_path}" and len(draws) == 101
+    assert os.path.getsize(path) == 0 and os.listdir(tmp_path) == [".partial-0001020304050607.tmp"]
+
+
+def test_write_exclusively_never_overwrites_and_removes_a_partial_file(tmp_path, monkeypatch):
+    target = str(tmp_path / "r.json")
+    mesure_memoire._write_exclusively(target, b"first")
+    with pytest.raises(FileExistsError):
+        mesure_memoire._write_exclusively(target, b"second")
+    assert (tmp_path / "r.json").read_bytes() == b"first"
+
+    def fsync_fails(descriptor):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", fsync_fails)
+    with pytest.raises(OSError, match="I/O error"):
+        mesure_memoire._write_exclusively(str(tmp_path / "s.json"), b"data")
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def test_write_new_file_writes_utf8_and_refuses_a_name_taken_meanwhile(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mesure_memoire.write_new_file("é.json", "é\n")
+    assert (tmp_path / "é.json").read_bytes() == "é\n".encode()
+
+    def taken(source, destination):
+        raise FileExistsError(errno.EEXIST, "File exists")
+
+    monkeypatch.setattr(os, "link", taken)
+    assert (
+        kit_error_of(mesure_memoire.write_new_file, "x.json", "{}")
+        == "--output: x.json appeared meanwhile; nothing overwritten"
+    )
+    (tmp_path / "y.json").write_bytes(b"theirs")
+    monkeypatch.setattr(os, "link", lambda source, destination: (_ for _ in ()).throw(OSError(errno.EPERM, "no")))
+    assert (
+        kit_error_of(mesure_memoire.write_new_file, "y.json", "{}")
+        == "--output: y.json appeared meanwhile; nothing overwritten"
+    )
+    assert (tmp_path / "y.json").read_bytes() == b"theirs"
+    mesure_memoire.write_new_file("z.json", "zz")  # no hard links: the exclusive create
+    assert (tmp_path / "z.json").read_bytes() == b"zz"
+    assert sorted(os.listdir(tmp_path)) == ["y.json", "z.json", "é.json"]  # no temporary left
+
+
+def test_the_temporary_file_is_made_beside_the_result(tmp_path, monkeypatch):
+    """In the result's own folder: the final link (or rename) stays on one file system."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    folders = []
+    real_create_temporary = mesure_memoire._create_temporary
+
+    def create_temporary(folder):
+        folders.append(folder)
+        return real_create_temporary(folder)
+
+    monkeypatch.setattr(mesure_memoire, "_create_temporary", create_temporary)
+    mesure_memoire.write_new_file("sub/r.json", "{}")
+    mesure_memoire.write_new_file("r.json", "{}")
+    assert folders == ["sub", "."]
+    assert sorted(os.listdir(tmp_path)) == ["r.json", "sub"] and os.listdir(tmp_path / "sub") == ["r.json"]
+
+
+def test_write_new_file_tolerates_a_temporary_removed_by_someone_else(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    real_link = os.link
+
+    def link_then_remove(source, destination):
+        real_link(source, destination)
+        os.unlink(source)
+
+    monkeypatch.setattr(os, "link", link_then_remove)
+    mesure_memoire.write_new_file("r.json", "{}\n")
+    assert os.listdir(tmp_path) == ["r.json"]
+
+    def other_unlink_error(path):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "unlink", other_unlink_error)
+    with pytest.raises(PermissionError):
+        mesure_memoire.write_new_file("s.json", "{}\n")
+
+
+def test_measure_to_file_records_warnings_and_writes_the_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+
+    def measured(config, tool):
+        warnings.simplefilter("always")
+        warnings.warn("from /x/y/z.py", UserWarning, stacklevel=1)
+        return {"tool": tool, "environment": {"field_errors": {}}, "v": Decimal("0.5"), "c": config}
+
+    monkeypatch.setattr(mesure_memoire, "measure", measured)
+    result = mesure_memoire.measure_to_file({"k": 1}, "r.json", tool="t")
+    assert result["environment"]["field_errors"] == {"pytorch_warnings": "UserWarning: from <path>"}
+    assert (tmp_path / "r.json").read_text(encoding="utf-8") == mesure_memoire.to_json(result)
+    assert json.loads((tmp_path / "r.json").read_text())["tool"] == "t"
+    for environment in (None, {"field_errors": None}):
+        monkeypatch.setattr(
+            mesure_memoire, "measure", lambda config, tool, environment=environment: {"environment": environment}
+        )
+        name = f"n{len(os.listdir(tmp_path))}.json"
+        assert mesure_memoire.measure_to_file({}, name, tool="t") == {"environment": environment}
+    monkeypatch.setattr(
+        mesure_memoire, "measure", lambda config, tool: pytest.fail("measured before checking the output")
+    )
+    assert kit_error_of(mesure_memoire.measure_to_file, {}, "r.json", "t").startswith("--output: r.json already exists")
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: {})
+    monkeypatch.setattr(mesure_memoire, "write_new_file", full)
+    assert kit_error_of(mesure_memoire.measure_to_file, {}, "new.json", "t") == (
+        "--output: cannot write new.json: OSError: [Errno 28] No space left on device; nothing written"
+    )
+
+
+def test_main_without_arguments_reads_the_command_line(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mesure_memoire.py", "estimate", "--parameters", "8", "--bits", "8", "--json"])
+    assert mesure_memoire.main() == 0
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] == 8
+
+
+def test_say_writes_one_prefixed_line_and_survives_a_broken_stderr(capsys, monkeypatch):
+    mesure_memoire.say("mesure_memoire.py", "a\nb")
+    mesure_memoire.say("mesure_memoire.py", "c", prefix="warning: ")
+    mesure_memoire.say("mesure_memoire.py", "d", prefix="")
+    assert (
+        capsys.readouterr().err
+        == "mesure_memoire.py: error: a\\nb\nmesure_memoire.py: warning: c\nmesure_memoire.py: d\n"
+    )
+
+    class Broken:
+        def __init__(self, error):
+            self.error = error
+
+        def write(self, text):
+            raise self.error
+
+    for error in (OSError(errno.EIO, "x"), ValueError("closed")):
+        monkeypatch.setattr(sys, "stderr", Broken(error))
+        mesure_memoire.say("mesure_memoire.py", "lost")  # nothing raised
+
+
+def test_say_flushes_stderr(monkeypatch):
+    flushed = []
+
+    class Recording(io.StringIO):
+        def flush(self):
+            flushed.append(self.getvalue())
+
+    monkeypatch.setattr(sys, "stderr", Recording())
+    mesure_memoire.say("mesure_memoire.py", "x")
+    assert flushed == ["mesure_memoire.py: error: x\n"]
+
+
+def test_guarded_stdout_passes_through_and_tells_failures_apart():
+    stream = io.StringIO()
+    guarded = mesure_memoire.GuardedStdout(stream)
+    assert guarded.write("abc") == 3 and guarded.getvalue() == "abc" and guarded.flush() is None
+    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+        mesure_memoire.GuardedStdout(None).write("x")
+    assert caught.value.args == (None,)
+    stream.close()
+    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+        guarded.write("x")
+    assert isinstance(caught.value.args[0], ValueError) and caught.value.__suppress_context__
+
+    class Full(io.StringIO):
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+        mesure_memoire.GuardedStdout(Full()).flush()
+    assert caught.value.args[0].errno == errno.ENOSPC
+
+
+def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypatch, capsys):
+    real_stdout = sys.__stdout__
+    with open(tmp_path / "out.txt", "w") as stream:
+        sys.__stdout__ = stream  # restored before the file closes: the test runner writes there between tests
+        try:
+            failure = mesure_memoire.StdoutFailed(OSError(errno.ENOSPC, "No space left on device"))
+            code = mesure_memoire.stdout_failed("mesure_memoire.py", failure, stream)
+        finally:
+            sys.__stdout__ = real_stdout
+        assert code == 1 and os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
+    )
+    with open(tmp_path / "other.txt", "w") as other:  # not the interpreter's stdout: left alone
+        assert (
+            mesure_memoire.stdout_failed(
+                "mesure_memoire.py", mesure_memoire.StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), other
+            )
+            == 1
+        )
+        assert os.path.realpath(f"/proc/self/fd/{other.fileno()}") == str(tmp_path / "other.txt")
+    assert capsys.readouterr().err == ""
+    assert mesure_memoire.stdout_failed("mesure_memoire.py", mesure_memoire.StdoutFailed(), None) == 1
+    assert capsys.readouterr().err == "mesure_memoire.py: error: cannot write the output: standard output is closed\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="this system has no /dev/full")
+def test_main_points_the_interpreters_own_stdout_at_devnull_when_it_fails(monkeypatch, capsys):
+    """So that the interpreter's last flush at exit cannot print a second error."""
+    real_stdout = sys.__stdout__
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        sys.__stdout__ = full  # restored before the file closes: the test runner writes there between tests
+        try:
+            code = mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "8"])
+        finally:
+            sys.__stdout__ = real_stdout
+        assert code == 1 and os.path.realpath(f"/proc/self/fd/{full.fileno()}") == os.devnull
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
+    )
+
+
+def test_main_restores_stdout_and_returns_each_status(capsys, monkeypatch):
+    stdout = sys.stdout
+    assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1", "--json"]) == 0
+    assert sys.stdout is stdout and json.loads(capsys.readouterr().out)["weight_bytes"] == 1
+
+    def fails(args):
+        raise mesure_memoire.MeasurementFailed("out of memory")
+
+    monkeypatch.setattr(mesure_memoire, "estimate_weights", lambda *args: fails(args))
+    assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1"]) == 3
+    assert capsys.readouterr().err == "mesure_memoire.py: error: out of memory\n"
+    assert sys.stdout is stdout
+
+
+def test_a_stdout_that_fails_only_on_flush_is_one_line_and_exit_1(capsys, monkeypatch):
+    written = []
+
+    class FullOnFlush:
+        def write(self, text):
+            written.append(text)
+            return len(text)
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    for argv in (["estimate", "--parameters", "1", "--bits", "1"], ["--help"]):
+        monkeypatch.setattr(sys, "stdout", FullOnFlush())
+        written.clear()
+        assert mesure_memoire.main(argv) == 1
+        assert written and capsys.readouterr().err == (
+            "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
+        )
+
+
+def test_ctrl_c_is_one_exact_line_and_status_130(capsys, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mesure_memoire, "estimate_weights", interrupted)
+    assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n"
+    assert captured.out == ""
+
+
+def test_stdout_failed_survives_a_closed_interpreter_stdout(tmp_path, capsys):
+    real_stdout = sys.__stdout__
+    stream = open(tmp_path / "closed.txt", "w")  # noqa: SIM115 -- closed on purpose below
+    stream.close()
+    sys.__stdout__ = stream
+    try:
+        code = mesure_memoire.stdout_failed(
+            "mesure_memoire.py", mesure_memoire.StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), stream
+        )
+    finally:
+        sys.__stdout__ = real_stdout
+    assert code == 1 and capsys.readouterr().err == ""
+
+
+def test_measure_to_file_adds_no_warning_field_when_none_was_raised(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+    monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: {"environment": {"field_errors": {}}})
+    assert mesure_memoire.measure_to_file({}, "r.json", tool="t") == {"environment": {"field_errors": {}}}
+
+
+LONG_NAME = "a" * 300 + ".json"
+
+
+def test_no_gpu_is_a_one_line_refusal_that_writes_nothing(folder, capsys):
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 2 and captured.out == ""
+    assert_one_line(captured.err, "no usable GPU for cuda:0", "no file written")
+
+
+def test_an_unwritable_folder_is_refused_before_any_gpu_work(folder, capsys, monkeypatch):
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if os.path.dirname(os.fspath(path)) == "sub" and flags & os.O_CREAT:
+            raise PermissionError(errno.EROFS, "Read-only file system")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: pytest.fail("measured first"))
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "sub/o.json"])
+    assert code == 2
+    assert_one_line(captured.err, "--output: cannot create sub/o.json", "Read-only file system")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into a 0555 folder anyway")
+def test_a_read_only_folder_for_real(folder, capsys):
+    (folder / "sub").chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "sub/o.json"])
+    finally:
+        (folder / "sub").chmod(stat.S_IRWXU)
+    assert code == 2
+    assert_one_line(captured.err, "--output: cannot create sub/o.json")
+
+
+# --- a finished measurement (stand-in GPU) and its file --------------------------------------------
+
+
+@pytest.fixture
+def stand_in_measure(monkeypatch):
+    """Replaces measure(), because no GPU can be had here: the real CPU model runs its phases with
+    RecordingCudaStandIn counters; the result has measure()'s keys.  Proves nothing about GPUs."""
+    calls = []
+
+    def fake_measure(config, tool):
+        calls.append(config)
+        cpu = torch.device("cpu")
+        phases, output_summary = mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=cpu), cpu, config)
+        return {
+            "kit": mesure_memoire.KIT_NAME,
+            "tool": tool,
+            "environment": {"field_errors": {}, "gpu": {"total_memory_gib": Decimal(80)}},
+            "configuration": {**config, "fresh_process_warning": None},
+            "synthetic_model": mesure_memoire.synthetic_model(config),
+            "phases": phases,
+            "output_summary": output_summary,
+        }
+
+    monkeypatch.setattr(mesure_memoire, "measure", fake_measure)
+    return calls
+
+
+def test_link_refused_with_eperm_falls_back_to_an_exclusive_create(folder, capsys, monkeypatch, stand_in_measure):
+    def no_hard_links(source, destination):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    assert mesure_memoire.main([*MEASURE, "--output", "o.json", "--seed", str(2**64 - 1)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.endswith("Result written to o.json\n")
+    result = json.loads((folder / "o.json").read_text(encoding="utf-8"))
+    assert result["configuration"]["seed"] == 2**64 - 1 and len(result["phases"]) == 6
+    assert sorted(os.listdir(folder)) == ["existing.json", "fifo", "o.json", "sub"]  # no temporary left
+
+
+def test_the_written_name_and_the_warning_stay_one_line_each(folder, capsys, monkeypatch, stand_in_measure):
+    real_measure = mesure_memoire.measure
+
+    def not_fresh(config, tool):
+        result = real_measure(config, tool)
+        result["configuration"]["fresh_process_warning"] = "held memory\nbefore"
+        return result
+
+    monkeypatch.setattr(mesure_memoire, "measure", not_fresh)
+    assert mesure_memoire.main([*MEASURE, "--output", "a\nb.json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "mesure_memoire.py: warning: held memory\\nbefore\n"
+    assert captured.out.endswith("\nResult written to 'a\\nb.json'\n")
+    assert (folder / "a\nb.json").is_file()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_the_result_file_respects_the_umask(folder, monkeypatch, umask, hard_links):
+    if not hard_links:
+        monkeypatch.setattr(os, "link", lambda source, destination: (_ for _ in ()).throw(OSError(errno.EPERM, "")))
+    previous = os.umask(umask)
+    try:
+        mesure_memoire.write_new_file("r.json", "{}\n")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(folder / "r.json").st_mode) == 0o666 & ~umask
+
+
+def test_a_failed_fallback_write_leaves_nothing_under_the_name(folder, monkeypatch):
+    monkeypatch.setattr(os, "link", lambda source, destination: (_ for _ in ()).throw(OSError(errno.ENOTSUP, "")))
+    real_fsync, calls = os.fsync, []
+
+    def second_fsync_fails(descriptor):
+        calls.append(descriptor)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", second_fsync_fails)
+    before = tree_digest(folder)
+    with pytest.raises(OSError, match="No space"):
+        mesure_memoire.write_new_file("r.json", "{}\n")
+    assert tree_digest(folder) == before
+
+
+def test_a_full_disk_after_the_measurement_is_one_line(folder, capsys, monkeypatch, stand_in_measure):
+    def disk_full(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 2 and captured.out == ""
+    assert_one_line(captured.err, "--output: cannot write o.json", "No space left on device", "nothing written")
+
+
+@pytest.mark.parametrize("where", ["measure", "fsync", "link", "fallback"])
+def test_ctrl_c_anywhere_in_measure_exits_130_and_leaves_no_file(folder, capsys, monkeypatch, stand_in_measure, where):
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    if where == "measure":
+        monkeypatch.setattr(mesure_memoire, "measure", interrupt)
+    elif where == "fsync":
+        monkeypatch.setattr(os, "fsync", interrupt)
+    elif where == "link":
+        monkeypatch.setattr(os, "link", interrupt)
+    else:  # no hard links, then Ctrl-C while the exclusive copy is written
+        monkeypatch.setattr(os, "link", lambda source, destination: (_ for _ in ()).throw(OSError(errno.EPERM, "")))
+        calls = []
+        monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or (interrupt() if len(calls) == 2 else None))
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 130 and captured.out == ""
+    assert_one_line(captured.err, "interrupted")
+
+
+def test_measure_without_a_gpu_prints_exactly_one_stderr_line(tmp_path):
+    completed = subprocess.run([sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *MEASURE, "--output", "o.json"],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert completed.returncode == 2
+    assert_one_line(completed.stderr, "no usable GPU for cuda:0")
+    assert list(tmp_path.iterdir()) == []
+
+
+HOOKED = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import mesure_memoire
+ready = int(sys.argv[2])
+def blocked(*args, **kwargs):
+    os.write(ready, b"r")
+    time.sleep(60)
+mesure_memoire.{function} = blocked
+raise SystemExit(mesure_memoire.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "args"),
+    [
+        ("measure", [*MEASURE, "--output", "o.json"]),
+    ],
+)
+def test_sigint_exits_130_in_one_line_and_leaves_no_file(tmp_path, function, args):
+    (tmp_path / "existing.json").write_bytes(MINE)
+    before = tree_digest(tmp_path)
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOOKED.format(function=function), str(ROOT), str(write_end), *args],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,),
+        preexec_fn=sigint_as_from_a_terminal,
+    )  # fmt: skip
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"r"  # the child is inside the command
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        os.close(read_end)
+        process.kill()
+    assert process.returncode == 130
+    assert out == b""
+    assert_one_line(err.decode(), "interrupted")
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.whole_kit
+def test_without_site_packages_measure_refuses_in_one_line(tmp_path):
+    completed = run_script("mesure_memoire.py", *MEASURE, "--output", "o.json", cwd=tmp_path, python_flags=("-S",))
+    assert completed.returncode == 2
+    assert_one_line(completed.stderr, "PyTorch is not importable")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_closed_stderr_is_not_a_crash(folder, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stderr", None)
+    assert mesure_memoire.main(["estimate", "--parameters", "x", "--bits", "1"]) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_temporary_names_never_collide_and_limits_have_a_fallback(folder, monkeypatch):
+    taken = folder / f".partial-{bytes(8).hex()}.tmp"
+    taken.write_bytes(b"someone else's")
+    draws = iter([bytes(8), bytes(8), b"\x01" * 8])
+    monkeypatch.setattr(os, "urandom", lambda size: next(draws))
+    mesure_memoire.write_new_file("r.json", "{}\n")
+    assert (folder / "r.json").read_bytes() == b"{}\n"
+    assert taken.read_bytes() == b"someone else's"
+    assert [path.name for path in folder.glob(".partial-*")] == [taken.name]  # ours removed, theirs kept
+    monkeypatch.setattr(os, "urandom", lambda size: bytes(8))
+    with pytest.raises(FileExistsError):
+        mesure_memoire.write_new_file("s.json", "{}\n")
+    assert not (folder / "s.json").exists()
+    taken.unlink()
+
+    def no_pathconf(*args):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "pathconf", no_pathconf)
+    assert mesure_memoire._name_limits(".") == (255, 4096)
+    with pytest.raises(mesure_memoire.KitError, match="too long"):
+        mesure_memoire.check_new_output("n" * 256)
+    assert mesure_memoire.check_new_output("n" * 255) == "n" * 255
+
+
+# --- hostile values and outputs: one line, exit 2, before any GPU work, nothing changed -----------------
+
+MEASURE_REFUSALS = [
+    # options
+    ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "--seed", "18446744073709551615"),
+    ([*MEASURE, "--output", "o.json", "--seed", "-1"], "--seed", "'-1'"),
+    ([*MEASURE, "--output", "o.json", "--seed", "1e3"], "--seed", "'1e3'"),
+    ([*MEASURE, "--output", "o.json", "--batch", "1\n"], "--batch", "'1\\n'"),
+    ([*MEASURE, "--output", "o.json", "--width", "٦٤"], "--width", "'٦٤'"),
+    ([*MEASURE, "--output", "o.json", "--dtype", "float32\n"], "--dtype", "'float32\\n'"),
+    (["measure", "--device", "cuda:0\nx", "--output", "o.json"], "--device", "'cuda:0\\nx'"),
+    (["measure", "--output", "o.json"], "error: measure: the following arguments are required: --device", ""),
+    (["measure", "--device", "--plan"], "error: measure: argument --device: expected one argument", ""),
+    ([*MEASURE, "--plan=x"], "error: measure: argument --plan: ignored explicit argument 'x'", ""),
+    # outputs that exist or cannot be created
+    ([*MEASURE, "--output", "existing.json"], "existing.json already exists", "never overwritten"),
+    ([*MEASURE, "--output", "fifo"], "fifo already exists", ""),
+    ([*MEASURE, "--output", "/dev/full"], "/dev/full already exists", ""),
+    ([*MEASURE, "--output", "sub"], "sub already exists", ""),
+    ([*MEASURE, "--output", "sub/"], "names a folder", ""),
+    ([*MEASURE, "--output", "."], "names a folder", ""),
+    ([*MEASURE, "--output", ""], "a new file name is required", ""),
+    ([*MEASURE, "--output", "nowhere/o.json"], "does not exist", ""),
+    ([*MEASURE, "--output", "no\nwhere/o.json"], "'no\\nwhere/o.json' does not exist", ""),
+    ([*MEASURE, "--output", "fifo/o.json"], "does not exist", ""),
+    ([*MEASURE, "--output", LONG_NAME], "too long", "(305 characters)"),
+    ([*MEASURE, "--output", "sub/" + LONG_NAME], "too long", ""),
+    ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", "nothing measured"),
+    ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "first", "second"), MEASURE_REFUSALS, ids=plain_ids(MEASURE_REFUSALS))
+def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
+    assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)
+
+
+def test_the_options_and_their_defaults_reach_measure_config(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(mesure_memoire, "measure_config", lambda *args: seen.append(args) or {})
+    monkeypatch.setattr(mesure_memoire, "predict_memory", lambda config: {"plan": 1})
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--plan", "--json"]) == 0
+    arguments = ["--device", "cuda:2", "--batch", "3", "--context", "4", "--width", "5", "--dtype", "float16",
+                 "--warmup", "6", "--repeats", "7", "--seed", "8", "--plan", "--json"]  # fmt: skip
+    assert mesure_memoire.main(["measure", *arguments]) == 0
+    assert seen == [("cuda:0", "1", "16", "64", "float32", "1", "2", "0"),
+                    ("cuda:2", "3", "4", "5", "float16", "6", "7", "8")]  # fmt: skip
+    assert capsys.readouterr().out == '{\n  "plan": 1\n}\n' * 2
+
+
+# Each command's help: its summary and every option's line, as the README documents them.
+HELP_LINES = {
+    "": ["usage: mesure_memoire.py [-h] COMMAND ...", "IteraGPU Lab v1: weight-memory estimate, environment",
+         "    estimate   weight memory from a parameter count, no GPU",
+         "               diagnose Python, PyTorch and the chosen GPU",
+         "    measure    measure the synthetic MLP phase by phase on a GPU",
+         "    report     compare result files side by side, one row each; reads them, writes nothing",
+         "mesure_memoire.py COMMAND --help prints a command's options."],
+    "estimate": ["usage: mesure_memoire.py estimate [-h] --parameters N --bits N [--reserve-gib GIB] [--json]",
+                 "  --parameters N     number of parameters, a positive integer",
+                 "  --bits N           storage width per parameter in bits (4, 8, 16, 32 ...)",
+                 "  --reserve-gib GIB  extra GiB you assume on top of the weights (a hypothesis; default 0)",
+                 "  --json             print one JSON object instead of text"],
+    "environment": ["usage: mesure_memoire.py environment [-h] --device cuda:N [--json]",
+                    "diagnose Python, PyTorch and the chosen GPU", "  --device cuda:N  the GPU to inspect"],
+    "measure": ["  --device cuda:N  the GPU to measure",
+                "  --output FILE    new JSON file for the result (never overwritten); required unless --plan",
+                "  --batch N        batch size (default 1)", "  --context N      positions per input row (default 16)",
+                "  --width N        model width; the hidden layer is 4x (default 64)",
+                "  --dtype NAME     float32, float16 or bfloat16 (default float32)",
+                "  --warmup N       warm-up passes, 0 or more (default 1)",
+                "  --repeats N      measured warm passes, 1 or more (default 2)",
+                "  --seed N         seed of the weights and inputs (default 0)",
+                "  --plan           predict the memory per phase: arithmetic only, no GPU, writes nothing",
+                "  --json           with --plan: print one JSON object"],
+    "report": ["usage: mesure_memoire.py report [-h] [--json] FILE [FILE ...]",
+               "  FILE        measure result files, in the order to show (after --, a name may start with -)",
+               "  --json      print one JSON object instead of text"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", HELP_LINES)
+def test_each_help_lists_its_options_and_defaults(command, capsys):
+    assert mesure_memoire.main([command, "--help"] if command else ["--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for line in HELP_LINES[command]:
+        assert any(shown.startswith(line) for shown in lines), line

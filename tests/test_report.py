@@ -6,6 +6,8 @@ no measured figure in them.
 """
 
 import copy
+import errno
+import io
 import json
 import os
 import subprocess
@@ -15,7 +17,13 @@ from decimal import Decimal
 import pytest
 
 import mesure_memoire
-from conftest import ROOT, assert_one_line_refusal, run_script, tree_digest
+from conftest import (
+    ROOT,
+    assert_one_line_refusal,
+    kit_error_of,
+    run_script,
+    tree_digest,
+)
 
 DATA = ROOT / "tests" / "data" / "report"
 
@@ -248,7 +256,7 @@ def test_the_command_refuses_without_a_file(capsys):
     assert mesure_memoire.main(["report"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == "mesure_memoire.py: error: report needs FILE (see report --help)\n"
+    assert captured.err == "mesure_memoire.py: error: report: the following arguments are required: FILE\n"
 
 
 # --- hostile files: one line naming the file, exit 2, nothing printed on stdout, nothing changed ---------
@@ -464,3 +472,190 @@ python() {{
     assert calls[-1] == "mesure_memoire.py report mesures-width-256.json mesures-width-512.json mesures-width-1024.json"
     example = _readme_section().split("```txt\n", 1)[1].split("```", 1)[0]
     assert completed.stdout == "width 2048: exit status 3, stopping here\n" + example
+
+
+# --- reading result files -------------------------------------------------------------------------------------
+
+
+def test_read_at_most_reads_in_pieces_up_to_the_limit(monkeypatch):
+    source, asked = io.BytesIO(b"0123456789"), []
+
+    def short_reads(handle, size):
+        asked.append(size)
+        return source.read(min(size, 3))
+
+    monkeypatch.setattr(os, "read", short_reads)
+    assert mesure_memoire._read_at_most(7, 7) == b"0123456"
+    assert asked == [7, 4, 1]
+    source.seek(0)
+    asked.clear()
+    assert mesure_memoire._read_at_most(7, 100) == b"0123456789" and asked == [100, 97, 94, 91, 90]
+
+
+def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    assert mesure_memoire.read_result_file("ok.json") == {"a": 1}
+    (tmp_path / "big.json").write_text("1" * 5000)
+    assert (
+        kit_error_of(mesure_memoire.read_result_file, "big.json")
+        == "report: 'big.json' is not a kit result: not JSON (ValueError)"
+    )
+    (tmp_path / "deep.json").write_text("[" * 100000)
+    assert kit_error_of(mesure_memoire.read_result_file, "deep.json") == (
+        "report: 'deep.json' is not a kit result: not JSON (RecursionError)"
+    )
+    (tmp_path / "bad.json").write_text('{"a": 1,\n  x}')
+    assert kit_error_of(mesure_memoire.read_result_file, "bad.json") == (
+        "report: 'bad.json' is not a kit result: not JSON (Expecting property name enclosed in double quotes at line 2"
+        " column 3)"
+    )
+    assert kit_error_of(mesure_memoire.read_result_file, "no.json") == "report: 'no.json' does not exist"
+    (tmp_path / "latin.json").write_bytes(b'{"a": "\xe9"}')
+    assert (
+        kit_error_of(mesure_memoire.read_result_file, "latin.json")
+        == "report: 'latin.json' is not a kit result: not UTF-8 text"
+    )
+
+    def unreadable(handle, size):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "read", unreadable)
+    assert kit_error_of(mesure_memoire.read_result_file, "ok.json") == "report: 'ok.json' cannot be read (OSError)"
+
+
+def test_counts_milliseconds_and_medians_are_exact():
+    assert mesure_memoire._count(0) == 0 and mesure_memoire._count(10**30 - 1) == 10**30 - 1
+    for value in (-1, 10**30, True, 1.0, "1", None):
+        assert mesure_memoire._count(value) is None, value
+    assert mesure_memoire._milliseconds(1234567) == Decimal("1.234567")
+    assert mesure_memoire._median([3, 1, 2]) == 2 and isinstance(mesure_memoire._median([5]), Decimal)
+    assert mesure_memoire._median([4, 1, 3, 2]) == Decimal("2.5")
+    assert mesure_memoire._median([Decimal("0.1"), Decimal("0.2")]) == Decimal("0.15")
+    assert str(mesure_memoire._median([1, 10**40])) == "5" + "0" * 38 + "0.5"  # exact beyond 28 digits
+
+
+def test_checked_result_messages_name_the_file_and_the_field():
+    def problem(result):
+        return kit_error_of(mesure_memoire._checked_result, "r.json", result)
+
+    prefix = "report: 'r.json' is not a kit result: "
+    assert problem([]) == prefix + "a JSON list, not an object"
+    assert problem({"kit": "x"}) == prefix + "its 'kit' is not 'iteragpu-lab-v1'"
+    assert (
+        problem({"kit": mesure_memoire.KIT_NAME})
+        == prefix + "schema_version None is not one this version reads (1 or 2)"
+    )
+    assert problem({"kit": mesure_memoire.KIT_NAME, "schema_version": 0}) == prefix + (
+        "schema_version 0 is not one this version reads (1 or 2)"
+    )
+
+
+def test_cells_show_none_and_escape_unprintable_text():
+    assert (
+        mesure_memoire._cell(None) == "none" and mesure_memoire._cell("a b") == "a b" and mesure_memoire._cell(3) == "3"
+    )
+    assert mesure_memoire._cell("a\nb") == "'a\\nb'"
+
+
+def test_report_command_json_and_text_come_from_the_same_rows(capsys, monkeypatch):
+    data = os.path.join(os.path.dirname(__file__), "data", "report")
+    monkeypatch.chdir(data)
+    assert mesure_memoire.main(["report", "schema2.json", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out == mesure_memoire.to_json(mesure_memoire.report(["schema2.json"]))
+    assert mesure_memoire.main(["report", "schema2.json"]) == 0
+    assert capsys.readouterr().out == mesure_memoire.format_report(mesure_memoire.report(["schema2.json"])) + "\n"
+
+
+# --- report: what a result must hold, and the rows -------------------------------------------------------------
+
+REPORT_DATA = os.path.join(os.path.dirname(__file__), "data", "report")
+
+
+def _schema2():
+    with open(os.path.join(REPORT_DATA, "schema2.json"), encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda r: r["synthetic_model"].pop("parameters"), "its configuration or parameter count is not one"),
+        (lambda r: r["configuration"].update(context=0), "its configuration or parameter count is not one"),
+        (lambda r: r.update(synthetic_model=None), "configuration, synthetic_model or environment is missing"),
+        (lambda r: r.update(configuration=[]), "configuration, synthetic_model or environment is missing"),
+        (lambda r: r["environment"].update(hip_build=7), "its environment's GPU name, PyTorch or build is not text"),
+        (lambda r: r["phases"].append(5), "a phase line is missing its name, time or peak counters"),
+        (lambda r: r.update(phases={}), "a phase line is missing its name, time or peak counters"),
+        (lambda r: r["phases"][0].pop("nanoseconds"), "a phase line is missing its name, time or peak counters"),
+        (lambda r: r["phases"][0].update(peak_allocated_bytes=-1), "a phase line is missing its name"),
+        (lambda r: r.update(output_summary=None), "schema 2 needs output_summary.all_finite, true or false"),
+        (lambda r: r["prediction_check"].update(agrees=1), "schema 2 needs prediction_check.agrees, true or false"),
+        (
+            lambda r: r.update(phases=[p for p in r["phases"] if p["phase"] != "cold_forward"]),
+            "it needs one cold_forward line",
+        ),
+    ],
+)
+def test_checked_result_refuses_each_missing_part_by_name(change, why):
+    result = _schema2()
+    change(result)
+    message = kit_error_of(mesure_memoire._checked_result, "r.json", result)
+    assert message.startswith("report: 'r.json' is not a kit result: " + why), message
+
+
+def test_a_result_without_gpu_details_is_read_with_none():
+    result = _schema2()
+    result["environment"]["gpu"] = None
+    result["environment"]["torch"] = None
+    row = mesure_memoire.report_rows([("r.json", result)])[0]
+    assert (row["gpu"], row["torch"], row["cuda_build"]) == (None, None, "13.0")
+    text = mesure_memoire.format_report({"results": [row], "derived_figures": "d", "flop_convention": "f"})
+    assert text.splitlines()[1].split()[:2] == ["r.json", "none"]
+    assert mesure_memoire.report_rows([]) == []
+
+
+def test_device_times_must_be_finite_numbers_and_not_booleans():
+    result = _schema2()
+    warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
+    for phase, value in zip(warm, (1, 2, 4), strict=True):
+        phase["device_ms"] = value  # ints are numbers too
+    assert mesure_memoire.report_rows([("r", result)])[0]["warm_median_device_ms"] == Decimal("2.0")
+    for bad in (True, "1", float("inf")):
+        warm[0]["device_ms"] = bad
+        assert mesure_memoire.report_rows([("r", result)])[0]["warm_median_device_ms"] is None, bad
+
+
+def test_read_result_file_opens_without_blocking(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.json").write_text("{}")
+    flags, real_open = [], os.open
+    monkeypatch.setattr(os, "open", lambda path, flag, *rest: flags.append(flag) or real_open(path, flag, *rest))
+    assert mesure_memoire.read_result_file("ok.json") == {}
+    assert flags == [os.O_RDONLY | os.O_NONBLOCK]  # a FIFO cannot hang the open
+    os.mkfifo("pipe")
+    writer = real_open("pipe", os.O_RDWR)  # a writer is there: even a blocking open would return
+    try:
+        assert (
+            kit_error_of(mesure_memoire.read_result_file, "pipe")
+            == "report: 'pipe' is not a kit result: not a regular file"
+        )
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize("argv", [["report", "-"], ["report", "--", "--c"], ["report", "--json", "--", "-d"]])
+def test_after_two_dashes_a_file_name_may_start_with_a_dash(argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main(argv) == 2
+    assert capsys.readouterr().err == f"mesure_memoire.py: error: report: {argv[-1]!r} does not exist\n"
+
+
+def test_the_files_reach_the_report_in_order(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(mesure_memoire, "report", lambda paths: seen.append(paths) or {})
+    assert mesure_memoire.main(["report", "a", "b", "--json"]) == 0
+    assert mesure_memoire.main(["report", "--json", "c", "--", "-d", "--e"]) == 0
+    assert seen == [["a", "b"], ["c", "-d", "--e"]]
+    assert capsys.readouterr().out == "{}\n{}\n"

@@ -162,27 +162,28 @@ def cross_check_child(argv):  # cuda:N SPECS_JSON -> one JSON object on stdout
     print(json.dumps(cross_check(torch, torch.device("cuda", index), json.loads(argv[1]))))
 
 
-CROSS_CHECK_CODE = (
-    "import sys; sys.path[:0] = sys.argv[1:2]; import gpu_validation; gpu_validation.cross_check_child(sys.argv[2:])"
-)
+CHILD = "import sys; sys.path[:0] = sys.argv[1:2]; import gpu_validation as g; g.cross_check_child(sys.argv[2:])"
 
 
 def command_for(kind, arguments):
     """The real command of a child: (argv, shown).  The tests replace it with named stand-ins."""
     argv = [sys.executable, str(ROOT / "mesure_memoire.py")] if kind == "kit" else [sys.executable, "-c"]
-    argv += [CROSS_CHECK_CODE, str(TOOLS)] if kind == "cross-check" else []
+    argv += [CHILD, str(TOOLS)] if kind == "cross-check" else []
     argv = ["nvidia-smi"] if kind == "vendor" else argv
     shown = {"kit": "python3 mesure_memoire.py", "vendor": "nvidia-smi"}.get(kind, f"python3 <the {kind} child>")
     return [*argv, *arguments], " ".join([shown, *arguments]) if kind in ("kit", "vendor") else shown
+
+
+def anonymous(member):  # an archive member without this machine's user and group
+    member.uid, member.gid, member.uname, member.gname = 0, 0, "", ""
+    return member
 
 
 def text(data):
     return (data or b"").decode("utf-8", errors="replace")
 
 
-class Runner:
-    """Runs children one at a time, each in its own session, within a per-child limit and a total budget."""
-
+class Runner:  # children one at a time, each in its own session, within a per-child limit and a total budget
     def __init__(self, timeout_seconds, budget_seconds):
         self.timeout_seconds, self.deadline, self.records = timeout_seconds, time.monotonic() + budget_seconds, []
 
@@ -321,7 +322,7 @@ class Validation:
         verdict = "\n".join([*lines, f"{len(lines) - failed} passed, {failed} failed"])
         self.write("verdict.txt", verdict)
         with tarfile.open(archive, "x:gz") as tar:  # x: never over an existing file
-            tar.add(self.folder, ARCHIVE_TOP, filter=lambda info: info.replace(uid=0, gid=0, uname="", gname=""))
+            tar.add(self.folder, ARCHIVE_TOP, filter=anonymous)
         return verdict, failed == 0
 
     def measure_arguments(self, options, output):

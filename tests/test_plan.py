@@ -672,7 +672,7 @@ def test_a_result_from_the_real_measure_code_passes_the_validators_checker(stand
     monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
     result = json.loads(mesure_memoire.to_json(mesure_memoire.measure(settings, tool="mesure_memoire.py")))
     rows = gpu_validation.check_result(result, requested=settings)
-    assert len(rows) > 20 and [row for row in rows if not row[2]] == []
+    assert len(rows) >= 7 and [row for row in rows if not row[2]] == []
     result["phases"][1]["peak_requested_bytes"] += 512
     assert [row[1] for row in gpu_validation.check_result(result, requested=settings) if not row[2]]
 

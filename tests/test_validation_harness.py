@@ -1,0 +1,230 @@
+"""tools/gpu_validation.py, proven on the CPU up to the GPU boundary.
+
+No GPU can be had here.  The flow tests replace the children's commands with
+tests/data/gpu_validation/fake_child.py, a named STAND-IN for the GPU children (its results are laid
+out from the kit's own prediction, not measured).  The numerics and the Timer cross-check run on
+real PyTorch CPU ops; the refusal without a GPU runs the real kit.  The command-line contract
+(help, -OO, an option twice, stdout, Ctrl-C) is tested in test_command_line.py.
+"""
+
+import importlib.util
+import json
+import sys
+import tarfile
+
+import pytest
+import torch
+
+import mesure_memoire
+from conftest import ROOT, RecordingCudaStandIn, tree_digest
+
+FAKE_CHILD = ROOT / "tests" / "data" / "gpu_validation" / "fake_child.py"
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_validation = load("gpu_validation", ROOT / "tools" / "gpu_validation.py")
+fake_child = load("fake_child", FAKE_CHILD)
+
+
+def with_stand_in_children(monkeypatch, *doctors):
+    def command_for(kind, arguments):
+        flags = [part for doctor in doctors for part in ("--doctor", doctor)]
+        return [sys.executable, str(FAKE_CHILD), *flags, kind, *arguments], f"stand-in {kind}"
+
+    monkeypatch.setattr(gpu_validation, "command_for", command_for)
+
+
+def validate(tmp_path, capsys, *extra):
+    status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "evidence"), *extra])
+    out, err = capsys.readouterr()
+    rows = {line.split("  ")[0]: line for line in out.splitlines()[:-1]}
+    return status, out, err, rows
+
+
+def failed(rows):
+    return sorted(name for name, line in rows.items() if " FAIL " in f"{line} ")
+
+
+# --- the whole flow, with stand-in children ---------------------------------------------------------
+
+
+def test_healthy_children_pass_every_check_and_leave_one_archive_of_the_evidence(tmp_path, capsys, monkeypatch):
+    with_stand_in_children(monkeypatch)
+    status, out, err, rows = validate(tmp_path, capsys)
+    assert (status, err, failed(rows)) == (0, "", [])
+    assert out.splitlines()[-1] == f"{len(rows)} passed, 0 failed"
+    for name in gpu_validation.CONFIGURATIONS:
+        assert f"{name}: within the derived bound of a float64 reference" in rows
+        assert f"{name} run 2: the kit's checks" in rows
+    folder = tmp_path / "evidence"
+    assert (folder / "verdict.txt").read_text() == out
+    with tarfile.open(tmp_path / "evidence.tar.gz") as tar:
+        members = tar.getmembers()
+        names = {member.name for member in members}
+        assert {member.uname for member in members} == {""} and {member.uid for member in members} == {0}
+        assert tar.extractfile("gpu-validation/verdict.txt").read().decode() == out
+    assert {f"gpu-validation/results/{n}-run{r}.json" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)} < names
+    assert {"gpu-validation/report.txt", "gpu-validation/cross-check.json", "gpu-validation/vendor-tool-after.json",
+            "gpu-validation/notebook/mesures-notebook.json", "gpu-validation/environment.json"} < names  # fmt: skip
+    assert str(tmp_path) not in "".join(p.read_text() for p in folder.rglob("*") if p.is_file())
+
+
+DOCTORED = {  # doctor -> the rows it must fail, and only those
+    "disagree": {f"{n} run {r}: the kit's checks" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)},
+    "nondeterministic": {f"{n}: two fresh runs, same counters and checksum" for n in gpu_validation.CONFIGURATIONS},
+    "far-output": {f"{s}-float16: within the derived bound of a float64 reference" for s in gpu_validation.SIZES},
+    "slow-timer": {f"big-{d}: measure's warm median / Timer's" for d in gpu_validation.DTYPES},
+    "no-refusal": {"fit check refuses a size beyond the GPU (fit_problem too)"},
+    "unsupported=name": {"vendor tool: the GPU PyTorch names"},
+}
+
+
+@pytest.mark.parametrize("doctor", DOCTORED)
+def test_each_doctored_figure_fails_its_own_rows_and_only_those(tmp_path, capsys, monkeypatch, doctor):
+    with_stand_in_children(monkeypatch, doctor)
+    status, out, err, rows = validate(tmp_path, capsys)
+    assert (status, err) == (1, "")
+    assert set(failed(rows)) == DOCTORED[doctor]
+    assert (tmp_path / "evidence" / "verdict.txt").read_text() == out
+
+
+def test_the_disagreement_is_named_with_the_kit_s_own_figures(tmp_path, capsys, monkeypatch):
+    with_stand_in_children(monkeypatch, "disagree")
+    _, _, _, rows = validate(tmp_path, capsys)
+    line = rows["small-float32 run 1: the kit's checks"]
+    assert "prediction disagreed" in line and '"counter": "peak_requested_bytes"' in line
+    assert '"difference_bytes": 512' in line
+
+
+def test_a_hanging_child_is_killed_and_reported_and_the_verdict_still_written(tmp_path, capsys, monkeypatch):
+    with_stand_in_children(monkeypatch, "hang")
+    status, out, _, rows = validate(tmp_path, capsys, "--timeout-seconds", "2")
+    assert status == 1
+    assert "cross-check timed out" in rows["every child ran and finished in time"]
+    assert " FAIL " in rows["cross-check child ran"] and "killed after 2 s" in rows["cross-check child ran"]
+    assert (tmp_path / "evidence" / "verdict.txt").read_text() == out
+
+
+def test_once_the_budget_is_spent_no_child_starts_and_each_is_named(tmp_path, capsys, monkeypatch):
+    with_stand_in_children(monkeypatch)
+    runner = gpu_validation.Runner(timeout_seconds=5, budget_seconds=0)
+    record = runner.run("late", "kit", ["environment"])
+    assert (record["outcome"], record["exit_status"]) == ("not run", None)
+
+
+# --- refusals: one line, exit 2, nothing written ------------------------------------------------------
+
+
+def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsys):
+    status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "evidence")])
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith("gpu_validation.py: error: no usable GPU for cuda:0")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("existing", ["evidence", "evidence.tar.gz"])
+def test_an_existing_folder_or_archive_is_refused_and_left_as_it_was(tmp_path, capsys, monkeypatch, existing):
+    with_stand_in_children(monkeypatch)
+    (tmp_path / existing).mkdir() if "." not in existing else (tmp_path / existing).write_text("kept")
+    before = tree_digest(tmp_path)
+    status, out, err, _ = validate(tmp_path, capsys)
+    assert (status, out, err.count("\n")) == (2, "", 1) and "already exists" in err
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [(["--device", "cpu"], "--device: expected cuda:N"), (["--timeout-seconds", "0"], "--timeout-seconds"),
+     (["--budget-seconds", "1e3"], "--budget-seconds")],
+)  # fmt: skip
+def test_bad_values_are_one_line(tmp_path, capsys, argv, fragment):
+    base = {"--device": "cuda:0", "--output-dir": str(tmp_path / "e")}
+    base.update(zip(argv[::2], argv[1::2], strict=True))
+    assert gpu_validation.main([part for item in base.items() for part in item]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and fragment in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- judging one result with the kit's own code ------------------------------------------------------
+
+
+def test_a_verdict_edited_to_agree_is_not_the_kit_s_own(tmp_path):
+    result = json.loads(
+        mesure_memoire.to_json(fake_child.crafted_result(gpu_validation.CONFIGURATIONS["small-float16"]))
+    )
+    assert [row for row in gpu_validation.check_result(result) if not row[2]] == []
+    result["phases"][2]["peak_requested_bytes"] += 512  # the counter changed, the recorded verdict kept
+    assert [row[1] for row in gpu_validation.check_result(result) if not row[2]] == [
+        "verdicts are check_prediction's on the recorded counters"
+    ]
+
+
+def test_a_workspace_beyond_the_plan_s_allowance_fails(tmp_path):
+    result = fake_child.crafted_result(gpu_validation.CONFIGURATIONS["small-float32"])
+    result["workspace"]["measured_bytes"] = result["workspace"]["allowance_bytes"] + 1
+    assert "measured workspace within the plan's allowance" in [
+        r[1] for r in gpu_validation.check_result(result) if not r[2]
+    ]
+
+
+# --- numerics and Timer, on real PyTorch CPU ops ------------------------------------------------------
+
+
+def spec(dtype, width=64, **changes):
+    return {"name": "x", "batch": 2, "context": 8, "width": width, "dtype": dtype, "warmup": 1, "repeats": 1,
+            "seed": 0, **changes}  # fmt: skip
+
+
+def test_the_cross_check_computes_measure_s_forward_exactly():
+    config = mesure_memoire.measure_config("cuda:0", 2, 8, 64, "bfloat16", 1, 1, 0)
+    cpu = torch.device("cpu")
+    _, summary = mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=cpu), cpu, config)
+    answer = gpu_validation.cross_check(torch, torch.device("cpu"), [spec("bfloat16")])["x"]
+    assert answer["checksum_float64"] == summary["checksum_float64"] and answer["elements"] == 2 * 8 * 64
+
+
+@pytest.mark.parametrize("dtype", gpu_validation.DTYPES)
+@pytest.mark.parametrize("width", [64, 256])
+def test_real_outputs_are_within_the_derived_bound_and_not_trivially(dtype, width):
+    answer = gpu_validation.cross_check(torch, torch.device("cpu"), [spec(dtype, width)])["x"]
+    bound = gpu_validation.forward_error_bound(dtype, width)
+    assert 0 < answer["componentwise_error"] <= bound and answer["all_finite"]
+    if dtype != "float32":  # the rounding of each hidden value and output is seen: a reference that differs
+        assert answer["relative_l2_error"] > gpu_validation.UNIT_ROUNDOFF[dtype] / 10
+
+
+def test_a_wrong_forward_fails_the_bound(monkeypatch):
+    def relu_model(torch_module, width):
+        return torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.ReLU(), torch.nn.Linear(4 * width, width)
+        )
+
+    monkeypatch.setattr(mesure_memoire, "build_model", relu_model)
+    answer = gpu_validation.cross_check(torch, torch.device("cpu"), [spec("float32")])["x"]
+    assert answer["componentwise_error"] > 100 * gpu_validation.forward_error_bound("float32", 64)
+
+
+def test_the_bound_follows_its_derivation():
+    u, u32 = 2**-8, 2**-24
+    first = (1 + u) ** 2 * (1 + 65 * u32 / (1 - 65 * u32)) - 1
+    hidden = 1.1289 * first + (1 + first) * (u + 4 * u32)
+    second = (1 + u) ** 2 * (1 + 257 * u32 / (1 - 257 * u32)) - 1
+    assert gpu_validation.forward_error_bound("bfloat16", 64) == pytest.approx(hidden + second * (1 + hidden), rel=1e-9)
+
+
+def test_the_timer_cross_check_runs_on_real_ops_and_its_absence_is_one_reason(monkeypatch):
+    timed = spec("float32", timer=True, min_run_seconds=0.05)
+    answer = gpu_validation.cross_check(torch, torch.device("cpu"), [timed])["x"]
+    assert answer["timer_median_seconds"] > 0 and answer["timer_measurements"] >= 1
+    monkeypatch.delattr(torch.utils, "benchmark")  # as on a PyTorch whose benchmark needs the absent NumPy
+    monkeypatch.setitem(sys.modules, "torch.utils.benchmark", None)
+    answer = gpu_validation.cross_check(torch, torch.device("cpu"), [timed])["x"]
+    assert "timer_median_seconds" not in answer and "torch.utils.benchmark" in answer["timer_error"]

@@ -1,0 +1,163 @@
+"""The command-line contract, one table for every program of the repository.
+
+Each program (both shipped scripts and the three tools) parses with argparse and keeps one contract:
+``main(argv)`` returns the status and never raises SystemExit; any misuse is one stderr line
+``<prog>: error: …`` and exit 2; ``--help`` exits 0, under ``python -OO`` too, at a width no
+environment variable changes; an unwritable standard output is one line and exit 1 (a closed pipe:
+silent); Ctrl-C is one line and exit 130.  In-process through ``main(argv)``; a new process only for
+what needs the interpreter: ``-OO``, a full disk, a closed pipe, a closed descriptor.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+import calcul_forfaits
+import mesure_memoire
+from conftest import ROOT, run_script
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(f"tools.{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# name -> (path from the root, the module, a valid invocation up to one single-valued option, that
+# option, a value for it).  The invocation is never run: each case below breaks it first.
+PROGRAMS = {
+    "mesure_memoire.py": ("mesure_memoire.py", mesure_memoire, ["estimate", "--parameters", "7"], "--bits", "16"),
+    "calcul_forfaits.py": ("calcul_forfaits.py", calcul_forfaits, ["--gpu", "b200"], "--days", "7"),
+    "build_zip.py": ("tools/build_zip.py", _tool("build_zip"), ["--check"], "--output", "never.zip"),
+    "build_notebook.py": ("tools/build_notebook.py", _tool("build_notebook"), [], "--check", None),
+    "gpu_validation.py": ("tools/gpu_validation.py", _tool("gpu_validation"), ["--output-dir", "never"],
+                          "--device", "cuda:0"),
+}  # fmt: skip
+# Every help a user can ask for: each program's, and each of mesure_memoire.py's commands.
+HELPS = [(name, []) for name in PROGRAMS] + [
+    ("mesure_memoire.py", [command]) for command in ("estimate", "environment", "measure", "report")
+]
+
+
+def _option(name, value):
+    """The option with its value, or alone for a flag (value None)."""
+    return [name] if value is None else [name, value]
+
+
+def _misuses(name):
+    """(label, argv, what the line must say) for what every program must refuse in one line, exit 2."""
+    _, _, valid, option, value = PROGRAMS[name]
+    given = _option(option, value)
+    return [
+        ("unknown option", [*valid, *given, "--no-such-option"], "--no-such-option"),
+        ("typo", [*valid, option + "x", *given[1:]], option + "x"),  # the option as typed, not a guess
+        ("abbreviation", [*valid, option[:-1], *given[1:]], option[:-1]),
+        ("given twice", [*valid, *given, *given], f"{option}: given twice"),
+        ("newline in an argument", [*valid, *given, "--no\nsuch"], "--no\\nsuch"),  # escaped: one line
+    ]
+
+
+MISUSES = [(name, *misuse) for name in PROGRAMS for misuse in _misuses(name)]
+
+
+def _main(name):
+    return PROGRAMS[name][1].main
+
+
+def assert_one_error_line(captured, prog):
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"{prog}: error: "), lines[0]
+    assert "Traceback" not in captured.err and "usage:" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("name", "label", "argv", "said"), MISUSES, ids=[f"{m[0]}-{m[1]}" for m in MISUSES])
+def test_a_misuse_is_one_line_and_exit_2_writing_nothing(name, label, argv, said, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _main(name)(argv) == 2
+    captured = capsys.readouterr()
+    assert said in assert_one_error_line(captured, name)
+    assert captured.out == ""
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(("name", "command"), HELPS, ids=[" ".join([n, *c]) for n, c in HELPS])
+def test_help_goes_to_stdout_and_exits_0(name, command, capsys):
+    assert _main(name)([*command, "--help"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"usage: {' '.join([name, *command])}")
+    assert captured.err == ""
+
+
+@pytest.mark.parametrize(("name", "command"), HELPS, ids=[" ".join([n, *c]) for n, c in HELPS])
+def test_the_help_width_does_not_come_from_the_environment(name, command, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert _main(name)([*command, "--help"]) == 0
+    wide = capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", "20")
+    assert _main(name)([*command, "--help"]) == 0
+    assert capsys.readouterr().out == wide
+    assert max(map(len, wide.splitlines())) <= 100
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_ctrl_c_while_parsing_is_one_line_and_130(name, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("argparse.ArgumentParser.parse_known_args", interrupted)
+    assert _main(name)(["--help"]) == 130
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{name}: ") and "interrupted" in lines[0], captured.err
+    assert "Traceback" not in captured.err
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_help_works_under_python_OO(name):
+    completed = run_script(PROGRAMS[name][0], "--help", python_flags=["-OO"])
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith(f"usage: {name}") and completed.stderr == ""
+
+
+def _run_with_stdout(name, stdout, preexec_fn=None):
+    return subprocess.run([sys.executable, str(ROOT / PROGRAMS[name][0]), "--help"], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=preexec_fn)  # fmt: skip
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_a_full_stdout_is_one_line_and_exit_1(name):
+    with open("/dev/full", "w") as full:
+        completed = _run_with_stdout(name, full)
+    assert completed.returncode == 1
+    lines = completed.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_a_closed_pipe_is_silent_and_exit_1(name):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: the first write fails with EPIPE
+    try:
+        completed = _run_with_stdout(name, write_end)
+    finally:
+        os.close(write_end)
+    assert completed.returncode == 1
+    assert completed.stderr == ""
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_a_closed_stdout_descriptor_is_one_line_and_exit_1(name):
+    completed = _run_with_stdout(name, None, preexec_fn=lambda: os.close(1))
+    assert completed.returncode == 1
+    lines = completed.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr

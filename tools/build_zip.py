@@ -48,9 +48,10 @@ def read_member(source, name):
         return None
     except OSError as error:
         raise KitError(f"{name}: cannot be read ({reason(error)})") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise KitError(f"{name} is not a regular file")
     with open(descriptor, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise KitError(f"{name} is not a regular file")
         data = stream.read(MEMBER_LIMIT_BYTES + 1)
     if len(data) > MEMBER_LIMIT_BYTES:
         raise KitError(f"{name} is larger than {MEMBER_LIMIT_BYTES} bytes")

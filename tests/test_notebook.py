@@ -168,7 +168,7 @@ OUT_OF_DATE = "build_notebook.py: mesure-memoire.ipynb is out of date with mesur
 # case: spoil(folder); --check says the notebook is out of date (exit 1), a build rewrites it
 STALE = {
     "the script changed": lambda f: (f / "mesure_memoire.py").write_bytes(
-        (f / "mesure_memoire.py").read_bytes().replace(b"GIB_BYTES = 2**30", b"GIB_BYTES = 10**9")),
+        (f / "mesure_memoire.py").read_bytes().replace(b"\n# <<< notebook", b"\nEDITED = 1\n# <<< notebook", 1)),
     "saved by JupyterLab": lambda f: _jupyter_saved(f / "mesure-memoire.ipynb"),
     "missing": lambda f: (f / "mesure-memoire.ipynb").unlink(),
     "nested 100,000 deep": lambda f: (f / "mesure-memoire.ipynb").write_bytes(b"[" * 100000),
@@ -210,11 +210,11 @@ REFUSALS = {
     "the script is not UTF-8": (_script(b"\xff\xfe"), "mesure_memoire.py is not UTF-8 text"),
     "the script has no block": (_script(b"print('hello')\n"), "mesure_memoire.py has no '# >>> notebook' block"),
     "a step without run cell": (
-        _script(lambda old: old.replace(b"notebook: 4. Reading", b"notebook: 7. Reading")),
+        _script(lambda old: old.replace(b"# >>> notebook: 4. ", b"# >>> notebook: 7. ")),
         "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 7; build_notebook.py has run cells for "
         "steps 1, 2, 3, 4"),
     "a step without block": (
-        _script(lambda old: old.replace(b"notebook: 2. Environment", b"notebook: Environment")),
+        _script(lambda old: old.replace(b"# >>> notebook: 2. ", b"# >>> notebook: ")),
         "mesure_memoire.py's numbered notebook blocks are steps 1, 3, 4; build_notebook.py has run cells for "
         "steps 1, 2, 3, 4"),
     "the script is missing": (lambda f: (f / "mesure_memoire.py").unlink(),

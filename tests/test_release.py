@@ -238,7 +238,7 @@ def _link_to_own_archive(source, tmp_path, place):
 
 
 def _scripts_step(source):
-    return source.replace(b"notebook: 4. Reading", b"notebook: 5. Reading")
+    return source.replace(b"# >>> notebook: 4. ", b"# >>> notebook: 5. ")
 
 
 LANGUAGE_VERSION = jupyter_saved(lambda notebook: notebook["metadata"]["language_info"].update(version="3.12.3"))
@@ -262,7 +262,7 @@ REFUSALS = {
     "the notebook with an execution count": (
         jupyter_saved(lambda notebook: notebook["cells"][2].update(execution_count=1)), NOT_GENERATED),
     "the notebook not regenerated": (
-        _member("mesure_memoire.py", lambda old: old.replace(b"GIB_BYTES = 2**30", b"GIB_BYTES = 10**9")),
+        _member("mesure_memoire.py", lambda old: old.replace(b"\n# <<< notebook", b"\nEDITED = 1\n# <<< notebook", 1)),
         NOT_GENERATED),
     "the notebook not JSON": (_member("mesure-memoire.ipynb", b"{not json"), NOT_GENERATED),
     "the notebook nested 100,000 deep": (_member("mesure-memoire.ipynb", b"[" * 100000), NOT_GENERATED),

@@ -2,7 +2,6 @@
 
 import contextlib
 import hashlib
-import importlib.util
 import os
 import signal
 import subprocess
@@ -46,14 +45,6 @@ def imported_modules(*args, cwd):
                                cwd=cwd, timeout=60)  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
-
-
-def load_build_zip():
-    """tools/build_zip.py as the module ``tools.build_zip``: the name the mutation pass gives its mutants."""
-    spec = importlib.util.spec_from_file_location("tools.build_zip", ROOT / "tools" / "build_zip.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_script(script, *args, python_flags=(), cwd=None, env=None, python=sys.executable):
@@ -358,3 +349,7 @@ def plain_ids(cases):
 
     return [f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.-]+", "_", " ".join(case[0]))[:50] for number, case in
             enumerate(cases)]  # fmt: skip
+
+
+# --- part "tools": the maintainer's tools importable by name (test_notebook.py, test_release.py) ---
+sys.path.insert(1, str(ROOT / "tools"))

@@ -1,0 +1,436 @@
+"""The release, built by tools/build_zip.py: a byte-reproducible nine-member archive, its manifest, the
+verification a user runs, and the build's refusals (one line, nothing written, nobody's file replaced).
+
+Each build runs on a copy of the shipped files in tmp_path, in-process through main(argv); a new process
+only where the interpreter matters (a standard output that cannot encode a name, the extracted kit)."""
+
+import errno
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+import zlib
+
+import pytest
+
+import build_notebook
+import build_zip
+from conftest import ROOT, SHIPPED_ROOT, tree_digest
+
+SHIPPED = sorted(["README.md", "LICENSE.txt", "MANIFEST.json", "mesure_memoire.py", "mesure-memoire.ipynb",
+                  "calcul_forfaits.py", "tarifs-forfaits.csv", "protocole-qualite.md",
+                  "resultats-bruts.csv"])  # fmt: skip
+ARCHIVE = "iteragpu-lab-v1.zip"
+WROTE = "9 members under iteragpu-lab-v1/, dated 2026-09-24 00:00:00"
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def source(tmp_path):
+    """A copy of the shipped files, to build from or to spoil."""
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    for name in SHIPPED:
+        shutil.copy(SHIPPED_ROOT / name, folder / name)
+    return folder
+
+
+def build(source, *argv):
+    return build_zip.main(["--source", str(source), *argv])
+
+
+def make_stale(source):
+    """A change the manifest does not know yet: a successful build rewrites MANIFEST.json."""
+    with (source / "README.md").open("a", encoding="utf-8") as stream:
+        stream.write("One more line.\n")
+
+
+def test_builds_give_the_same_bytes_whatever_the_clock_the_time_zone_or_the_files_dates(source, tmp_path, monkeypatch):
+    assert build(source, "--output", str(tmp_path / "a.zip")) == 0
+    for member in source.iterdir():
+        os.utime(member, (1, 1))  # file dates and modes are not the archive's
+        member.chmod(0o600)
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")  # UTC+14: a local date would be another day
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # not read: the release date is fixed
+    time.tzset()
+    try:
+        assert build(source, "--output", str(tmp_path / "b.zip")) == 0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()
+
+
+def test_nine_sorted_members_under_one_folder_dated_0644_and_deflated(source, tmp_path):
+    assert build(source, "--output", str(tmp_path / "kit.zip")) == 0
+    with zipfile.ZipFile(tmp_path / "kit.zip") as archive:
+        infos = archive.infolist()
+        assert [info.filename for info in infos] == [f"iteragpu-lab-v1/{name}" for name in SHIPPED]
+        for info in infos:
+            data = archive.read(info)
+            assert data == (source / info.filename.split("/", 1)[1]).read_bytes()
+            assert info.compress_type == zipfile.ZIP_DEFLATED
+            deflate = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate at level 9, as the tool asks
+            assert info.compress_size == len(deflate.compress(data) + deflate.flush())
+            assert info.date_time == (2026, 9, 24, 0, 0, 0) and not info.is_dir()
+            assert info.external_attr >> 16 == 0o100644 and info.create_system == 3
+
+
+def test_the_manifest_lists_every_member_and_itself_without_hash():
+    text = (SHIPPED_ROOT / "MANIFEST.json").read_text(encoding="utf-8")
+    manifest = json.loads(text)
+    assert (manifest["name"], manifest["folder"]) == ("iteragpu-lab-v1", "iteragpu-lab-v1/")
+    assert [entry["path"] for entry in manifest["members"]] == SHIPPED
+    for entry in manifest["members"]:
+        if entry["path"] == "MANIFEST.json":
+            assert entry == {"path": "MANIFEST.json", "bytes": None, "sha256": None}
+        else:
+            data = (SHIPPED_ROOT / entry["path"]).read_bytes()
+            assert entry == {"path": entry["path"], "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert text.startswith('{\n  "name": "iteragpu-lab-v1",\n') and text.endswith("}\n")
+    assert build_zip.manifest_text(build_zip.read_members(SHIPPED_ROOT)) == text
+
+
+def test_the_default_archive_is_rebuilt_in_place_and_its_path_printed(source, capsys):
+    assert build(source) == 0
+    first = (source / "dist" / ARCHIVE).read_bytes()
+    assert build(source) == 0
+    assert build(source, "--output", str(source / "dist" / ARCHIVE)) == 0
+    assert (source / "dist" / ARCHIVE).read_bytes() == first
+    assert sorted(path.name for path in (source / "dist").iterdir()) == [ARCHIVE]
+    assert capsys.readouterr() == (f"wrote dist/{ARCHIVE}: {WROTE}\n" * 3, "")
+
+
+def test_a_build_rewrites_a_stale_manifest_and_says_so(source, tmp_path, capsys):
+    make_stale(source)
+    assert build(source, "--check") == 1
+    assert build(source, "--output", str(tmp_path / "kit.zip")) == 0
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'kit.zip'}: {WROTE}; MANIFEST.json updated\n"
+    assert build(source, "--check") == 0
+    with zipfile.ZipFile(tmp_path / "kit.zip") as archive:
+        assert archive.read("iteragpu-lab-v1/MANIFEST.json") == (source / "MANIFEST.json").read_bytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["kit.zip", "repo"]
+
+
+def test_an_output_inside_the_repository_is_printed_relative_to_it(source, monkeypatch, capsys):
+    (source / "out").mkdir()
+    monkeypatch.chdir(source / "out")
+    assert build(source, "--output", "k.zip") == 0
+    assert capsys.readouterr().out == f"wrote out/k.zip: {WROTE}\n"
+
+
+@pytest.mark.whole_kit
+def test_a_name_stdout_cannot_encode_is_printed_escaped(source):
+    """An ASCII-only stdout once got the archive written, then a UnicodeEncodeError traceback."""
+    environment = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    completed = subprocess.run([sys.executable, str(ROOT / "tools" / "build_zip.py"), "--source", str(source),
+                                "--output", "é.zip"], capture_output=True, text=True, cwd=source, env=environment,
+                               timeout=60)  # fmt: skip
+    assert (completed.returncode, completed.stderr) == (0, "")
+    assert completed.stdout == f"wrote \\xe9.zip: {WROTE}\n"
+    assert zipfile.is_zipfile(source / "é.zip")
+
+
+def test_a_failing_write_is_one_line_and_leaves_no_half_archive(source, tmp_path, monkeypatch, capsys):
+    """A stand-in for a full disk: the archive's write fails; nothing is left, the manifest is untouched."""
+
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, path, mode):
+            self.stream = real_open(path, mode)  # noqa: SIM115  (closed in __exit__)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.stream.close()
+
+        def write(self, data):
+            self.stream.write(data[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    make_stale(source)
+    before = tree_digest(tmp_path)
+    monkeypatch.setattr(build_zip, "open", lambda path, mode: FullDisk(path, mode) if "w" in mode or "x" in mode
+                        else real_open(path, mode), raising=False)  # fmt: skip
+    assert build(source, "--output", str(tmp_path / "kit.zip")) == 2
+    expected = f"build_zip.py: error: cannot write {tmp_path}/kit.zip (No space left on device)\n"
+    assert capsys.readouterr() == ("", expected)
+    assert tree_digest(tmp_path) == before
+
+
+# --- refusals: one line, exit 2, every file as it was ---------------------------------------------------
+
+
+def _write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _replace(name, make):
+    """Spoil a member by putting ``make(path)`` (a FIFO, a folder, a link...) in its place."""
+
+    def spoil(source, tmp_path):
+        (source / name).unlink()
+        make(source / name)
+        return []
+
+    return spoil
+
+
+def _member(name, data):
+    """Spoil a member by writing ``data``, or ``data(old bytes)``, in its place."""
+
+    def spoil(source, tmp_path):
+        _write(source / name, data((source / name).read_bytes()) if callable(data) else data)
+        return []
+
+    return spoil
+
+
+def jupyter_saved(change):
+    """The generated notebook with ``change`` made to it, saved as the generator saves (so that only the change
+    differs): what opening it in JupyterLab and letting it autosave does."""
+
+    def spoil(source, tmp_path):
+        notebook = json.loads((source / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
+        change(notebook)
+        text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+        (source / "mesure-memoire.ipynb").write_text(text, encoding="utf-8")
+        return []
+
+    return spoil
+
+
+def _output(make=None, name="out.zip"):
+    """--output naming tmp_path/name, after ``make(source, path)`` put something there."""
+
+    def spoil(source, tmp_path):
+        if make is not None:
+            make(source, tmp_path / name)
+        return ["--output", str(tmp_path / name)]
+
+    return spoil
+
+
+def _default_place(make):
+    def spoil(source, tmp_path):
+        make(source, tmp_path, source / "dist" / ARCHIVE)
+        return []
+
+    return spoil
+
+
+def _own_archive_at(source, path):
+    assert build(source, "--output", str(path)) == 0
+
+
+def _link_to_own_archive(source, tmp_path, place):
+    _own_archive_at(source, tmp_path / "own.zip")
+    place.parent.mkdir()
+    place.symlink_to(tmp_path / "own.zip")
+
+
+def _scripts_step(source):
+    return source.replace(b"# >>> notebook: 4. ", b"# >>> notebook: 5. ")
+
+
+LANGUAGE_VERSION = jupyter_saved(lambda notebook: notebook["metadata"]["language_info"].update(version="3.12.3"))
+NOT_GENERATED = ("mesure-memoire.ipynb is not what tools/build_notebook.py generates from mesure_memoire.py (saved "
+                 "from Jupyter, or edited?): run python tools/build_notebook.py")  # fmt: skip
+EXISTS = "{} already exists: this tool writes over nothing but its own outputs"
+NOT_OWN = "{s}/dist/iteragpu-lab-v1.zip exists and is not this tool's archive: move it away"
+# case: (spoil(source, tmp_path) -> the arguments after --source, the line after "build_zip.py: error: ",
+# where {s} is the source folder and {t} tmp_path; "..." ends a line whose rest is another program's wording)
+REFUSALS = {
+    "a missing member": (_replace("protocole-qualite.md", lambda path: None),
+                         "missing member(s): protocole-qualite.md"),
+    "a member is a FIFO": (_replace("README.md", os.mkfifo), "README.md is not a regular file"),
+    "a member is a folder": (_replace("LICENSE.txt", os.mkdir), "LICENSE.txt is not a regular file"),
+    "the manifest is a folder": (_replace("MANIFEST.json", os.mkdir), "MANIFEST.json is not a regular file"),
+    "a member is a symlink loop": (_replace("README.md", lambda path: path.symlink_to(path)),
+                                   "README.md: cannot be read (Too many levels of symbolic links)"),
+    "a member too large": (_member("README.md", b"x" * (2**20 + 1)), "README.md is larger than 1048576 bytes"),
+    # The notebook: anything but the generated bytes, however it came.
+    "the notebook saved by JupyterLab 4.6": (LANGUAGE_VERSION, NOT_GENERATED),
+    "the notebook with an execution count": (
+        jupyter_saved(lambda notebook: notebook["cells"][2].update(execution_count=1)), NOT_GENERATED),
+    "the notebook not regenerated": (
+        _member("mesure_memoire.py", lambda old: old.replace(b"\n# <<< notebook", b"\nEDITED = 1\n# <<< notebook", 1)),
+        NOT_GENERATED),
+    "the notebook not JSON": (_member("mesure-memoire.ipynb", b"{not json"), NOT_GENERATED),
+    "the notebook nested 100,000 deep": (_member("mesure-memoire.ipynb", b"[" * 100000), NOT_GENERATED),
+    "the script's steps without run cells": (
+        _member("mesure_memoire.py", _scripts_step),
+        "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 5; build_notebook.py has run cells for "
+        "steps 1, 2, 3, 4"),
+    "the template holds a row": (_member("resultats-bruts.csv", lambda old: old + b"r1,2026-10-01\n"),
+                                 "resultats-bruts.csv must hold its header only, found 2 lines"),
+    "the template is empty": (_member("resultats-bruts.csv", b""),
+                              "resultats-bruts.csv must hold its header only, found 0 lines"),
+    "the template is not UTF-8": (_member("resultats-bruts.csv", b"run_id,\xe9\n"),
+                                  "resultats-bruts.csv is not UTF-8 (byte 7)"),
+    "the catalog fails validation": (
+        _member("tarifs-forfaits.csv", b"gpu\n"),
+        "tarifs-forfaits.csv fails validation: tarifs-forfaits.csv: line 1: bad header..."),
+    # The output: nobody's file is replaced; the default archive only when it is this tool's.
+    "--output names a member": (lambda s, t: ["--output", str(s / "README.md")], EXISTS.format("{s}/README.md")),
+    "--output names a folder": (lambda s, t: ["--output", str(t)], EXISTS.format("{t}")),
+    "--output names someone's file": (_output(lambda s, path: _write(path, b"mine\n")), EXISTS.format("{t}/out.zip")),
+    "--output names an older archive": (_output(_own_archive_at), EXISTS.format("{t}/out.zip")),
+    "--output names a dangling link": (_output(lambda s, path: path.symlink_to(path.parent / "nowhere")),
+                                       EXISTS.format("{t}/out.zip")),
+    "--output in a missing folder": (_output(name="absent/k.zip"),
+                                     "cannot write {t}/absent/k.zip (No such file or directory)"),
+    "--output with --check": (lambda s, t: ["--check", "--output", str(t / "k.zip")],
+                              "--output does not apply to --check, which writes nothing"),
+    "the default place holds someone's file": (_default_place(lambda s, t, place: _write(place, b"not a zip")),
+                                               NOT_OWN),
+    "the default place is a folder": (_default_place(lambda s, t, place: place.mkdir(parents=True)), NOT_OWN),
+    "the default place links to an archive": (_default_place(_link_to_own_archive), NOT_OWN),
+    "dist is a file": (_default_place(lambda s, t, place: _write(place.parent, b"x")),
+                       "cannot create {s}/dist (File exists)"),
+    # --check refuses what must never ship as the build does (exit 2, not 1: a rebuild would not fix it).
+    "--check on a notebook saved by JupyterLab 4.6": (lambda s, t: [LANGUAGE_VERSION(s, t), "--check"][1:],
+                                                      NOT_GENERATED),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_a_refusal_is_one_line_and_changes_nothing(case, source, tmp_path, capsys):
+    spoil, expected = REFUSALS[case]
+    argv = spoil(source, tmp_path)
+    capsys.readouterr()
+    before = tree_digest(tmp_path)
+    assert build(source, *argv) == 2
+    captured = capsys.readouterr()
+    line = "build_zip.py: error: " + expected.format(s=source, t=tmp_path).removesuffix("...")
+    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured
+    assert captured.err.startswith(line) if expected.endswith("...") else captured.err == line + "\n"
+    assert tree_digest(tmp_path) == before
+
+
+# --- --check: exit 1 names what is stale; a manifest it cannot read is stale as a whole ----------------
+
+
+def _manifest(change):
+    def spoil(source):
+        manifest = json.loads((source / "MANIFEST.json").read_text(encoding="utf-8"))
+        change(manifest)
+        (source / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+    return spoil
+
+
+STALE = {
+    "up to date": (lambda s: None, None),
+    "a member changed": (make_stale, "README.md"),
+    "two members changed": (lambda s: (make_stale(s), _write(s / "LICENSE.txt", b"MIT\n")), "LICENSE.txt, README.md"),
+    "missing": (lambda s: (s / "MANIFEST.json").unlink(), "MANIFEST.json"),
+    "not JSON": (lambda s: _write(s / "MANIFEST.json", b"{oops"), "MANIFEST.json"),
+    "not UTF-8": (lambda s: _write(s / "MANIFEST.json", b"\xff"), "MANIFEST.json"),
+    "nested 100,000 deep": (lambda s: _write(s / "MANIFEST.json", b"[" * 100000), "MANIFEST.json"),
+    "a JSON list": (lambda s: _write(s / "MANIFEST.json", b"[]"), "MANIFEST.json"),
+    "members not objects": (lambda s: _write(s / "MANIFEST.json", b'{"members": [1]}'), "MANIFEST.json"),
+    "an entry without path": (lambda s: _write(s / "MANIFEST.json", b'{"members": [{}]}'), "MANIFEST.json"),
+    "an extra member": (_manifest(lambda m: m["members"].append({"path": "extra.txt"})), "extra.txt"),
+    "the note changed": (_manifest(lambda m: m.update(note="other")), "MANIFEST.json"),
+    "the same entries, other spacing": (
+        lambda s: _write(s / "MANIFEST.json", json.dumps(json.loads((s / "MANIFEST.json").read_bytes())).encode()),
+        "MANIFEST.json",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", STALE)
+def test_check_names_what_is_stale_and_writes_nothing(case, source, tmp_path, capsys):
+    spoil, stale = STALE[case]
+    spoil(source)
+    before = tree_digest(tmp_path)
+    assert build(source, "--check") == (0 if stale is None else 1)
+    line = "" if stale is None else f"build_zip.py: MANIFEST.json is stale for {stale}: run python tools/build_zip.py\n"
+    assert capsys.readouterr() == ("", line)
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.whole_kit
+def test_check_passes_on_the_repository_in_a_new_process():
+    completed = subprocess.run([sys.executable, str(ROOT / "tools" / "build_zip.py"), "--check"], capture_output=True,
+                               text=True, cwd="/", timeout=60)  # fmt: skip
+    assert (completed.returncode, completed.stdout, completed.stderr) == (0, "", "")
+
+
+def test_the_build_judges_the_notebook_with_build_notebooks_own_generator(source):
+    script = (source / "mesure_memoire.py").read_bytes()
+    assert build_notebook.notebook_bytes(script) == (source / "mesure-memoire.ipynb").read_bytes()
+
+
+# --- the archive as a user gets it: extracted, verified with the README's commands, run ----------------
+
+
+def readme_command(prefix):
+    return next(line for line in README.splitlines() if line.startswith(prefix))
+
+
+def extract(source, tmp_path):
+    assert build(source, "--output", str(tmp_path / "kit.zip")) == 0
+    target = tmp_path / "new-folder"
+    if shutil.which("unzip"):
+        subprocess.run(["unzip", "-q", str(tmp_path / "kit.zip"), "-d", str(target)], check=True)
+    else:
+        with zipfile.ZipFile(tmp_path / "kit.zip") as archive:
+            archive.extractall(target)
+    return target / "iteragpu-lab-v1"
+
+
+def verify(folder):
+    command = shlex.split(readme_command('python -c "import hashlib'))
+    return subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, cwd=folder, timeout=60)
+
+
+@pytest.mark.whole_kit
+def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
+    folder = extract(source, tmp_path)
+    assert sorted(path.name for path in folder.iterdir()) == SHIPPED
+    completed = verify(folder)
+    assert (completed.returncode, completed.stdout) == (0, "OK: every member matches MANIFEST.json\n"), completed
+    if shutil.which("sha256sum"):
+        alternative = subprocess.run(readme_command("python -c \"import json;[print"), shell=True, cwd=folder,
+                                     capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert alternative.returncode == 0 and alternative.stdout.count(": OK") == 8
+
+
+@pytest.mark.whole_kit
+def test_the_extracted_kit_works_as_a_new_user_would_use_it(source, tmp_path):
+    folder = extract(source, tmp_path)
+    package = subprocess.run([sys.executable, "calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"],
+                             capture_output=True, text=True, cwd=folder, timeout=60)  # fmt: skip
+    assert package.returncode == 0 and "364800 cents" in package.stdout
+    arguments = ["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]
+    estimate = subprocess.run([sys.executable, "-S", "mesure_memoire.py", *arguments], capture_output=True, text=True,
+                              cwd=folder, timeout=60)  # fmt: skip
+    assert estimate.returncode == 0 and "17.04 GiB" in estimate.stdout
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("member", [name for name in SHIPPED if name != "MANIFEST.json"])
+def test_flipping_one_byte_of_any_member_fails_the_verification(source, tmp_path, member):
+    folder = extract(source, tmp_path)
+    data = bytearray((folder / member).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (folder / member).write_bytes(bytes(data))
+    completed = verify(folder)
+    assert (completed.returncode, completed.stdout) == (1, f"FAILED: {member}\n")
+
+
+@pytest.mark.whole_kit
+def test_a_missing_member_fails_the_verification(source, tmp_path):
+    folder = extract(source, tmp_path)
+    (folder / "LICENSE.txt").unlink()
+    assert verify(folder).stdout == "FAILED: LICENSE.txt\n"

@@ -1,0 +1,61 @@
+"""The version matrix: the test suite on each CPython 3.10-3.13 found on PATH, with the oldest PyTorch the
+kit supports and the newest the package index serves, plus CI's own stack.
+
+Run from the repository root (nox is in requirements-dev.txt):
+
+    nox -l                                         # the sessions
+    nox --envdir ../nox-envs                       # the whole matrix; a missing interpreter is skipped
+    nox -s "tests-3.12(torch='2.15.0')" -- -x      # one cell; what follows -- goes to pytest
+
+nox looks for ``python3.X`` on PATH. With pyenv, put every version there for the run, e.g.
+``PYENV_VERSION=3.10.13:3.11.7:3.12.1:3.13.0 nox ...``.  Each cell builds a fresh virtual environment
+(about 5 GB: on Linux PyPI serves only CUDA builds of torch, with their nvidia-* packages; pip's cache
+shares the downloads) and deletes it once its tests pass, so only failed cells stay for inspection.
+
+Copy each cell's summary line (passed, failed, skipped), with the date and the torch build, into
+validation/compatibility.md. Refresh it when the matrix changes and before each release.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+OLDEST_TORCH = "2.11.0"  # the oldest release the README supports; the validation GPU box runs it
+NEWEST_TORCH = "2.15.0"  # the newest on PyPI when the matrix was last changed (`pip index versions torch`)
+CI_TORCH = "2.13.0"  # CI's stack: the CPU build on this machine's disk, for Python 3.11 only
+REQUIREMENTS = Path(__file__).parent / "requirements-dev.txt"
+
+nox.options.sessions = ["tests", "ci"]
+
+
+def install(session, torch):
+    """requirements-dev.txt with its torch pin replaced by ``torch``."""
+    lines = REQUIREMENTS.read_text(encoding="utf-8").splitlines()
+    pinned = [f"torch=={torch}" if line.startswith("torch==") else line for line in lines]
+    requirements = Path(session.create_tmp()) / "requirements.txt"
+    requirements.write_text("\n".join(pinned) + "\n", encoding="utf-8")
+    # A machine-wide pip constraint (this one's caps torch at 2.14.1) would refuse the newest release;
+    # /dev/null replaces it for this session's pip only.
+    session.install("-r", str(requirements), env={"PIP_CONSTRAINT": os.devnull})
+    session.run("python", "-c", "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)")
+
+
+def run_tests(session):
+    session.run("python", "-m", "pytest", *session.posargs)
+    shutil.rmtree(session.virtualenv.location, ignore_errors=True)  # passed: free its gigabytes
+
+
+@nox.session(python=PYTHONS)
+@nox.parametrize("torch", [OLDEST_TORCH, NEWEST_TORCH])
+def tests(session, torch):
+    install(session, torch)
+    run_tests(session)
+
+
+@nox.session(python="3.11")
+def ci(session):
+    install(session, CI_TORCH)
+    run_tests(session)

@@ -36,9 +36,9 @@ class PricingError(Exception):
     """An expected failure: one line for the user, exit status 2."""
 
 
-def fail(name, reason, line=None):
+def fail(name, reason, line_number=None):
     """Refuse a file: its name (a repr), the line when known, the reason."""
-    raise PricingError(f"{name}: {'' if line is None else f'line {line}: '}{reason}; nothing computed")
+    raise PricingError(f"{name}: {'' if line_number is None else f'line {line_number}: '}{reason}; nothing computed")
 
 
 # --- the grammar of values: ASCII digits only, the same on every Python version --------------------------
@@ -165,7 +165,7 @@ def parse_table(data, name, rules):
     if not text.strip():
         fail(name, "empty file")
     rows = []
-    for number, line in enumerate(text.removesuffix("\n").split("\n"), start=1):
+    for line_number, line in enumerate(text.removesuffix("\n").split("\n"), start=1):
         line = line.removesuffix("\r")
         row = line.split(",")
         if '"' in line:  # quoted fields (a note holding a comma): the csv module, only then
@@ -174,19 +174,19 @@ def parse_table(data, name, rules):
             try:
                 row = next(csv.reader([line], strict=True))
             except csv.Error as error:
-                fail(name, f"malformed CSV ({error})", number)
-        if number == 1 and tuple(row) != tuple(rules):
-            fail(name, f"bad header, expected {','.join(rules)}", number)
+                fail(name, f"malformed CSV ({error})", line_number)
+        if line_number == 1 and tuple(row) != tuple(rules):
+            fail(name, f"bad header, expected {','.join(rules)}", line_number)
         try:
             fields = dict(zip(rules, row, strict=True))
         except ValueError:
-            fail(name, f"expected {len(rules)} fields, found {len(row)}", number)
+            fail(name, f"expected {len(rules)} fields, found {len(row)}", line_number)
         for column, value in fields.items():
             if not value.isprintable():
-                fail(name, f"{column} holds a control or unprintable character: {value!r}", number)
-            if rules[column] and number > 1 and not rules[column][0](value):
-                fail(name, f"{column} must be {rules[column][1]}, got {value!r}", number)
-        rows.append((number, fields))
+                fail(name, f"{column} holds a control or unprintable character: {value!r}", line_number)
+            if rules[column] and line_number > 1 and not rules[column][0](value):
+                fail(name, f"{column} must be {rules[column][1]}, got {value!r}", line_number)
+        rows.append((line_number, fields))
     return rows[1:]
 
 
@@ -195,22 +195,22 @@ def parse_table(data, name, rules):
 
 def parse_catalog(data, name=repr(CATALOG_FILE_NAME)):  # noqa: B008  (a constant string)
     """Validate the catalog's bytes and return its tariffs (dicts, whole numbers as ints)."""
-    tariffs, seen, first = [], {}, {}
-    for line, row in parse_table(data, name, CATALOG_RULES):
+    tariffs, line_of_key, first_row_of_gpu = [], {}, {}
+    for line_number, row in parse_table(data, name, CATALOG_RULES):
         tariff = {**row, **{column: int(row[column]) for column in INT_COLUMNS}}
         key = (tariff["gpu"], tariff["days"])
-        if key in seen:
-            fail(name, f"duplicate row for {key[0]}, {key[1]} days (first on line {seen[key]})", line)
-        seen[key] = line
-        model = first.setdefault(tariff["gpu"], tariff)
+        if key in line_of_key:
+            fail(name, f"duplicate row for {key[0]}, {key[1]} days (first on line {line_of_key[key]})", line_number)
+        line_of_key[key] = line_number
+        first_row = first_row_of_gpu.setdefault(tariff["gpu"], tariff)
         for column in ("model", "memory_gb", "gpus_per_lot"):
-            if tariff[column] != model[column]:
-                fail(name, f"{column} of {tariff['gpu']} differs from its first row", line)
+            if tariff[column] != first_row[column]:
+                fail(name, f"{column} of {tariff['gpu']} differs from its first row", line_number)
         if tariffs and tariff["snapshot_date"] != tariffs[0]["snapshot_date"]:
-            fail(name, f"snapshot_date differs from the first row's ({tariffs[0]['snapshot_date']})", line)
+            fail(name, f"snapshot_date differs from the first row's ({tariffs[0]['snapshot_date']})", line_number)
         tariffs.append(tariff)
-    for gpu in first:
-        missing = [str(days) for days in DURATIONS_DAYS if (gpu, days) not in seen]
+    for gpu in first_row_of_gpu:
+        missing = [str(days) for days in DURATIONS_DAYS if (gpu, days) not in line_of_key]
         if missing:
             fail(name, f"{gpu} has no row for {', '.join(missing)} days")
     if len(tariffs) != CATALOG_MODELS * len(DURATIONS_DAYS):
@@ -298,31 +298,32 @@ def rental_table(data, name, catalog, folder):
     rows = parse_table(data, name, RESULTS_RULES)
     if not rows:
         fail(name, "no run recorded yet (header only): add one row per real run")
-    rentals, run_lines, rental_lines, (first_line, first) = {}, {}, {}, rows[0]
-    for line, row in rows:
+    rentals, line_of_run, line_of_rental, (first_line, first_row) = {}, {}, {}, rows[0]
+    for line_number, row in rows:
         run_id, rental_id = row["run_id"], row["rental_id"]
-        if run_id in run_lines:
-            fail(name, f"duplicate run_id {run_id!r} (first on line {run_lines[run_id]})", line)
-        run_lines[run_id] = line
+        if run_id in line_of_run:
+            fail(name, f"duplicate run_id {run_id!r} (first on line {line_of_run[run_id]})", line_number)
+        line_of_run[run_id] = line_number
         if row["threshold_fixed_on"] > row["date_utc"][:10]:
             fail(name, f"threshold_fixed_on {row['threshold_fixed_on']} is after the run's start "
-                       f"{row['date_utc']}: the protocol is fixed before the runs", line)  # fmt: skip
+                       f"{row['date_utc']}: the protocol is fixed before the runs", line_number)  # fmt: skip
         submitted, accepted = int(row["units_submitted"]), int(row["units_accepted"])
         if accepted > submitted:
-            fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line)
-        if (row["quality_metric"], row["threshold"]) != (first["quality_metric"], first["threshold"]):
+            fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line_number)
+        if (row["quality_metric"], row["threshold"]) != (first_row["quality_metric"], first_row["threshold"]):
             fail(name, f"quality_metric or threshold differs from line {first_line}'s: a cost per accepted "
-                       "result compares packages under one protocol only", line)  # fmt: skip
+                       "result compares packages under one protocol only", line_number)  # fmt: skip
         try:
             rented = package(find_tariff(catalog, row["gpu"], row["days"], "gpu"), int(row["lots"]))
         except PricingError as error:
-            fail(name, error, line)
+            fail(name, error, line_number)
         rental = rentals.setdefault(rental_id, {"rental_id": rental_id, **rented, "runs": 0, "run_ids": [],
                                                 "units_submitted": 0, "units_accepted": 0})  # fmt: skip
         if any(rented[column] != rental[column] for column in ("gpu", "days", "lots")):
-            fail(name, f"rental {rental_id!r} differs in gpu, days or lots from line {rental_lines[rental_id]}", line)
-        rental_lines.setdefault(rental_id, line)
-        where = f"{name}: line {line}: measurement_file {row['measurement_file']!r}"
+            fail(name, f"rental {rental_id!r} differs in gpu, days or lots from line {line_of_rental[rental_id]}",
+                 line_number)  # fmt: skip
+        line_of_rental.setdefault(rental_id, line_number)
+        where = f"{name}: line {line_number}: measurement_file {row['measurement_file']!r}"
         measurement = read_bounded(os.path.join(folder, row["measurement_file"]), where, MAX_MEASUREMENT_BYTES)
         if hashlib.sha256(measurement).hexdigest() != row["measurement_sha256"].lower():
             raise PricingError(f"{where}: its SHA-256 differs from measurement_sha256; nothing computed")
@@ -337,7 +338,7 @@ def rental_table(data, name, catalog, folder):
     for rental in table:
         accepted = rental["units_accepted"]
         rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
-    return {"rentals": table, "quality_metric": first["quality_metric"], "threshold": first["threshold"],
+    return {"rentals": table, "quality_metric": first_row["quality_metric"], "threshold": first_row["threshold"],
             "currency": catalog[0]["currency"], "snapshot_date": catalog[0]["snapshot_date"],
             "cost_rounding": f"{COST_RULE}; null when no unit was accepted"}  # fmt: skip
 
@@ -345,11 +346,11 @@ def rental_table(data, name, catalog, folder):
 # --- text output ---------------------------------------------------------------------------------------
 
 
-def columns_text(lines, left=2):
-    """Rows of cells as aligned columns: the first ``left`` left-aligned, the others right-aligned."""
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return ["  ".join(cell.ljust(widths[i]) if i < left else cell.rjust(widths[i]) for i, cell in enumerate(line))
-            for line in lines]  # fmt: skip
+def columns_text(rows, left_aligned=2):
+    """Rows of cells as aligned columns: the first ``left_aligned`` columns left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(widths[i]) if i < left_aligned else cell.rjust(widths[i])
+                      for i, cell in enumerate(row)) for row in rows]  # fmt: skip
 
 
 def format_package(data):
@@ -376,20 +377,20 @@ def catalog_table(catalog, days=None):
 
 
 def format_catalog(rows):
-    lines = [("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")] + [
+    rows_of_cells = [("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")] + [
         (r["gpu"], r["model"], str(r["memory_gb"]), str(r["gpus_per_lot"]), str(r["days"]),
          f"{cents_to_usd(r['price_cents'])} {r['currency']}", f"{r['usd_per_gpu_day']} {r['currency']}")
         for r in rows
     ]  # fmt: skip
     return "\n".join(
-        columns_text(lines)
+        columns_text(rows_of_cells)
         + [f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent."]
     )
 
 
 def format_rentals(data):
     currency = data["currency"]
-    lines = [("rental_id", "gpu", "days", "lots", "GPUs", "total price", "runs", "submitted", "accepted",
+    rows_of_cells = [("rental_id", "gpu", "days", "lots", "GPUs", "total price", "runs", "submitted", "accepted",
               "per accepted result")] + [
         (r["rental_id"], r["gpu"], str(r["days"]), str(r["lots"]), str(r["gpus"]),
          f"{cents_to_usd(r['total_price_cents'])} {currency}", str(r["runs"]), str(r["units_submitted"]),
@@ -399,7 +400,7 @@ def format_rentals(data):
     ]  # fmt: skip
     return "\n".join([
         f"Rentals, cheapest accepted result first; quality metric {data['quality_metric']}, "
-        f"threshold {data['threshold']}:", *columns_text(lines),
+        f"threshold {data['threshold']}:", *columns_text(rows_of_cells),
         f"Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
         f"{data['snapshot_date']}, whole {currency} cents, no hourly proration.",
         "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to "

@@ -466,10 +466,12 @@ def parse_command_line(argv):
     parser = ArgumentParser(prog=PROG, usage=USAGE, description=SUMMARY, add_help=False)
     parser.add_argument("-h", "--help", action="help", help="print this help and exit")
     for option, (metavar, text) in OPTIONS.items():
-        value = {"metavar": metavar} if metavar else {"nargs": 0, "const": True, "default": False}
+        value = {"metavar": metavar} if metavar else {"nargs": 0, "const": True}
         parser.add_argument(option, action=Once, help=text, **value)
-    namespace = parser.parse_args(argv, argparse.Namespace(_given_options=()))
-    given = {f"--{dest.replace('_', '-')}": getattr(namespace, dest) for dest in namespace._given_options}
+    namespace = parser.parse_args(argv)
+    given = {
+        f"--{dest.replace('_', '-')}": getattr(namespace, dest) for dest in getattr(namespace, "_given_options", ())
+    }
     mode = next((option for option in given if option in MODES), None)
     if mode is None:
         raise PricingError("one of --gpu, --list or --results is required; see --help")
@@ -537,9 +539,6 @@ class GuardedStdout:
     def flush(self):
         return self._call("flush")
 
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
-
 
 def say(prog, message, prefix="error: "):
     """One line on stderr, starting with the program's name; a closed stderr is not an error."""
@@ -557,7 +556,7 @@ def stdout_failed(prog, failure, stream):
     The interpreter flushes stdout again at exit; pointing the real descriptor at os.devnull
     keeps that flush from printing a second error.
     """
-    error = failure.args[0] if failure.args else None
+    error = failure.args[0]
     if not isinstance(error, BrokenPipeError):
         reason = "standard output is closed" if error is None else getattr(error, "strerror", None)
         say(prog, f"cannot write the output ({reason or type(error).__name__})")
@@ -571,7 +570,7 @@ def stdout_failed(prog, failure, stream):
     return 1
 
 
-def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
+def run_command_line(prog, command, argv, interrupted):
     """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
 
     PricingError: its one line and 2; argparse's own exit (--help): its status; an unwritable stdout:
@@ -582,7 +581,7 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         try:
             status = command(argv) or 0
         except SystemExit as exit_:  # argparse after --help; its errors are PricingError (ArgumentParser.error)
-            status = exit_.code if isinstance(exit_.code, int) else 2
+            status = exit_.code
         sys.stdout.flush()
     except PricingError as error:
         say(prog, error)

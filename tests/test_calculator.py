@@ -297,7 +297,8 @@ def test_an_unwritable_stdout_is_pointed_at_the_null_device(monkeypatch):
 
     reader, writer = os.pipe()
     open_before = sorted(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
-    stream = types.SimpleNamespace(fileno=lambda: writer)
+    real = sys.__stdout__  # still written by pytest and mutmut while the test runs
+    stream = types.SimpleNamespace(fileno=lambda: writer, write=real.write, flush=real.flush)
     failure = calcul_forfaits.StdoutFailed(BrokenPipeError(32, "Broken pipe"))
     try:
         assert calcul_forfaits.stdout_failed("calcul_forfaits.py", failure, stream) == 1

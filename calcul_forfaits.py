@@ -414,7 +414,7 @@ def format_rentals(data):
 
 HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
 SUMMARY = "IteraGPU Lab v1: the price of a whole IteraGPU package, and the cost of one accepted result."
-USAGE = (f"{PROG} (--gpu SLUG --days N [--lots N] [--accepted-results N]\n{' ' * (len(PROG) + 8)}"
+USAGE = (f"%(prog)s (--gpu SLUG --days N [--lots N] [--accepted-results N]\n{' ' * (len(PROG) + 8)}"
          "| --list [--days N] | --results FILE) [--catalog CSV] [--json]")  # fmt: skip
 # The options: name -> (metavar, or None for a flag; help).  The parser and its --help both read it.
 OPTIONS = {

@@ -255,6 +255,21 @@ def test_the_help_names_every_option_and_what_it_does(capsys):
     assert call(capsys, "--list", "-h") == (0, HELP, "")
 
 
+@pytest.mark.parametrize(("version", "colour"), [((3, 13, 9), {}), ((3, 14), {"color": False})])
+def test_the_parser_settings_colour_off_where_argparse_has_it(monkeypatch, version, colour):
+    """Python 3.14 added ``color`` (on by default, read from NO_COLOR and FORCE_COLOR); the pass runs on 3.11,
+    so a stand-in for argparse's own constructor records what the kit's parser asks for."""
+    import argparse
+
+    settings = {}
+    monkeypatch.setattr(sys, "version_info", version)
+    monkeypatch.setattr(argparse.ArgumentParser, "__init__", lambda self, **kwargs: settings.update(kwargs))
+    calcul_forfaits.ArgumentParser(prog="p")
+    formatter = settings.pop("formatter_class")("p")
+    assert settings == {"prog": "p", "allow_abbrev": False, **colour}
+    assert (type(formatter), formatter._width) == (argparse.HelpFormatter, 100)
+
+
 def test_main_reads_the_command_line_when_given_no_argv(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"])
     assert calcul_forfaits.main() == 0

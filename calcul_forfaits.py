@@ -11,21 +11,18 @@ Standard library only (Python >= 3.10).  Prices come from ``tarifs-forfaits.csv`
 script (or ``--catalog``): whole USD cents for one lot and the whole duration of 3, 7 or 30
 days, never prorated.  Money is computed with integers and ``decimal.Decimal``, never floats.
 Every input file is validated on every load; expected failures print one line and exit 2.
-
-Start-up matters: the calculator is run by hand, often.  At start it imports only modules the
-interpreter has already loaded (json, decimal, csv, difflib, hashlib and fractions are imported
-where used), and reads its command line with a small table-driven parser, because importing
-argparse (and with it re) costs more than half of a bare interpreter's start.  The script is
-compiled on every run, so its code is kept short too.
+Modules only some answers need (json, decimal, csv, difflib, hashlib, fractions) are imported
+where they are used.
 """
 
+import argparse
 import os
 import stat
 import sys
 
 PROG = "calcul_forfaits.py"
 DURATIONS_DAYS = (3, 7, 30)
-DURATIONS = tuple(map(str, DURATIONS_DAYS))  # as written on a command line or in a CSV
+DURATIONS_TEXT = tuple(map(str, DURATIONS_DAYS))  # as written on a command line or in a CSV
 CATALOG_MODELS = 15
 CURRENCY = "USD"  # every ``_usd`` key below relies on it
 CATALOG_FILE_NAME = "tarifs-forfaits.csv"
@@ -39,9 +36,9 @@ class PricingError(Exception):
     """An expected failure: one line for the user, exit status 2."""
 
 
-def fail(name, reason, line=None):
+def fail(name, reason, line_number=None):
     """Refuse a file: its name (a repr), the line when known, the reason."""
-    raise PricingError(f"{name}: {'' if line is None else f'line {line}: '}{reason}; nothing computed")
+    raise PricingError(f"{name}: {'' if line_number is None else f'line {line_number}: '}{reason}; nothing computed")
 
 
 # --- the grammar of values: ASCII digits only, the same on every Python version --------------------------
@@ -94,15 +91,15 @@ POSITIVE = (is_whole, "a whole positive number with no sign, decimals or spaces"
 COUNT = (lambda text: is_whole(text, zero=True), "a whole number (ASCII digits, no sign)")
 NUMBER = (is_number, "a number (ASCII digits, at most one decimal point)")
 DATE = (is_date, "a date written YYYY-MM-DD")
-DAYS = (DURATIONS.__contains__, "one of 3, 7, 30 (no proration)")
+DURATION = (DURATIONS_TEXT.__contains__, "one of 3, 7, 30 (no proration)")
 CATALOG_RULES = {
     "gpu": (is_slug, "a lower-case slug"), "model": TEXT, "memory_gb": POSITIVE, "gpus_per_lot": POSITIVE,
-    "days": DAYS, "price_cents": POSITIVE, "currency": (CURRENCY.__eq__, f"{CURRENCY}, the kit's currency"),
+    "days": DURATION, "price_cents": POSITIVE, "currency": (CURRENCY.__eq__, f"{CURRENCY}, the kit's currency"),
     "snapshot_date": DATE,
 }  # fmt: skip
 RESULTS_RULES = {
     "run_id": TEXT, "rental_id": TEXT, "date_utc": (is_utc_time, "a UTC time written YYYY-MM-DDTHH:MM:SSZ"),
-    "gpu": TEXT, "days": DAYS, "lots": POSITIVE, "device": None, "gpu_name": None, "driver_version": None,
+    "gpu": TEXT, "days": DURATION, "lots": POSITIVE, "device": None, "gpu_name": None, "driver_version": None,
     "torch_version": None, "cuda_or_hip_build": None,
     "measurement_file": (lambda text: text and ".." not in text.replace("\\", "/").split("/")
                          and text[0] not in "/\\" and not os.path.isabs(text),
@@ -115,25 +112,6 @@ RESULTS_RULES = {
 CATALOG_COLUMNS = tuple(CATALOG_RULES)
 INT_COLUMNS = ("memory_gb", "gpus_per_lot", "days", "price_cents")  # the catalog's whole numbers
 RESULTS_COLUMNS = tuple(RESULTS_RULES)
-# The options: name -> (metavar, or None for a flag; help).  The parser and --help both read it.
-OPTIONS = {
-    "--gpu": ("SLUG", "price one package: the GPU model's slug, e.g. b200 (case-insensitive; see --list)"),
-    "--list": (None, "print the catalog with the price per GPU-day"),
-    "--results": ("FILE", f"the cost per accepted result of each rental recorded in a filled {RESULTS_FILE_NAME}"),
-    "--days": ("N", "with --gpu: the duration, 3, 7 or 30 (no proration); with --list: a filter"),
-    "--lots": ("N", "with --gpu: the number of lots, a positive whole number (default 1)"),
-    "--accepted-results": ("N", "with --gpu: distinct useful units really accepted; no default on purpose"),
-    "--catalog": ("CSV", f"the price file (default: {CATALOG_FILE_NAME} beside this script)"),
-    "--json": (None, "print JSON instead of text"),
-    "--help": (None, "print this help and exit"),
-}
-ALLOWED = {  # each action, and the options that go with it
-    "--gpu": {"--gpu", "--days", "--lots", "--accepted-results", "--catalog", "--json"},
-    "--list": {"--list", "--days", "--catalog", "--json"},
-    "--results": {"--results", "--catalog", "--json"},
-}
-USAGE = (f"usage: {PROG} (--gpu SLUG --days N [--lots N] [--accepted-results N] | --list [--days N] | "
-         "--results FILE) [--catalog CSV] [--json]")  # fmt: skip
 
 
 def positive_int(option, value):
@@ -187,7 +165,7 @@ def parse_table(data, name, rules):
     if not text.strip():
         fail(name, "empty file")
     rows = []
-    for number, line in enumerate(text.removesuffix("\n").split("\n"), start=1):
+    for line_number, line in enumerate(text.removesuffix("\n").split("\n"), start=1):
         line = line.removesuffix("\r")
         row = line.split(",")
         if '"' in line:  # quoted fields (a note holding a comma): the csv module, only then
@@ -196,19 +174,19 @@ def parse_table(data, name, rules):
             try:
                 row = next(csv.reader([line], strict=True))
             except csv.Error as error:
-                fail(name, f"malformed CSV ({error})", number)
-        if number == 1 and tuple(row) != tuple(rules):
-            fail(name, f"bad header, expected {','.join(rules)}", number)
+                fail(name, f"malformed CSV ({error})", line_number)
+        if line_number == 1 and tuple(row) != tuple(rules):
+            fail(name, f"bad header, expected {','.join(rules)}", line_number)
         try:
             fields = dict(zip(rules, row, strict=True))
         except ValueError:
-            fail(name, f"expected {len(rules)} fields, found {len(row)}", number)
+            fail(name, f"expected {len(rules)} fields, found {len(row)}", line_number)
         for column, value in fields.items():
             if not value.isprintable():
-                fail(name, f"{column} holds a control or unprintable character: {value!r}", number)
-            if rules[column] and number > 1 and not rules[column][0](value):
-                fail(name, f"{column} must be {rules[column][1]}, got {value!r}", number)
-        rows.append((number, fields))
+                fail(name, f"{column} holds a control or unprintable character: {value!r}", line_number)
+            if rules[column] and line_number > 1 and not rules[column][0](value):
+                fail(name, f"{column} must be {rules[column][1]}, got {value!r}", line_number)
+        rows.append((line_number, fields))
     return rows[1:]
 
 
@@ -217,26 +195,26 @@ def parse_table(data, name, rules):
 
 def parse_catalog(data, name=repr(CATALOG_FILE_NAME)):  # noqa: B008  (a constant string)
     """Validate the catalog's bytes and return its tariffs (dicts, whole numbers as ints)."""
-    tariffs, seen, first = [], {}, {}
-    for line, row in parse_table(data, name, CATALOG_RULES):
+    tariffs, line_of_key, first_row_of_gpu = [], {}, {}
+    for line_number, row in parse_table(data, name, CATALOG_RULES):
         tariff = {**row, **{column: int(row[column]) for column in INT_COLUMNS}}
         key = (tariff["gpu"], tariff["days"])
-        if key in seen:
-            fail(name, f"duplicate row for {key[0]}, {key[1]} days (first on line {seen[key]})", line)
-        seen[key] = line
-        model = first.setdefault(tariff["gpu"], tariff)
+        if key in line_of_key:
+            fail(name, f"duplicate row for {key[0]}, {key[1]} days (first on line {line_of_key[key]})", line_number)
+        line_of_key[key] = line_number
+        first_row = first_row_of_gpu.setdefault(tariff["gpu"], tariff)
         for column in ("model", "memory_gb", "gpus_per_lot"):
-            if tariff[column] != model[column]:
-                fail(name, f"{column} of {tariff['gpu']} differs from its first row", line)
+            if tariff[column] != first_row[column]:
+                fail(name, f"{column} of {tariff['gpu']} differs from its first row", line_number)
         if tariffs and tariff["snapshot_date"] != tariffs[0]["snapshot_date"]:
-            fail(name, f"snapshot_date differs from the first row's ({tariffs[0]['snapshot_date']})", line)
+            fail(name, f"snapshot_date differs from the first row's ({tariffs[0]['snapshot_date']})", line_number)
         tariffs.append(tariff)
-    for gpu in first:
-        missing = [str(days) for days in DURATIONS_DAYS if (gpu, days) not in seen]
+    for gpu in first_row_of_gpu:
+        missing = [str(days) for days in DURATIONS_DAYS if (gpu, days) not in line_of_key]
         if missing:
             fail(name, f"{gpu} has no row for {', '.join(missing)} days")
-    if len(tariffs) != CATALOG_MODELS * len(DURATIONS):
-        expected = f"{CATALOG_MODELS * len(DURATIONS)} ({CATALOG_MODELS} models x {len(DURATIONS)} durations)"
+    if len(tariffs) != CATALOG_MODELS * len(DURATIONS_DAYS):
+        expected = f"{CATALOG_MODELS * len(DURATIONS_DAYS)} ({CATALOG_MODELS} models x {len(DURATIONS_DAYS)} durations)"
         fail(name, f"{len(tariffs)} rows, expected {expected}")
     return tariffs
 
@@ -252,7 +230,7 @@ def load_catalog(path=None):
 
 def find_tariff(catalog, gpu, days, option="--gpu"):
     """The catalog's row for a slug (any case) and a duration of 3, 7 or 30 days."""
-    if str(days) not in DURATIONS:
+    if str(days) not in DURATIONS_TEXT:
         raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
     slug = str(gpu).lower()
     for tariff in catalog:
@@ -320,31 +298,32 @@ def rental_table(data, name, catalog, folder):
     rows = parse_table(data, name, RESULTS_RULES)
     if not rows:
         fail(name, "no run recorded yet (header only): add one row per real run")
-    rentals, run_lines, rental_lines, (first_line, first) = {}, {}, {}, rows[0]
-    for line, row in rows:
+    rentals, line_of_run, line_of_rental, (first_line, first_row) = {}, {}, {}, rows[0]
+    for line_number, row in rows:
         run_id, rental_id = row["run_id"], row["rental_id"]
-        if run_id in run_lines:
-            fail(name, f"duplicate run_id {run_id!r} (first on line {run_lines[run_id]})", line)
-        run_lines[run_id] = line
+        if run_id in line_of_run:
+            fail(name, f"duplicate run_id {run_id!r} (first on line {line_of_run[run_id]})", line_number)
+        line_of_run[run_id] = line_number
         if row["threshold_fixed_on"] > row["date_utc"][:10]:
             fail(name, f"threshold_fixed_on {row['threshold_fixed_on']} is after the run's start "
-                       f"{row['date_utc']}: the protocol is fixed before the runs", line)  # fmt: skip
+                       f"{row['date_utc']}: the protocol is fixed before the runs", line_number)  # fmt: skip
         submitted, accepted = int(row["units_submitted"]), int(row["units_accepted"])
         if accepted > submitted:
-            fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line)
-        if (row["quality_metric"], row["threshold"]) != (first["quality_metric"], first["threshold"]):
+            fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line_number)
+        if (row["quality_metric"], row["threshold"]) != (first_row["quality_metric"], first_row["threshold"]):
             fail(name, f"quality_metric or threshold differs from line {first_line}'s: a cost per accepted "
-                       "result compares packages under one protocol only", line)  # fmt: skip
+                       "result compares packages under one protocol only", line_number)  # fmt: skip
         try:
             rented = package(find_tariff(catalog, row["gpu"], row["days"], "gpu"), int(row["lots"]))
         except PricingError as error:
-            fail(name, error, line)
+            fail(name, error, line_number)
         rental = rentals.setdefault(rental_id, {"rental_id": rental_id, **rented, "runs": 0, "run_ids": [],
                                                 "units_submitted": 0, "units_accepted": 0})  # fmt: skip
         if any(rented[column] != rental[column] for column in ("gpu", "days", "lots")):
-            fail(name, f"rental {rental_id!r} differs in gpu, days or lots from line {rental_lines[rental_id]}", line)
-        rental_lines.setdefault(rental_id, line)
-        where = f"{name}: line {line}: measurement_file {row['measurement_file']!r}"
+            fail(name, f"rental {rental_id!r} differs in gpu, days or lots from line {line_of_rental[rental_id]}",
+                 line_number)  # fmt: skip
+        line_of_rental.setdefault(rental_id, line_number)
+        where = f"{name}: line {line_number}: measurement_file {row['measurement_file']!r}"
         measurement = read_bounded(os.path.join(folder, row["measurement_file"]), where, MAX_MEASUREMENT_BYTES)
         if hashlib.sha256(measurement).hexdigest() != row["measurement_sha256"].lower():
             raise PricingError(f"{where}: its SHA-256 differs from measurement_sha256; nothing computed")
@@ -359,7 +338,7 @@ def rental_table(data, name, catalog, folder):
     for rental in table:
         accepted = rental["units_accepted"]
         rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
-    return {"rentals": table, "quality_metric": first["quality_metric"], "threshold": first["threshold"],
+    return {"rentals": table, "quality_metric": first_row["quality_metric"], "threshold": first_row["threshold"],
             "currency": catalog[0]["currency"], "snapshot_date": catalog[0]["snapshot_date"],
             "cost_rounding": f"{COST_RULE}; null when no unit was accepted"}  # fmt: skip
 
@@ -367,11 +346,11 @@ def rental_table(data, name, catalog, folder):
 # --- text output ---------------------------------------------------------------------------------------
 
 
-def columns_text(lines, left=2):
-    """Rows of cells as aligned columns: the first ``left`` left-aligned, the others right-aligned."""
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return ["  ".join(cell.ljust(widths[i]) if i < left else cell.rjust(widths[i]) for i, cell in enumerate(line))
-            for line in lines]  # fmt: skip
+def columns_text(rows, left_aligned=2):
+    """Rows of cells as aligned columns: the first ``left_aligned`` columns left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(widths[i]) if i < left_aligned else cell.rjust(widths[i])
+                      for i, cell in enumerate(row)) for row in rows]  # fmt: skip
 
 
 def format_package(data):
@@ -398,20 +377,20 @@ def catalog_table(catalog, days=None):
 
 
 def format_catalog(rows):
-    lines = [("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")] + [
+    rows_of_cells = [("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")] + [
         (r["gpu"], r["model"], str(r["memory_gb"]), str(r["gpus_per_lot"]), str(r["days"]),
          f"{cents_to_usd(r['price_cents'])} {r['currency']}", f"{r['usd_per_gpu_day']} {r['currency']}")
         for r in rows
     ]  # fmt: skip
     return "\n".join(
-        columns_text(lines)
+        columns_text(rows_of_cells)
         + [f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent."]
     )
 
 
 def format_rentals(data):
     currency = data["currency"]
-    lines = [("rental_id", "gpu", "days", "lots", "GPUs", "total price", "runs", "submitted", "accepted",
+    rows_of_cells = [("rental_id", "gpu", "days", "lots", "GPUs", "total price", "runs", "submitted", "accepted",
               "per accepted result")] + [
         (r["rental_id"], r["gpu"], str(r["days"]), str(r["lots"]), str(r["gpus"]),
          f"{cents_to_usd(r['total_price_cents'])} {currency}", str(r["runs"]), str(r["units_submitted"]),
@@ -421,121 +400,205 @@ def format_rentals(data):
     ]  # fmt: skip
     return "\n".join([
         f"Rentals, cheapest accepted result first; quality metric {data['quality_metric']}, "
-        f"threshold {data['threshold']}:", *columns_text(lines),
+        f"threshold {data['threshold']}:", *columns_text(rows_of_cells),
         f"Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
         f"{data['snapshot_date']}, whole {currency} cents, no hourly proration.",
         "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to "
         "the cent."])  # fmt: skip
 
 
-# --- command line --------------------------------------------------------------------------------------
+# --- command line: argparse under the kit's contract ---------------------------------------------------
+# A small copy of mesure_memoire.py's ArgumentParser, Once, say, GuardedStdout, stdout_failed and
+# run_command_line, with the same names and behaviour, so that this script runs alone: misuse is one
+# line and exit 2, --help exits 0, an unwritable stdout exits 1 (a closed pipe silently), Ctrl-C 130.
+
+HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
+SUMMARY = "IteraGPU Lab v1: the price of a whole IteraGPU package, and the cost of one accepted result."
+USAGE = (f"%(prog)s (--gpu SLUG --days N [--lots N] [--accepted-results N]\n{' ' * (len(PROG) + 8)}"
+         "| --list [--days N] | --results FILE) [--catalog CSV] [--json]")  # fmt: skip
+# The options: name -> (metavar, or None for a flag; help).  The parser and its --help both read it.
+OPTIONS = {
+    "--gpu": ("SLUG", "the GPU model of the package to price, e.g. b200 (any case; see --list)"),
+    "--list": (None, "print the catalog with the price per GPU-day"),
+    "--results": ("FILE", f"a filled {RESULTS_FILE_NAME}: the cost per accepted result of each rental"),
+    "--days": ("N", "with --gpu: the duration, 3, 7 or 30 (no proration); with --list: a filter"),
+    "--lots": ("N", "with --gpu: the number of lots, a positive whole number (default 1)"),
+    "--accepted-results": ("N", "with --gpu: distinct useful units really accepted; no default on purpose"),
+    "--catalog": ("CSV", f"the price file (default: {CATALOG_FILE_NAME} beside this script)"),
+    "--json": (None, "print JSON instead of text"),
+}
+MODES = {  # each mode, and the options that go with it
+    "--gpu": ("--gpu", "--days", "--lots", "--accepted-results", "--catalog", "--json"),
+    "--list": ("--list", "--days", "--catalog", "--json"),
+    "--results": ("--results", "--catalog", "--json"),
+}
 
 
-def parse_args(argv):
-    """The options given, as {option: value, or True for a flag}; every misuse raises PricingError."""
-    args, rest = {}, list(argv)
-    while rest:
-        argument = rest.pop(0)
-        option, equals, value = argument.partition("=") if argument.startswith("--") else (argument, "", "")
-        option = "--help" if option == "-h" else option
-        if option not in OPTIONS:
-            what = "unknown option" if argument.startswith("-") else "unexpected argument"
-            raise PricingError(f"{what} {argument!r}; see --help")
-        metavar = OPTIONS[option][0]
-        if option in args:
-            raise PricingError(f"{option} given twice")
-        if metavar is None and equals:
-            raise PricingError(f"{option} takes no value, got {value!r}")
-        if metavar and not equals:
-            if not rest or rest[0].startswith("--"):
-                raise PricingError(f"{option}: expected a value ({metavar})")
-            value = rest.pop(0)
-        if metavar in ("CSV", "FILE") and not value:
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse under the kit's contract: no abbreviations, a fixed help width, no colour, and any
+    misuse raised as one PricingError line (exit 2) instead of a usage block."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH))
+        if sys.version_info >= (3, 14):
+            kwargs.setdefault("color", False)  # argparse would read NO_COLOR and FORCE_COLOR
+        super().__init__(**kwargs)
+
+    def error(self, message):
+        raise PricingError(message)
+
+
+class Once(argparse.Action):
+    """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
+    argparse alone would keep the last one silently.  The options given are kept in order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_given_options", ())
+        if self.dest in given:
+            parser.error(f"argument {option_string}: given twice")
+        namespace._given_options = (*given, self.dest)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def parse_command_line(argv):
+    """The mode and the options given, checked: (mode, {option: value, True for a flag})."""
+    parser = ArgumentParser(prog=PROG, usage=USAGE, description=SUMMARY, add_help=False)
+    parser.add_argument("-h", "--help", action="help", help="print this help and exit")
+    for option, (metavar, text) in OPTIONS.items():
+        value = {"metavar": metavar} if metavar else {"nargs": 0, "const": True}
+        parser.add_argument(option, action=Once, help=text, **value)
+    namespace = parser.parse_args(argv)
+    given = {
+        f"--{dest.replace('_', '-')}": getattr(namespace, dest) for dest in getattr(namespace, "_given_options", ())
+    }
+    mode = next((option for option in given if option in MODES), None)
+    if mode is None:
+        raise PricingError("one of --gpu, --list or --results is required; see --help")
+    for option in given:
+        if option not in MODES[mode]:
+            raise PricingError(f"{option}: not allowed with {mode}")
+        if OPTIONS[option][0] in ("CSV", "FILE") and given[option] == "":
             raise PricingError(f"{option}: expected a file name, got ''")
-        args[option] = value if metavar else True
-    return args
+    days = given.get("--days")
+    if days is not None and days not in DURATIONS_TEXT:
+        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
+    if mode == "--gpu" and days is None:
+        raise PricingError("--days is required with --gpu (3, 7 or 30)")
+    return mode, given
 
 
 def run(argv):
     """Compute what the command line asks for; returns the text to print."""
-    args = parse_args(argv)
-    if "--help" in args:
-        lines = [f"  {f'{name} {meta}' if meta else name:24}{text}" for name, (meta, text) in OPTIONS.items()]
-        return "\n".join([USAGE, "", __doc__.split("\n\n")[0], "", "options:", *lines])
-    action = next((option for option in args if option in ALLOWED), None)
-    if action is None:
-        raise PricingError("one of --gpu, --list or --results is required; see --help")
-    for option in args:
-        if option not in ALLOWED[action]:
-            raise PricingError(f"{option}: not allowed with {action}")
-    days = args.get("--days")
-    if days is not None and days not in DURATIONS:
-        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
-    if action == "--gpu" and days is None:
-        raise PricingError("--days is required with --gpu (3, 7 or 30)")
-    catalog = load_catalog(args.get("--catalog"))
-    if action == "--list":
+    mode, given = parse_command_line(argv)
+    catalog = load_catalog(given.get("--catalog"))
+    days = given.get("--days")
+    if mode == "--list":
         data = catalog_table(catalog, days and int(days))
         text = format_catalog(data)
-    elif action == "--results":
-        path = args["--results"]
+    elif mode == "--results":
+        path = given["--results"]
         data = rental_table(read_bounded(path, repr(path)), repr(path), catalog, os.path.dirname(path))
         text = format_rentals(data)
     else:
-        data = price_package(catalog, args["--gpu"], days, args.get("--lots", 1), args.get("--accepted-results"))
+        data = price_package(catalog, given["--gpu"], days, given.get("--lots", 1), given.get("--accepted-results"))
         text = format_package(data)
-    if "--json" in args:
+    if "--json" in given:
         import json
 
         text = json.dumps(data, indent=2)
     return text
 
 
-def say(message):
-    """One line on stderr, when there is a stderr to write to."""
+def print_answer(argv):
+    sys.stdout.write(run(argv) + "\n")  # one write: an output that fails fails before any of it is shown
+
+
+class StdoutFailed(Exception):
+    """Standard output could not be written: a closed pipe, a full disk, a closed descriptor."""
+
+
+class GuardedStdout:
+    """sys.stdout while the command runs: a failed write raises StdoutFailed, so that it is told apart
+    from the command's own errors (argparse would swallow an OSError while printing the help)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _call(self, name, *args):
+        if self.stream is None:  # Python found descriptor 1 closed at start-up
+            raise StdoutFailed(None)
+        try:
+            return getattr(self.stream, name)(*args)
+        except (OSError, ValueError) as error:  # ValueError: a closed stream, or a character it cannot encode
+            raise StdoutFailed(error) from None
+
+    def write(self, text):
+        return self._call("write", text)
+
+    def flush(self):
+        return self._call("flush")
+
+
+def say(prog, message, prefix="error: "):
+    """One line on stderr, starting with the program's name; a closed stderr is not an error."""
+    line = "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(message))
     try:
-        sys.stderr.write(f"{PROG}: {message}\n")
+        sys.stderr.write(f"{prog}: {prefix}{line}\n")
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         pass
 
 
-def drop_stdout():
-    """Point stdout at the null device, so that the interpreter's last flush cannot fail again."""
+def stdout_failed(prog, failure, stream):
+    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line.
+
+    The interpreter flushes stdout again at exit; pointing the real descriptor at os.devnull
+    keeps that flush from printing a second error.
+    """
+    error = failure.args[0]
+    if not isinstance(error, BrokenPipeError):
+        reason = "standard output is closed" if error is None else getattr(error, "strerror", None)
+        say(prog, f"cannot write the output ({reason or type(error).__name__})")
+    if stream is not None and stream is sys.__stdout__:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+    return 1
+
+
+def run_command_line(prog, command, argv, interrupted):
+    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
+
+    PricingError: its one line and 2; argparse's own exit (--help): its status; an unwritable stdout:
+    1; Ctrl-C: 130.
+    """
+    stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (AttributeError, OSError, ValueError):
-        pass
+        try:
+            status = command(argv) or 0
+        except SystemExit as exit_:  # argparse after --help; its errors are PricingError (ArgumentParser.error)
+            status = exit_.code
+        sys.stdout.flush()
+    except PricingError as error:
+        say(prog, error)
+        return 2
+    except StdoutFailed as failure:
+        return stdout_failed(prog, failure, stdout)
+    except KeyboardInterrupt:
+        say(prog, interrupted, prefix="")
+        return 130
+    finally:
+        sys.stdout = stdout
+    return status
 
 
 def main(argv=None) -> int:
     """Exit status: 0 done, 1 the output could not be written, 2 a refusal, 130 interrupted."""
-    try:
-        try:
-            text = run(sys.argv[1:] if argv is None else argv)
-        except PricingError as error:
-            say(f"error: {error}")
-            return 2
-        if sys.stdout is None:
-            say("error: stdout is closed; nothing printed")
-            return 1
-        try:
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-        except BrokenPipeError:  # the reader left (``| head``): say nothing, like other command-line tools
-            drop_stdout()
-            return 1
-        except (OSError, UnicodeError, ValueError) as error:
-            drop_stdout()
-            say(f"error: cannot write the output ({getattr(error, 'strerror', None) or type(error).__name__})")
-            return 1
-        return 0
-    except KeyboardInterrupt:
-        drop_stdout()
-        say("interrupted; nothing written")
-        return 130
+    return run_command_line(PROG, print_answer, sys.argv[1:] if argv is None else argv, "interrupted; nothing written")
 
 
 if __name__ == "__main__":

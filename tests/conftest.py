@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import types
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -353,3 +354,30 @@ def plain_ids(cases):
 
 # --- part "tools": the maintainer's tools importable by name (test_notebook.py, test_release.py) ---
 sys.path.insert(1, str(ROOT / "tools"))
+
+
+# --- part "calculator": helpers of test_calculator.py and test_results.py ---------------------------------
+
+
+def call_calculator(capsys, *args):
+    """calcul_forfaits.main(args) in this process: (exit status, stdout, stderr)."""
+    import calcul_forfaits
+
+    status = calcul_forfaits.main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def calculator_refusal(capsys, *args):
+    """A refusal of calcul_forfaits.main(args): exit 2, nothing on stdout, one stderr line naming the
+    program; returns that line."""
+    status, out, err = call_calculator(capsys, *args)
+    assert (status, out) == (2, ""), (status, out, err)
+    assert len(err.splitlines()) == 1 and err.startswith("calcul_forfaits.py: error: ") and err.endswith("\n"), err
+    return err
+
+
+def half_up_cents(fraction):
+    """An independent half-up rounding to the cent, with fractions: "12.35" for Fraction(12345, 1000)."""
+    cents = (fraction * 100 + Fraction(1, 2)).__floor__()
+    return f"{cents // 100}.{cents % 100:02d}"

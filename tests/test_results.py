@@ -1,19 +1,24 @@
-"""calcul_forfaits.py --results: one price per rental, the cost per accepted result, every refusal.
+"""calcul_forfaits.py --results: one price per rental, the cost per accepted result, every refusal,
+hostile results and measurement files included.
 
-In-process through main(argv).  The measurement files here are placeholders: only their SHA-256
-matters to the calculator.
+In-process through main(argv); a new process only for a FIFO or /dev/zero that could block.  The
+measurement files here are placeholders: only their SHA-256 matters to the calculator.
 """
 
 import hashlib
+import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 from fractions import Fraction
 
 import pytest
-from test_forfaits import call, half_up_cents
 
 import calcul_forfaits
-from conftest import ROOT, tree_digest
+from conftest import ROOT, assert_one_line_refusal, calculator_refusal, half_up_cents, tree_digest
+from conftest import call_calculator as call
 
 DATA = ROOT / "tests" / "data" / "results"
 EXAMPLE = DATA / "resultats-exemple.csv"
@@ -267,3 +272,100 @@ def test_a_threshold_fixed_on_the_day_of_the_run_is_before_it(folder, capsys):
     path = write(folder, row(threshold_fixed_on="2026-10-05", date_utc="2026-10-05T00:00:00Z"))
     status, _, err = call(capsys, "--results", path)
     assert (status, err) == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("column", "accepted", "refused"),
+    [
+        ("measurement_file", ["m.json", "a/b.json", "a..b.json", "runs/2026/m.json"],
+         ["", "/m.json", "\\m.json", "../m.json", "a/../m.json", "a\\..\\m.json", "..", "a/.."]),
+        ("measurement_sha256", ["0" * 64, "aF" * 32], ["0" * 63, "0" * 65, "g" * 64, " " + "0" * 63, ""]),
+        ("rental_id", ["r", "rent 1"], ["", " r", "r "]),
+        ("days", ["3", "7", "30"], ["", "5", "07", "3.0", "٣"]),
+    ],
+)  # fmt: skip
+def test_the_results_rules(column, accepted, refused):
+    check = calcul_forfaits.RESULTS_RULES[column][0]
+    assert [value for value in accepted if not check(value)] == []
+    assert [value for value in refused if check(value)] == []
+
+
+# --- hostile results files: one stderr line, exit 2, no file changed --------------------------------------
+
+LIMIT = calcul_forfaits.MAX_TABLE_BYTES
+
+
+def hostile_row(measurement_file):
+    return f"{HEADER}\n{row(measurement_file=measurement_file)}\n".encode()
+
+
+HOSTILE_FILES = {  # name -> bytes (a regular file), or a callable that makes something else at that path
+    "fifo": os.mkfifo,
+    "folder": os.mkdir,
+    "zero.csv": lambda path: os.symlink("/dev/zero", path),
+    "runs-fifo.csv": hostile_row("fifo"),
+    "runs-zero.csv": hostile_row("zero.csv"),
+    "runs-folder.csv": hostile_row("folder"),
+    "runs-big.csv": hostile_row("m.json") * (LIMIT // 400 + 1),
+    "runs-latin1.csv": hostile_row("m\xe9.json").replace("m\xe9".encode(), b"m\xe9"),
+    "runs-escape.csv": hostile_row("m.json").replace(b"exact match", b"exact\x1b]0;x\x07match"),
+}
+
+
+@pytest.fixture
+def hostile(folder):
+    for name, content in HOSTILE_FILES.items():
+        if callable(content):
+            content(str(folder / name))
+        else:
+            (folder / name).write_bytes(content)
+    return folder
+
+
+HOSTILE_RESULTS = {  # case -> (argv, fragment of the one stderr line)
+    "larger than the bound": (["--results", "runs-big.csv"], f"larger than {LIMIT} bytes"),
+    "a folder": (["--results", "folder"], "'folder': not a regular file"),
+    "name with a newline": (["--results", "r\n.csv"], "'r\\n.csv': cannot be read"),
+    "not UTF-8": (["--results", "runs-latin1.csv"], "not UTF-8"),
+    "a field with an escape": (["--results", "runs-escape.csv"], "quality_metric holds a control"),
+    "measurement a folder": (["--results", "runs-folder.csv"], "measurement_file 'folder': not a regular file"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_RESULTS))
+def test_a_hostile_results_file_is_one_line(hostile, capsys, monkeypatch, case):
+    argv, fragment = HOSTILE_RESULTS[case]
+    monkeypatch.chdir(hostile)
+    before = tree_digest(hostile)
+    assert fragment in calculator_refusal(capsys, *argv)
+    assert tree_digest(hostile) == before
+
+
+BLOCKING_RESULTS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
+    "a FIFO": (["--results", "fifo"], "'fifo': not a regular file"),
+    "/dev/zero": (["--results", "/dev/zero"], "'/dev/zero': not a regular file"),
+    "measurement a FIFO": (["--results", "runs-fifo.csv"], "measurement_file 'fifo': not a regular file"),
+    "measurement a link to /dev/zero": (["--results", "runs-zero.csv"], "measurement_file 'zero.csv': not a regular"),
+}  # fmt: skip
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("flags", [(), ("-S",)], ids=["site", "no-site"])
+@pytest.mark.parametrize("case", sorted(BLOCKING_RESULTS))
+def test_a_results_file_that_could_block_is_refused_unread(hostile, case, flags):
+    argv, fragment = BLOCKING_RESULTS[case]
+    before = tree_digest(hostile)
+    completed = subprocess.run([sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
+                               capture_output=True, text=True, cwd=hostile, timeout=30)  # fmt: skip
+    assert_one_line_refusal(completed, "calcul_forfaits.py: error: ", fragment)
+    assert tree_digest(hostile) == before
+
+
+def test_a_table_the_terminal_cannot_encode_gives_one_line_and_nothing_half_written(folder, capsys, monkeypatch):
+    path = write(folder, row(rental_id="rent-é"))
+    ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", ascii_out)
+    status = calcul_forfaits.main(["--results", str(path)])
+    assert (status, capsys.readouterr().err) == (1, "calcul_forfaits.py: error: cannot write the output "
+                                                    "(UnicodeEncodeError)\n")  # fmt: skip
+    assert ascii_out.buffer.getvalue() == b""

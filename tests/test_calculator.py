@@ -1,0 +1,846 @@
+"""calcul_forfaits.py: the price of a package, its command line, --list, the catalog and its validation
+(hostile catalogs included), the snapshot itself, the raw-results template and the quality protocol.
+--results lives in test_results.py; the contract every program keeps (help, misuse, stdout, Ctrl-C) in
+test_command_line.py.
+
+In-process through main(argv); a new process only where one is what is tested (a FIFO or /dev/zero
+that could block, ``-S``, another Python, what start-up imports).
+"""
+
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+import calcul_forfaits
+from conftest import (
+    ROOT,
+    UnwritableStdout,
+    assert_one_line_refusal,
+    calculator_refusal,
+    half_up_cents,
+    imported_modules,
+    run_script,
+    tree_digest,
+)
+from conftest import call_calculator as call
+
+CSV_PATH = ROOT / "tarifs-forfaits.csv"
+
+
+def csv_rows():
+    with CSV_PATH.open(encoding="utf-8", newline="") as stream:
+        return list(csv.DictReader(stream))
+
+
+def tariff(price_cents, days=3, gpus_per_lot=1):
+    return {"gpu": "x", "model": "X", "memory_gb": 1, "gpus_per_lot": gpus_per_lot, "days": days,
+            "price_cents": price_cents, "currency": "USD", "snapshot_date": "2026-09-24"}  # fmt: skip
+
+
+# --- the price of a package ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lots", [1, 2, 3, 7])
+def test_every_row_and_several_lot_counts(lots):
+    catalog = calcul_forfaits.load_catalog()
+    for row in csv_rows():
+        package = calcul_forfaits.price_package(catalog, row["gpu"], int(row["days"]), lots, accepted_results=7)
+        lot_cents = int(row["price_cents"])
+        assert package["lot_price_cents"] == lot_cents
+        assert package["total_price_cents"] == lot_cents * lots
+        assert package["gpus"] == int(row["gpus_per_lot"]) * lots
+        assert package["cost_per_accepted_result_usd"] == half_up_cents(Fraction(lot_cents * lots, 100 * 7))
+
+
+def test_the_api_prices_one_lot_without_a_cost_by_default():
+    package = calcul_forfaits.price_package([tariff(300, gpus_per_lot=8)], "x", 3)  # as --lots 1 does
+    assert (package["lots"], package["gpus"], package["total_price_cents"]) == (1, 8, 300)
+    assert package["cost_per_accepted_result_usd"] is None
+
+
+@pytest.mark.parametrize(
+    ("total_cents", "accepted", "expected"),
+    [(100, 3, "0.33"), (200, 3, "0.67"), (1, 2, "0.01"), (5, 1000, "0.00"), (25, 10, "0.03"), (364800, 1, "3648.00"),
+     (5, 10, "0.01"), (15, 10, "0.02"), (4, 10, "0.00")],
+)  # fmt: skip
+def test_cost_rounds_half_up_to_the_cent(total_cents, accepted, expected):
+    package = calcul_forfaits.price_package([tariff(total_cents)], "x", 3, 1, accepted)
+    assert package["cost_per_accepted_result_usd"] == expected
+    assert half_up_cents(Fraction(total_cents, 100 * accepted)) == expected
+
+
+def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
+    biggest_cents = "9" * 18  # the most the catalog's validation accepts
+    (tmp_path / "big.csv").write_bytes(with_cell(2, "price_cents", biggest_cents.encode()))
+    lots = "9" * 18
+    status, out, err = call(capsys, "--catalog", tmp_path / "big.csv", "--gpu", GPU_LINE_2, "--days", "3",
+                            "--lots", lots, "--accepted-results", "7", "--json")  # fmt: skip
+    assert status == 0, err
+    total = int(biggest_cents) * int(lots)
+    assert json.loads(out)["total_price_cents"] == total
+    assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cents(Fraction(total, 100 * 7))
+
+
+def test_the_readme_example_and_its_output(capsys):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "python calcul_forfaits.py --gpu b200 --days 7 --lots 2\n" in readme
+    status, out, err = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2")
+    assert status == 0, err
+    shown = readme.split("```text\n", 1)[1].split("```", 1)[0]
+    assert out == shown
+    assert "4 (2 per lot x 2 lot(s))" in out  # the B200 lot holds two GPUs
+    assert "total price               3648.00 USD (364800 cents) = lot price x 2\n" in out
+
+
+def test_the_readme_command_through_the_interpreter(tmp_path):
+    """One real process, from another folder: exit status 0, the catalog found beside the script."""
+    completed = run_script("calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2", cwd=tmp_path)
+    assert (completed.returncode, completed.stderr) == (0, "")
+    assert "364800 cents" in completed.stdout
+
+
+def test_json_output_and_null_cost_without_accepted_results(capsys):
+    status, out, err = call(capsys, "--gpu", "B200", "--days", "7", "--lots", "2", "--json")
+    assert status == 0, err
+    assert json.loads(out) == {
+        "gpu": "b200", "model": "NVIDIA B200", "memory_gb": 180, "days": 7, "lots": 2, "gpus_per_lot": 2, "gpus": 4,
+        "lot_price_cents": 182400, "total_price_cents": 364800, "currency": "USD", "snapshot_date": "2026-09-24",
+        "accepted_results": None, "cost_per_accepted_result_usd": None,
+        "cost_rounding": "total price / accepted results, rounded half-up to the cent",
+    }  # fmt: skip
+    status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3", "--json")
+    assert status == 0 and json.loads(out)["cost_per_accepted_result_usd"] == "1216.00"
+    assert json.loads(out)["accepted_results"] == 3
+
+
+def test_text_output_states_the_snapshot_limits(capsys):
+    status, out, _ = call(capsys, "--gpu", "h200", "--days", "30", "--accepted-results", "120")
+    assert status == 0
+    assert "snapshot of 2026-09-24" in out and "no hourly proration" in out
+    assert "proves neither current availability nor a reservation" in out
+    assert "check the offer shown before buying" in out
+    assert "= total price / 120 accepted results (rounded half-up to the cent)" in out
+    assert "  cost per accepted result  18.53 USD = total price" in out  # 2223.00 USD / 120 = 18.525, half-up
+
+
+def test_positive_int_takes_positive_ints_and_their_digits_only():
+    assert calcul_forfaits.positive_int("--lots", 3) == 3 and calcul_forfaits.positive_int("--lots", "12") == 12
+    for bad in (0, -1, True, 2.0, "0", None):
+        with pytest.raises(calcul_forfaits.PricingError, match="^--lots: expected a positive whole number, got "):
+            calcul_forfaits.positive_int("--lots", bad)
+
+
+def test_the_pricing_functions_refuse_a_prorated_duration():
+    catalog = calcul_forfaits.load_catalog()
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        calcul_forfaits.price_package(catalog, "b200", 5)
+    assert str(refusal.value) == "--days: expected 3, 7 or 30 (fixed durations, no proration), got 5"
+
+
+def test_json_is_indented_by_two_spaces(capsys):
+    status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--json")
+    assert status == 0 and out.startswith('{\n  "gpu": "b200",\n  "model": "NVIDIA B200",\n')
+
+
+# --- the calculator's command line -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--gpu", "h300", "--days", "7"], ["--gpu: unknown GPU 'h300'", "closest: h200", "--list"]),
+        (["--gpu", "zzz", "--days", "7"], ["unknown GPU 'zzz'; see --list"]),
+        (["--gpu", "", "--days", "7"], ["--gpu: unknown GPU ''; see --list"]),
+        (["--gpu", "h200", "--days", "5"], ["--days", "no proration", "got '5'"]),
+        (["--gpu", "h200", "--days", "0"], ["--days"]),
+        (["--gpu", "h200", "--days", "-7"], ["--days: expected 3, 7 or 30", "got '-7'"]),
+        (["--gpu", "h200", "--days", "7.0"], ["--days"]),
+        (["--gpu", "h200", "--days", "07"], ["--days"]),
+        (["--gpu", "h200", "--days", ""], ["--days: expected 3, 7 or 30", "got ''"]),
+        (["--gpu", "h200"], ["--days is required"]),
+        (["--gpu", "h200", "--days", "7", "--lots", "0"], ["--lots: expected a positive whole number, got '0'"]),
+        (["--gpu", "h200", "--days", "7", "--lots", "-1"], ["--lots: expected a positive whole number, got '-1'"]),
+        (["--gpu", "h200", "--days", "7", "--lots", "1.5"], ["--lots"]),
+        (["--gpu", "h200", "--days", "7", "--lots", "9" * 19], ["--lots"]),
+        (["--gpu", "h200", "--days", "7", "--lots", "02"], ["--lots"]),
+        (["--gpu", "h200", "--days", "7", "--lots", ""], ["--lots: expected a positive whole number, got ''"]),
+        (["--gpu", "h200", "--days", "7", "--accepted-results", "0"], ["--accepted-results"]),
+        (["--gpu", "h200", "--days", "7", "--accepted-results", "-3"], ["--accepted-results"]),
+        (["--gpu", "h200", "--days", "7", "--accepted-results", "2.5"], ["--accepted-results"]),
+        (["--gpu", "h200", "--days", "7", "--accepted-results", "many"], ["--accepted-results"]),
+        (["--list", "--lots", "2"], ["--lots: not allowed with --list"]),
+        (["--list", "--accepted-results", "2"], ["--accepted-results: not allowed with --list"]),
+        (["--list", "--gpu", "h200"], ["--gpu: not allowed with --list"]),
+        (["--results", "r.csv", "--list"], ["--list: not allowed with --results"]),
+        (["--gpu", "b200", "--days", "7", "--results", "r.csv"], ["--results: not allowed with --gpu"]),
+        (["--results", "r.csv", "--days", "7"], ["--days: not allowed with --results"]),
+        (["--results", "r.csv", "--gpu", "b200"], ["--gpu: not allowed with --results"]),
+        (["--list", "--days", "5"], ["--days"]),
+        ([], ["one of --gpu, --list or --results is required"]),
+        (["--json", "--catalog", "c.csv"], ["one of --gpu, --list or --results is required"]),
+        (["--gpu"], ["argument --gpu: expected one argument"]),
+        (["--gpu", "--days", "7"], ["argument --gpu: expected one argument"]),
+        (["--gpu", "-b200", "--days", "7"], ["argument --gpu: expected one argument"]),  # no slug starts with -
+        (["--json=yes", "--list"], ["argument --json: ignored explicit argument 'yes'"]),
+        (["--list", "extra"], ["unrecognized arguments: extra"]),
+        (["--catalog", "", "--list"], ["--catalog: expected a file name, got ''"]),
+        (["--catalog=", "--list"], ["--catalog: expected a file name"]),
+        (["--results", ""], ["--results: expected a file name, got ''"]),
+    ],
+)  # fmt: skip
+def test_bad_options_are_refused(capsys, args, fragments):
+    line = calculator_refusal(capsys, *args)
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "one of --gpu, --list or --results is required; see --help"),
+        (["--gpu", "h100", "--days", "7"],
+         "--gpu: unknown GPU 'h100'; closest: h200, h100-sxm, h100-pcie; see --list for every slug"),
+        (["--gpu", "b200"], "--days is required with --gpu (3, 7 or 30)"),
+        (["--gpu", "b200", "--days", "5"], "--days: expected 3, 7 or 30 (fixed durations, no proration), got '5'"),
+        (["--list", "--lots", "2"], "--lots: not allowed with --list"),
+        (["--results", "", "--json"], "--results: expected a file name, got ''"),
+        (["--gpu", "b200", "--days", "7", "--days", "3"], "argument --days: given twice"),
+        (["--list", "--json", "--json"], "argument --json: given twice"),
+    ],
+)  # fmt: skip
+def test_whole_refusal_lines(capsys, args, message):
+    assert calculator_refusal(capsys, *args) == f"calcul_forfaits.py: error: {message}\n"
+
+
+def test_a_refusal_through_the_interpreter_has_status_2_and_one_line():
+    assert_one_line_refusal(run_script("calcul_forfaits.py", "--gpu", "h300", "--days", "7"), "unknown GPU 'h300'")
+
+
+def test_the_parsed_options():
+    parse = calcul_forfaits.parse_command_line
+    assert parse(["--list", "--json", "--days=7"]) == ("--list", {"--list": True, "--json": True, "--days": "7"})
+    assert parse(["--catalog", "c.csv", "--gpu=b200", "--days", "3", "--lots", "-1"]) == (
+        "--gpu", {"--catalog": "c.csv", "--gpu": "b200", "--days": "3", "--lots": "-1"})  # fmt: skip
+    assert parse(["--catalog", "c.csv", "--results", "r.csv"]) == ("--results", {"--catalog": "c.csv",
+                                                                                 "--results": "r.csv"})  # fmt: skip
+
+
+HELP = """\
+usage: calcul_forfaits.py (--gpu SLUG --days N [--lots N] [--accepted-results N]
+                          | --list [--days N] | --results FILE) [--catalog CSV] [--json]
+
+IteraGPU Lab v1: the price of a whole IteraGPU package, and the cost of one accepted result.
+
+options:
+  -h, --help            print this help and exit
+  --gpu SLUG            the GPU model of the package to price, e.g. b200 (any case; see --list)
+  --list                print the catalog with the price per GPU-day
+  --results FILE        a filled resultats-bruts.csv: the cost per accepted result of each rental
+  --days N              with --gpu: the duration, 3, 7 or 30 (no proration); with --list: a filter
+  --lots N              with --gpu: the number of lots, a positive whole number (default 1)
+  --accepted-results N  with --gpu: distinct useful units really accepted; no default on purpose
+  --catalog CSV         the price file (default: tarifs-forfaits.csv beside this script)
+  --json                print JSON instead of text
+"""
+
+
+def test_the_help_names_every_option_and_what_it_does(capsys):
+    assert call(capsys, "--help") == (0, HELP, "")
+    assert call(capsys, "--list", "-h") == (0, HELP, "")
+
+
+@pytest.mark.parametrize(("version", "colour"), [((3, 13, 9), {}), ((3, 14), {"color": False})])
+def test_the_parser_settings_colour_off_where_argparse_has_it(monkeypatch, version, colour):
+    """Python 3.14 added ``color`` (on by default, read from NO_COLOR and FORCE_COLOR); the pass runs on 3.11,
+    so a stand-in for argparse's own constructor records what the kit's parser asks for."""
+    import argparse
+
+    settings = {}
+    monkeypatch.setattr(sys, "version_info", version)
+    monkeypatch.setattr(argparse.ArgumentParser, "__init__", lambda self, **kwargs: settings.update(kwargs))
+    calcul_forfaits.ArgumentParser(prog="p")
+    formatter = settings.pop("formatter_class")("p")
+    assert settings == {"prog": "p", "allow_abbrev": False, **colour}
+    assert (type(formatter), formatter._width) == (argparse.HelpFormatter, 100)
+
+
+def test_main_reads_the_command_line_when_given_no_argv(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"])
+    assert calcul_forfaits.main() == 0
+    assert "364800 cents" in capsys.readouterr().out
+
+
+def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stderr", None)
+    assert calcul_forfaits.main(["--gpu", "h300", "--days", "7"]) == 2
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("stdout", "line"),
+    [
+        (UnwritableStdout(OSError(28, "No space left on device")),
+         "error: cannot write the output (No space left on device)"),
+        (UnwritableStdout(ValueError("I/O operation on closed file.")), "error: cannot write the output (ValueError)"),
+        (None, "error: cannot write the output (standard output is closed)"),
+        (UnwritableStdout(BrokenPipeError(32, "Broken pipe")), None),  # the reader left: nothing to say
+    ],
+)  # fmt: skip
+def test_the_calculators_lines_for_an_unwritable_output(capsys, monkeypatch, stdout, line):
+    monkeypatch.setattr(sys, "stdout", stdout)
+    status = calcul_forfaits.main(["--gpu", "b200", "--days", "7"])
+    assert (status, capsys.readouterr().err) == (1, f"calcul_forfaits.py: {line}\n" if line else "")
+
+
+def test_an_interrupt_while_computing_gives_the_calculators_line_and_130(capsys, monkeypatch):
+    def interrupted(path=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calcul_forfaits, "load_catalog", interrupted)
+    assert call(capsys, "--list") == (130, "", "calcul_forfaits.py: interrupted; nothing written\n")
+
+
+def test_an_unwritable_stdout_is_pointed_at_the_null_device(monkeypatch):
+    """The interpreter's last flush then has nowhere to fail; only its own stdout is touched."""
+    import types
+
+    reader, writer = os.pipe()
+    open_before = sorted(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    real = sys.__stdout__  # still written by pytest and mutmut while the test runs
+    stream = types.SimpleNamespace(fileno=lambda: writer, write=real.write, flush=real.flush)
+    failure = calcul_forfaits.StdoutFailed(BrokenPipeError(32, "Broken pipe"))
+    try:
+        assert calcul_forfaits.stdout_failed("calcul_forfaits.py", failure, stream) == 1
+        assert os.write(writer, b"kept") == 4  # not the interpreter's stdout: left alone
+        assert os.read(reader, 10) == b"kept"
+        monkeypatch.setattr(sys, "__stdout__", stream)
+        assert calcul_forfaits.stdout_failed("calcul_forfaits.py", failure, stream) == 1
+        assert os.write(writer, b"lost") == 4  # the null device takes it
+    finally:
+        os.close(writer)
+    assert os.read(reader, 10) == b""  # the pipe's only writer was replaced: end of file
+    os.close(reader)
+    if open_before is not None:
+        assert len(os.listdir("/proc/self/fd")) == len(open_before) - 2  # no descriptor leaked
+
+
+# --- --list ----------------------------------------------------------------------------------------------
+
+
+def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
+    status, out, _ = call(capsys, "--list")
+    assert status == 0
+    lines = out.splitlines()
+    assert len(lines) == 1 + 45 + 1
+    assert lines[0].split() == ["gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot", "price", "per", "GPU-day"]
+    b200_7 = next(line for line in lines if line.startswith("b200 ") and " 7 " in line)
+    assert b200_7.split()[-2:] == ["130.29", "USD"]  # 1824.00 / (7 days x 2 GPUs) = 130.285..., half-up
+    assert lines[-1] == "IteraGPU catalog snapshot of 2026-09-24; per GPU-day rounded half-up to the cent."
+    assert all(not line.endswith(" ") for line in lines)
+    status, out, _ = call(capsys, "--list", "--days", "7", "--json")
+    rows = json.loads(out)
+    assert status == 0 and len(rows) == 15 and {row["days"] for row in rows} == {7}
+    assert [row["gpu"] for row in rows] == sorted(row["gpu"] for row in rows)
+    assert next(row for row in rows if row["gpu"] == "b200")["usd_per_gpu_day"] == "130.29"
+
+
+def test_a_catalog_line_shows_every_column(capsys):
+    status, out, _ = call(capsys, "--list", "--days", "7")
+    b200 = next(line for line in out.splitlines() if line.startswith("b200 "))
+    assert status == 0
+    assert b200.split() == ["b200", "NVIDIA", "B200", "180", "2", "7", "1824.00", "USD", "130.29", "USD"]
+
+
+# --- the catalog's validation ----------------------------------------------------------------------
+
+GOOD = CSV_PATH.read_bytes()
+HEADER = GOOD.split(b"\n", 1)[0]
+GPU_LINE_2 = GOOD.split(b"\n")[1].split(b",")[0].decode()
+
+
+def replace_line(number, new):
+    lines = GOOD.split(b"\n")
+    lines[number - 1] = new
+    return b"\n".join(lines)
+
+
+def with_cell(number, column, value):
+    cells = GOOD.split(b"\n")[number - 1].split(b",")
+    cells[calcul_forfaits.CATALOG_COLUMNS.index(column)] = value
+    return replace_line(number, b",".join(cells))
+
+
+SIXTEEN = "48 rows, expected 45 (15 models x 3 durations)"
+CORRUPTIONS = {
+    "duplicate row": (GOOD.replace(GOOD.split(b"\n")[2], GOOD.split(b"\n")[1]), "line 3",
+                      f"duplicate row for {GPU_LINE_2}, 3 days (first on line 2)"),
+    "missing row": (replace_line(3, b"").replace(b"\n\n", b"\n"), "", "has no row for 7 days"),
+    "missing rows": (GOOD.replace(b"\n".join(GOOD.split(b"\n")[2:4]) + b"\n", b""), "", "has no row for 7, 30 days"),
+    "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24\n" % d for d in (3, 7, 30)), "", SIXTEEN),
+    "decimal cents": (with_cell(2, "price_cents", b"9400.50"), "line 2", "price_cents"),
+    "negative cents": (with_cell(2, "price_cents", b"-9400"), "line 2", "price_cents"),
+    "empty cents": (with_cell(2, "price_cents", b""), "line 2", "price_cents"),
+    "spaced cents": (with_cell(2, "price_cents", b"9 400"), "line 2", "price_cents"),
+    "signed cents": (with_cell(2, "price_cents", b"+9400"), "line 2", "price_cents"),
+    "zero cents": (with_cell(2, "price_cents", b"0"), "line 2", "price_cents"),
+    "19-digit cents": (with_cell(2, "price_cents", b"1" * 19), "line 2", "price_cents"),
+    "arabic-indic cents": (with_cell(2, "price_cents", "١٢٣".encode()), "line 2", "price_cents"),
+    "inconsistent lot size": (with_cell(3, "gpus_per_lot", b"2"), "line 3", f"gpus_per_lot of {GPU_LINE_2}"),
+    "inconsistent model": (with_cell(3, "model", b"Other"), "line 3", f"model of {GPU_LINE_2}"),
+    "prorated duration": (with_cell(2, "days", b"5"), "line 2", "days"),
+    "other currency on one row": (with_cell(5, "currency", b"EUR"), "line 5", "currency must be USD"),
+    "lower-case currency": (with_cell(2, "currency", b"usd"), "line 2", "currency must be USD"),
+    "other snapshot": (with_cell(5, "snapshot_date", b"2026-09-25"), "line 5", "snapshot_date differs"),
+    "other snapshot on line 3": (with_cell(3, "snapshot_date", b"2026-09-25"), "line 3",
+                                 "snapshot_date differs from the first row's (2026-09-24)"),
+    "bad date": (with_cell(2, "snapshot_date", b"24/09/2026"), "line 2", "snapshot_date"),
+    "basic ISO date": (with_cell(2, "snapshot_date", b"20260924"), "line 2", "snapshot_date"),
+    "week date": (with_cell(2, "snapshot_date", b"2026-W39-4"), "line 2", "snapshot_date"),
+    "no such day": (with_cell(2, "snapshot_date", b"2026-02-29"), "line 2", "snapshot_date"),
+    "bad header": (GOOD.replace(b"price_cents", b"price_usd", 1), "line 1",
+                   "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date"),
+    "missing field": (replace_line(2, b",".join(GOOD.split(b"\n")[1].split(b",")[:7])), "line 2", "fields"),
+    "blank line": (replace_line(3, b""), "line 3", "fields"),
+    "empty file": (b"", "", "empty file"),
+    "header only": (HEADER + b"\n", "", "0 rows"),
+    "not UTF-8": (GOOD.replace(b"NVIDIA A40", b"NVIDIA A4\xe9"), "", "not UTF-8"),
+    "upper-case slug": (GOOD.replace(b"\nl4,", b"\nL4,"), "line", "slug"),
+    "slug with a double hyphen": (GOOD.replace(b"\nrtx-4090,", b"\nrtx--4090,"), "line", "slug"),
+    "unclosed quote": (with_cell(2, "model", b'"NVIDIA'), "line 2", "malformed CSV"),
+    "model with surrounding spaces": (with_cell(2, "model", b" NVIDIA X"), "line 2", "model must be"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_a_corrupted_catalog_is_refused_naming_file_line_and_reason(tmp_path, capsys, monkeypatch, kind):
+    data, where, reason = CORRUPTIONS[kind]
+    (tmp_path / "prices.csv").write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    line = calculator_refusal(capsys, "--catalog", "prices.csv", "--gpu", "h200", "--days", "7")
+    for fragment in ("'prices.csv': ", where, reason, "; nothing computed"):
+        assert fragment in line, (fragment, line)
+
+
+def test_the_shipped_catalog_parses_to_its_rows():
+    catalog = calcul_forfaits.load_catalog()
+    assert [tuple(t) for t in catalog] == [calcul_forfaits.CATALOG_COLUMNS] * 45
+    rows = csv_rows()
+    assert [{k: str(v) for k, v in t.items()} for t in catalog] == rows
+    assert {type(t["price_cents"]) for t in catalog} == {int} and {type(t["model"]) for t in catalog} == {str}
+
+
+def test_crlf_line_ends_and_a_missing_final_newline_are_accepted(tmp_path, capsys):
+    (tmp_path / "crlf.csv").write_bytes(GOOD.replace(b"\n", b"\r\n"))
+    (tmp_path / "no-final.csv").write_bytes(GOOD.rstrip(b"\n"))
+    expected = call(capsys, "--gpu", "b200", "--days", "7")
+    assert expected[0] == 0
+    assert call(capsys, "--catalog", tmp_path / "crlf.csv", "--gpu", "b200", "--days", "7") == expected
+    assert call(capsys, "--catalog", tmp_path / "no-final.csv", "--gpu", "b200", "--days", "7") == expected
+
+
+def test_names_made_of_digits_stay_names(tmp_path, capsys):
+    (tmp_path / "digits.csv").write_bytes(GOOD.replace(b"\nl4,NVIDIA L4,", b"\n4,4,"))
+    status, out, err = call(capsys, "--catalog", tmp_path / "digits.csv", "--gpu", "4", "--days", "3", "--json")
+    assert status == 0, err
+    assert (json.loads(out)["gpu"], json.loads(out)["model"]) == ("4", "4")
+
+
+def test_a_quoted_model_name_is_read_as_csv(tmp_path, capsys):
+    data = GOOD.replace(b",NVIDIA H200,", b',"NVIDIA H200, ""141 GB""",')
+    (tmp_path / "quoted.csv").write_bytes(data)
+    status, out, err = call(capsys, "--catalog", tmp_path / "quoted.csv", "--gpu", "h200", "--days", "7")
+    assert status == 0, err
+    assert out.startswith('Package: NVIDIA H200, "141 GB" (h200), 7 days')
+
+
+def test_a_missing_catalog_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = calculator_refusal(capsys, "--catalog", "absent.csv", "--list")
+    assert "'absent.csv': cannot be read (No such file or directory); nothing computed" in line
+
+
+def test_the_default_catalog_is_found_from_another_working_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = call(capsys, "--gpu", "l4", "--days", "3", "--json")
+    assert status == 0 and json.loads(out)["lot_price_cents"] == int(
+        next(row for row in csv_rows() if (row["gpu"], row["days"]) == ("l4", "3"))["price_cents"]
+    )
+
+
+def test_a_refusal_of_the_default_catalog_names_it_without_its_path(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(calcul_forfaits, "__file__", str(tmp_path / "calcul_forfaits.py"))
+    line = calculator_refusal(capsys, "--list")
+    assert "'tarifs-forfaits.csv': cannot be read" in line and str(tmp_path) not in line
+
+
+def test_the_reader_takes_exactly_the_bound_and_refuses_one_byte_more(tmp_path):
+    (tmp_path / "ten").write_bytes(b"0123456789")
+    (tmp_path / "eleven").write_bytes(b"0123456789A")
+    (tmp_path / "empty").write_bytes(b"")
+    assert calcul_forfaits.read_bounded(tmp_path / "ten", "'ten'", limit=10) == b"0123456789"
+    assert calcul_forfaits.read_bounded(tmp_path / "empty", "'empty'", limit=10) == b""
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        calcul_forfaits.read_bounded(tmp_path / "eleven", "'eleven'", limit=10)
+    assert str(refusal.value) == "'eleven': larger than 10 bytes; nothing computed"
+    assert calcul_forfaits.MAX_TABLE_BYTES == 2**20 and calcul_forfaits.MAX_MEASUREMENT_BYTES == 64 * 2**20
+
+
+def test_the_reader_opens_without_blocking(tmp_path, monkeypatch):
+    """A FIFO must not block the open: the flag is checked here, the FIFO itself in test_hostile_forfaits."""
+
+    flags = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, flag, *rest: flags.append(flag) or real_open(path, flag, *rest))
+    (tmp_path / "f").write_bytes(b"x")
+    assert calcul_forfaits.read_bounded(tmp_path / "f", "'f'") == b"x"
+    assert flags == [os.O_RDONLY | os.O_NONBLOCK]
+
+
+def test_the_reader_never_asks_for_more_than_the_bound(tmp_path, monkeypatch):
+
+    asked, real_read = [], os.read
+    monkeypatch.setattr(os, "read", lambda fd, size: asked.append(size) or real_read(fd, min(size, 4)))
+    (tmp_path / "nine").write_bytes(b"012345678")
+    (tmp_path / "thirty").write_bytes(b"x" * 30)
+    assert calcul_forfaits.read_bounded(tmp_path / "nine", "'nine'", limit=10) == b"012345678"
+    assert asked == [11, 7, 3, 2]
+    asked.clear()
+    with pytest.raises(calcul_forfaits.PricingError, match="larger than 10 bytes"):
+        calcul_forfaits.read_bounded(tmp_path / "thirty", "'thirty'", limit=10)
+    assert asked == [11, 7, 3]  # 4 + 4 + 3 = 11 bytes read at most, never the whole file
+
+
+def test_a_read_error_is_one_refusal(tmp_path, monkeypatch):
+
+    def broken(fd, size):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "read", broken)
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        calcul_forfaits.read_bounded(tmp_path / "f", "'f'")
+    assert str(refusal.value) == "'f': cannot be read (Input/output error); nothing computed"
+
+
+# --- hostile catalogs: one stderr line, exit 2, no file changed ------------------------------------------
+
+LIMIT = calcul_forfaits.MAX_TABLE_BYTES
+
+
+def every_row(column, value):
+    """The shipped catalog with ``column`` set to ``value`` on every row."""
+    index = calcul_forfaits.CATALOG_COLUMNS.index(column)
+    lines = GOOD.decode().splitlines()
+    rows = [line.split(",") for line in lines[1:]]
+    for row in rows:
+        row[index] = value
+    return "\n".join([lines[0], *(",".join(row) for row in rows)]).encode() + b"\n"
+
+
+HOSTILE_FILES = {  # name -> bytes (a regular file), or a callable that makes something else at that path
+    "fifo": os.mkfifo,
+    "folder": os.mkdir,
+    "zero.csv": lambda path: os.symlink("/dev/zero", path),
+    "big.csv": GOOD * (LIMIT // len(GOOD) + 1),
+    "basic-date.csv": every_row("snapshot_date", "20260924"),
+    "week-date.csv": every_row("snapshot_date", "2026-W39-4"),
+    "wide-digits.csv": every_row("snapshot_date", "２０２６-09-24"),
+    "euro.csv": every_row("currency", "EUR"),
+    "newline-model.csv": GOOD.replace(b",NVIDIA H200,", b',"NVIDIA\nH200",'),
+    "escape-model.csv": GOOD.replace(b",NVIDIA H200,", b",NVIDIA \x1b[2JH200,"),
+    "rlo-model.csv": GOOD.replace(b",NVIDIA H200,", ",NVIDIA \u202eH200,".encode()),
+    "nul-model.csv": GOOD.replace(b",NVIDIA H200,", b",NVIDIA \x00H200,"),
+    "bom.csv": b"\xef\xbb\xbf" + GOOD,
+    "latin1.csv": GOOD.replace(b"NVIDIA H200", b"NVIDIA H200 \xe9"),
+}
+
+
+def make_files(folder, files):
+    """Create ``files`` (name -> bytes, or a callable given the path) in ``folder``; returns it."""
+    for name, content in files.items():
+        if callable(content):
+            content(str(folder / name))
+        else:
+            (folder / name).write_bytes(content)
+    return folder
+
+
+def kit_digest():
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in ROOT.iterdir() if path.is_file()}
+
+
+HOSTILE_CATALOGS = {  # case -> (argv, fragment of the one stderr line)
+    "larger than the bound": (["--catalog", "big.csv", "--list"], f"'big.csv': larger than {LIMIT} bytes"),
+    "a folder": (["--catalog", "folder", "--list"], "'folder': not a regular file"),
+    "name with a newline": (["--catalog", "a\nb.csv", "--list"], "'a\\nb.csv': cannot be read"),
+    "name with a NUL": (["--catalog", "a\0b.csv", "--list"], "'a\\x00b.csv': cannot be read"),
+    "snapshot 20260924": (["--catalog", "basic-date.csv", "--list"], "line 2: snapshot_date must be a date"),
+    "snapshot 2026-W39-4": (["--catalog", "week-date.csv", "--list"], "line 2: snapshot_date"),
+    "snapshot in wide digits": (["--catalog", "wide-digits.csv", "--list"], "line 2: snapshot_date"),
+    "in EUR": (["--catalog", "euro.csv", "--gpu", "h200", "--days", "7"], "line 2: currency must be USD"),
+    "model with a newline": (["--catalog", "newline-model.csv", "--list"], "line 20: malformed CSV"),
+    "model with an escape": (["--catalog", "escape-model.csv", "--list"], "model holds a control"),
+    "model with a right-to-left override": (["--catalog", "rlo-model.csv", "--list"], "model holds a control"),
+    "model with a NUL": (["--catalog", "nul-model.csv", "--list"], "model holds a control"),
+    "a byte-order mark": (["--catalog", "bom.csv", "--list"], "line 1: bad header"),
+    "not UTF-8": (["--catalog", "latin1.csv", "--list"], "not UTF-8"),
+    "stray argument with a newline": (["--list", "a\nb"], "unrecognized arguments: a\\nb"),
+    "gpu with a newline": (["--gpu", "h200\n", "--days", "7"], "unknown GPU 'h200\\n'"),
+    "gpu not UTF-8": (["--gpu", "\udcff", "--days", "7"], "unknown GPU '\\udcff'"),
+    "days with a newline": (["--gpu", "h200", "--days", "7\n"], "got '7\\n'"),
+    "lots in Arabic-Indic digits": (["--gpu", "h200", "--days", "7", "--lots", "٢"], "got '٢'"),
+    "lots with spaces": (["--gpu", "h200", "--days", "7", "--lots", " 2 "], "--lots"),
+    "lots with an underscore": (["--gpu", "h200", "--days", "7", "--lots", "1_0"], "--lots"),
+    "lots in superscript": (["--gpu", "h200", "--days", "7", "--lots", "²"], "--lots"),
+    "accepted results with a newline": (["--gpu", "h200", "--days", "7", "--accepted-results", "1\n2"], "'1\\n2'"),
+    "flag given a value with a newline": (["--list", "--json=a\nb"], "ignored explicit argument 'a\\nb'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CATALOGS))
+def test_a_hostile_catalog_or_value_is_one_line(tmp_path, capsys, monkeypatch, case):
+    argv, fragment = HOSTILE_CATALOGS[case]
+    monkeypatch.chdir(make_files(tmp_path, HOSTILE_FILES))
+    before, kit = tree_digest(tmp_path), kit_digest()
+    assert fragment in calculator_refusal(capsys, *argv)
+    assert tree_digest(tmp_path) == before and kit_digest() == kit
+
+
+BLOCKING_CATALOGS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
+    "a FIFO": (["--catalog", "fifo", "--list"], "'fifo': not a regular file"),
+    "/dev/zero": (["--catalog", "/dev/zero", "--list"], "'/dev/zero': not a regular file"),
+    "a link to /dev/zero": (["--catalog", "zero.csv", "--list"], "'zero.csv': not a regular file"),
+}  # fmt: skip
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("flags", [(), ("-S",)], ids=["site", "no-site"])
+@pytest.mark.parametrize("case", sorted(BLOCKING_CATALOGS))
+def test_a_catalog_that_could_block_is_refused_unread(tmp_path, case, flags):
+    argv, fragment = BLOCKING_CATALOGS[case]
+    make_files(tmp_path, HOSTILE_FILES)
+    before = tree_digest(tmp_path)
+    completed = subprocess.run([sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=30)  # fmt: skip
+    assert_one_line_refusal(completed, "calcul_forfaits.py: error: ", fragment)
+    assert tree_digest(tmp_path) == before
+
+
+def test_argv_that_is_not_utf8_is_shown_escaped(tmp_path):
+    argv = [sys.executable, str(ROOT / "calcul_forfaits.py"), b"--gpu", b"h\xff", b"--days", b"7"]
+    completed = subprocess.run(argv, capture_output=True, cwd=tmp_path, timeout=30)
+    assert (completed.returncode, completed.stdout) == (2, b"")
+    line = completed.stderr.decode("ascii")  # escaped: an ASCII line whatever the terminal
+    assert line.startswith("calcul_forfaits.py: error: --gpu: unknown GPU 'h\\udcff'") and line.count("\n") == 1
+
+
+# --- the grammar of values, the bounded reader, the cross-version behaviour ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rule", "accepted", "refused"),
+    [
+        ("is_whole", ["1", "9" * 18, "10", "402"], ["", "0", "01", "-1", "+1", "1.0", " 1", "1_0", "٢", "²", "9" * 19]),
+        ("is_number", ["0", "2", "2.5", "0.75", "10.0", "123"],
+         ["", ".5", "2.", "1.2.3", "-1", "1e3", "2,5", "٢.5", " 1"]),
+        ("is_date", ["2026-09-24", "2024-02-29", "2000-02-29", "0001-01-01", "2026-12-31", "2026-04-30"],
+         ["20260924", "2026-W39-4", "2026-9-24", "2026-09-24T00:00", "0000-01-01", "2026-13-01", "2026-00-10",
+          "2026-01-00", "2026-02-29", "1900-02-29", "2026-04-31", "２０２６-09-24", "2026/09/24", " 2026-09-24",
+          "2026-09-a4", "2026-09-+4", "2026-0+-24", "2026-+9-24", "+026-09-24"]),
+        ("is_utc_time", ["2026-10-05T09:00:00Z", "2026-12-31T23:59:59Z", "2026-01-01T00:00:00Z"],
+         ["2026-10-05T24:00:00Z", "2026-10-05T23:60:00Z", "2026-10-05T23:00:60Z", "2026-10-05T09:00:00",
+          "2026-10-05t09:00:00Z", "2026-10-05 09:00:00Z", "2026-10-05T09:00:00+00:00", "2026-02-30T09:00:00Z",
+          "2026-10-05T9:00:00Z", "2026-10-05T09-00-00Z", "2026-10-05T０9:00:00Z"]),
+        ("is_slug", ["b200", "rtx-pro-6000", "a-b-c", "4090"],
+         ["", "-a", "a-", "a--b", "B200", "a_b", "é", "a b", "-"]),
+    ],
+)  # fmt: skip
+def test_the_grammar_of_values(rule, accepted, refused):
+    check = getattr(calcul_forfaits, rule)
+    assert [value for value in accepted if not check(value)] == []
+    assert [value for value in refused if check(value)] == []
+
+
+def test_zero_is_a_whole_number_only_where_counts_allow_it():
+    assert calcul_forfaits.is_whole("0", zero=True) and not calcul_forfaits.is_whole("0")
+    assert not calcul_forfaits.is_whole("00", zero=True) and calcul_forfaits.is_whole("10", zero=True)
+
+
+def test_every_month_has_its_length():
+    lengths = {1: 31, 2: 28, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
+    for month, days in lengths.items():
+        assert calcul_forfaits.is_date(f"2026-{month:02d}-{days:02d}"), month
+        assert not calcul_forfaits.is_date(f"2026-{month:02d}-{days + 1:02d}"), month
+
+
+# --- the snapshot itself -------------------------------------------------------------------------
+
+# Typical on-demand USD per GPU-hour, 2025-2026 (public hourly rates, ranges only; no one provider's price).
+TYPICAL_ON_DEMAND = {
+    "a100-80gb": (1.2, 2.0), "a40": (0.35, 0.6), "b200": (4.0, 6.5), "b300": (5.5, 8.0), "h100-pcie": (1.9, 2.6),
+    "h100-sxm": (2.0, 3.5), "h200": (3.0, 4.5), "l4": (0.4, 0.8), "l40s": (0.8, 1.3), "mi300x": (1.5, 2.6),
+    "rtx-4090": (0.3, 0.7), "rtx-5090": (0.7, 1.1), "rtx-6000-ada": (0.7, 1.0), "rtx-a6000": (0.4, 0.8),
+    "rtx-pro-6000": (1.5, 2.0),
+}  # fmt: skip
+MEMORY_GB = {
+    "a100-80gb": 80, "a40": 48, "b200": 180, "b300": 288, "h100-pcie": 80, "h100-sxm": 80, "h200": 141, "l4": 24,
+    "l40s": 48, "mi300x": 192, "rtx-4090": 24, "rtx-5090": 32, "rtx-6000-ada": 48, "rtx-a6000": 48, "rtx-pro-6000": 96,
+}  # fmt: skip
+
+
+def per_gpu_hour():
+    """{gpu: {days: USD per GPU-hour as a Fraction}} from the shipped CSV."""
+    table = {}
+    for row in csv_rows():
+        hours = 24 * int(row["days"]) * int(row["gpus_per_lot"])
+        table.setdefault(row["gpu"], {})[int(row["days"])] = Fraction(int(row["price_cents"]), 100 * hours)
+    return table
+
+
+def test_the_snapshot_is_a_plausible_line_up():
+    rows = csv_rows()
+    assert len(rows) == 45 and {row["gpu"] for row in rows} == set(TYPICAL_ON_DEMAND)
+    assert {row["gpu"]: int(row["memory_gb"]) for row in rows} == MEMORY_GB
+    assert {row["snapshot_date"] for row in rows} == {"2026-09-24"} and {row["currency"] for row in rows} == {"USD"}
+    assert all(int(row["price_cents"]) % 100 == 0 for row in rows)  # whole dollars, as a rate card shows them
+    assert {row["gpu"]: row["gpus_per_lot"] for row in rows if row["gpus_per_lot"] != "1"} == {"b200": "2"}
+    for gpu, hourly in per_gpu_hour().items():
+        assert hourly[3] > hourly[7] > hourly[30], gpu  # longer packages cost less per GPU-hour
+        low, high = TYPICAL_ON_DEMAND[gpu]
+        assert low <= hourly[3] <= high, (gpu, float(hourly[3]))  # a prepaid block is not dearer than on demand
+        assert hourly[30] >= Fraction(low) * Fraction(6, 10), (gpu, float(hourly[30]))
+    per_day = {}
+    for row in rows:
+        per_day.setdefault(row["gpu"], []).append(Fraction(int(row["price_cents"]), int(row["days"])))
+    assert all(days[0] > days[1] > days[2] for days in per_day.values())  # the CSV lists 3, 7, 30 in order
+
+
+def test_the_snapshot_answers_the_market_facts():
+    hourly = per_gpu_hour()
+    for days in (3, 7, 30):
+        assert hourly["mi300x"][days] <= Fraction(7, 10) * hourly["h100-sxm"][days]  # about 40 % below
+        assert hourly["rtx-pro-6000"][days] > hourly["a100-80gb"][days]
+        assert hourly["b300"][days] > hourly["b200"][days] > hourly["h200"][days] > hourly["h100-sxm"][days]
+    discount_30 = {gpu: 1 - rates[30] / rates[3] for gpu, rates in hourly.items()}
+    discount_7 = {gpu: 1 - rates[7] / rates[3] for gpu, rates in hourly.items()}
+    assert len({round(d, 2) for d in discount_30.values()}) >= 5  # not one discount for every model
+    assert len({round(d, 2) for d in discount_7.values()}) >= 4
+    for blackwell in ("b200", "b300", "rtx-pro-6000"):
+        for ampere in ("a100-80gb", "a40", "rtx-a6000"):
+            assert discount_30[blackwell] < discount_30[ampere] and discount_7[blackwell] < discount_7[ampere]
+
+
+DISCOUNT_GROUPS = {  # as the README states them: (7-day range, 30-day range) in % per GPU-hour, about
+    ("b300", "b200", "rtx-pro-6000", "rtx-5090"): ((2, 5), (6, 12)),
+    ("h100-pcie", "h100-sxm", "h200"): ((5, 8), (14, 20)),
+    ("a100-80gb", "a40", "rtx-a6000", "rtx-4090", "rtx-6000-ada", "l40s", "l4", "mi300x"): ((8, 12), (20, 30)),
+}
+
+
+def test_the_discounts_are_those_the_readme_states():
+    hourly = per_gpu_hour()
+    assert sorted(gpu for group in DISCOUNT_GROUPS for gpu in group) == sorted(hourly)
+    for group, ranges in DISCOUNT_GROUPS.items():
+        for gpu in group:
+            for days, (low, high) in zip((7, 30), ranges, strict=True):
+                discount = 100 * (1 - hourly[gpu][days] / hourly[gpu][3])
+                assert low - Fraction(1, 2) <= discount <= high + Fraction(1, 2), (gpu, days, float(discount))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "2–5 % at 7 days, 6–12 % at 30 days" in readme and "(5–8 %, 14–20 %)" in readme
+    assert "MI300X: 8–12 %, 20–30 %)" in readme
+
+
+def test_the_readme_explains_the_pricing_and_the_b300_choice():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## 4. Relate quality and cost", 1)[1].split("\n## ", 1)[0]
+    for fragment in ("per GPU-hour", "on-demand", "B300", "A100 40GB", "not any provider's"):
+        assert fragment in section, fragment
+
+
+# --- the template and the protocol ---------------------------------------------------------------
+
+
+def test_the_raw_results_template_is_header_only_and_documented():
+    text = (ROOT / "resultats-bruts.csv").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) == 1 and text.endswith("\n")
+    columns = lines[0].split(",")
+    assert tuple(columns) == calcul_forfaits.RESULTS_COLUMNS
+    for required in ("gpu", "days", "lots", "rental_id", "driver_version", "measurement_sha256", "units_accepted"):
+        assert required in columns
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("| Column | What to write |", 1)[1].split("\n\n", 1)[0]
+    for column in columns:
+        assert f"`{column}`" in table, column
+
+
+def test_the_protocol_holds_each_required_element():
+    protocol = (ROOT / "protocole-qualite.md").read_text(encoding="utf-8")
+    for element in (
+        "useful unit", "Corpus of distinct units", "Quality metric", "Numeric acceptance threshold",
+        "Evaluation method", "Number of runs", "before renting", "MLPerf", "DAWNBench",
+        "first touch of the data", "without pauses", "same code serves the quality check and the timed run",
+        "No best-of-many", "Seeds", "mesure_memoire.py environment", "nvidia-smi", "not new useful units",
+        "Deviations", "--accepted-results", "What that figure does not show",
+        "supplies no corpus and no quality measure", "rental_id",
+    ):  # fmt: skip
+        assert element in protocol, element
+    assert protocol.count("____") >= 15  # blanks to fill, not answers
+    assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```")
+
+
+# --- start-up, and every Python --------------------------------------------------------------------
+
+
+@pytest.mark.whole_kit
+def test_the_price_of_a_package_adds_only_light_standard_modules(tmp_path):
+    """Start-up is a guard: what the calculator adds to whatever this interpreter loads at start is
+    standard library (argparse and its needs), and json, decimal, csv, difflib, hashlib, fractions
+    come only where they are used.  Nothing is assumed about what the interpreter itself imports."""
+    bare = imported_modules("-c", "pass", cwd=tmp_path)
+    script = ROOT / "calcul_forfaits.py"
+    added = imported_modules(script, "--gpu", "b200", "--days", "7", cwd=tmp_path) - bare
+    assert "argparse" in added | bare
+    assert {name.partition(".")[0] for name in added} <= sys.stdlib_module_names, added
+    lazy = {"json", "decimal", "csv", "difflib", "hashlib", "fractions", "torch", "numpy"}
+    assert added & lazy == set()
+    with_cost = imported_modules(script, "--gpu", "b200", "--days", "7", "--accepted-results", "3", cwd=tmp_path)
+    assert "decimal" in with_cost and "json" not in with_cost - bare  # a lazy import is seen when it happens
+
+
+def _interpreters():
+    """CPython versions installed through pyenv, if any: {"3.10": path, ...}."""
+    import glob
+    import shutil
+    from pathlib import Path
+
+    pyenv = shutil.which("pyenv")
+    root = Path.home() / ".pyenv"
+    if pyenv:
+        root = Path(subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30).stdout.strip())
+    found = {}
+    for path in sorted(glob.glob(str(root / "versions" / "3.*" / "bin" / "python3"))):
+        found.setdefault(".".join(Path(path).parent.parent.name.split(".")[:2]), path)
+    return found
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
+def test_every_python_gives_the_same_answers_without_site_packages(tmp_path, version):
+    python = _interpreters().get(version)
+    if python is None:
+        pytest.skip(f"no CPython {version} found through pyenv on this machine")
+    (tmp_path / "basic.csv").write_bytes(GOOD.replace(b"2026-09-24", b"20260924"))
+    ok = run_script("calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3",
+                    python=python, python_flags=("-S",), cwd=tmp_path)  # fmt: skip
+    assert (ok.returncode, ok.stderr) == (0, "")
+    assert "1216.00 USD = total price / 3 accepted results" in ok.stdout
+    refused = run_script("calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python,
+                         python_flags=("-S",), cwd=tmp_path)  # fmt: skip
+    assert_one_line_refusal(refused, "'basic.csv': line 2: snapshot_date must be a date written YYYY-MM-DD")

@@ -349,7 +349,7 @@ def collect_environment(device):
     environment["gpu"] = _gpu_fields(torch, query, index, properties, environment["hip_build"])
     settings = environment["settings"]
     settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
-    for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.10 exposes them
+    for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
         function = getattr(torch.backends.cuda, name, None)
         if function is not None:
             settings[f"{name}_bytes"] = query(name, lambda function=function: _on_device(torch, index, function))
@@ -390,6 +390,8 @@ def _field_query(field_errors):
         try:
             with CapturedWarnings(field_errors):
                 return function()
+        except AttributeError:  # an API this PyTorch version lacks: null, not a failed query
+            return None
         except Exception as exc:
             field_errors[name] = describe_error(exc)
             return None

@@ -141,9 +141,12 @@ def stand_in_gpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
         monkeypatch.setattr(torch.cuda, "device", on_a_device(contextlib.nullcontext))
         monkeypatch.setattr(torch.version, "cuda", "13.0")
-        # The CPU build lacks the BLAS workspace queries; these stand-in sizes are PyTorch's NVIDIA defaults.
-        monkeypatch.setattr(torch.backends.cuda, "cublas_workspace_size", lambda size=None: 8 * 2**20 + 128 * 2**10)
-        monkeypatch.setattr(torch.backends.cuda, "cublaslt_workspace_size", lambda size=None: 2**20)
+        # The BLAS workspace queries (PyTorch 2.13 and later; 2.11 and 2.12 lack them): these stand-in sizes
+        # are PyTorch's NVIDIA defaults.  Set whether or not this PyTorch has them.
+        monkeypatch.setattr(
+            torch.backends.cuda, "cublas_workspace_size", lambda size=None: 8 * 2**20 + 128 * 2**10, raising=False
+        )
+        monkeypatch.setattr(torch.backends.cuda, "cublaslt_workspace_size", lambda size=None: 2**20, raising=False)
         return properties
 
     install()

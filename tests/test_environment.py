@@ -43,26 +43,37 @@ def test_without_torch_it_reports_why_and_exits_0():
     assert data["gpu_unavailable_reason"] == "PyTorch is not importable"
 
 
-def test_with_the_cpu_build_it_reports_no_gpu():
+def _no_gpu_reason():
+    """The reason the real kit gives on this machine: it depends on the build (CPU, CUDA or ROCm)."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: the no-GPU path cannot run for real")
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return "this PyTorch build has no CUDA or ROCm support"
+    return "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)"
+
+
+def test_without_a_gpu_it_reports_none_usable():
+    reason = _no_gpu_reason()
     completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", "--json")
     assert completed.returncode == 0, completed.stderr
     data = json.loads(completed.stdout)
     assert data["torch"] == torch.__version__
     assert data["torch_error"] is None
-    assert data["cuda_build"] is None and data["hip_build"] is None
+    assert data["cuda_build"] == torch.version.cuda and data["hip_build"] == getattr(torch.version, "hip", None)
     assert data["device"] == "cuda:0" and data["device_count"] == 0
     assert data["gpu_available"] is False
-    assert "no CUDA or ROCm support" in data["gpu_unavailable_reason"]
+    assert data["gpu_unavailable_reason"] == reason
     assert data["python"]["version"].count(".") == 2
 
 
 def test_text_output_names_the_driver_commands():
+    reason = _no_gpu_reason()
     completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0")
     assert completed.returncode == 0, completed.stderr
     assert "not the driver" in completed.stdout
     assert "nvidia-smi --query-gpu=name,driver_version --format=csv" in completed.stdout
     assert "amd-smi version" in completed.stdout
-    assert "GPU usable            no: this PyTorch build has no CUDA or ROCm support" in completed.stdout
+    assert f"GPU usable            no: {reason}" in completed.stdout
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:", "cuda:-1", "cpu", "CUDA:0", "cuda:0 ", "cuda:x", "0", "gpu:0"])
@@ -301,6 +312,14 @@ def test_attributes_an_older_pytorch_lacks_are_null_not_errors(recorded_indices,
     monkeypatch.setattr(torch.version, "hip", "7.0.1", raising=False)  # a ROCm build without gcnArchName
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["gpu"]["gcn_arch_name"] is None and environment["field_errors"] == {}
+    # PyTorch 2.11 and 2.12 have no BLAS workspace queries; an older one no preferred_blas_library.
+    monkeypatch.delattr(torch.backends.cuda, "cublas_workspace_size")
+    monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")
+    monkeypatch.delattr(torch.backends.cuda, "preferred_blas_library")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["field_errors"] == {}
+    for name in ("preferred_blas_library", "cublas_workspace_size_bytes", "cublaslt_workspace_size_bytes"):
+        assert environment["settings"][name] is None
 
 
 def test_the_collector_on_a_rocm_build_keeps_the_architecture(recorded_indices, monkeypatch):

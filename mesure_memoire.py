@@ -18,8 +18,18 @@ The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim
 ``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.
 """
 
-import argparse  # noqa: I001 -- the command line only; the notebook block below is kept apart
+# >>> notebook: Python version
 import sys
+
+# Below 3.10, one line says so.  (Python parses a whole file before running it: this one keeps to the
+# grammar of 3.8, which a test checks, so that this line is what an older Python prints.)
+if sys.version_info < (3, 10):  # noqa: UP036 -- the check is the point
+    found = ".".join(map(str, sys.version_info[:3]))
+    sys.stderr.write(f"mesure_memoire.py: error: Python 3.10 or later is needed; this is Python {found}\n")
+    raise SystemExit(2)
+# <<< notebook
+
+import argparse  # noqa: E402, I001 -- after the version check; the command line only
 
 # >>> notebook: Imports (standard library only; PyTorch, json and re are imported where used: start-up time)
 import math

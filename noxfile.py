@@ -28,7 +28,7 @@ NEWEST_TORCH = "2.15.0"  # the newest on PyPI when the matrix was last changed (
 CI_TORCH = "2.13.0"  # CI's stack: the CPU build on this machine's disk, for Python 3.11 only
 REQUIREMENTS = Path(__file__).parent / "requirements-dev.txt"
 
-nox.options.sessions = ["tests", "ci"]
+nox.options.sessions = ["tests", "ci", "old_pythons"]
 
 
 def install(session, torch):
@@ -59,3 +59,26 @@ def tests(session, torch):
 def ci(session):
     install(session, CI_TORCH)
     run_tests(session)
+
+
+# The notebook's code cells, run as one script the way a plain python3 runs them (tools/build_notebook.py).
+NOTEBOOK_AS_SCRIPT = (
+    "import json; cells = json.load(open('mesure-memoire.ipynb', encoding='utf-8'))['cells']; "
+    "exec('\\n\\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'code'))"
+)
+
+
+@nox.session(python=False)
+def old_pythons(session):
+    """Below 3.10 (python3.8 and python3.9 on PATH): both scripts and the notebook's code say so in one line."""
+    for version in ("3.8", "3.9"):
+        python = shutil.which(f"python{version}")
+        if python is None:
+            session.skip(f"python{version} is not on PATH")
+        for name, command in (("mesure_memoire.py", ["mesure_memoire.py", "--help"]),
+                              ("calcul_forfaits.py", ["calcul_forfaits.py", "--help"]),
+                              ("mesure-memoire.ipynb", ["-c", NOTEBOOK_AS_SCRIPT])):  # fmt: skip
+            output = session.run(python, *command, success_codes=[2], silent=True, external=True)
+            expected = f"{name}: error: Python 3.10 or later is needed; this is Python {version}."
+            if not (output.startswith(expected) and output.count("\n") == 1):
+                session.error(f"python{version} {name}: {output!r}")

@@ -8,7 +8,9 @@ silent); Ctrl-C is one line and exit 130.  In-process through ``main(argv)``; a 
 what needs the interpreter: ``-OO``, a full disk, a closed pipe, a closed descriptor.
 """
 
+import ast
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -161,3 +163,36 @@ def test_a_closed_stdout_descriptor_is_one_line_and_exit_1(name):
     assert completed.returncode == 1
     lines = completed.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
+
+
+# --- below Python 3.10: one line, exit 2, from both scripts and the notebook's first code cell ----------
+# The nox session "old_pythons" runs them under real 3.8 and 3.9; here an older version is stood in for by
+# setting sys.version_info before the file runs, and the grammar is checked with ast's feature_version.
+OLD_PYTHON_FILES = {
+    "mesure_memoire.py": lambda: (ROOT / "mesure_memoire.py").read_text(encoding="utf-8"),
+    "calcul_forfaits.py": lambda: (ROOT / "calcul_forfaits.py").read_text(encoding="utf-8"),
+    "mesure-memoire.ipynb": lambda: PROGRAMS["build_notebook.py"][1].code_cells_as_script(
+        json.loads((ROOT / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
+    ),
+}
+
+
+@pytest.mark.parametrize("name", OLD_PYTHON_FILES)
+def test_each_file_keeps_to_the_grammar_of_python_3_8(name):
+    ast.parse(OLD_PYTHON_FILES[name](), feature_version=(3, 8))  # a SyntaxError would fail the test
+
+
+@pytest.mark.parametrize("name", OLD_PYTHON_FILES)
+@pytest.mark.parametrize("version", [(3, 8, 18), (3, 9, 18)])
+def test_below_python_3_10_one_line_says_so_and_exits_2(name, version, tmp_path):
+    code = (
+        "import sys; source = sys.stdin.read(); sys.argv = [sys.argv[1], '--help']; "
+        f"sys.version_info = {(*version, 'final', 0)!r}; "
+        "exec(compile(source, sys.argv[0], 'exec'), {'__name__': '__main__'})"
+    )
+    completed = subprocess.run([sys.executable, "-c", code, name], input=OLD_PYTHON_FILES[name](), cwd=tmp_path,
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    found = ".".join(map(str, version))
+    assert completed.returncode == 2
+    assert completed.stderr == f"{name}: error: Python 3.10 or later is needed; this is Python {found}\n"
+    assert completed.stdout == "" and os.listdir(tmp_path) == []

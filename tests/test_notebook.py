@@ -50,7 +50,9 @@ def test_no_saved_outputs_or_execution_counts():
 
 
 def test_self_contained_no_companion_import_no_magic_no_exit():
-    for source in code_sources(committed()):
+    version_check, *sources = code_sources(committed())  # the one exit: below Python 3.10 (tested apart)
+    assert "SystemExit(2)" in version_check
+    for source in sources:
         assert not re.search(r"^\s*(import|from)\s+mesure_memoire\b", source, re.MULTILINE)
         assert not re.search(r"^\s*[%!]", source, re.MULTILINE)
         assert "sys.exit" not in source and "SystemExit" not in source
@@ -63,10 +65,14 @@ def test_self_contained_no_companion_import_no_magic_no_exit():
 @pytest.mark.whole_kit
 def test_each_block_of_the_script_is_one_collapsed_cell_verbatim():
     """The proof that the notebook's code is the script's: the cells, in order, are the blocks, exactly."""
-    blocks = build_notebook.script_blocks(SCRIPT)
+    (version_title, version_check), *blocks = build_notebook.script_blocks(SCRIPT)
     shared = [code for title, code in blocks if not STEP.match(title)]
     steps = {title.split(".")[0]: code for title, code in blocks if STEP.match(title)}
     cells = {cell["id"]: cell for cell in committed()["cells"]}
+    assert version_title == "Python version"
+    assert "".join(cells["python-version"]["source"]) == version_check.replace(
+        "mesure_memoire.py", "mesure-memoire.ipynb"
+    )
     definitions = [cell for cell in committed()["cells"] if cell["metadata"].get("jupyter") == {"source_hidden": True}]
     assert [cell["id"] for cell in definitions] == [f"shared-code-{index}" for index in range(1, len(shared) + 1)] + [
         f"step-{number}-code" for number in RUNS
@@ -81,7 +87,8 @@ def test_each_step_is_its_heading_then_its_collapsed_code_then_its_run_cell():
     titles = [title for title, _ in build_notebook.script_blocks(SCRIPT) if STEP.match(title)]
     layout = [(cell["cell_type"], cell["id"]) for cell in committed()["cells"]]
     shared = [("code", cell_id) for kind, cell_id in layout if cell_id.startswith("shared-code-")]
-    expected = [("markdown", "introduction"), ("markdown", "parameters-title"), ("code", "parameters"),
+    expected = [("markdown", "introduction"), ("code", "python-version"), ("markdown", "parameters-title"),
+                ("code", "parameters"),
                 ("markdown", "shared-title"), *shared]  # fmt: skip
     for title in titles:
         number = title.split(".")[0]
@@ -97,7 +104,7 @@ def test_the_notebook_opens_on_at_most_80_lines_of_code():
     code = [cell for cell in committed()["cells"] if cell["cell_type"] == "code"]
     shown = [cell for cell in code if not cell["metadata"].get("jupyter", {}).get("source_hidden")]
     visible = {cell["id"]: len("".join(cell["source"]).splitlines()) for cell in shown}
-    assert sorted(visible) == sorted(["parameters", *RUNS.values()])
+    assert sorted(visible) == sorted(["python-version", "parameters", *RUNS.values()])
     assert sum(visible.values()) <= 80, visible
 
 
@@ -124,7 +131,7 @@ def test_headings_appear_once_and_code_cells_do_not_repeat_them():
 def test_the_parameters_cell_alone_carries_the_papermill_tag():
     tagged = [cell["id"] for cell in committed()["cells"] if cell["metadata"].get("tags")]
     assert tagged == ["parameters"]
-    assert committed()["cells"][2]["metadata"] == {"tags": ["parameters"]}
+    assert committed()["cells"][3]["metadata"] == {"tags": ["parameters"]}
 
 
 # --- tools/build_notebook.py: rebuild only when needed, --check, refusals --------------------------------

@@ -5,9 +5,11 @@ import json
 
 import pytest
 import torch
+
+# Semi-private PyTorch APIs (present in 2.11 to 2.15, the version matrix): the dispatch mode that sees each
+# op, and weak references to storages.  Nothing in the kit uses them.
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import mesure_memoire
 from conftest import GIB, MIB, ROOT, RecordingCudaStandIn, assert_one_line_refusal, config, run_script, tree_digest
@@ -420,10 +422,10 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        inputs = {tensor.untyped_storage()._cdata for tensor in tensors_in((args, kwargs))}
         result = func(*args, **kwargs)
-        for tensor in tree_leaves(result):
-            if not isinstance(tensor, torch.Tensor) or tensor.device.type != self.device_type:
+        for tensor in tensors_in(result):
+            if tensor.device.type != self.device_type:
                 continue
             storage = tensor.untyped_storage()
             if storage._cdata in inputs:  # a view or an in-place op: no new memory
@@ -434,6 +436,15 @@ class LiveTensorBytes(TorchDispatchMode):
         self.peak_requested = max(self.peak_requested, self.requested())
         self.peak_allocated = max(self.peak_allocated, self.allocated())
         return result
+
+
+def tensors_in(value):
+    """The tensors in an op's arguments or results: nested tuples, lists and dicts (no private pytree)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [tensor for item in value for tensor in tensors_in(item)] if isinstance(value, (tuple, list)) else []
 
 
 class LiveTensorCounters(RecordingCudaStandIn):

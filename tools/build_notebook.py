@@ -12,10 +12,7 @@ from mesure_memoire import ArgumentParser, KitError, Once, run_command_line, say
 PROG = "build_notebook.py"
 SCRIPT = ROOT / "mesure_memoire.py"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
-DESCRIPTION = (
-    "Generate mesure-memoire.ipynb from mesure_memoire.py: each '# >>> notebook: TITLE' block becomes "
-    "a collapsed code cell, verbatim; a numbered title ('1. ...') is a step, with a heading and a run cell."
-)
+DESCRIPTION = "Generate mesure-memoire.ipynb from mesure_memoire.py's '# >>> notebook: TITLE' blocks, verbatim."
 _BLOCK = re.compile(r"^# >>> notebook: (?P<title>.+?)\n(?P<code>.*?)^# <<< notebook$", re.MULTILINE | re.DOTALL)
 _STEP = re.compile(r"(?P<number>[0-9]+)\. ")
 
@@ -134,13 +131,15 @@ def cell(kind, cell_id, text, **metadata):
 
 def build(source):
     """The notebook, as a dict, from the script's source text: the definitions collapsed, the rest open."""
-    blocks = script_blocks(source)
+    (_, version_check), *blocks = script_blocks(source)  # the first, the Python version check, opens the notebook
+    version_check = version_check.replace(SCRIPT.name, NOTEBOOK.name)  # naming the notebook, not the script
     steps = {found["number"]: (title, code) for title, code in blocks if (found := _STEP.match(title))}
     if sorted(steps) != sorted(STEPS):
         raise KitError(f"{SCRIPT.name}'s numbered notebook blocks are steps {', '.join(sorted(steps)) or 'none'}; "
                        f"{PROG} has run cells for steps {', '.join(STEPS)}")  # fmt: skip
     shared = [code for title, code in blocks if not _STEP.match(title)]
-    cells = [cell("markdown", "introduction", INTRODUCTION), cell("markdown", "parameters-title", PARAMETERS_TEXT),
+    cells = [cell("markdown", "introduction", INTRODUCTION), cell("code", "python-version", version_check),
+             cell("markdown", "parameters-title", PARAMETERS_TEXT),
              cell("code", "parameters", PARAMETERS, tags=["parameters"]),
              cell("markdown", "shared-title", SHARED_TEXT)]  # fmt: skip
     cells += [cell("code", f"shared-code-{index}", code, jupyter=HIDDEN) for index, code in enumerate(shared, 1)]

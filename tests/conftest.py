@@ -306,10 +306,12 @@ def folder(tmp_path, monkeypatch):
     return tmp_path
 
 
-def assert_one_line(err, *fragments):
+def assert_one_line(err, *fragments, prog="mesure_memoire.py"):
+    """An in-process refusal's stderr: one line, starting with the program's name, naming each fragment,
+    no traceback; returns the line (``assert_one_line_refusal`` is its counterpart for a subprocess)."""
     lines = err.splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("mesure_memoire.py: "), lines[0]
+    assert lines[0].startswith(f"{prog}: "), lines[0]
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
@@ -376,7 +378,8 @@ def calculator_refusal(capsys, *args):
     program; returns that line."""
     status, out, err = call_calculator(capsys, *args)
     assert (status, out) == (2, ""), (status, out, err)
-    assert len(err.splitlines()) == 1 and err.startswith("calcul_forfaits.py: error: ") and err.endswith("\n"), err
+    assert_one_line(err, prog="calcul_forfaits.py: error")
+    assert err.endswith("\n"), err
     return err
 
 

@@ -20,8 +20,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-import gpu_validation  # noqa: E402
-import mesure_memoire  # noqa: E402
+
+def kit_modules():
+    """gpu_validation and mesure_memoire, imported where used: compiling the kit takes a while (much longer
+    under the mutation pass, whose copy is rewritten), so the environment and vendor children answer without
+    it and a short --timeout-seconds kills only the child meant to hang."""
+    import gpu_validation
+    import mesure_memoire
+
+    return gpu_validation, mesure_memoire
+
 
 MIB = 2**20
 TOTAL_BYTES, FREE_BYTES = 150_000_000_000, 149_000_000_000
@@ -42,6 +50,7 @@ def environment():
 
 def crafted_result(options, doctors=(), output=""):
     """A schema-2 result as measure would write it on a healthy GPU (crafted, not measured)."""
+    gpu_validation, mesure_memoire = kit_modules()
     config = mesure_memoire.measure_config("cuda:0", *(options[k] for k in gpu_validation.CONFIG_KEYS))
     plan = mesure_memoire.predict_memory(config)
     reserved = 4 * plan["predicted_peak_allocated_bytes"]
@@ -76,9 +85,7 @@ def crafted_result(options, doctors=(), output=""):
 
 
 def kit(arguments, doctors):
-    if arguments[0] == "environment":
-        print(json.dumps(environment()))
-        return 0
+    gpu_validation, mesure_memoire = kit_modules()
     options = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in arguments if "=" in a)}
     options = {k: v if k == "dtype" else int(v) for k, v in options.items()}
     config = mesure_memoire.measure_config("cuda:0", *(options[k] for k in gpu_validation.CONFIG_KEYS))
@@ -93,6 +100,7 @@ def kit(arguments, doctors):
 
 
 def cross_check(arguments, doctors):
+    gpu_validation, mesure_memoire = kit_modules()
     if "hang" in doctors:
         time.sleep(60)
     answers = {"settings": {"allow_tf32": False, "float32_matmul_precision": "highest"}}
@@ -115,18 +123,23 @@ def main(argv):
         doctors.append(argv[1])
         argv = argv[2:]
     kind, arguments = argv[0], argv[1:]
+    if kind == "vendor" or arguments[:1] == ["environment"]:
+        return vendor(arguments, doctors) if kind == "vendor" else print(json.dumps(environment())) or 0
     if kind == "notebook":
+        mesure_memoire = kit_modules()[1]
         options = {"batch": 1, "context": 16, "width": 64, "dtype": "float32", "warmup": 1, "repeats": 2, "seed": 0}
         Path("mesures-notebook.json").write_text(mesure_memoire.to_json(crafted_result(options)))
         return 0
-    if kind == "vendor":
-        field = arguments[0].split("=", 1)[1]
-        if f"unsupported={field}" in doctors:
-            print(f'Field "{field}" is not a valid field to query.', file=sys.stderr)
-            return 2
-        print(VENDOR[field])
-        return 0
     return {"kit": kit, "cross-check": cross_check}[kind](arguments, doctors)
+
+
+def vendor(arguments, doctors):
+    field = arguments[0].split("=", 1)[1]
+    if f"unsupported={field}" in doctors:
+        print(f'Field "{field}" is not a valid field to query.', file=sys.stderr)
+        return 2
+    print(VENDOR[field])
+    return 0
 
 
 if __name__ == "__main__":

@@ -145,14 +145,18 @@ def device_index(device):
 
 
 # A path inside quotes (how Python's OSError and most libraries show one): the whole quoted text.
+# One character quoted as a repr writes it ('\xe9' in a UnicodeEncodeError, '/') is not a path.
+_ONE_CHARACTER = r"""(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)|[^\\\n])"""
 _QUOTED_PATH = (  # patterns compiled on first use (re caches them): start-up time
-    r"""(['"])(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1"""
+    r"""(['"])(?!""" + _ONE_CHARACTER + r"""\1)(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1"""
 )
 # A bare path from a root (a slash, a drive, "~", a UNC name): folder names may hold spaces (not a
 # sentence's ". " or ": "), the last name may not.  Or a relative path of two separators or more,
-# without spaces ("torch/csrc/x.cpp"); a single "CUDA/ROCm" is not a path.
+# without spaces ("torch/csrc/x.cpp"); a single "CUDA/ROCm" is not a path.  After a colon, a path
+# starts a list's next entry ("/opt/lib:/home/ana"); "://" starts none (a URL).
 _BARE_PATH = (
-    r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-]))[\\/]+(?=[^\s\\/])"""
+    r"""(?!(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)|[\\/])['"])"""  # one quoted character
+    r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-])|(?<=[^\s:]:)(?![\\/]{2}))[\\/]+(?=[^\s\\/])"""
     r"""(?:(?:[^\s\\/'"():;,.]|[.:;,](?=[^\s\\/])|[ \t]+(?=[^\s\\/]))*[\\/]+)*"""
     r"""|(?<![\w.-])[\w.-]+[\\/]+(?:[^\s\\/'"():;,]+[\\/]+)+)"""
     r"""[^\s\\/'"():;,]*"""

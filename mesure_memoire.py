@@ -60,8 +60,9 @@ DRIVER_COMMANDS = {
     "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
     "amd": "amd-smi version",
 }
-# One number grammar for every option: ASCII digits, at most one decimal point; no sign,
-# underscore, exponent, space or other script's digits (so no negative zero either).
+# One number grammar for every option, calcul_forfaits.py's too: a whole number is 0 or ASCII digits
+# not starting with 0; a decimal, a whole number then optionally "." and digits.  No sign, underscore,
+# exponent, space or other script's digits (so no negative zero either, and 07 is not 7).
 MAX_DIGITS = 30  # bounds every product the kit computes
 MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
 MAX_DEVICE_DIGITS = 4
@@ -104,42 +105,48 @@ def ascii_digits(text):
     return text.isascii() and text.isdigit()
 
 
+def written_whole(text):
+    """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0."""
+    return ascii_digits(text) and (text == "0" or not text.startswith("0"))
+
+
 def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1):
     """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and len(value) <= MAX_DIGITS and ascii_digits(value):
+    elif isinstance(value, str) and len(value) <= MAX_DIGITS and written_whole(value):
         number = int(value)
     else:
         number = None
     if number is None or not minimum <= number <= maximum:
         if maximum < 10**MAX_DIGITS - 1:
-            wanted = f"a whole number from {minimum} to {maximum} in ASCII digits"
+            wanted = f"a whole number from {minimum} to {maximum} in ASCII digits, no leading zero"
         else:
             wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
-            wanted += f" of at most {MAX_DIGITS} ASCII digits"
+            wanted += f" of at most {MAX_DIGITS} ASCII digits, no leading zero"
         raise KitError(f"{option}: expected {wanted}, got {shown(value)}")
     return number
 
 
 def non_negative_decimal(option, value):
-    """Return ``value`` as an exact Decimal >= 0: ASCII digits with at most one decimal point, at most
-    MAX_DIGITS digits on each side (a string, an int, or a float whose repr is written so)."""
+    """Return ``value`` as an exact Decimal >= 0: a whole number (written_whole), then optionally "."
+    and ASCII digits, at most MAX_DIGITS digits on each side (a string, an int, or a float whose repr
+    is written so)."""
     text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
-    whole, _, fraction = text.partition(".")
-    written = all(ascii_digits(part) for part in (whole, fraction) if part)  # a second point is not a digit
-    if not (written and (whole or fraction)) or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
+    whole, point, fraction = text.partition(".")
+    written = written_whole(whole) and (ascii_digits(fraction) or not point)  # a second point is not a digit
+    if not written or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
         raise KitError(
-            f"{option}: expected a number >= 0 written with ASCII digits and at most one decimal point "
-            f"(at most {MAX_DIGITS} digits on each side), got {shown(value)}"
+            f"{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one "
+            f"decimal point between digits (at most {MAX_DIGITS} digits on each side), got {shown(value)}"
         )
-    return Decimal(f"{whole or 0}.{fraction or 0}")
+    return Decimal(f"{whole}.{fraction or 0}")
 
 
 def device_index(device):
     """Return N for a device written ``cuda:N``; anything else is refused."""
     number = device.removeprefix("cuda:") if isinstance(device, str) and device.startswith("cuda:") else ""
-    if not (ascii_digits(number) and len(number) <= MAX_DEVICE_DIGITS):
+    if not (written_whole(number) and len(number) <= MAX_DEVICE_DIGITS):
         raise KitError(f"--device: expected cuda:N (for example cuda:0), got {shown(device)}")
     return int(number)
 

@@ -1037,7 +1037,7 @@ def test_measure_config_validates_each_option_by_its_name():
     }  # fmt: skip
     assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0)["seed"] == 0
     good = ["cuda:0", 1, 1, 1, "float32", 0, 1, 0]
-    positive = "a positive whole number of at most 30 ASCII digits, got 0"
+    positive = "a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
     for index, option in ((1, "--batch"), (2, "--context"), (3, "--width"), (6, "--repeats")):
         args = list(good)
         args[index] = 0
@@ -1046,12 +1046,12 @@ def test_measure_config_validates_each_option_by_its_name():
     args[5] = -1
     assert (
         kit_error_of(mesure_memoire.measure_config, *args)
-        == "--warmup: expected a whole number >= 0 of at most 30 ASCII digits, got -1"
+        == "--warmup: expected a whole number >= 0 of at most 30 ASCII digits, no leading zero, got -1"
     )
     args = list(good)
     args[7] = -1
     assert kit_error_of(mesure_memoire.measure_config, *args) == (
-        "--seed: expected a whole number from 0 to 18446744073709551615 in ASCII digits, got -1"
+        "--seed: expected a whole number from 0 to 18446744073709551615 in ASCII digits, no leading zero, got -1"
     )
     args = list(good)
     args[4] = "float64"

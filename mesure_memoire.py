@@ -66,6 +66,8 @@ DRIVER_COMMANDS = {
 MAX_DIGITS = 30  # bounds every product the kit computes
 MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
 MAX_DEVICE_DIGITS = 4
+MAX_PASSES = 1000  # --warmup and --repeats each: a measurement is a short, bounded trial
+PASSES_REASON = "a measurement is a short, bounded trial"
 PYTORCH_WARNINGS_FIELD = "pytorch_warnings"  # the field_errors key for warnings PyTorch raised
 PYTORCH_WARNINGS = []  # warnings PyTorch raised in this process: redacted, one line each, no repeats
 
@@ -110,8 +112,9 @@ def written_whole(text):
     return ascii_digits(text) and (text == "0" or not text.startswith("0"))
 
 
-def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1):
-    """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits."""
+def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
+    """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits.
+    ``why``: the reason for the bounds, named in the refusal."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and len(value) <= MAX_DIGITS and written_whole(value):
@@ -124,7 +127,7 @@ def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1):
         else:
             wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
             wanted += f" of at most {MAX_DIGITS} ASCII digits, no leading zero"
-        raise KitError(f"{option}: expected {wanted}, got {shown(value)}")
+        raise KitError(f"{option}: expected {wanted}{f' ({why})' if why else ''}, got {shown(value)}")
     return number
 
 
@@ -502,8 +505,8 @@ def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
         "context": whole_number("--context", context, 1),
         "width": whole_number("--width", width, 1),
         "dtype": dtype,
-        "warmup": whole_number("--warmup", warmup, 0),
-        "repeats": whole_number("--repeats", repeats, 1),
+        "warmup": whole_number("--warmup", warmup, 0, MAX_PASSES, PASSES_REASON),
+        "repeats": whole_number("--repeats", repeats, 1, MAX_PASSES, PASSES_REASON),
         "seed": whole_number("--seed", seed, 0, MAX_SEED),
     }
 
@@ -585,8 +588,9 @@ def _phase_events(name, config):
     if name == "inputs":
         return [("alloc", "inputs")]  # randn fills a new tensor in place; the generator holds no GPU memory
     if name == "warmup":
-        # Each pass after the first releases the previous pass's output before it starts.
-        return _forward_pass() + ([("free", "output")] + _forward_pass()) * (config["warmup"] - 1)
+        # Each pass after the first releases the previous pass's output before it starts; every pass
+        # after the second repeats the second's states exactly, so two stand for any count.
+        return _forward_pass() + ([("free", "output")] + _forward_pass()) * (min(config["warmup"], 2) - 1)
     return _forward_pass()
 
 
@@ -655,8 +659,11 @@ def predict_memory(config):
     tensor_bytes.update(fc1_output=rows * model["hidden_width"] * element_bytes)
     tensor_bytes.update(gelu_output=rows * model["hidden_width"] * element_bytes)
     phases, level, peak, peak_phase = [], 0, 0, None
+    simulated = {}  # each phase once: every warm_forward repetition is predicted alike
     for name, labels in _phase_labels(config):
-        predicted = _simulate(_phase_events(name, config), tensor_bytes)
+        if name not in simulated:
+            simulated[name] = _simulate(_phase_events(name, config), tensor_bytes)
+        predicted = {key: list(value) if isinstance(value, list) else value for key, value in simulated[name].items()}
         record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
         record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
         workspace_bytes = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
@@ -1801,8 +1808,8 @@ COMMAND_OPTIONS = {
         ("--context", "N", "16", "positions per input row (default 16)"),
         ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
         ("--dtype", "NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
-        ("--warmup", "N", "1", "warm-up passes, 0 or more (default 1)"),
-        ("--repeats", "N", "2", "measured warm passes, 1 or more (default 2)"),
+        ("--warmup", "N", "1", "warm-up passes, 0 to 1000 (default 1)"),
+        ("--repeats", "N", "2", "measured warm passes, 1 to 1000 (default 2)"),
         ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
         ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
         ("--json", None, False, "with --plan: print one JSON object"),

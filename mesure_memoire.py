@@ -1312,6 +1312,8 @@ def format_phase_table(result):
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
 RESULT_SCHEMA_VERSIONS_READ = (1, 2)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
+MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
+SHOWN_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
 REPORT_FLOP_CONVENTION = (
     "FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, "
     "= 16*N*width**2 + 5*N*width for N = batch*context positions"
@@ -1322,8 +1324,12 @@ REPORT_DERIVED_NOTE = (
 )
 
 
+def _shown_path(path):
+    return shown(path, SHOWN_PATH_LIMIT)
+
+
 def _result_problem(path, why):
-    return KitError(f"report: {path!r} is not a kit result: {why}")
+    return KitError(f"report: {_shown_path(path)} is not a kit result: {why}")
 
 
 def _read_at_most(handle, limit):
@@ -1349,15 +1355,15 @@ def read_result_file(path):
     try:
         handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
-        raise KitError(f"report: {path!r} does not exist") from None
+        raise KitError(f"report: {_shown_path(path)} does not exist") from None
     except (OSError, ValueError) as exc:
-        raise KitError(f"report: {path!r} cannot be opened ({type(exc).__name__})") from None
+        raise KitError(f"report: {_shown_path(path)} cannot be opened ({type(exc).__name__})") from None
     try:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise _result_problem(path, "not a regular file")
         data = _read_at_most(handle, MAX_RESULT_BYTES + 1)
     except OSError as exc:
-        raise KitError(f"report: {path!r} cannot be read ({type(exc).__name__})") from None
+        raise KitError(f"report: {_shown_path(path)} cannot be read ({type(exc).__name__})") from None
     finally:
         os.close(handle)
     if len(data) > MAX_RESULT_BYTES:
@@ -1368,8 +1374,12 @@ def read_result_file(path):
         raise _result_problem(path, "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise _result_problem(path, f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except (ValueError, RecursionError) as exc:  # an int of too many digits, or nesting too deep
-        raise _result_problem(path, f"not JSON ({type(exc).__name__})") from None
+    except ValueError:  # valid JSON, but Python reads no int of more digits (sys.get_int_max_str_digits)
+        raise _result_problem(path, "a number has too many digits to read (ValueError)") from None
+    except RecursionError:  # valid JSON maybe, but deeper than Python's json reader goes: a kit result is not
+        raise _result_problem(
+            path, "nested too deep to read (RecursionError); a kit result nests a few levels"
+        ) from None
 
 
 def _count(value):
@@ -1400,13 +1410,14 @@ def _checked_result(path, result):
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
     if _count(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {version!r} is not one this version reads (1 or 2)")
+        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1 or 2)")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
     dimensions = {key: _count(config.get(key)) for key in ("batch", "context", "width")}
     if (
         not all(dimensions.values())
+        or not isinstance(config.get("dtype"), str)  # a list or an object is not hashable
         or config.get("dtype") not in DTYPE_BYTES
         or _count(model.get("parameters")) is None
     ):
@@ -1416,8 +1427,13 @@ def _checked_result(path, result):
         "gpu": gpu.get("name") if isinstance(gpu, dict) else None,
         **{key: environment.get(key) for key in ("torch", "cuda_build", "hip_build")},
     }
-    if not all(value is None or isinstance(value, str) for value in identity.values()):
-        raise _result_problem(path, "its environment's GPU name, PyTorch or build is not text")
+    if not all(value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS
+               for value in identity.values()):  # fmt: skip
+        raise _result_problem(
+            path, f"its environment's GPU name, PyTorch or build is not text (at most {MAX_NAME_CHARACTERS} characters)"
+        )
+    if not isinstance(config.get("fresh_process_warning"), (str, type(None))):
+        raise _result_problem(path, "its configuration.fresh_process_warning is neither null nor text")
     phases, cold, warm = _checked_phases(path, result.get("phases"))
     checks = _schema_2_checks(path, result) if version >= 2 else {}
     return {
@@ -1449,6 +1465,13 @@ def _checked_phases(path, phases):
     warm = [line for line in phases if line["phase"] == "warm_forward"]
     if len(cold) != 1 or not warm:
         raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
+    for line in warm:
+        value = line.get("device_ms")  # null where this PyTorch had no CUDA events
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and not (number and 0 <= value < 10**MAX_DIGITS):  # NaN compares false
+            raise _result_problem(
+                path, f"a warm_forward line's device_ms, {shown(value)}, is neither null nor a time >= 0"
+            )
     return phases, cold, warm
 
 
@@ -1460,6 +1483,9 @@ def _schema_2_checks(path, result):
         if not isinstance(value, dict) or not isinstance(value.get(flag), bool):
             raise _result_problem(path, f"schema 2 needs {key}.{flag}, true or false")
         checks[flag] = value[flag]
+    for key in ("disagreements", "not_checked"):  # lists where present (older schema 2 files lack not_checked)
+        if not isinstance(result["prediction_check"].get(key, []), list):
+            raise _result_problem(path, f"schema 2 needs prediction_check.{key} as a list")
     # "agrees" is also false when a counter was unavailable: tell a disagreement from a phase not checked.
     checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
     checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
@@ -1470,8 +1496,8 @@ def _schema_2_checks(path, result):
 
 def _device_median_ms(warm):
     """The median of the warm lines' ``device_ms`` (schema 2), or None where any is missing."""
-    values = [phase.get("device_ms") for phase in warm]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+    values = [phase.get("device_ms") for phase in warm]  # _checked_phases checked each: null or a time
+    if any(value is None for value in values):
         return None
     return _median([Decimal(repr(float(value))) for value in values])
 

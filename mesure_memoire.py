@@ -69,7 +69,9 @@ MAX_DEVICE_DIGITS = 4
 MAX_PASSES = 1000  # --warmup and --repeats each: a measurement is a short, bounded trial
 PASSES_REASON = "a measurement is a short, bounded trial"
 PYTORCH_WARNINGS_FIELD = "pytorch_warnings"  # the field_errors key for warnings PyTorch raised
-PYTORCH_WARNINGS = []  # warnings PyTorch raised in this process: redacted, one line each, no repeats
+# Warnings PyTorch raised in this process: redacted, one line each, no repeats.  PyTorch warns on its first
+# import only: a second Run All of the notebook re-runs this cell, and must keep them.
+PYTORCH_WARNINGS = globals().get("PYTORCH_WARNINGS", [])
 
 
 class KitError(Exception):
@@ -183,6 +185,14 @@ def redact(text):
     return one_line(lines[0].strip()) if lines else ""
 
 
+def as_parameters(error):
+    """A refusal as the notebook shows it: the option it starts with (``--reserve-gib``) named as the
+    notebook's parameter (``RESERVE_GIB``), which is what its user typed."""
+    import re  # only refusals need it
+
+    return re.sub(r"^--([a-z]+(?:-[a-z]+)*)(?=:| \S+:)", lambda found: found[1].replace("-", "_").upper(), str(error))
+
+
 def describe_error(exc):
     return f"{type(exc).__name__}: {redact(exc)}".rstrip(": ")
 
@@ -282,7 +292,8 @@ def format_estimate(estimate):
             "Weight-memory estimate (arithmetic only, no GPU)",
             f"  parameters            {estimate['parameters']}",
             f"  storage width         {estimate['bits']} bits -> "
-            f"{estimate['bytes_per_parameter']} bytes per parameter (rounded up to whole bytes)",
+            f"{estimate['bytes_per_parameter']} byte{'s' * (estimate['bytes_per_parameter'] != 1)} per parameter "
+            "(rounded up to whole bytes)",
             f"  weight bytes          {estimate['weight_bytes']}",
             f"  weights               {rounded(estimate['weight_gib'], 2)} GiB (2**30 bytes) = "
             f"{rounded(estimate['weight_gb'], 2)} GB (10**9 bytes)",

@@ -353,7 +353,7 @@ def test_shown_shortens_past_the_limit_only():
 ESTIMATE_TEXT = """\
 Weight-memory estimate (arithmetic only, no GPU)
   parameters            134217728
-  storage width         8 bits -> 1 bytes per parameter (rounded up to whole bytes)
+  storage width         8 bits -> 1 byte per parameter (rounded up to whole bytes)
   weight bytes          134217728
   weights               0.13 GiB (2**30 bytes) = 0.13 GB (10**9 bytes)
   reserve (hypothesis)  0.01 GiB, your assumption, not a measured reserve

@@ -58,9 +58,9 @@ def is_whole(text, zero=False):
 
 
 def is_number(text):
-    """A non-negative number: ASCII digits, at most one decimal point between digits."""
+    """A non-negative number: a whole number (is_whole's, "0" too), then optionally "." and ASCII digits."""
     whole, point, fraction = text.partition(".")
-    return (whole + fraction).isascii() and whole.isdigit() and (fraction.isdigit() or not point)
+    return is_whole(whole, zero=True) and (fraction.isascii() and fraction.isdigit() or not point)
 
 
 def is_date(text):

@@ -70,13 +70,18 @@ DRIVER_COMMANDS = {
     "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
     "amd": "amd-smi version",
 }
-# One number grammar for every option: ASCII digits, at most one decimal point; no sign,
-# underscore, exponent, space or other script's digits (so no negative zero either).
+# One number grammar for every option, calcul_forfaits.py's too: a whole number is 0 or ASCII digits
+# not starting with 0; a decimal, a whole number then optionally "." and digits.  No sign, underscore,
+# exponent, space or other script's digits (so no negative zero either, and 07 is not 7).
 MAX_DIGITS = 30  # bounds every product the kit computes
 MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
 MAX_DEVICE_DIGITS = 4
+MAX_PASSES = 1000  # --warmup and --repeats each: a measurement is a short, bounded trial
+PASSES_REASON = "a measurement is a short, bounded trial"
 PYTORCH_WARNINGS_FIELD = "pytorch_warnings"  # the field_errors key for warnings PyTorch raised
-PYTORCH_WARNINGS = []  # warnings PyTorch raised in this process: redacted, one line each, no repeats
+# Warnings PyTorch raised in this process: redacted, one line each, no repeats.  PyTorch warns on its first
+# import only: a second Run All of the notebook re-runs this cell, and must keep them.
+PYTORCH_WARNINGS = globals().get("PYTORCH_WARNINGS", [])
 
 
 class KitError(Exception):
@@ -114,55 +119,66 @@ def ascii_digits(text):
     return text.isascii() and text.isdigit()
 
 
-def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1):
-    """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits."""
+def written_whole(text):
+    """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0."""
+    return ascii_digits(text) and (text == "0" or not text.startswith("0"))
+
+
+def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
+    """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits.
+    ``why``: the reason for the bounds, named in the refusal."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and len(value) <= MAX_DIGITS and ascii_digits(value):
+    elif isinstance(value, str) and len(value) <= MAX_DIGITS and written_whole(value):
         number = int(value)
     else:
         number = None
     if number is None or not minimum <= number <= maximum:
         if maximum < 10**MAX_DIGITS - 1:
-            wanted = f"a whole number from {minimum} to {maximum} in ASCII digits"
+            wanted = f"a whole number from {minimum} to {maximum} in ASCII digits, no leading zero"
         else:
             wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
-            wanted += f" of at most {MAX_DIGITS} ASCII digits"
-        raise KitError(f"{option}: expected {wanted}, got {shown(value)}")
+            wanted += f" of at most {MAX_DIGITS} ASCII digits, no leading zero"
+        raise KitError(f"{option}: expected {wanted}{f' ({why})' if why else ''}, got {shown(value)}")
     return number
 
 
 def non_negative_decimal(option, value):
-    """Return ``value`` as an exact Decimal >= 0: ASCII digits with at most one decimal point, at most
-    MAX_DIGITS digits on each side (a string, an int, or a float whose repr is written so)."""
+    """Return ``value`` as an exact Decimal >= 0: a whole number (written_whole), then optionally "."
+    and ASCII digits, at most MAX_DIGITS digits on each side (a string, an int, or a float whose repr
+    is written so)."""
     text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
-    whole, _, fraction = text.partition(".")
-    written = all(ascii_digits(part) for part in (whole, fraction) if part)  # a second point is not a digit
-    if not (written and (whole or fraction)) or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
+    whole, point, fraction = text.partition(".")
+    written = written_whole(whole) and (ascii_digits(fraction) or not point)  # a second point is not a digit
+    if not written or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
         raise KitError(
-            f"{option}: expected a number >= 0 written with ASCII digits and at most one decimal point "
-            f"(at most {MAX_DIGITS} digits on each side), got {shown(value)}"
+            f"{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one "
+            f"decimal point between digits (at most {MAX_DIGITS} digits on each side), got {shown(value)}"
         )
-    return Decimal(f"{whole or 0}.{fraction or 0}")
+    return Decimal(f"{whole}.{fraction or 0}")
 
 
 def device_index(device):
     """Return N for a device written ``cuda:N``; anything else is refused."""
     number = device.removeprefix("cuda:") if isinstance(device, str) and device.startswith("cuda:") else ""
-    if not (ascii_digits(number) and len(number) <= MAX_DEVICE_DIGITS):
+    if not (written_whole(number) and len(number) <= MAX_DEVICE_DIGITS):
         raise KitError(f"--device: expected cuda:N (for example cuda:0), got {shown(device)}")
     return int(number)
 
 
 # A path inside quotes (how Python's OSError and most libraries show one): the whole quoted text.
+# One character quoted as a repr writes it ('\xe9' in a UnicodeEncodeError, '/') is not a path.
+_ONE_CHARACTER = r"""(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)|[^\\\n])"""
 _QUOTED_PATH = (  # patterns compiled on first use (re caches them): start-up time
-    r"""(['"])(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1"""
+    r"""(['"])(?!""" + _ONE_CHARACTER + r"""\1)(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1"""
 )
 # A bare path from a root (a slash, a drive, "~", a UNC name): folder names may hold spaces (not a
 # sentence's ". " or ": "), the last name may not.  Or a relative path of two separators or more,
-# without spaces ("torch/csrc/x.cpp"); a single "CUDA/ROCm" is not a path.
+# without spaces ("torch/csrc/x.cpp"); a single "CUDA/ROCm" is not a path.  After a colon, a path
+# starts a list's next entry ("/opt/lib:/home/ana"); "://" starts none (a URL).
 _BARE_PATH = (
-    r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-]))[\\/]+(?=[^\s\\/])"""
+    r"""(?!(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)|[\\/])['"])"""  # one quoted character
+    r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-])|(?<=[^\s:]:)(?![\\/]{2}))[\\/]+(?=[^\s\\/])"""
     r"""(?:(?:[^\s\\/'"():;,.]|[.:;,](?=[^\s\\/])|[ \t]+(?=[^\s\\/]))*[\\/]+)*"""
     r"""|(?<![\w.-])[\w.-]+[\\/]+(?:[^\s\\/'"():;,]+[\\/]+)+)"""
     r"""[^\s\\/'"():;,]*"""
@@ -177,6 +193,14 @@ def redact(text):
     text = re.sub(_BARE_PATH, "<path>", text)
     lines = [line for line in text.splitlines() if line.strip()]
     return one_line(lines[0].strip()) if lines else ""
+
+
+def as_parameters(error):
+    """A refusal as the notebook shows it: the option it starts with (``--reserve-gib``) named as the
+    notebook's parameter (``RESERVE_GIB``), which is what its user typed."""
+    import re  # only refusals need it
+
+    return re.sub(r"^--([a-z]+(?:-[a-z]+)*)(?=:| \S+:)", lambda found: found[1].replace("-", "_").upper(), str(error))
 
 
 def describe_error(exc):
@@ -278,7 +302,8 @@ def format_estimate(estimate):
             "Weight-memory estimate (arithmetic only, no GPU)",
             f"  parameters            {estimate['parameters']}",
             f"  storage width         {estimate['bits']} bits -> "
-            f"{estimate['bytes_per_parameter']} bytes per parameter (rounded up to whole bytes)",
+            f"{estimate['bytes_per_parameter']} byte{'s' * (estimate['bytes_per_parameter'] != 1)} per parameter "
+            "(rounded up to whole bytes)",
             f"  weight bytes          {estimate['weight_bytes']}",
             f"  weights               {rounded(estimate['weight_gib'], 2)} GiB (2**30 bytes) = "
             f"{rounded(estimate['weight_gb'], 2)} GB (10**9 bytes)",
@@ -501,8 +526,8 @@ def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
         "context": whole_number("--context", context, 1),
         "width": whole_number("--width", width, 1),
         "dtype": dtype,
-        "warmup": whole_number("--warmup", warmup, 0),
-        "repeats": whole_number("--repeats", repeats, 1),
+        "warmup": whole_number("--warmup", warmup, 0, MAX_PASSES, PASSES_REASON),
+        "repeats": whole_number("--repeats", repeats, 1, MAX_PASSES, PASSES_REASON),
         "seed": whole_number("--seed", seed, 0, MAX_SEED),
     }
 
@@ -584,8 +609,9 @@ def _phase_events(name, config):
     if name == "inputs":
         return [("alloc", "inputs")]  # randn fills a new tensor in place; the generator holds no GPU memory
     if name == "warmup":
-        # Each pass after the first releases the previous pass's output before it starts.
-        return _forward_pass() + ([("free", "output")] + _forward_pass()) * (config["warmup"] - 1)
+        # Each pass after the first releases the previous pass's output before it starts; every pass
+        # after the second repeats the second's states exactly, so two stand for any count.
+        return _forward_pass() + ([("free", "output")] + _forward_pass()) * (min(config["warmup"], 2) - 1)
     return _forward_pass()
 
 
@@ -654,8 +680,11 @@ def predict_memory(config):
     tensor_bytes.update(fc1_output=rows * model["hidden_width"] * element_bytes)
     tensor_bytes.update(gelu_output=rows * model["hidden_width"] * element_bytes)
     phases, level, peak, peak_phase = [], 0, 0, None
+    simulated = {}  # each phase once: every warm_forward repetition is predicted alike
     for name, labels in _phase_labels(config):
-        predicted = _simulate(_phase_events(name, config), tensor_bytes)
+        if name not in simulated:
+            simulated[name] = _simulate(_phase_events(name, config), tensor_bytes)
+        predicted = {key: list(value) if isinstance(value, list) else value for key, value in simulated[name].items()}
         record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
         record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
         workspace_bytes = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
@@ -1304,6 +1333,8 @@ def format_phase_table(result):
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
 RESULT_SCHEMA_VERSIONS_READ = (1, 2)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
+MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
+SHOWN_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
 REPORT_FLOP_CONVENTION = (
     "FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, "
     "= 16*N*width**2 + 5*N*width for N = batch*context positions"
@@ -1314,8 +1345,12 @@ REPORT_DERIVED_NOTE = (
 )
 
 
+def _shown_path(path):
+    return shown(path, SHOWN_PATH_LIMIT)
+
+
 def _result_problem(path, why):
-    return KitError(f"report: {path!r} is not a kit result: {why}")
+    return KitError(f"report: {_shown_path(path)} is not a kit result: {why}")
 
 
 def _read_at_most(handle, limit):
@@ -1341,15 +1376,15 @@ def read_result_file(path):
     try:
         handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
-        raise KitError(f"report: {path!r} does not exist") from None
+        raise KitError(f"report: {_shown_path(path)} does not exist") from None
     except (OSError, ValueError) as exc:
-        raise KitError(f"report: {path!r} cannot be opened ({type(exc).__name__})") from None
+        raise KitError(f"report: {_shown_path(path)} cannot be opened ({type(exc).__name__})") from None
     try:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise _result_problem(path, "not a regular file")
         data = _read_at_most(handle, MAX_RESULT_BYTES + 1)
     except OSError as exc:
-        raise KitError(f"report: {path!r} cannot be read ({type(exc).__name__})") from None
+        raise KitError(f"report: {_shown_path(path)} cannot be read ({type(exc).__name__})") from None
     finally:
         os.close(handle)
     if len(data) > MAX_RESULT_BYTES:
@@ -1360,8 +1395,12 @@ def read_result_file(path):
         raise _result_problem(path, "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise _result_problem(path, f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except (ValueError, RecursionError) as exc:  # an int of too many digits, or nesting too deep
-        raise _result_problem(path, f"not JSON ({type(exc).__name__})") from None
+    except ValueError:  # valid JSON, but Python reads no int of more digits (sys.get_int_max_str_digits)
+        raise _result_problem(path, "a number has too many digits to read (ValueError)") from None
+    except RecursionError:  # valid JSON maybe, but deeper than Python's json reader goes: a kit result is not
+        raise _result_problem(
+            path, "nested too deep to read (RecursionError); a kit result nests a few levels"
+        ) from None
 
 
 def _count(value):
@@ -1392,13 +1431,14 @@ def _checked_result(path, result):
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
     if _count(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {version!r} is not one this version reads (1 or 2)")
+        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1 or 2)")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
     dimensions = {key: _count(config.get(key)) for key in ("batch", "context", "width")}
     if (
         not all(dimensions.values())
+        or not isinstance(config.get("dtype"), str)  # a list or an object is not hashable
         or config.get("dtype") not in DTYPE_BYTES
         or _count(model.get("parameters")) is None
     ):
@@ -1408,8 +1448,13 @@ def _checked_result(path, result):
         "gpu": gpu.get("name") if isinstance(gpu, dict) else None,
         **{key: environment.get(key) for key in ("torch", "cuda_build", "hip_build")},
     }
-    if not all(value is None or isinstance(value, str) for value in identity.values()):
-        raise _result_problem(path, "its environment's GPU name, PyTorch or build is not text")
+    if not all(value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS
+               for value in identity.values()):  # fmt: skip
+        raise _result_problem(
+            path, f"its environment's GPU name, PyTorch or build is not text (at most {MAX_NAME_CHARACTERS} characters)"
+        )
+    if not isinstance(config.get("fresh_process_warning"), (str, type(None))):
+        raise _result_problem(path, "its configuration.fresh_process_warning is neither null nor text")
     phases, cold, warm = _checked_phases(path, result.get("phases"))
     checks = _schema_2_checks(path, result) if version >= 2 else {}
     return {
@@ -1441,6 +1486,13 @@ def _checked_phases(path, phases):
     warm = [line for line in phases if line["phase"] == "warm_forward"]
     if len(cold) != 1 or not warm:
         raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
+    for line in warm:
+        value = line.get("device_ms")  # null where this PyTorch had no CUDA events
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and not (number and 0 <= value < 10**MAX_DIGITS):  # NaN compares false
+            raise _result_problem(
+                path, f"a warm_forward line's device_ms, {shown(value)}, is neither null nor a time >= 0"
+            )
     return phases, cold, warm
 
 
@@ -1452,6 +1504,9 @@ def _schema_2_checks(path, result):
         if not isinstance(value, dict) or not isinstance(value.get(flag), bool):
             raise _result_problem(path, f"schema 2 needs {key}.{flag}, true or false")
         checks[flag] = value[flag]
+    for key in ("disagreements", "not_checked"):  # lists where present (older schema 2 files lack not_checked)
+        if not isinstance(result["prediction_check"].get(key, []), list):
+            raise _result_problem(path, f"schema 2 needs prediction_check.{key} as a list")
     # "agrees" is also false when a counter was unavailable: tell a disagreement from a phase not checked.
     checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
     checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
@@ -1462,8 +1517,8 @@ def _schema_2_checks(path, result):
 
 def _device_median_ms(warm):
     """The median of the warm lines' ``device_ms`` (schema 2), or None where any is missing."""
-    values = [phase.get("device_ms") for phase in warm]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+    values = [phase.get("device_ms") for phase in warm]  # _checked_phases checked each: null or a time
+    if any(value is None for value in values):
         return None
     return _median([Decimal(repr(float(value))) for value in values])
 
@@ -1800,8 +1855,8 @@ COMMAND_OPTIONS = {
         ("--context", "N", "16", "positions per input row (default 16)"),
         ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
         ("--dtype", "NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
-        ("--warmup", "N", "1", "warm-up passes, 0 or more (default 1)"),
-        ("--repeats", "N", "2", "measured warm passes, 1 or more (default 2)"),
+        ("--warmup", "N", "1", "warm-up passes, 0 to 1000 (default 1)"),
+        ("--repeats", "N", "2", "measured warm passes, 1 to 1000 (default 2)"),
         ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
         ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
         ("--json", None, False, "with --plan: print one JSON object"),

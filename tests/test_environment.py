@@ -191,6 +191,17 @@ def test_redact_removes_paths():
         ("\n\nCUDA error: out of memory\nCUDA kernel errors might be reported later", "CUDA error: out of memory"),
         ("bad\x1b[31m\ttab", "bad\\x1b[31m\\ttab"),
         ("", ""),
+        # A colon-separated list: every entry is a path, the second and later ones too.
+        ("LD_LIBRARY_PATH=/opt/lib:/home/alice", "LD_LIBRARY_PATH=<path>:<path>"),
+        ("/a/b:/c/d", "<path>:<path>"),
+        ("search /a/b:/c/d/e:/f failed", "search <path>:<path>:<path> failed"),
+        ("see https://example.org", "see https://example.org"),  # "://" is a URL, not a list
+        # One quoted character, as a UnicodeEncodeError writes it, is not a path.
+        ("'ascii' codec can't encode character '\\xe9' in position 3", "'ascii' codec can't encode character "
+         "'\\xe9' in position 3"),
+        ("can't encode characters '\\u00e9' and '\\U0001f600', '\\\\', '/'",
+         "can't encode characters '\\u00e9' and '\\U0001f600', '\\\\', '/'"),
+        ("cannot open '/x'", "cannot open '<path>'"),  # two characters: a path
     ],
 )  # fmt: skip
 def test_redact_removes_whole_paths_even_with_spaces(message, expected):
@@ -240,6 +251,59 @@ def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, caps
     assert module is sys.modules["torch"] and error is None
     assert capsys.readouterr().err == ""
     assert mesure_memoire.PYTORCH_WARNINGS == ["UserWarning: Failed to initialize NumPy (at <path>)"]
+
+
+class FailingTorchImport:
+    """A stand-in "torch" whose import fails with ``message``, as a missing shared library makes it fail."""
+
+    def __init__(self, message):
+        self.message = message
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise ImportError(self.message)
+        return None
+
+
+LIST_IMPORT_ERROR = "libcudnn.so.9: cannot open shared object file; searched /opt/cuda/lib:/home/alice/lib"
+
+
+@pytest.fixture
+def torch_import_quotes_a_list(monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(sys, "meta_path", [FailingTorchImport(LIST_IMPORT_ERROR), *sys.meta_path])
+
+
+def test_an_import_error_quoting_a_path_list_is_scrubbed_in_environment_json(torch_import_quotes_a_list, capsys):
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["torch_error"] == (
+        "ImportError: libcudnn.so.9: cannot open shared object file; searched <path>:<path>"
+    )
+    assert "alice" not in captured.out + captured.err
+
+
+def test_an_import_error_quoting_a_path_list_is_scrubbed_in_the_refusal_of_measure(
+    torch_import_quotes_a_list, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "new.json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "mesure_memoire.py: error: PyTorch is not importable (ImportError: libcudnn.so.9: cannot open shared object "
+        "file; searched <path>:<path>): nothing measured, no file written\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_the_file_system_cannot_encode_keeps_its_character_in_the_refusal(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a lone surrogate: UnicodeEncodeError quotes it as '\ud800'
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "\ud800.json"]) == 2
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: --output: cannot create '\\ud800.json': UnicodeEncodeError: 'utf-8' codec can't "
+        "encode character '\\ud800' in position 0: surrogates not allowed; nothing measured\n"
+    )
 
 
 # --- the device probes (stand-ins record the device index of every query) -----------------------------

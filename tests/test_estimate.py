@@ -171,7 +171,7 @@ def test_json_gives_gib_and_gb_to_exactly_six_decimals_at_every_size(parameters,
 
 @pytest.mark.parametrize(
     ("reserve", "expected"),
-    [("4", "4"), ("4.", "4"), (".5", "0.5"), ("0.5", "0.5"), ("007", "7"), ("0", "0"), ("0.0", "0"), (4, "4"),
+    [("4", "4"), ("0.5", "0.5"), ("10.05", "10.05"), ("0", "0"), ("0.0", "0"), (4, "4"),
      (0.25, "0.25"), (Decimal("1.5"), "1.5"), ("0." + "1" * 30, "0." + "1" * 30), ("9" * 30, "9" * 30)],
 )  # fmt: skip
 def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
@@ -180,6 +180,7 @@ def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
 
 
 @pytest.mark.parametrize("reserve", ["-0", "-0.0", "+1", " 1", "1 ", "1_0", "٤", "1e1", "0x1", "..5", "", ".", True,
+                                     "4.", ".5", "007", "00.5", "1.2.3",
                                      -1, -0.0, float("nan"), 1e30, None, "0." + "1" * 31, "1" * 31])  # fmt: skip
 def test_one_number_grammar_refuses_the_rest(reserve):
     with pytest.raises(mesure_memoire.KitError, match="--reserve-gib: expected a number >= 0"):
@@ -256,20 +257,19 @@ def test_whole_number_accepts_exactly_max_digits_and_refuses_more():
     assert mesure_memoire.MAX_DIGITS == 30
     assert mesure_memoire.whole_number("--x", "9" * 30, 1) == 10**30 - 1
     assert mesure_memoire.whole_number("--x", 10**30 - 1, 1) == 10**30 - 1
-    assert mesure_memoire.whole_number("--x", "0" * 29 + "7", 1) == 7  # 30 characters, leading zeros allowed
     assert mesure_memoire.whole_number("--x", 1, 1) == 1 and mesure_memoire.whole_number("--x", "0", 0) == 0
-    message = "--x: expected a positive whole number of at most 30 ASCII digits, got "
+    message = "--x: expected a positive whole number of at most 30 ASCII digits, no leading zero, got "
     assert kit_error_of(mesure_memoire.whole_number, "--x", 10**30, 1) == message + "1" + "0" * 30
-    assert kit_error_of(mesure_memoire.whole_number, "--x", "0" * 30 + "7", 1) == message + "'" + "0" * 30 + "7'"
+    assert kit_error_of(mesure_memoire.whole_number, "--x", "0" * 29 + "7", 1) == message + "'" + "0" * 29 + "7'"
     assert kit_error_of(mesure_memoire.whole_number, "--x", "0", 1) == message + "'0'"
     assert kit_error_of(mesure_memoire.whole_number, "--x", 0, 1) == message + "0"
     assert (
         kit_error_of(mesure_memoire.whole_number, "--x", -1, 0)
-        == "--x: expected a whole number >= 0 of at most 30 ASCII digits, got -1"
+        == "--x: expected a whole number >= 0 of at most 30 ASCII digits, no leading zero, got -1"
     )
     assert (
         kit_error_of(mesure_memoire.whole_number, "--x", 1, 2)
-        == "--x: expected a whole number >= 2 of at most 30 ASCII digits, got 1"
+        == "--x: expected a whole number >= 2 of at most 30 ASCII digits, no leading zero, got 1"
     )
     assert kit_error_of(mesure_memoire.whole_number, "--x", None, 0).endswith("got None")
     assert kit_error_of(mesure_memoire.whole_number, "--x", False, 0).endswith("got False")
@@ -278,27 +278,30 @@ def test_whole_number_accepts_exactly_max_digits_and_refuses_more():
 def test_whole_number_with_an_upper_bound_names_both_ends():
     assert mesure_memoire.whole_number("--y", 10**30 - 2, 1, 10**30 - 2) == 10**30 - 2
     assert kit_error_of(mesure_memoire.whole_number, "--y", 10**30 - 1, 1, 10**30 - 2) == (
-        f"--y: expected a whole number from 1 to {10**30 - 2} in ASCII digits, got {10**30 - 1}"
+        f"--y: expected a whole number from 1 to {10**30 - 2} in ASCII digits, no leading zero, got {10**30 - 1}"
     )
     assert (
         kit_error_of(mesure_memoire.whole_number, "--y", "8", 3, 7)
-        == "--y: expected a whole number from 3 to 7 in ASCII digits, got '8'"
+        == "--y: expected a whole number from 3 to 7 in ASCII digits, no leading zero, got '8'"
     )
     assert (
         kit_error_of(mesure_memoire.whole_number, "--y", 2, 3, 7)
-        == "--y: expected a whole number from 3 to 7 in ASCII digits, got 2"
+        == "--y: expected a whole number from 3 to 7 in ASCII digits, no leading zero, got 2"
     )
     assert mesure_memoire.whole_number("--y", "7", 3, 7) == 7 and mesure_memoire.whole_number("--y", 3, 3, 7) == 3
 
 
 def test_non_negative_decimal_message_and_value():
-    message = "--r: expected a number >= 0 written with ASCII digits and at most one decimal point (at most 30 digits"
+    message = (
+        "--r: expected a number >= 0 written with ASCII digits, no leading zero, and at most one decimal point "
+        "between digits (at most 30 digits"
+    )
     assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", "x") == message + " on each side), got 'x'"
     assert str(mesure_memoire.non_negative_decimal("--r", "9" * 30 + "." + "9" * 30)) == "9" * 30 + "." + "9" * 30
     assert mesure_memoire.non_negative_decimal("--r", "0." + "0" * 29 + "1") == Decimal("1E-30")
     assert (
         str(mesure_memoire.non_negative_decimal("--r", "5")) == "5.0"
-        and str(mesure_memoire.non_negative_decimal("--r", ".5")) == "0.5"
+        and str(mesure_memoire.non_negative_decimal("--r", "0.5")) == "0.5"
     )
     for value in ("9" * 31, "9" * 31 + ".5", "0." + "0" * 30 + "1", b"1", [1], Fraction(1), True):
         assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", value).startswith(message), value
@@ -323,7 +326,7 @@ def test_shown_shortens_past_the_limit_only():
 ESTIMATE_TEXT = """\
 Weight-memory estimate (arithmetic only, no GPU)
   parameters            134217728
-  storage width         8 bits -> 1 bytes per parameter (rounded up to whole bytes)
+  storage width         8 bits -> 1 byte per parameter (rounded up to whole bytes)
   weight bytes          134217728
   weights               0.13 GiB (2**30 bytes) = 0.13 GB (10**9 bytes)
   reserve (hypothesis)  0.01 GiB, your assumption, not a measured reserve
@@ -365,11 +368,11 @@ def test_estimate_weights_returns_every_field():
     }  # fmt: skip
     assert mesure_memoire.estimate_weights("3", "9", "0.5")["total_gib"] == Decimal("0.50000000558793544769287109375")
     assert kit_error_of(mesure_memoire.estimate_weights, 0, 8) == (
-        "--parameters: expected a positive whole number of at most 30 ASCII digits, got 0"
+        "--parameters: expected a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
     )
     assert (
         kit_error_of(mesure_memoire.estimate_weights, 1, 0)
-        == "--bits: expected a positive whole number of at most 30 ASCII digits, got 0"
+        == "--bits: expected a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
     )
     assert kit_error_of(mesure_memoire.estimate_weights, 1, 1, "-1").startswith("--reserve-gib: expected a number >= 0")
 

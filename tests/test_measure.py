@@ -1037,21 +1037,24 @@ def test_measure_config_validates_each_option_by_its_name():
     }  # fmt: skip
     assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0)["seed"] == 0
     good = ["cuda:0", 1, 1, 1, "float32", 0, 1, 0]
-    positive = "a positive whole number of at most 30 ASCII digits, got 0"
-    for index, option in ((1, "--batch"), (2, "--context"), (3, "--width"), (6, "--repeats")):
+    positive = "a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
+    for index, option in ((1, "--batch"), (2, "--context"), (3, "--width")):
         args = list(good)
         args[index] = 0
         assert kit_error_of(mesure_memoire.measure_config, *args) == f"{option}: expected {positive}"
-    args = list(good)
-    args[5] = -1
-    assert (
-        kit_error_of(mesure_memoire.measure_config, *args)
-        == "--warmup: expected a whole number >= 0 of at most 30 ASCII digits, got -1"
-    )
+    bounded = "in ASCII digits, no leading zero (a measurement is a short, bounded trial), got"
+    for index, option, low, bad in ((5, "--warmup", 0, -1), (6, "--repeats", 1, 0), (5, "--warmup", 0, 1001)):
+        args = list(good)
+        args[index] = bad
+        assert kit_error_of(mesure_memoire.measure_config, *args) == (
+            f"{option}: expected a whole number from {low} to 1000 {bounded} {bad}"
+        )
+    args[5], args[6] = 1000, 1000
+    assert mesure_memoire.measure_config(*args)["warmup"] == 1000 == mesure_memoire.measure_config(*args)["repeats"]
     args = list(good)
     args[7] = -1
     assert kit_error_of(mesure_memoire.measure_config, *args) == (
-        "--seed: expected a whole number from 0 to 18446744073709551615 in ASCII digits, got -1"
+        "--seed: expected a whole number from 0 to 18446744073709551615 in ASCII digits, no leading zero, got -1"
     )
     args = list(good)
     args[4] = "float64"
@@ -1753,8 +1756,8 @@ HELP_LINES = {
                 "  --batch N        batch size (default 1)", "  --context N      positions per input row (default 16)",
                 "  --width N        model width; the hidden layer is 4x (default 64)",
                 "  --dtype NAME     float32, float16 or bfloat16 (default float32)",
-                "  --warmup N       warm-up passes, 0 or more (default 1)",
-                "  --repeats N      measured warm passes, 1 or more (default 2)",
+                "  --warmup N       warm-up passes, 0 to 1000 (default 1)",
+                "  --repeats N      measured warm passes, 1 to 1000 (default 2)",
                 "  --seed N         seed of the weights and inputs (default 0)",
                 "  --plan           predict the memory per phase: arithmetic only, no GPU, writes nothing",
                 "  --json           with --plan: print one JSON object"],

@@ -346,7 +346,8 @@ def test_without_a_gpu_nothing_is_measured_and_nothing_written(executed):
     folder, cells, before = executed
     assert "GPU usable            no" in stdout_of(cells["run-environment"])
     measured = stdout_of(cells["run-measure"])
-    assert measured.startswith("Nothing was measured and no file was written: no usable GPU for cuda:0")
+    assert measured.startswith("Measurement refused: no usable GPU for cuda:0")
+    assert measured.count("nothing measured") == 1 and measured.count("no file written") == 1, measured
     assert stdout_of(cells["run-results"]) == "Nothing to show: this kernel wrote no measurement.\n"
     assert sorted(p.name for p in folder.iterdir()) == [NOTEBOOK.name]
     assert hashlib.sha256(NOTEBOOK.read_bytes()).hexdigest() == before  # the committed file is untouched
@@ -358,8 +359,76 @@ def test_plain_python_runs_the_code_cells_and_refuses_an_existing_output(tmp_pat
     (tmp_path / "mesures-notebook.json").write_text("mine")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
-    assert "Nothing was measured and no file was written: --output: mesures-notebook.json already exists" in (
-        completed.stdout
-    )
+    assert "Measurement refused: OUTPUT: mesures-notebook.json already exists" in (completed.stdout)
     assert (tmp_path / "mesures-notebook.json").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mesures-notebook.json"]
+
+
+def notebook_namespace():
+    """The parameters and the definitions, executed as Run All does before the run cells."""
+    namespace, cells = {}, {}
+    for cell in committed()["cells"]:
+        if cell["cell_type"] == "code":
+            cells[cell["id"]] = "".join(cell["source"])
+            if cell["id"].startswith(("shared-code-", "step-")) or cell["id"] == "parameters":
+                exec(compile(cells[cell["id"]], "<notebook>", "exec"), namespace)
+    return namespace, cells
+
+
+REFUSED_PARAMETERS = [
+    ("run-estimate", {"PARAMETERS": 0}, "Estimate refused: PARAMETERS: expected a positive whole number"),
+    ("run-estimate", {"RESERVE_GIB": "-1"}, "Estimate refused: RESERVE_GIB: expected a number >= 0"),
+    ("run-environment", {"DEVICE": "gpu0"}, "Environment refused: DEVICE: expected cuda:N"),
+    ("run-measure", {"WIDTH": 0}, "Measurement refused: WIDTH: expected a positive whole number"),
+    ("run-measure", {"REPEATS": 1001}, "Measurement refused: REPEATS: expected a whole number from 1 to 1000"),
+    ("run-measure", {"DTYPE": "float64"}, "Measurement refused: DTYPE: expected one of float32"),
+    ("run-measure", {"OUTPUT": ""}, "Measurement refused: OUTPUT: a new file name is required"),
+]
+
+
+@pytest.mark.parametrize(("cell", "parameters", "line"), REFUSED_PARAMETERS, ids=[case[2][:40] for case in
+                                                                                  REFUSED_PARAMETERS])  # fmt: skip
+def test_a_refusal_in_the_notebook_names_the_parameter_the_user_set(cell, parameters, line, capsys):
+    namespace, cells = notebook_namespace()
+    namespace.update(parameters)
+    exec(compile(cells[cell], "<notebook>", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert out.startswith(line) and "--" not in out, out
+
+
+def test_as_parameters_renames_the_leading_option_only():
+    assert mesure_memoire.as_parameters(mesure_memoire.KitError("--reserve-gib: expected x, not --y")) == (
+        "RESERVE_GIB: expected x, not --y"
+    )
+    assert mesure_memoire.as_parameters("--dtype bfloat16: not supported") == "DTYPE bfloat16: not supported"
+    assert mesure_memoire.as_parameters("no usable GPU for cuda:0") == "no usable GPU for cuda:0"
+    assert mesure_memoire.as_parameters("--plan writes nothing") == "--plan writes nothing"
+
+
+def test_every_parameter_is_annotated_with_its_type_for_papermill():
+    """papermill --help-notebook reads a type from an annotation; without one it shows "Unknown type"."""
+    import ast
+
+    cell = next(cell for cell in committed()["cells"] if cell["id"] == "parameters")
+    statements = ast.parse("".join(cell["source"])).body
+    assert len(statements) == 12
+    for statement in statements:
+        assert isinstance(statement, ast.AnnAssign), ast.unparse(statement)
+        value = ast.literal_eval(statement.value)
+        assert statement.annotation.id == ("float" if statement.target.id == "RESERVE_GIB" else type(value).__name__)
+    assert "(papermill's: --cwd)" in "".join(cell["source"])
+
+
+def test_a_second_run_all_in_the_same_process_keeps_the_pytorch_warning_line(tmp_path):
+    """PyTorch warns on its first import only (here: without NumPy); re-running the definitions must not
+    forget it, so the environment cell prints the same both times."""
+    code = build_notebook.code_cells_as_script(committed())
+    twice = (
+        "import sys, io, contextlib\nsys.modules['numpy'] = None\nruns = []\nfor _ in range(2):\n"
+        "    out = io.StringIO()\n    with contextlib.redirect_stdout(out):\n        exec(CODE, namespace)\n"
+        "    runs.append(out.getvalue())\n"
+        "print(runs[0] == runs[1], 'PyTorch warned' in runs[0], 'PyTorch warned' in runs[1])\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", f"CODE = {code!r}\nnamespace = {{}}\n" + twice],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert completed.stdout == "True True True\n", completed

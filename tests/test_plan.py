@@ -12,7 +12,17 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import mesure_memoire
-from conftest import GIB, MIB, ROOT, RecordingCudaStandIn, assert_one_line_refusal, config, run_script, tree_digest
+from conftest import (
+    GIB,
+    MIB,
+    ROOT,
+    RecordingCudaStandIn,
+    assert_one_line_refusal,
+    config,
+    plain_ids,
+    run_script,
+    tree_digest,
+)
 
 ALLOWANCE = 256 * MIB
 SMALL_TRIAL = ["measure", "--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64",
@@ -147,7 +157,7 @@ def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
         (["--batch", "1.5"], "--batch: expected a positive whole number"),
         (["--context", "-3"], "--context: expected a positive whole number"),
         (["--dtype", "float64"], "--dtype: expected one of float32, float16, bfloat16, got 'float64'"),
-        (["--repeats", "0"], "--repeats: expected a positive whole number"),
+        (["--repeats", "0"], "--repeats: expected a whole number from 1 to 1000"),
         (["--output", "x.json"], "--plan writes nothing"),
     ],
 )
@@ -158,6 +168,65 @@ def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, fragment):
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.splitlines()) == 1 and fragment in captured.err
     assert list(tmp_path.iterdir()) == []
+
+
+BOUNDED = "no leading zero (a measurement is a short, bounded trial), got"
+HUGE_COUNTS = [
+    (
+        ["--repeats", "9" * 30],
+        f"--repeats: expected a whole number from 1 to 1000 in ASCII digits, {BOUNDED} '{'9' * 30}'",
+    ),
+    (
+        ["--warmup", "9" * 30],
+        f"--warmup: expected a whole number from 0 to 1000 in ASCII digits, {BOUNDED} '{'9' * 30}'",
+    ),
+    (["--warmup", "1000000000"], "--warmup: expected a whole number from 0 to 1000"),
+    (["--repeats", "1001"], "--repeats: expected a whole number from 1 to 1000"),
+    (["--warmup", "1001"], "--warmup: expected a whole number from 0 to 1000"),
+]
+
+
+@pytest.mark.parametrize(
+    "mode", [["--plan"], ["--plan", "--json"], ["--output", "new.json"]], ids=["plan", "json", "output"]
+)
+@pytest.mark.parametrize(("arguments", "message"), HUGE_COUNTS, ids=plain_ids(HUGE_COUNTS))
+def test_counts_are_bounded_with_their_reason_before_any_prediction(tmp_path, monkeypatch, capsys, mode, arguments,
+                                                                    message):  # fmt: skip
+    """A 30-digit count gave an OverflowError traceback, also from measure --output (the prediction runs
+    before PyTorch is checked), and --warmup 1000000000 a MemoryError."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mesure_memoire, "predict_memory", lambda config: pytest.fail("predicted an unbounded count"))
+    assert mesure_memoire.main([*SMALL_TRIAL[:3], *arguments, *mode]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"mesure_memoire.py: error: {message}")
+    assert len(captured.err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_the_prediction_costs_the_same_whatever_the_counts(monkeypatch):
+    """Every warm pass is predicted alike: each phase is simulated once, on at most two warm-up passes."""
+    simulate, calls = mesure_memoire._simulate, []
+
+    def counted(events, tensor_bytes):
+        calls.append(len(events))
+        return simulate(events, tensor_bytes)
+
+    monkeypatch.setattr(mesure_memoire, "_simulate", counted)
+    largest = mesure_memoire.predict_memory(config(warmup=1000, repeats=1000))
+    assert calls == [4, 1, 5, 11, 5]  # model_load, inputs, cold_forward, warmup (two passes), warm_forward
+    assert len(largest["phases"]) == 3 + 1 + 1000
+    assert [record["repetition"] for record in largest["phases"][4:]] == list(range(1, 1001))
+    assert largest["phases"][4]["alive_at_end"] is not largest["phases"][5]["alive_at_end"]
+
+
+@pytest.mark.parametrize("warmup", [1, 2, 3, 1000])
+def test_two_warm_up_passes_predict_any_count_exactly(warmup):
+    small = config(batch=2, context=128, width=256, warmup=warmup)  # activations above 1 MiB: slack too
+    predicted = next(r for r in mesure_memoire.predict_memory(small)["phases"] if r["phase"] == "warmup")
+    plan_ = mesure_memoire.predict_memory(small)
+    every_pass = mesure_memoire._forward_pass() + ([("free", "output")] + mesure_memoire._forward_pass()) * (warmup - 1)
+    expected = mesure_memoire._simulate(every_pass, plan_["tensor_bytes"])
+    assert {key: predicted[key] for key in expected} == expected
+    assert predicted["passes"] == warmup
 
 
 def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatch, capsys):

@@ -429,6 +429,13 @@ def test_flipping_one_byte_of_any_member_fails_the_verification(source, tmp_path
     assert (completed.returncode, completed.stdout) == (1, f"FAILED: {member}\n")
 
 
+def test_the_verification_in_a_folder_without_manifest_is_one_line(tmp_path):
+    completed = verify(tmp_path)
+    assert (completed.returncode, completed.stdout, completed.stderr) == (
+        1, "", "FAILED: no MANIFEST.json in this folder\n"
+    )  # fmt: skip
+
+
 @pytest.mark.whole_kit
 def test_a_missing_member_fails_the_verification(source, tmp_path):
     folder = extract(source, tmp_path)

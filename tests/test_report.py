@@ -9,6 +9,7 @@ import copy
 import errno
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -133,7 +134,7 @@ def test_device_median_needs_every_warm_line_to_have_device_ms():
     result = load("schema2.json")
     result["phases"][-1]["device_ms"] = None
     assert row_of(result)["warm_median_device_ms"] is None
-    result["phases"][-1]["device_ms"] = float("nan")
+    del result["phases"][-1]["device_ms"]  # schema 1 has none
     assert row_of(result)["warm_median_device_ms"] is None
 
 
@@ -297,7 +298,68 @@ HOSTILE = {
         lambda folder: _write(folder, "cut.json", (DATA / "schema1.json").read_bytes()[:1000]),
         "'cut.json' is not a kit result: not JSON",
     ),
-    "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), "not JSON"),
+    "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), "nested too deep to read"),
+    # Valid JSON holding one unused field nested deeper than Python's json reader goes: refused, named so.
+    "a deep unused field": (lambda folder: _write(folder, "du.json", _valid_with(lambda r: None)[:-1]
+                                                  + ', "unused": ' + "[" * 100000 + "]" * 100000 + "}"),
+                            "nested too deep to read (RecursionError); a kit result nests a few levels"),
+    "a 5000-digit unused number": (lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1]
+                                                         + ', "unused": ' + "7" * 5000 + "}"),
+                                   "a number has too many digits to read (ValueError)"),
+    "device_ms a huge int": (
+        lambda folder: _write(folder, "dh.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=10**309))),
+        "a warm_forward line's device_ms, 1" + "0" * 59 + "..." + "0" * 12 + " (310 characters), is neither null",
+    ),
+    "device_ms negative": (
+        lambda folder: _write(folder, "dneg.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=-0.5))),
+        "a warm_forward line's device_ms, -0.5, is neither null nor a time >= 0",
+    ),
+    "device_ms NaN": (
+        lambda folder: _write(folder, "dn.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=math.nan))),
+        "device_ms, nan, is neither null nor a time >= 0",
+    ),
+    "device_ms infinite": (
+        lambda folder: _write(folder, "di.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=math.inf))),
+        "device_ms, inf, is neither",
+    ),
+    "device_ms text": (
+        lambda folder: _write(folder, "dt.json", _valid_with(lambda r: r["phases"][-1].update(device_ms="0.2"))),
+        "device_ms, '0.2', is neither",
+    ),
+    "device_ms true": (
+        lambda folder: _write(folder, "db.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=True))),
+        "device_ms, True, is neither",
+    ),
+    "device_ms 10**30": (
+        lambda folder: _write(folder, "d30.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=10**30))),
+        "device_ms, 1000000000000000000000000000000, is neither",
+    ),
+    "dtype a list": (
+        lambda folder: _write(folder, "dl.json", _valid_with(lambda r: r["configuration"].update(dtype=["float32"]))),
+        "its configuration or parameter count is not one measure writes",
+    ),
+    "dtype an object": (
+        lambda folder: _write(folder, "do.json", _valid_with(lambda r: r["configuration"].update(dtype={"a": 1}))),
+        "its configuration or parameter count is not one measure writes",
+    ),
+    "fresh warning a list": (
+        lambda folder: _write(folder, "fw.json",
+                              _valid_with(lambda r: r["configuration"].update(fresh_process_warning=["x"]))),
+        "its configuration.fresh_process_warning is neither null nor text",
+    ),
+    "disagreements not a list": (
+        lambda folder: _write(folder, "dg.json", _valid_with(lambda r: r["prediction_check"].update(disagreements=1))),
+        "schema 2 needs prediction_check.disagreements as a list",
+    ),
+    "not_checked not a list": (
+        lambda folder: _write(folder, "nc.json",
+                              _valid_with(lambda r: r["prediction_check"].update(not_checked="model_load"))),
+        "schema 2 needs prediction_check.not_checked as a list",
+    ),
+    "GPU name 257 characters": (
+        lambda folder: _write(folder, "gl.json", _valid_with(lambda r: r["environment"]["gpu"].update(name="G" * 257))),
+        "GPU name, PyTorch or build is not text (at most 256 characters)",
+    ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), "its 'kit' is not"),
     "schema 3": (lambda folder: _write(folder, "s3.json", _valid_with(lambda r: r.update(schema_version=3))),
                  "schema_version 3 is not one this version reads (1 or 2)"),
@@ -499,12 +561,16 @@ def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
     (tmp_path / "big.json").write_text("1" * 5000)
     assert (
         kit_error_of(mesure_memoire.read_result_file, "big.json")
-        == "report: 'big.json' is not a kit result: not JSON (ValueError)"
+        == "report: 'big.json' is not a kit result: a number has too many digits to read (ValueError)"
     )
-    (tmp_path / "deep.json").write_text("[" * 100000)
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)  # valid JSON, too deep for Python's reader
     assert kit_error_of(mesure_memoire.read_result_file, "deep.json") == (
-        "report: 'deep.json' is not a kit result: not JSON (RecursionError)"
+        "report: 'deep.json' is not a kit result: nested too deep to read (RecursionError); a kit result nests a few "
+        "levels"
     )
+    deep_but_readable = '{"a": ' + "[" * 200 + "]" * 200 + "}"
+    (tmp_path / "fine.json").write_text(deep_but_readable)
+    assert mesure_memoire.read_result_file("fine.json") == json.loads(deep_but_readable)
     (tmp_path / "bad.json").write_text('{"a": 1,\n  x}')
     assert kit_error_of(mesure_memoire.read_result_file, "bad.json") == (
         "report: 'bad.json' is not a kit result: not JSON (Expecting property name enclosed in double quotes at line 2"
@@ -622,9 +688,45 @@ def test_device_times_must_be_finite_numbers_and_not_booleans():
     for phase, value in zip(warm, (1, 2, 4), strict=True):
         phase["device_ms"] = value  # ints are numbers too
     assert mesure_memoire.report_rows([("r", result)])[0]["warm_median_device_ms"] == Decimal("2.0")
-    for bad in (True, "1", float("inf")):
+    warm[0]["device_ms"] = 0  # zero is a time
+    assert mesure_memoire.report_rows([("r", result)])[0]["warm_median_device_ms"] == Decimal("2.0")
+    warm[0]["device_ms"] = 10**30 - 1
+    assert mesure_memoire.report_rows([("r", result)])[0]["warm_median_device_ms"] == Decimal("4.0")
+    for bad in (True, "1", float("inf"), float("nan"), -1, -0.001, 10**30, 10**400, [1], {"ms": 1}):
         warm[0]["device_ms"] = bad
-        assert mesure_memoire.report_rows([("r", result)])[0]["warm_median_device_ms"] is None, bad
+        message = kit_error_of(mesure_memoire.report_rows, [("r", result)])
+        assert message == (
+            "report: 'r' is not a kit result: a warm_forward line's device_ms, "
+            f"{mesure_memoire.shown(bad)}, is neither null nor a time >= 0"
+        ), bad
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r: r.update(schema_version="9" * 10_000_000),
+        lambda r: r["phases"][-1].update(device_ms="x" * 10_000_000),
+        lambda r: r["environment"]["gpu"].update(name="G" * 10_000_000),
+    ],
+    ids=["schema_version", "device_ms", "GPU name"],
+)
+def test_a_refusal_echoes_a_bounded_excerpt_of_a_huge_value(change, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    name = _write(tmp_path, "huge.json", _valid_with(change))
+    assert mesure_memoire.main(["report", name]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1
+    assert captured.err.startswith("mesure_memoire.py: error: report: 'huge.json' is not a kit result: ")
+    assert len(captured.err) < 300, len(captured.err)
+
+
+def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond():
+    whole = "d/" * 2000 + "r.json"  # 4006 characters: shown as typed
+    assert kit_error_of(mesure_memoire.read_result_file, whole) == f"report: {whole!r} does not exist"
+    longer = "x" * 10_000_000
+    message = kit_error_of(mesure_memoire.read_result_file, longer)
+    assert message == f"report: {mesure_memoire.shown(longer, 4200)} cannot be opened (OSError)"
+    assert len(message) < 4300
 
 
 def test_read_result_file_opens_without_blocking(tmp_path, monkeypatch):

@@ -44,21 +44,21 @@ PARAMETERS_TEXT = """\
 Tagged `parameters`, for papermill: `papermill mesure-memoire.ipynb run.ipynb -p WIDTH 128 -p OUTPUT w128.json`."""
 
 PARAMETERS = """\
-# Parameters: edit them, then Run All.
+# Parameters: edit them, then Run All.  The types are for papermill --help-notebook.
 # 1. Estimate (the README's example; the reserve is a hypothesis, not a measured reserve)
-PARAMETERS = 7000000000
-BITS = 16
-RESERVE_GIB = 4
+PARAMETERS: int = 7000000000  # number of parameters
+BITS: int = 16  # storage width per parameter in bits
+RESERVE_GIB: float = 4  # GiB you assume on top of the weights
 # 2-3. Environment and measurement (the README's small trial)
-DEVICE = "cuda:0"
-BATCH = 1
-CONTEXT = 16
-WIDTH = 64
-DTYPE = "float32"  # float32, float16 or bfloat16
-WARMUP = 1
-REPEATS = 2
-SEED = 0
-OUTPUT = "mesures-notebook.json"  # a new file name, in the notebook's folder"""
+DEVICE: str = "cuda:0"  # the GPU, cuda:N
+BATCH: int = 1  # batch size
+CONTEXT: int = 16  # positions per input row
+WIDTH: int = 64  # model width; the hidden layer is 4x
+DTYPE: str = "float32"  # float32, float16 or bfloat16
+WARMUP: int = 1  # warm-up passes, 0 to 1000
+REPEATS: int = 2  # measured warm passes, 1 to 1000
+SEED: int = 0  # seed of the weights and inputs
+OUTPUT: str = "mesures-notebook.json"  # a new file, in the kernel's working folder (papermill's: --cwd)"""
 
 SHARED_TEXT = """\
 ## Shared code, from `mesure_memoire.py`
@@ -71,13 +71,13 @@ STEPS = {
 try:
     print(format_estimate(estimate_weights(PARAMETERS, BITS, RESERVE_GIB)))
 except KitError as error:
-    print(f"Estimate refused: {error}")"""),
+    print(f"Estimate refused: {as_parameters(error)}")"""),
     "2": ('Keep this output with your results. Each query degrades on its own: a failure shows as "none" or a '
           '"query failed" line.', "run-environment", """\
 try:
     print(format_environment(collect_environment(DEVICE)))
 except KitError as error:
-    print(f"Environment refused: {error}")"""),
+    print(f"Environment refused: {as_parameters(error)}")"""),
     "3": ("Refuses an existing output file, and writes nothing when it cannot measure (no GPU, no PyTorch, out "
           "of memory). One measurement per fresh kernel.", "run-measure", """\
 measurement = None
@@ -85,7 +85,7 @@ try:
     config = measure_config(DEVICE, BATCH, CONTEXT, WIDTH, DTYPE, WARMUP, REPEATS, SEED)
     measurement = measure_to_file(config, OUTPUT, tool="mesure-memoire.ipynb")
 except KitError as error:
-    print(f"Nothing was measured and no file was written: {error}")
+    print(f"Measurement refused: {as_parameters(error)}")
 else:
     settings = measurement["configuration"]
     if settings["fresh_process_warning"]:

@@ -413,7 +413,7 @@ class Validation:
         """The notebook's code cells as one plain python3 script, in its own folder; its result judged."""
         notebook = json.loads((ROOT / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
         code = "\n\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
-        code, count = re.subn(r"^DEVICE = .*$", f"DEVICE = {self.device!r}", code, count=1, flags=re.MULTILINE)
+        code, count = re.subn(r"^DEVICE(: str)? = .*$", f"DEVICE = {self.device!r}", code, count=1, flags=re.MULTILINE)
         (self.folder / "notebook").mkdir()
         record = self.child("notebook", "notebook", [code], cwd=self.folder / "notebook")
         written = sorted((self.folder / "notebook").glob("*.json"))

@@ -1,0 +1,99 @@
+"""One grammar for numbers, the same in both shipped scripts (README, "Options are spelled in full").
+
+A whole number is 0 or ASCII digits not starting with 0; a decimal (mesure_memoire.py's --reserve-gib,
+the results CSV's threshold and hours) is a whole number, then optionally "." and at least one digit.
+No sign, exponent, underscore, space or other script's digits.  Each text below goes through both
+scripts' options alike, and through each script's own check of that grammar."""
+
+import pytest
+
+import calcul_forfaits
+import mesure_memoire
+from conftest import calculator_refusal, call_calculator
+
+# (text, a whole number?, a decimal?)
+NUMBERS = [
+    ("0", True, True),
+    ("7", True, True),
+    ("10", True, True),
+    ("4096", True, True),
+    ("0.5", False, True),
+    ("0.0", False, True),
+    ("10.25", False, True),
+    ("07", False, False),
+    ("00", False, False),
+    ("0007", False, False),
+    ("07.5", False, False),
+    ("00.5", False, False),
+    (".5", False, False),
+    ("5.", False, False),
+    (".", False, False),
+    ("1.2.3", False, False),
+    ("", False, False),
+    ("+1", False, False),
+    ("-1", False, False),
+    ("-0", False, False),
+    ("1e3", False, False),
+    ("1E3", False, False),
+    ("1_0", False, False),
+    ("1,5", False, False),
+    (" 1", False, False),
+    ("1 ", False, False),
+    ("1\n", False, False),
+    ("0x1", False, False),
+    ("٤", False, False),  # an Arabic-Indic digit
+    ("１", False, False),  # a full-width digit
+    ("²", False, False),  # str.isdigit() is true for a superscript
+    ("5.٤", False, False),
+]
+IDS = [f"{number:02d}-{text.encode('unicode_escape').decode()}" for number, (text, _, _) in enumerate(NUMBERS)]
+
+
+@pytest.mark.parametrize(("text", "whole", "decimal"), NUMBERS, ids=IDS)
+def test_each_script_checks_the_grammar_alike(text, whole, decimal):
+    assert mesure_memoire.written_whole(text) is whole
+    assert calcul_forfaits.is_whole(text, zero=True) is whole
+    assert (mesure_memoire.device_index(f"cuda:{text}") == int(text)) if whole else True
+    if not whole:
+        with pytest.raises(mesure_memoire.KitError, match="--device: expected cuda:N"):
+            mesure_memoire.device_index(f"cuda:{text}")
+    assert calcul_forfaits.is_number(text) is decimal
+    if decimal:
+        assert str(mesure_memoire.non_negative_decimal("--reserve-gib", text)) == (text if "." in text else f"{text}.0")
+    else:
+        with pytest.raises(mesure_memoire.KitError, match="--reserve-gib: expected a number >= 0"):
+            mesure_memoire.non_negative_decimal("--reserve-gib", text)
+
+
+@pytest.mark.parametrize(("text", "whole", "decimal"), [case for case in NUMBERS if case[0] != "0"], ids=IDS[1:])
+def test_a_whole_number_option_of_either_script_follows_the_grammar(text, whole, decimal, capsys):
+    """--parameters and --lots take positive whole numbers: the same texts pass and fail in both."""
+    estimate = ["estimate", "--parameters", text, "--bits", "8"]
+    if whole:
+        assert mesure_memoire.main(estimate) == 0
+        assert f"  parameters            {text}\n" in capsys.readouterr().out
+        status, out, err = call_calculator(capsys, "--gpu", "b200", "--days", "7", "--lots", text)
+        assert (status, err) == (0, "") and f", {text} lot(s)\n" in out
+    else:
+        assert mesure_memoire.main(estimate) == 2
+        assert capsys.readouterr().err.startswith("mesure_memoire.py: error: --parameters: expected a positive whole")
+        err = calculator_refusal(capsys, "--gpu", "b200", "--days", "7", "--lots", text)
+        assert err.startswith("calcul_forfaits.py: error: --lots: expected a positive whole number, got ")
+
+
+@pytest.mark.parametrize(("text", "whole", "decimal"), NUMBERS, ids=IDS)
+def test_the_decimal_option_follows_the_grammar(text, whole, decimal, capsys):
+    status = mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "8", "--reserve-gib", text])
+    captured = capsys.readouterr()
+    if decimal:
+        assert (status, captured.err) == (0, "")
+    else:
+        assert status == 2
+        assert captured.err.startswith("mesure_memoire.py: error: --reserve-gib: expected a number >= 0 written")
+
+
+def test_zero_is_a_whole_number_where_an_option_takes_it(capsys):
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--warmup", "0", "--plan", "--json"]) == 0
+    assert '"warmup": 0,' in capsys.readouterr().out
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--warmup", "00", "--plan"]) == 2
+    assert "--warmup: expected a whole number from 0 to 1000" in capsys.readouterr().err

@@ -708,6 +708,92 @@ def format_plan(plan):
     return "\n".join(lines)
 
 
+# --plan --memory-gib: the verdict on a card, and the largest size per dimension that still fits there.
+FIT_DIMENSIONS = ("batch", "context", "width")
+LARGEST_ACCEPTED = 10**MAX_DIGITS - 1  # the largest whole number an option accepts
+FIT_NOTE = (
+    "The margin is room for what the allocator's counters never see (the CUDA/ROCm context, BLAS handles, "
+    "kernel code, segments); the plan counts no other process: a measurement on the card is the proof."
+)
+
+
+def card_memory_bytes(memory_gib):
+    """A card's memory in GiB (a decimal in the kit's number grammar, more than 0) as whole bytes, rounded down."""
+    gib = non_negative_decimal("--memory-gib", memory_gib)
+    if not gib:
+        raise KitError(f"--memory-gib: a card's memory must be more than 0 GiB, got {shown(memory_gib)}")
+    with exact_context():
+        return gib, int(gib * GIB_BYTES)
+
+
+def planned_needs_free_bytes(config):
+    """The plan's needs_free_bytes.  Planned with at most 2 warm-up passes and 2 repetitions, so that a search
+    costs the same whatever the counts: every pass after the first repeats the same tensors from the same
+    baseline, so the peak, and what the run needs, do not change with them."""
+    bounded = {**config, "warmup": min(config["warmup"], 2), "repeats": min(config["repeats"], 2)}
+    return predict_memory(bounded)["needs_free_bytes"]
+
+
+def largest_that_fits(config, memory_bytes, dimension):
+    """The largest whole value of ``dimension`` (the others as in ``config``) whose plan needs at most
+    ``memory_bytes``; None when even 1 does not fit.  The plan grows with each dimension: doubling finds a
+    value that does not fit, then halving the interval finds the last one that does."""
+
+    def fits(value):
+        return planned_needs_free_bytes({**config, dimension: value}) <= memory_bytes
+
+    if not fits(1):
+        return None
+    low, high = 1, 2  # low fits; high is not known to fit
+    while high <= LARGEST_ACCEPTED and fits(high):
+        low, high = high, 2 * high
+    high = min(high, LARGEST_ACCEPTED + 1)  # beyond it the kit accepts no value
+    while high - low > 1:  # low fits, high does not (or is beyond the accepted values)
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def fit_on_card(plan, memory_gib):
+    """Whether the planned run fits a card of ``memory_gib`` GiB, and the largest batch, context and width that
+    fit it, each alone with the others as planned: the fields --plan --memory-gib adds to the plan."""
+    gib, memory_bytes = card_memory_bytes(memory_gib)
+    config = plan["configuration"]
+    return {
+        "memory_gib": gib,
+        "memory_bytes": memory_bytes,
+        "fits": plan["needs_free_bytes"] <= memory_bytes,
+        "largest": {dimension: largest_that_fits(config, memory_bytes, dimension) for dimension in FIT_DIMENSIONS},
+        "largest_is": "per dimension, the others as given: the largest whole value whose needs_free_bytes fits "
+        "(null: even 1 does not)",
+        "fit_note": FIT_NOTE,
+    }
+
+
+def format_fit(plan):
+    """The lines --plan --memory-gib adds to the plan's text."""
+    needs, memory_bytes = plan["needs_free_bytes"], plan["memory_bytes"]
+    verdict = "fits" if plan["fits"] else f"does NOT fit ({needs - memory_bytes} bytes short)"
+    largest = ", ".join(
+        f"{dimension} {'none (even 1 does not fit)' if value is None else value}"
+        for dimension, value in plan["largest"].items()
+    )
+    return "\n".join(
+        [
+            f"On a card of {plan['memory_gib']} GiB ({memory_bytes} bytes): {verdict}, needing {needs} bytes.",
+            f"Largest that fits, each dimension alone with the others as given: {largest}.",
+            plan["fit_note"],
+        ]
+    )
+
+
+def format_plan_and_fit(plan):
+    return format_plan(plan) + ("\n" + format_fit(plan) if "fits" in plan else "")
+
+
 def _requested(stats, which):
     # "requested_bytes.*" exists in PyTorch's memory_stats since 2.1; None where it does not.
     value = stats.get(f"requested_bytes.all.{which}") if isinstance(stats, dict) else None
@@ -1742,8 +1828,13 @@ def _command_measure(args):
     if args.plan:
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
-        _emit(args, predict_memory(config), format_plan)
+        plan = predict_memory(config)
+        if args.memory_gib is not None:
+            plan.update(fit_on_card(plan, args.memory_gib))
+        _emit(args, plan, format_plan_and_fit)
         return
+    if args.memory_gib is not None:
+        raise KitError("--memory-gib goes with --plan")
     if args.json:
         raise KitError("--json goes with --plan; measure writes its JSON to --output")
     output_path = args.output
@@ -1795,6 +1886,8 @@ COMMAND_OPTIONS = {
         ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
         ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
         ("--json", None, False, "with --plan: print one JSON object"),
+        ("--memory-gib", "GIB", None, "with --plan: a card's memory in GiB; whether the run fits, and the largest "
+         "batch, context and width that fit"),
     ]),
     "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, [
         ("--json", None, False, JSON_HELP),

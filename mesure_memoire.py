@@ -1853,6 +1853,196 @@ def _command_report(args):
     _emit(args, report(args.files), format_report)
 
 
+# sweep: one `measure` per value, each in a fresh child process (this interpreter, this script).  The parent
+# never imports PyTorch: a CUDA context of its own would sit on the GPU beside every measurement.
+SWEEP_PROBE_TIMEOUT_S = 300  # a child `environment`: importing PyTorch and initialising CUDA
+SWEEP_STOP_GRACE_S = 10  # after Ctrl-C or a time-out, the child's time to stop (and remove its file) before a kill
+SWEEP_MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
+def child_command(arguments):
+    """The command of a fresh child: this interpreter running this script."""
+    return [sys.executable, os.path.abspath(__file__), *arguments]
+
+
+def sweep_values(text):
+    """--values as ints: whole numbers >= 1, separated by commas, strictly increasing."""
+    values = [whole_number("--values", item, 1) for item in text.split(",")]
+    if any(later <= earlier for earlier, later in zip(values, values[1:], strict=False)):
+        raise KitError(f"--values: expected strictly increasing whole numbers separated by commas, got {shown(text)}")
+    return values
+
+
+def check_new_folder(path):
+    """Refuse, before anything runs, a folder that exists or whose parent does not."""
+    if not path.strip() or "\0" in path:
+        raise KitError(f"--output-dir: expected the name of a new folder, got {shown(path)}")
+    if os.path.lexists(path):
+        raise KitError(f"--output-dir: {shown_name(path)} already exists; the sweep writes only into a new folder")
+    if not os.path.isdir(os.path.dirname(os.path.normpath(path)) or "."):
+        raise KitError(f"--output-dir: the folder that would hold {shown_name(path)} does not exist")
+    return path
+
+
+def probe_device(device):
+    """The chosen GPU as a child `environment --json` sees it (free memory included), or a refusal."""
+    import json
+    import subprocess
+
+    try:
+        completed = subprocess.run(child_command(["environment", "--device", device, "--json"]), capture_output=True,
+                                   stdin=subprocess.DEVNULL, timeout=SWEEP_PROBE_TIMEOUT_S)  # fmt: skip
+        environment = json.loads(completed.stdout.decode("utf-8")) if completed.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        raise KitError(
+            f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured"
+        ) from None
+    except ValueError:  # not UTF-8, not JSON
+        environment = None
+    if not isinstance(environment, dict) or not isinstance(environment.get("gpu"), (dict, type(None))):
+        raise KitError(f"the child reading {device} failed (exit status {completed.returncode}); nothing measured")
+    if not environment.get("gpu_available") or not environment.get("gpu"):
+        raise KitError(f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
+                       "no folder created")  # fmt: skip
+    return environment
+
+
+def run_child(arguments, timeout_s):
+    """(exit status, None if stopped after ``timeout_s`` seconds; its stderr) of a fresh child; on Ctrl-C the
+    child is stopped too, then the KeyboardInterrupt goes on."""
+    import subprocess
+
+    process = subprocess.Popen(child_command(arguments), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+    try:
+        _, err = process.communicate(timeout=timeout_s)
+        return process.returncode, err
+    except subprocess.TimeoutExpired:
+        stop_child(process)
+        return None, ""
+    except BaseException:
+        stop_child(process)
+        raise
+
+
+def stop_child(process):
+    """Interrupt the child as Ctrl-C does (measure then removes its partial file); kill it if it lingers."""
+    import signal
+    import subprocess
+
+    try:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT if os.name == "posix" else signal.SIGTERM)
+        process.communicate(timeout=SWEEP_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+
+
+def remove_leftovers(folder, output):
+    """After a child that did not succeed: its result, if any, and any temporary file go (the folder is the
+    sweep's own, so it holds exactly the results of the children that exited 0)."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if path == output or (name.startswith(".partial-") and name.endswith(".tmp")):
+            os.unlink(path)
+
+
+MEASURE_OPTIONS = ("device", "batch", "context", "width", "dtype", "warmup", "repeats", "seed")
+
+
+def sweep_configs(args):
+    """(the dimension varied, [(value, its measure configuration)]), every value checked before anything runs."""
+    dimension = args.vary
+    if dimension not in FIT_DIMENSIONS:
+        raise KitError(f"--vary: expected one of {', '.join(FIT_DIMENSIONS)}, got {shown(dimension)}")
+    if dimension in getattr(args, "_given_options", ()):
+        raise KitError(f"--{dimension}: --vary {dimension} takes its values from --values; drop --{dimension}")
+    fixed = {key: getattr(args, key) for key in MEASURE_OPTIONS}
+    return dimension, [(value, measure_config(**{**fixed, dimension: value})) for value in sweep_values(args.values)]
+
+
+def measure_in_child(config, folder, output, timeout_s):
+    """Run `measure` for ``config`` in a fresh child; (exit status or None, stderr).  Unless the child succeeds,
+    nothing of it stays in ``folder``."""
+    arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
+    try:
+        status, err = run_child(arguments, timeout_s)
+    except BaseException:  # Ctrl-C: the child is stopped; its partial file must not stay
+        remove_leftovers(folder, output)
+        raise
+    if status != 0:
+        remove_leftovers(folder, output)
+    return status, err
+
+
+def child_stopped(where, status, err, plan, timeout_s):
+    """The KitError that a child's end makes the sweep stop with (exit 3: MeasurementFailed)."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    line = one_line(lines[-1]) if lines else "no message"
+    if status is None:
+        return KitError(f"{where}: the child did not finish within {timeout_s} s and was stopped; nothing kept for it")
+    if status == 3:
+        peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
+        return MeasurementFailed(
+            f"{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
+            f"({in_units(peak)} GiB), needing {needs} bytes ({in_units(needs)} GiB) free"
+        )
+    if status == 0:
+        return KitError(f"{where}: the child exited 0 without writing its result")
+    return KitError(f"{where}: the child {'refused' if status == 2 else 'failed'} (exit status {status}): {line}")
+
+
+def sweep_children(dimension, configs, environment, folder, timeout_s):
+    """Measure each value in turn, after the plan's fit check against the probed free memory; returns
+    ([(value, file written)], the KitError that stopped the sweep, or None)."""
+    written, created = [], False
+    try:
+        for index, (value, config) in enumerate(configs):
+            where, plan = f"{dimension} {value}", predict_memory(config)
+            problem = fit_problem(plan, environment)
+            if problem:
+                larger = len(configs) - index - 1  # larger values need more: none of them is launched either
+                also = f" (nor the {larger} larger value(s))" if larger else ""
+                return written, KitError(f"{where}: predicted not to fit, not launched{also}: {problem}")
+            if not created:
+                make_new_folder(folder)
+                created = True
+            output = os.path.join(folder, f"mesures-{dimension}-{value}.json")
+            status, err = measure_in_child(config, folder, output, timeout_s)
+            if status != 0 or not os.path.isfile(output):
+                return written, child_stopped(where, status, err, plan, timeout_s)
+            written.append((value, output))
+            print(f"{where}: measured, {shown_name(output)}", flush=True)
+        return written, None
+    finally:
+        if created and not written:  # nothing measured: no folder left behind (its leftovers are gone)
+            os.rmdir(folder)
+
+
+def make_new_folder(folder):
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        raise KitError(f"--output-dir: {shown_name(folder)} appeared meanwhile; nothing measured") from None
+    except (OSError, ValueError) as error:
+        raise KitError(f"--output-dir: cannot create {shown_name(folder)}: {describe_error(error)}") from None
+
+
+def _command_sweep(args):
+    dimension, configs = sweep_configs(args)
+    timeout_s = whole_number("--timeout-s", args.timeout_s, 1, SWEEP_MAX_TIMEOUT_S)
+    folder = check_new_folder(args.output_dir)
+    environment = probe_device(args.device)
+    written, stop = sweep_children(dimension, configs, environment, folder, timeout_s)
+    if not written:
+        raise stop
+    if stop is not None:
+        print(f"Sweep stopped: {stop}")
+    print(format_report(report([path for _, path in written])))
+    print(f"Largest {dimension} measured: {written[-1][0]}")
+
+
 # The help: module constants, not __doc__, so that it survives python -OO.
 DESCRIPTION = (
     "IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase GPU measurement "
@@ -1888,6 +2078,20 @@ COMMAND_OPTIONS = {
         ("--json", None, False, "with --plan: print one JSON object"),
         ("--memory-gib", "GIB", None, "with --plan: a card's memory in GiB; whether the run fits, and the largest "
          "batch, context and width that fit"),
+    ]),
+    "sweep": ("measure one dimension at several values, each in a fresh process, then report", _command_sweep, [
+        ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
+        ("--vary", "DIMENSION", REQUIRED, "batch, context or width: the dimension that takes the values"),
+        ("--values", "V1,V2,...", REQUIRED, "strictly increasing whole numbers, separated by commas"),
+        ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
+        ("--batch", "N", "1", "batch size (default 1)"),
+        ("--context", "N", "16", "positions per input row (default 16)"),
+        ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
+        ("--dtype", "NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
+        ("--warmup", "N", "1", "warm-up passes, 0 or more (default 1)"),
+        ("--repeats", "N", "2", "measured warm passes, 1 or more (default 2)"),
+        ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
+        ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
     ]),
     "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, [
         ("--json", None, False, JSON_HELP),

@@ -429,7 +429,7 @@ def test_report_runs_with_the_standard_library_alone(tmp_path):
     assert completed.stdout.splitlines()[1].split()[:3] == [str(DATA / "schema1.json"), "Crafted", "GPU"]
 
 
-# --- the README's loop and example ----------------------------------------------------------------------
+# --- the README's example --------------------------------------------------------------------------------
 
 
 def _readme_section():
@@ -438,8 +438,9 @@ def _readme_section():
 
 
 def test_the_readme_example_is_the_real_output_of_its_command(monkeypatch, capsys):
+    """The section's second console block is the `report` command (the first is `sweep`: test_sweep.py runs it)."""
     section = _readme_section()
-    command = section.split("```console\n", 1)[1].split("\n```", 1)[0]
+    command = section.split("```console\n")[2].split("\n```", 1)[0]
     example = section.split("```txt\n", 1)[1].split("```", 1)[0]
     assert command.startswith("python mesure_memoire.py report ")
     monkeypatch.chdir(DATA / "readme")
@@ -447,31 +448,6 @@ def test_the_readme_example_is_the_real_output_of_its_command(monkeypatch, capsy
     assert mesure_memoire.main(command.split()[2:]) == 0
     assert capsys.readouterr().out == example
     assert tree_digest(DATA) == before
-
-
-def test_the_readme_loop_stops_at_the_first_exit_3_and_reports_what_it_wrote(tmp_path):
-    """The README's loop, run by sh, with a shell function standing in for ``python`` (no GPU here):
-    widths up to 1024 "fit" (the crafted results are copied), 2048 "runs out of memory" (exit 3);
-    the report line then runs the real script."""
-    loop = _readme_section().split("```sh\n", 1)[1].split("```", 1)[0]
-    stand_in = f"""\
-python() {{
-    echo "$*" >> calls.log
-    if [ "$2" = report ]; then shift 2; "{sys.executable}" "{ROOT / "mesure_memoire.py"}" report "$@"; return; fi
-    width= output=
-    while [ $# -gt 0 ]; do case $1 in --width) width=$2;; --output) output=$2;; esac; shift; done
-    if [ "$width" -gt 1024 ]; then echo "mesure_memoire.py: error: out of memory" >&2; return 3; fi
-    cp "{DATA / "readme"}/mesures-width-$width.json" "$output"
-}}
-"""
-    completed = subprocess.run(["sh", "-c", stand_in + loop], capture_output=True, text=True, cwd=tmp_path, timeout=60)
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stderr == "mesure_memoire.py: error: out of memory\n"
-    calls = (tmp_path / "calls.log").read_text().splitlines()
-    assert [call.split("--width ")[1].split()[0] for call in calls[:-1]] == ["256", "512", "1024", "2048"]
-    assert calls[-1] == "mesure_memoire.py report mesures-width-256.json mesures-width-512.json mesures-width-1024.json"
-    example = _readme_section().split("```txt\n", 1)[1].split("```", 1)[0]
-    assert completed.stdout == "width 2048: exit status 3, stopping here\n" + example
 
 
 # --- reading result files -------------------------------------------------------------------------------------

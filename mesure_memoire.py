@@ -30,7 +30,7 @@ from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
 # >>> notebook: Constants, validation and the error type
 KIT_NAME = "iteragpu-lab-v1"
-RESULT_SCHEMA_VERSION = 2  # 2 adds requested bytes, device time, predictions and verdicts
+RESULT_SCHEMA_VERSION = 3  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
@@ -800,6 +800,19 @@ def _requested(stats, which):
     return value if isinstance(value, int) else None
 
 
+def device_used_bytes(cuda, device):
+    """The memory in use on the whole device (mem_get_info: total - free), every process and the CUDA/ROCm
+    context included; None where this runtime cannot tell (no such API, or a runtime error)."""
+    reading = getattr(cuda, "mem_get_info", None)
+    if reading is None:
+        return None
+    try:
+        free_bytes, total_bytes = reading(device)
+    except RuntimeError:
+        return None
+    return int(total_bytes) - int(free_bytes)
+
+
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     """One phase of the protocol; returns (record, work's output).
 
@@ -808,6 +821,7 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     read from two CUDA events recorded on the device's current stream around the work.
     """
     cuda.synchronize(device)
+    baseline_device_used = device_used_bytes(cuda, device)  # outside the timed region, like every reading
     baseline_allocated = cuda.memory_allocated(device)
     baseline_reserved = cuda.memory_reserved(device)
     baseline_stats = cuda.memory_stats(device)
@@ -824,6 +838,7 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
         events[1].record(stream)
     cuda.synchronize(device)
     elapsed_ns = clock() - started_ns
+    end_device_used = device_used_bytes(cuda, device)
     record = {
         "phase": phase,
         "nanoseconds": elapsed_ns,
@@ -835,6 +850,8 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
         "end_reserved_bytes": cuda.memory_reserved(device),
         "peak_allocated_bytes": cuda.max_memory_allocated(device),
         "peak_reserved_bytes": cuda.max_memory_reserved(device),
+        "baseline_device_used_bytes": baseline_device_used,
+        "end_device_used_bytes": end_device_used,
     }
     stats = cuda.memory_stats(device)
     record["baseline_requested_bytes"] = _requested(baseline_stats, "current")
@@ -1151,6 +1168,7 @@ def measure(config, tool):
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
     allocated_before = set_up("torch.cuda.memory_allocated", lambda: cuda.memory_allocated(device))
     reserved_before = set_up("torch.cuda.memory_reserved", lambda: cuda.memory_reserved(device))
+    device_used_before = device_used_bytes(cuda, index)  # CUDA is initialised: its context is counted
     try:
         phases, output_summary = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
@@ -1168,6 +1186,7 @@ def measure(config, tool):
             "cuda_initialized_before_measure": cuda_initialized_before,
             "allocated_bytes_before_measure": allocated_before,
             "reserved_bytes_before_measure": reserved_before,
+            "device_used_bytes_before_measure": device_used_before,
             "fresh_process_warning": None
             if fresh
             else "PyTorch already held GPU memory in this process before the measurement: "
@@ -1378,7 +1397,7 @@ def format_phase_table(result):
 
 
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
-RESULT_SCHEMA_VERSIONS_READ = (1, 2)  # every schema the kit has written: old results stay readable
+RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
 REPORT_FLOP_CONVENTION = (
     "FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, "
@@ -1468,7 +1487,7 @@ def _checked_result(path, result):
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
     if _count(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {version!r} is not one this version reads (1 or 2)")
+        raise _result_problem(path, f"schema_version {version!r} is not one this version reads (1, 2 or 3)")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
@@ -1502,7 +1521,18 @@ def _checked_result(path, result):
         "warm_median_device_ms": _device_median_ms(warm),
         "not_fresh": config.get("fresh_process_warning") is not None,
         **checks,
+        **_device_wide(phases[-1]),
     }
+
+
+def _device_wide(last_phase):
+    """The device-wide memory in use at the end of a run (schema 3), and the part of it outside PyTorch's
+    allocator in that process (device used - reserved); None for both where the result has no reading."""
+    used = _count(last_phase.get("end_device_used_bytes"))
+    reserved = _count(last_phase.get("end_reserved_bytes"))
+    if used is None or reserved is None:
+        return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
+    return {"device_used_end_bytes": used, "outside_allocator_bytes": used - reserved}
 
 
 def _checked_phases(path, phases):
@@ -1595,6 +1625,8 @@ def report_rows(named_results):
                     "parameters": item["parameters"],
                     "peak_allocated_bytes": item["peak_allocated_bytes"],
                     "peak_reserved_bytes": item["peak_reserved_bytes"],
+                    "device_used_end_bytes": item["device_used_end_bytes"],
+                    "outside_allocator_bytes": item["outside_allocator_bytes"],
                     "cold_forward_ms": _milliseconds(item["cold_ns"]),
                     "warm_repetitions": len(item["warm_ns"]),
                     "warm_median_ms": warm_median_ms,
@@ -1622,6 +1654,24 @@ def _cell(value):
     """Text as it is when printable, else its repr: one table line per file, always."""
     text = "none" if value is None else str(value)
     return text if text.isprintable() else repr(text)
+
+
+DEVICE_WIDE_NOTE = (
+    "Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside "
+    "PyTorch's allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any "
+    "other process on that GPU."
+)
+
+
+def device_wide_lines(rows):
+    """A table of the device-wide memory, for the results that record it (schema 3); none otherwise."""
+    recorded = [row for row in rows if row.get("device_used_end_bytes") is not None]
+    if not recorded:
+        return []
+    table = [("file", "device used MiB", "outside allocator MiB")]
+    table += [(_cell(row["file"]), in_units(row["device_used_end_bytes"], MIB_BYTES),
+               in_units(row["outside_allocator_bytes"], MIB_BYTES)) for row in recorded]  # fmt: skip
+    return [DEVICE_WIDE_NOTE, _table(table)]
 
 
 def format_report(data):
@@ -1662,6 +1712,7 @@ def format_report(data):
         ).rstrip()
         for row in rows
     ]
+    lines += device_wide_lines(data["results"])
     lines += [
         "Peaks: maxima over each run's phases, PyTorch's allocator in that process only.",
         "Times: wall clock; the warm median is the median of the warm_forward lines.",

@@ -40,7 +40,7 @@ from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
 # >>> notebook: Constants, validation and the error type
 KIT_NAME = "iteragpu-lab-v1"
-RESULT_SCHEMA_VERSION = 2  # 2 adds requested bytes, device time, predictions and verdicts
+RESULT_SCHEMA_VERSION = 3  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
@@ -747,10 +747,109 @@ def format_plan(plan):
     return "\n".join(lines)
 
 
+# --plan --memory-gib: the verdict on a card, and the largest size per dimension that still fits there.
+FIT_DIMENSIONS = ("batch", "context", "width")
+LARGEST_ACCEPTED = 10**MAX_DIGITS - 1  # the largest whole number an option accepts
+FIT_NOTE = (
+    "The margin is room for what the allocator's counters never see (the CUDA/ROCm context, BLAS handles, "
+    "kernel code, segments); the plan counts no other process: a measurement on the card is the proof."
+)
+
+
+def card_memory_bytes(memory_gib):
+    """A card's memory in GiB (a decimal in the kit's number grammar, more than 0) as whole bytes, rounded down."""
+    gib = non_negative_decimal("--memory-gib", memory_gib)
+    if not gib:
+        raise KitError(f"--memory-gib: a card's memory must be more than 0 GiB, got {shown(memory_gib)}")
+    with exact_context():
+        return gib, int(gib * GIB_BYTES)
+
+
+def planned_needs_free_bytes(config):
+    """The plan's needs_free_bytes.  Planned with at most 2 warm-up passes and 2 repetitions, so that a search
+    costs the same whatever the counts: every pass after the first repeats the same tensors from the same
+    baseline, so the peak, and what the run needs, do not change with them."""
+    bounded = {**config, "warmup": min(config["warmup"], 2), "repeats": min(config["repeats"], 2)}
+    return predict_memory(bounded)["needs_free_bytes"]
+
+
+def largest_that_fits(config, memory_bytes, dimension):
+    """The largest whole value of ``dimension`` (the others as in ``config``) whose plan needs at most
+    ``memory_bytes``; None when even 1 does not fit.  The plan grows with each dimension: doubling finds a
+    value that does not fit, then halving the interval finds the last one that does."""
+
+    def fits(value):
+        return planned_needs_free_bytes({**config, dimension: value}) <= memory_bytes
+
+    if not fits(1):
+        return None
+    low, high = 1, 2  # low fits; high is not known to fit
+    while high <= LARGEST_ACCEPTED and fits(high):
+        low, high = high, 2 * high
+    high = min(high, LARGEST_ACCEPTED + 1)  # beyond it the kit accepts no value
+    while high - low > 1:  # low fits, high does not (or is beyond the accepted values)
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def fit_on_card(plan, memory_gib):
+    """Whether the planned run fits a card of ``memory_gib`` GiB, and the largest batch, context and width that
+    fit it, each alone with the others as planned: the fields --plan --memory-gib adds to the plan."""
+    gib, memory_bytes = card_memory_bytes(memory_gib)
+    config = plan["configuration"]
+    return {
+        "memory_gib": gib,
+        "memory_bytes": memory_bytes,
+        "fits": plan["needs_free_bytes"] <= memory_bytes,
+        "largest": {dimension: largest_that_fits(config, memory_bytes, dimension) for dimension in FIT_DIMENSIONS},
+        "largest_is": "per dimension, the others as given: the largest whole value whose needs_free_bytes fits "
+        "(null: even 1 does not)",
+        "fit_note": FIT_NOTE,
+    }
+
+
+def format_fit(plan):
+    """The lines --plan --memory-gib adds to the plan's text."""
+    needs, memory_bytes = plan["needs_free_bytes"], plan["memory_bytes"]
+    verdict = "fits" if plan["fits"] else f"does NOT fit ({needs - memory_bytes} bytes short)"
+    largest = ", ".join(
+        f"{dimension} {'none (even 1 does not fit)' if value is None else value}"
+        for dimension, value in plan["largest"].items()
+    )
+    return "\n".join(
+        [
+            f"On a card of {plan['memory_gib']} GiB ({memory_bytes} bytes): {verdict}, needing {needs} bytes.",
+            f"Largest that fits, each dimension alone with the others as given: {largest}.",
+            plan["fit_note"],
+        ]
+    )
+
+
+def format_plan_and_fit(plan):
+    return format_plan(plan) + ("\n" + format_fit(plan) if "fits" in plan else "")
+
+
 def _requested(stats, which):
     # "requested_bytes.*" exists in PyTorch's memory_stats since 2.1; None where it does not.
     value = stats.get(f"requested_bytes.all.{which}") if isinstance(stats, dict) else None
     return value if isinstance(value, int) else None
+
+
+def device_used_bytes(cuda, device):
+    """The memory in use on the whole device (mem_get_info: total - free), every process and the CUDA/ROCm
+    context included; None where this runtime cannot tell (no such API, or a runtime error)."""
+    reading = getattr(cuda, "mem_get_info", None)
+    if reading is None:
+        return None
+    try:
+        free_bytes, total_bytes = reading(device)
+    except RuntimeError:
+        return None
+    return int(total_bytes) - int(free_bytes)
 
 
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
@@ -761,6 +860,7 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     read from two CUDA events recorded on the device's current stream around the work.
     """
     cuda.synchronize(device)
+    baseline_device_used = device_used_bytes(cuda, device)  # outside the timed region, like every reading
     baseline_allocated = cuda.memory_allocated(device)
     baseline_reserved = cuda.memory_reserved(device)
     baseline_stats = cuda.memory_stats(device)
@@ -777,6 +877,7 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
         events[1].record(stream)
     cuda.synchronize(device)
     elapsed_ns = clock() - started_ns
+    end_device_used = device_used_bytes(cuda, device)
     record = {
         "phase": phase,
         "nanoseconds": elapsed_ns,
@@ -788,6 +889,8 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
         "end_reserved_bytes": cuda.memory_reserved(device),
         "peak_allocated_bytes": cuda.max_memory_allocated(device),
         "peak_reserved_bytes": cuda.max_memory_reserved(device),
+        "baseline_device_used_bytes": baseline_device_used,
+        "end_device_used_bytes": end_device_used,
     }
     stats = cuda.memory_stats(device)
     record["baseline_requested_bytes"] = _requested(baseline_stats, "current")
@@ -1104,6 +1207,7 @@ def measure(config, tool):
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
     allocated_before = set_up("torch.cuda.memory_allocated", lambda: cuda.memory_allocated(device))
     reserved_before = set_up("torch.cuda.memory_reserved", lambda: cuda.memory_reserved(device))
+    device_used_before = device_used_bytes(cuda, index)  # CUDA is initialised: its context is counted
     try:
         phases, output_summary = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
@@ -1121,6 +1225,7 @@ def measure(config, tool):
             "cuda_initialized_before_measure": cuda_initialized_before,
             "allocated_bytes_before_measure": allocated_before,
             "reserved_bytes_before_measure": reserved_before,
+            "device_used_bytes_before_measure": device_used_before,
             "fresh_process_warning": None
             if fresh
             else "PyTorch already held GPU memory in this process before the measurement: "
@@ -1331,7 +1436,7 @@ def format_phase_table(result):
 
 
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
-RESULT_SCHEMA_VERSIONS_READ = (1, 2)  # every schema the kit has written: old results stay readable
+RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
 MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
 SHOWN_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
@@ -1431,7 +1536,7 @@ def _checked_result(path, result):
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
     if _count(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1 or 2)")
+        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1, 2 or 3)")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
@@ -1471,7 +1576,18 @@ def _checked_result(path, result):
         "warm_median_device_ms": _device_median_ms(warm),
         "not_fresh": config.get("fresh_process_warning") is not None,
         **checks,
+        **_device_wide(phases[-1]),
     }
+
+
+def _device_wide(last_phase):
+    """The device-wide memory in use at the end of a run (schema 3), and the part of it outside PyTorch's
+    allocator in that process (device used - reserved); None for both where the result has no reading."""
+    used = _count(last_phase.get("end_device_used_bytes"))
+    reserved = _count(last_phase.get("end_reserved_bytes"))
+    if used is None or reserved is None:
+        return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
+    return {"device_used_end_bytes": used, "outside_allocator_bytes": used - reserved}
 
 
 def _checked_phases(path, phases):
@@ -1574,6 +1690,8 @@ def report_rows(named_results):
                     "parameters": item["parameters"],
                     "peak_allocated_bytes": item["peak_allocated_bytes"],
                     "peak_reserved_bytes": item["peak_reserved_bytes"],
+                    "device_used_end_bytes": item["device_used_end_bytes"],
+                    "outside_allocator_bytes": item["outside_allocator_bytes"],
                     "cold_forward_ms": _milliseconds(item["cold_ns"]),
                     "warm_repetitions": len(item["warm_ns"]),
                     "warm_median_ms": warm_median_ms,
@@ -1601,6 +1719,24 @@ def _cell(value):
     """Text as it is when printable, else its repr: one table line per file, always."""
     text = "none" if value is None else str(value)
     return text if text.isprintable() else repr(text)
+
+
+DEVICE_WIDE_NOTE = (
+    "Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside "
+    "PyTorch's allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any "
+    "other process on that GPU."
+)
+
+
+def device_wide_lines(rows):
+    """A table of the device-wide memory, for the results that record it (schema 3); none otherwise."""
+    recorded = [row for row in rows if row.get("device_used_end_bytes") is not None]
+    if not recorded:
+        return []
+    table = [("file", "device used MiB", "outside allocator MiB")]
+    table += [(_cell(row["file"]), in_units(row["device_used_end_bytes"], MIB_BYTES),
+               in_units(row["outside_allocator_bytes"], MIB_BYTES)) for row in recorded]  # fmt: skip
+    return [DEVICE_WIDE_NOTE, _table(table)]
 
 
 def format_report(data):
@@ -1641,6 +1777,7 @@ def format_report(data):
         ).rstrip()
         for row in rows
     ]
+    lines += device_wide_lines(data["results"])
     lines += [
         "Peaks: maxima over each run's phases, PyTorch's allocator in that process only.",
         "Times: wall clock; the warm median is the median of the warm_forward lines.",
@@ -1807,8 +1944,13 @@ def _command_measure(args):
     if args.plan:
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
-        _emit(args, predict_memory(config), format_plan)
+        plan = predict_memory(config)
+        if args.memory_gib is not None:
+            plan.update(fit_on_card(plan, args.memory_gib))
+        _emit(args, plan, format_plan_and_fit)
         return
+    if args.memory_gib is not None:
+        raise KitError("--memory-gib goes with --plan")
     if args.json:
         raise KitError("--json goes with --plan; measure writes its JSON to --output")
     output_path = args.output
@@ -1825,6 +1967,196 @@ def _command_measure(args):
 
 def _command_report(args):
     _emit(args, report(args.files), format_report)
+
+
+# sweep: one `measure` per value, each in a fresh child process (this interpreter, this script).  The parent
+# never imports PyTorch: a CUDA context of its own would sit on the GPU beside every measurement.
+SWEEP_PROBE_TIMEOUT_S = 300  # a child `environment`: importing PyTorch and initialising CUDA
+SWEEP_STOP_GRACE_S = 10  # after Ctrl-C or a time-out, the child's time to stop (and remove its file) before a kill
+SWEEP_MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
+def child_command(arguments):
+    """The command of a fresh child: this interpreter running this script."""
+    return [sys.executable, os.path.abspath(__file__), *arguments]
+
+
+def sweep_values(text):
+    """--values as ints: whole numbers >= 1, separated by commas, strictly increasing."""
+    values = [whole_number("--values", item, 1) for item in text.split(",")]
+    if any(later <= earlier for earlier, later in zip(values, values[1:], strict=False)):
+        raise KitError(f"--values: expected strictly increasing whole numbers separated by commas, got {shown(text)}")
+    return values
+
+
+def check_new_folder(path):
+    """Refuse, before anything runs, a folder that exists or whose parent does not."""
+    if not path.strip() or "\0" in path:
+        raise KitError(f"--output-dir: expected the name of a new folder, got {shown(path)}")
+    if os.path.lexists(path):
+        raise KitError(f"--output-dir: {shown_name(path)} already exists; the sweep writes only into a new folder")
+    if not os.path.isdir(os.path.dirname(os.path.normpath(path)) or "."):
+        raise KitError(f"--output-dir: the folder that would hold {shown_name(path)} does not exist")
+    return path
+
+
+def probe_device(device):
+    """The chosen GPU as a child `environment --json` sees it (free memory included), or a refusal."""
+    import json
+    import subprocess
+
+    try:
+        completed = subprocess.run(child_command(["environment", "--device", device, "--json"]), capture_output=True,
+                                   stdin=subprocess.DEVNULL, timeout=SWEEP_PROBE_TIMEOUT_S)  # fmt: skip
+        environment = json.loads(completed.stdout.decode("utf-8")) if completed.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        raise KitError(
+            f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured"
+        ) from None
+    except ValueError:  # not UTF-8, not JSON
+        environment = None
+    if not isinstance(environment, dict) or not isinstance(environment.get("gpu"), (dict, type(None))):
+        raise KitError(f"the child reading {device} failed (exit status {completed.returncode}); nothing measured")
+    if not environment.get("gpu_available") or not environment.get("gpu"):
+        raise KitError(f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
+                       "no folder created")  # fmt: skip
+    return environment
+
+
+def run_child(arguments, timeout_s):
+    """(exit status, None if stopped after ``timeout_s`` seconds; its stderr) of a fresh child; on Ctrl-C the
+    child is stopped too, then the KeyboardInterrupt goes on."""
+    import subprocess
+
+    process = subprocess.Popen(child_command(arguments), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+    try:
+        _, err = process.communicate(timeout=timeout_s)
+        return process.returncode, err
+    except subprocess.TimeoutExpired:
+        stop_child(process)
+        return None, ""
+    except BaseException:
+        stop_child(process)
+        raise
+
+
+def stop_child(process):
+    """Interrupt the child as Ctrl-C does (measure then removes its partial file); kill it if it lingers."""
+    import signal
+    import subprocess
+
+    try:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT if os.name == "posix" else signal.SIGTERM)
+        process.communicate(timeout=SWEEP_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+
+
+def remove_leftovers(folder, output):
+    """After a child that did not succeed: its result, if any, and any temporary file go (the folder is the
+    sweep's own, so it holds exactly the results of the children that exited 0)."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if path == output or (name.startswith(".partial-") and name.endswith(".tmp")):
+            os.unlink(path)
+
+
+MEASURE_OPTIONS = ("device", "batch", "context", "width", "dtype", "warmup", "repeats", "seed")
+
+
+def sweep_configs(args):
+    """(the dimension varied, [(value, its measure configuration)]), every value checked before anything runs."""
+    dimension = args.vary
+    if dimension not in FIT_DIMENSIONS:
+        raise KitError(f"--vary: expected one of {', '.join(FIT_DIMENSIONS)}, got {shown(dimension)}")
+    if dimension in getattr(args, "_given_options", ()):
+        raise KitError(f"--{dimension}: --vary {dimension} takes its values from --values; drop --{dimension}")
+    fixed = {key: getattr(args, key) for key in MEASURE_OPTIONS}
+    return dimension, [(value, measure_config(**{**fixed, dimension: value})) for value in sweep_values(args.values)]
+
+
+def measure_in_child(config, folder, output, timeout_s):
+    """Run `measure` for ``config`` in a fresh child; (exit status or None, stderr).  Unless the child succeeds,
+    nothing of it stays in ``folder``."""
+    arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
+    try:
+        status, err = run_child(arguments, timeout_s)
+    except BaseException:  # Ctrl-C: the child is stopped; its partial file must not stay
+        remove_leftovers(folder, output)
+        raise
+    if status != 0:
+        remove_leftovers(folder, output)
+    return status, err
+
+
+def child_stopped(where, status, err, plan, timeout_s):
+    """The KitError that a child's end makes the sweep stop with (exit 3: MeasurementFailed)."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    line = one_line(lines[-1]) if lines else "no message"
+    if status is None:
+        return KitError(f"{where}: the child did not finish within {timeout_s} s and was stopped; nothing kept for it")
+    if status == 3:
+        peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
+        return MeasurementFailed(
+            f"{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
+            f"({in_units(peak)} GiB), needing {needs} bytes ({in_units(needs)} GiB) free"
+        )
+    if status == 0:
+        return KitError(f"{where}: the child exited 0 without writing its result")
+    return KitError(f"{where}: the child {'refused' if status == 2 else 'failed'} (exit status {status}): {line}")
+
+
+def sweep_children(dimension, configs, environment, folder, timeout_s):
+    """Measure each value in turn, after the plan's fit check against the probed free memory; returns
+    ([(value, file written)], the KitError that stopped the sweep, or None)."""
+    written, created = [], False
+    try:
+        for index, (value, config) in enumerate(configs):
+            where, plan = f"{dimension} {value}", predict_memory(config)
+            problem = fit_problem(plan, environment)
+            if problem:
+                larger = len(configs) - index - 1  # larger values need more: none of them is launched either
+                also = f" (nor the {larger} larger value(s))" if larger else ""
+                return written, KitError(f"{where}: predicted not to fit, not launched{also}: {problem}")
+            if not created:
+                make_new_folder(folder)
+                created = True
+            output = os.path.join(folder, f"mesures-{dimension}-{value}.json")
+            status, err = measure_in_child(config, folder, output, timeout_s)
+            if status != 0 or not os.path.isfile(output):
+                return written, child_stopped(where, status, err, plan, timeout_s)
+            written.append((value, output))
+            print(f"{where}: measured, {shown_name(output)}", flush=True)
+        return written, None
+    finally:
+        if created and not written:  # nothing measured: no folder left behind (its leftovers are gone)
+            os.rmdir(folder)
+
+
+def make_new_folder(folder):
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        raise KitError(f"--output-dir: {shown_name(folder)} appeared meanwhile; nothing measured") from None
+    except (OSError, ValueError) as error:
+        raise KitError(f"--output-dir: cannot create {shown_name(folder)}: {describe_error(error)}") from None
+
+
+def _command_sweep(args):
+    dimension, configs = sweep_configs(args)
+    timeout_s = whole_number("--timeout-s", args.timeout_s, 1, SWEEP_MAX_TIMEOUT_S)
+    folder = check_new_folder(args.output_dir)
+    environment = probe_device(args.device)
+    written, stop = sweep_children(dimension, configs, environment, folder, timeout_s)
+    if not written:
+        raise stop
+    if stop is not None:
+        print(f"Sweep stopped: {stop}")
+    print(format_report(report([path for _, path in written])))
+    print(f"Largest {dimension} measured: {written[-1][0]}")
 
 
 # The help: module constants, not __doc__, so that it survives python -OO.
@@ -1860,6 +2192,22 @@ COMMAND_OPTIONS = {
         ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
         ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
         ("--json", None, False, "with --plan: print one JSON object"),
+        ("--memory-gib", "GIB", None, "with --plan: a card's memory in GiB; whether the run fits, and the largest "
+         "batch, context and width that fit"),
+    ]),
+    "sweep": ("measure one dimension at several values, each in a fresh process, then report", _command_sweep, [
+        ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
+        ("--vary", "DIMENSION", REQUIRED, "batch, context or width: the dimension that takes the values"),
+        ("--values", "V1,V2,...", REQUIRED, "strictly increasing whole numbers, separated by commas"),
+        ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
+        ("--batch", "N", "1", "batch size (default 1)"),
+        ("--context", "N", "16", "positions per input row (default 16)"),
+        ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
+        ("--dtype", "NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
+        ("--warmup", "N", "1", "warm-up passes, 0 or more (default 1)"),
+        ("--repeats", "N", "2", "measured warm passes, 1 or more (default 2)"),
+        ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
+        ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
     ]),
     "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, [
         ("--json", None, False, JSON_HELP),

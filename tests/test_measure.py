@@ -205,6 +205,7 @@ def test_run_phase_follows_the_protocol_order():
         "baseline_allocated_bytes": 1000, "baseline_reserved_bytes": 2000, "end_allocated_bytes": 1000,
         "end_reserved_bytes": 2000, "peak_allocated_bytes": 1500, "peak_reserved_bytes": 2500,
         "baseline_requested_bytes": 900, "end_requested_bytes": 900, "peak_requested_bytes": 1400,
+        "baseline_device_used_bytes": None, "end_device_used_bytes": None,  # this stand-in has no mem_get_info
     }  # fmt: skip
 
 
@@ -312,7 +313,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert set(result) == {"kit", "schema_version", "tool", "created_utc", "environment", "configuration",
                            "synthetic_model", "phases", "prediction_check", "workspace", "output_summary",
                            "predicted_peak_allocated_bytes", "fit_margin_bytes"}  # fmt: skip
-    assert result["schema_version"] == 2 and result["tool"] == "mesure_memoire.py"
+    assert result["schema_version"] == 3 and result["tool"] == "mesure_memoire.py"
     assert result["created_utc"].endswith("Z")
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
     assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
@@ -320,7 +321,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["configuration"] == {
         "device": "cuda:0", "batch": 1, "context": 16, "width": 64, "dtype": "float32", "warmup": 1,
         "repeats": 2, "seed": 0, "cuda_initialized_before_measure": False, "allocated_bytes_before_measure": 0,
-        "reserved_bytes_before_measure": 0, "fresh_process_warning": None,
+        "reserved_bytes_before_measure": 0, "device_used_bytes_before_measure": 2**30, "fresh_process_warning": None,
     }  # fmt: skip
     assert result["synthetic_model"]["parameters"] == 8 * 64 * 64 + 5 * 64
     assert [p["phase"] for p in result["phases"]] == [
@@ -702,9 +703,10 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     plan = mesure_memoire.predict_memory(settings)
     assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
-        "kit": "iteragpu-lab-v1", "schema_version": 2, "tool": "a tool",
+        "kit": "iteragpu-lab-v1", "schema_version": 3, "tool": "a tool",
         "configuration": {**settings, "cuda_initialized_before_measure": True, "allocated_bytes_before_measure": 0,
-                          "reserved_bytes_before_measure": 0, "fresh_process_warning": None},
+                          "reserved_bytes_before_measure": 0, "device_used_bytes_before_measure": GIB,
+                          "fresh_process_warning": None},
         "synthetic_model": mesure_memoire.synthetic_model(settings),
         "prediction_check": {"agrees": True, "disagreements": [], "not_checked": []},
         "workspace": {"measured_bytes": 0, "requested_bytes": 0,
@@ -1742,6 +1744,7 @@ HELP_LINES = {
          "    estimate   weight memory from a parameter count, no GPU",
          "               diagnose Python, PyTorch and the chosen GPU",
          "    measure    measure the synthetic MLP phase by phase on a GPU",
+         "    sweep      measure one dimension at several values, each in a fresh process, then report",
          "    report     compare result files side by side, one row each; reads them, writes nothing",
          "mesure_memoire.py COMMAND --help prints a command's options."],
     "estimate": ["usage: mesure_memoire.py estimate [-h] --parameters N --bits N [--reserve-gib GIB] [--json]",
@@ -1751,16 +1754,24 @@ HELP_LINES = {
                  "  --json             print one JSON object instead of text"],
     "environment": ["usage: mesure_memoire.py environment [-h] --device cuda:N [--json]",
                     "diagnose Python, PyTorch and the chosen GPU", "  --device cuda:N  the GPU to inspect"],
-    "measure": ["  --device cuda:N  the GPU to measure",
-                "  --output FILE    new JSON file for the result (never overwritten); required unless --plan",
-                "  --batch N        batch size (default 1)", "  --context N      positions per input row (default 16)",
-                "  --width N        model width; the hidden layer is 4x (default 64)",
-                "  --dtype NAME     float32, float16 or bfloat16 (default float32)",
-                "  --warmup N       warm-up passes, 0 to 1000 (default 1)",
-                "  --repeats N      measured warm passes, 1 to 1000 (default 2)",
-                "  --seed N         seed of the weights and inputs (default 0)",
-                "  --plan           predict the memory per phase: arithmetic only, no GPU, writes nothing",
-                "  --json           with --plan: print one JSON object"],
+    "measure": ["  --device cuda:N   the GPU to measure",
+                "  --output FILE     new JSON file for the result (never overwritten); required unless --plan",
+                "  --batch N         batch size (default 1)",
+                "  --context N       positions per input row (default 16)",
+                "  --width N         model width; the hidden layer is 4x (default 64)",
+                "  --dtype NAME      float32, float16 or bfloat16 (default float32)",
+                "  --warmup N        warm-up passes, 0 to 1000 (default 1)",
+                "  --repeats N       measured warm passes, 1 to 1000 (default 2)",
+                "  --seed N          seed of the weights and inputs (default 0)",
+                "  --plan            predict the memory per phase: arithmetic only, no GPU, writes nothing",
+                "  --json            with --plan: print one JSON object",
+                "  --memory-gib GIB  with --plan: a card's memory in GiB; whether the run fits, and the largest"],
+    "sweep": ["usage: mesure_memoire.py sweep [-h] --device cuda:N --vary DIMENSION --values V1,V2,... --output-dir",
+              "measure one dimension at several values, each in a fresh process, then report",
+              "  --vary DIMENSION      batch, context or width: the dimension that takes the values",
+              "  --values V1,V2,...    strictly increasing whole numbers, separated by commas",
+              "  --output-dir NEW_FOLDER", "                        a new folder (created; never an existing one)",
+              "  --timeout-s SECONDS   a child still running after this many seconds is stopped (default 1800)"],
     "report": ["usage: mesure_memoire.py report [-h] [--json] FILE [FILE ...]",
                "  FILE        measure result files, in the order to show (after --, a name may start with -)",
                "  --json      print one JSON object instead of text"],
@@ -1774,3 +1785,75 @@ def test_each_help_lists_its_options_and_defaults(command, capsys):
     lines = [" ".join(shown.split()) for shown in capsys.readouterr().out.splitlines()]
     for line in HELP_LINES[command]:
         assert any(shown.startswith(" ".join(line.split())) for shown in lines), line
+
+
+# --- device-wide memory: mem_get_info outside the timed region (part "fit") --------------------------------
+
+
+class DeviceWideCudaStandIn(RecordingCudaStandIn):
+    """RecordingCudaStandIn with mem_get_info, because no GPU can be had here: each reading is recorded,
+    names the measured device, and the free memory drops by 1 MiB per reading (so baseline and end differ)."""
+
+    total_bytes = 80 * GIB
+
+    def __init__(self, *args, fail=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.readings, self.fail = 0, fail
+
+    def mem_get_info(self, device):
+        self._check("mem_get_info", device)
+        if self.fail is not None:
+            raise self.fail
+        self.readings += 1
+        return self._record("mem_get_info", (self.total_bytes - 2 * GIB - self.readings * MIB, self.total_bytes))
+
+
+def test_the_device_wide_readings_are_taken_outside_the_timed_region_on_the_measured_device():
+    recorder = DeviceWideCudaStandIn()
+    ticks = iter([100, 350])
+
+    def clock():
+        recorder.calls.append(("clock", None))
+        return next(ticks)
+
+    record, _ = mesure_memoire.run_phase(
+        recorder, "dev", "inputs", lambda: recorder.calls.append(("work", None)), clock
+    )
+    names = [name for name, _ in recorder.calls]
+    assert names[:2] == ["synchronize", "mem_get_info"]  # after the device is idle, before any other reading
+    first_clock, last_clock = names.index("clock"), len(names) - 1 - names[::-1].index("clock")
+    assert [i for i, name in enumerate(names) if name == "mem_get_info"] == [1, last_clock + 1]
+    assert names[first_clock : last_clock + 1].count("mem_get_info") == 0  # none inside the timing
+    assert ("mem_get_info", "dev") in recorder.devices and {device for _, device in recorder.devices} == {"dev"}
+    assert (record["baseline_device_used_bytes"], record["end_device_used_bytes"]) == (2 * GIB + MIB, 2 * GIB + 2 * MIB)
+    assert record["nanoseconds"] == 250
+
+
+def test_a_device_wide_reading_on_another_device_fails_and_a_runtime_error_leaves_null():
+    with pytest.raises(AssertionError, match="mem_get_info"):
+        mesure_memoire.device_used_bytes(DeviceWideCudaStandIn(device="dev"), "other")
+    failing = DeviceWideCudaStandIn(fail=RuntimeError("CUDA error: not supported"))
+    record, _ = mesure_memoire.run_phase(failing, "dev", "inputs", lambda: None)
+    assert record["baseline_device_used_bytes"] is record["end_device_used_bytes"] is None
+    assert record["end_allocated_bytes"] == 1000  # the phase itself is measured as usual
+    assert mesure_memoire.device_used_bytes(RecordingCudaStandIn(), "dev") is None  # no such API
+
+
+def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stand_in_gpu, monkeypatch):
+    stand_in_gpu(count=3)
+    set_up = SetUpCalls(monkeypatch)
+    settings = config(device="cuda:2")
+
+    def mem_get_info(index):
+        set_up.calls.append(("mem_get_info", index))
+        return (70 * GIB, 80 * GIB) if index == 2 else (0, 80 * GIB)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {
+        "all_finite": True, "checksum_float64": 0.5, "elements": 1024}))  # fmt: skip
+    result = mesure_memoire.measure(settings, tool="a tool")
+    assert result["schema_version"] == 3
+    assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB
+    names = [call[0] for call in set_up.calls]
+    assert names.index("init") < len(names) - 1 - names[::-1].index("mem_get_info")  # read after init
+    assert set_up.calls[-1] == ("mem_get_info", 2)  # the chosen device, by index, after the other set-up calls

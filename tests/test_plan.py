@@ -820,3 +820,145 @@ def test_records_and_prediction_must_have_the_same_phases():
     records, plan = hand_made_records(config())
     with pytest.raises(ValueError):
         mesure_memoire.check_prediction(records[:-1], plan)
+
+
+# --- --plan --memory-gib: the verdict on a card and the largest size per dimension (part "fit") ------------
+
+LARGEST_ACCEPTED = 10**30 - 1
+
+
+def needs(**overrides):
+    """needs_free_bytes of the whole plan, its counts as given: what the search is checked against."""
+    return mesure_memoire.predict_memory(config(**overrides))["needs_free_bytes"]
+
+
+FIT_CASES = [
+    (dict(), "2"),
+    (dict(batch=2, context=128, width=1024, warmup=3, repeats=5), "80"),
+    (dict(batch=3, context=5, width=3, dtype="bfloat16", warmup=0, repeats=1), "1.5"),
+    (dict(batch=7, context=33, width=200, dtype="float16", warmup=4, repeats=3), "141.25"),
+]
+
+
+@pytest.mark.parametrize(("sizes", "memory_gib"), FIT_CASES)
+def test_each_largest_value_fits_and_the_next_one_does_not(sizes, memory_gib):
+    plan_ = mesure_memoire.predict_memory(config(**sizes))
+    fit = mesure_memoire.fit_on_card(plan_, memory_gib)
+    memory_bytes = int(mesure_memoire.Decimal(memory_gib) * GIB)
+    assert fit["memory_bytes"] == memory_bytes
+    assert fit["fits"] is (plan_["needs_free_bytes"] <= memory_bytes)
+    for dimension, largest in fit["largest"].items():
+        assert needs(**{**sizes, dimension: largest}) <= memory_bytes < needs(**{**sizes, dimension: largest + 1})
+
+
+def test_the_verdict_is_the_needed_free_memory_against_the_card_at_the_byte():
+    plan_ = mesure_memoire.predict_memory(config())
+    needed = plan_["needs_free_bytes"]
+    exactly, one_byte_less = (str(mesure_memoire.decimal_ratio(value, GIB)) for value in (needed, needed - 1))
+    assert mesure_memoire.fit_on_card(plan_, exactly)["memory_bytes"] == needed
+    assert mesure_memoire.fit_on_card(plan_, exactly)["fits"] is True
+    assert mesure_memoire.fit_on_card(plan_, one_byte_less)["fits"] is False
+    # At exactly the needed memory, each dimension fits at least as given.
+    largest = mesure_memoire.fit_on_card(plan_, exactly)["largest"]
+    assert largest["width"] >= 64 and largest["context"] >= 16 and largest["batch"] >= 1
+    assert mesure_memoire.fit_on_card(plan_, one_byte_less)["largest"]["width"] < 64
+
+
+def test_none_when_even_one_does_not_fit_and_the_accepted_maximum_when_everything_does():
+    plan_ = mesure_memoire.predict_memory(config())
+    assert mesure_memoire.fit_on_card(plan_, "1")["largest"] == {"batch": None, "context": None, "width": None}
+    assert mesure_memoire.fit_on_card(plan_, "1")["fits"] is False
+    huge = mesure_memoire.fit_on_card(plan_, "1" + "0" * 29)["largest"]
+    assert huge["batch"] == huge["context"] == LARGEST_ACCEPTED  # the kit accepts no larger value
+    assert needs(batch=LARGEST_ACCEPTED) <= 10**29 * GIB
+    assert needs(width=huge["width"]) <= 10**29 * GIB < needs(width=huge["width"] + 1)
+
+
+def test_only_one_dimension_does_not_fit_at_one():
+    # A context so large that batch 1 does not fit at width 64, while a smaller width does.
+    plan_ = mesure_memoire.predict_memory(config(context=2 * 10**7))
+    largest = mesure_memoire.fit_on_card(plan_, "4")["largest"]
+    assert largest["batch"] is None
+    assert needs(context=largest["context"]) <= 4 * GIB < needs(context=largest["context"] + 1)
+    width = largest["width"]
+    assert 1 <= width < 64 and needs(context=2 * 10**7, width=width) <= 4 * GIB < needs(
+        context=2 * 10**7, width=width + 1
+    )
+
+
+def test_the_search_plans_at_most_two_passes_of_each_kind_and_finds_the_same_needs(monkeypatch):
+    for counts in (dict(warmup=0, repeats=1), dict(warmup=1, repeats=2), dict(warmup=9, repeats=13)):
+        assert mesure_memoire.planned_needs_free_bytes(config(**counts)) == needs(**counts)
+    seen = []
+    real = mesure_memoire.predict_memory
+
+    def spy(config_):
+        seen.append((config_["warmup"], config_["repeats"]))
+        return real(config_)
+
+    monkeypatch.setattr(mesure_memoire, "predict_memory", spy)
+    mesure_memoire.largest_that_fits(config(warmup=1000, repeats=1000), 80 * GIB, "width")
+    assert set(seen) == {(2, 2)} and 2 < len(seen) < 80  # a bounded search, at no cost per repetition
+
+
+def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
+    assert mesure_memoire.card_memory_bytes("0.5") == (mesure_memoire.Decimal("0.5"), GIB // 2)
+    assert mesure_memoire.card_memory_bytes("1.0000000001")[1] == GIB + 0  # rounded down to whole bytes
+    assert mesure_memoire.card_memory_bytes("3")[1] == 3 * GIB
+    for zero in ("0", "0.0", "0.000"):
+        assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", zero]) == 2
+        assert capsys.readouterr().err == (
+            f"mesure_memoire.py: error: --memory-gib: a card's memory must be more than 0 GiB, got '{zero}'\n"
+        )
+    for bad in ("-1", "1e3", "8 ", "1.2.3", ""):
+        assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("mesure_memoire.py: error: --memory-gib: ") and err.count("\n") == 1, err
+
+
+def test_memory_gib_goes_with_plan(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main([*SMALL_TRIAL, "--memory-gib", "80", "--output", "x.json"]) == 2
+    assert capsys.readouterr().err == "mesure_memoire.py: error: --memory-gib goes with --plan\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+FIT_TEXT = """\
+On a card of 2.0 GiB (2147483648 bytes): fits, needing 1342346752 bytes.
+Largest that fits, each dimension alone with the others as given: batch 21841, context 349467, width 5007.
+The margin is room for what the allocator's counters never see (the CUDA/ROCm context, BLAS handles, kernel \
+code, segments); the plan counts no other process: a measurement on the card is the proof.
+"""
+
+
+def test_the_fit_text_and_json_come_from_the_same_data(capsys):
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2"]) == 0
+    text = capsys.readouterr().out
+    plan_ = mesure_memoire.predict_memory(config())
+    assert text == mesure_memoire.format_plan(plan_) + "\n" + FIT_TEXT
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["fits"], data["largest"]) == (True, {"batch": 21841, "context": 349467, "width": 5007})
+    assert (data["memory_gib"], data["memory_bytes"], data["needs_free_bytes"]) == (2, 2 * GIB, 1342346752)
+    assert needs(batch=21841) <= 2 * GIB < needs(batch=21842)
+    assert needs(context=349467) <= 2 * GIB < needs(context=349468)
+    assert needs(width=5007) <= 2 * GIB < needs(width=5008)
+
+
+def test_the_fit_text_when_it_does_not_fit():
+    plan_ = mesure_memoire.predict_memory(config())
+    plan_.update(mesure_memoire.fit_on_card(plan_, "1"))
+    assert mesure_memoire.format_fit(plan_).splitlines()[:2] == [
+        "On a card of 1.0 GiB (1073741824 bytes): does NOT fit (268604928 bytes short), needing 1342346752 bytes.",
+        "Largest that fits, each dimension alone with the others as given: batch none (even 1 does not fit), "
+        "context none (even 1 does not fit), width none (even 1 does not fit).",
+    ]
+
+
+@pytest.mark.whole_kit
+def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
+    completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", "--memory-gib", "2", "--json",
+                           python_flags=("-S", "-I"), cwd=tmp_path)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout)["largest"] == {"batch": 21841, "context": 349467, "width": 5007}
+    assert list(tmp_path.iterdir()) == []

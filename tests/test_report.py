@@ -61,6 +61,8 @@ def test_schema_1_row_matches_the_hand_computation():
         # weights 33574912 + inputs 1048576 + workspace 8388608 + hidden 4194304 + output 1048576 (cold_forward)
         "peak_allocated_bytes": 48254976,
         "peak_reserved_bytes": 24 * 2**21,
+        "device_used_end_bytes": None,  # schema 1 and 2 record no device-wide reading
+        "outside_allocator_bytes": None,
         "cold_forward_ms": Decimal("5.4321"),
         "warm_repetitions": 4,
         "warm_median_ms": Decimal("1.15"),  # (1.1 + 1.2) / 2
@@ -361,8 +363,8 @@ HOSTILE = {
         "GPU name, PyTorch or build is not text (at most 256 characters)",
     ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), "its 'kit' is not"),
-    "schema 3": (lambda folder: _write(folder, "s3.json", _valid_with(lambda r: r.update(schema_version=3))),
-                 "schema_version 3 is not one this version reads (1 or 2)"),
+    "schema 4": (lambda folder: _write(folder, "s4.json", _valid_with(lambda r: r.update(schema_version=4))),
+                 "schema_version 4 is not one this version reads (1, 2 or 3)"),
     "schema true": (lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
                     "schema_version True is not one"),
     "no phases": (lambda folder: _write(folder, "np.json", _valid_with(lambda r: r.pop("phases"))),
@@ -491,7 +493,7 @@ def test_report_runs_with_the_standard_library_alone(tmp_path):
     assert completed.stdout.splitlines()[1].split()[:3] == [str(DATA / "schema1.json"), "Crafted", "GPU"]
 
 
-# --- the README's loop and example ----------------------------------------------------------------------
+# --- the README's example --------------------------------------------------------------------------------
 
 
 def _readme_section():
@@ -500,8 +502,9 @@ def _readme_section():
 
 
 def test_the_readme_example_is_the_real_output_of_its_command(monkeypatch, capsys):
+    """The section's second console block is the `report` command (the first is `sweep`: test_sweep.py runs it)."""
     section = _readme_section()
-    command = section.split("```console\n", 1)[1].split("\n```", 1)[0]
+    command = section.split("```console\n")[2].split("\n```", 1)[0]
     example = section.split("```txt\n", 1)[1].split("```", 1)[0]
     assert command.startswith("python mesure_memoire.py report ")
     monkeypatch.chdir(DATA / "readme")
@@ -509,31 +512,6 @@ def test_the_readme_example_is_the_real_output_of_its_command(monkeypatch, capsy
     assert mesure_memoire.main(command.split()[2:]) == 0
     assert capsys.readouterr().out == example
     assert tree_digest(DATA) == before
-
-
-def test_the_readme_loop_stops_at_the_first_exit_3_and_reports_what_it_wrote(tmp_path):
-    """The README's loop, run by sh, with a shell function standing in for ``python`` (no GPU here):
-    widths up to 1024 "fit" (the crafted results are copied), 2048 "runs out of memory" (exit 3);
-    the report line then runs the real script."""
-    loop = _readme_section().split("```sh\n", 1)[1].split("```", 1)[0]
-    stand_in = f"""\
-python() {{
-    echo "$*" >> calls.log
-    if [ "$2" = report ]; then shift 2; "{sys.executable}" "{ROOT / "mesure_memoire.py"}" report "$@"; return; fi
-    width= output=
-    while [ $# -gt 0 ]; do case $1 in --width) width=$2;; --output) output=$2;; esac; shift; done
-    if [ "$width" -gt 1024 ]; then echo "mesure_memoire.py: error: out of memory" >&2; return 3; fi
-    cp "{DATA / "readme"}/mesures-width-$width.json" "$output"
-}}
-"""
-    completed = subprocess.run(["sh", "-c", stand_in + loop], capture_output=True, text=True, cwd=tmp_path, timeout=60)
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stderr == "mesure_memoire.py: error: out of memory\n"
-    calls = (tmp_path / "calls.log").read_text().splitlines()
-    assert [call.split("--width ")[1].split()[0] for call in calls[:-1]] == ["256", "512", "1024", "2048"]
-    assert calls[-1] == "mesure_memoire.py report mesures-width-256.json mesures-width-512.json mesures-width-1024.json"
-    example = _readme_section().split("```txt\n", 1)[1].split("```", 1)[0]
-    assert completed.stdout == "width 2048: exit status 3, stopping here\n" + example
 
 
 # --- reading result files -------------------------------------------------------------------------------------
@@ -610,10 +588,10 @@ def test_checked_result_messages_name_the_file_and_the_field():
     assert problem({"kit": "x"}) == prefix + "its 'kit' is not 'iteragpu-lab-v1'"
     assert (
         problem({"kit": mesure_memoire.KIT_NAME})
-        == prefix + "schema_version None is not one this version reads (1 or 2)"
+        == prefix + "schema_version None is not one this version reads (1, 2 or 3)"
     )
     assert problem({"kit": mesure_memoire.KIT_NAME, "schema_version": 0}) == prefix + (
-        "schema_version 0 is not one this version reads (1 or 2)"
+        "schema_version 0 is not one this version reads (1, 2 or 3)"
     )
 
 
@@ -761,3 +739,61 @@ def test_the_files_reach_the_report_in_order(monkeypatch, capsys):
     assert mesure_memoire.main(["report", "--json", "c", "--", "-d", "--e"]) == 0
     assert seen == [["a", "b"], ["c", "-d", "--e"]]
     assert capsys.readouterr().out == "{}\n{}\n"
+
+
+# --- schema 3: the device-wide memory and the part outside the allocator (part "fit") ----------------------
+
+MIB = 2**20
+
+
+def test_schema_3_row_adds_the_device_wide_memory_and_the_part_outside_the_allocator():
+    row, old = row_of(load("schema3.json")), row_of(load("schema2.json"))
+    # Crafted: a 500 MiB context, 64 MiB of kernels and handles from the first forward, 20 MiB reserved.
+    assert row["device_used_end_bytes"] == 500 * MIB + 64 * MIB + 20 * MIB == 612368384
+    assert row["outside_allocator_bytes"] == 612368384 - 20971520 == 591396864
+    assert {key: value for key, value in row.items() if key not in ("device_used_end_bytes",
+            "outside_allocator_bytes", "schema_version")} == {key: value for key, value in old.items() if key not in (
+            "device_used_end_bytes", "outside_allocator_bytes", "schema_version")}  # fmt: skip
+
+
+DEVICE_WIDE_CHANGES = [
+    (lambda line: line.pop("end_device_used_bytes"), None),
+    (lambda line: line.update(end_device_used_bytes=None), None),
+    (lambda line: line.update(end_device_used_bytes=True), None),
+    (lambda line: line.update(end_device_used_bytes=-1), None),
+    (lambda line: line.update(end_device_used_bytes=10 * MIB), 10 * MIB),
+]
+
+
+@pytest.mark.parametrize(("change", "used"), DEVICE_WIDE_CHANGES)
+def test_the_device_wide_figures_are_read_from_the_last_phase_when_they_are_counts(change, used):
+    result = load("schema3.json")
+    change(result["phases"][-1])
+    row = row_of(result)
+    assert row["device_used_end_bytes"] == used
+    assert row["outside_allocator_bytes"] == (None if used is None else used - 20 * MIB)  # may be negative: as read
+
+
+DEVICE_WIDE_TEXT = """\
+Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside PyTorch's \
+allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any other process on that \
+GPU.
+file          device used MiB  outside allocator MiB
+schema3.json           584.00                 564.00
+"""
+
+
+def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monkeypatch, capsys):
+    monkeypatch.chdir(DATA)
+    assert mesure_memoire.main(["report", "schema1.json", "schema3.json", "schema2.json"]) == 0
+    out = capsys.readouterr().out
+    table_end = out.index("Device-wide")
+    assert out[table_end:].startswith(DEVICE_WIDE_TEXT)
+    assert out[table_end + len(DEVICE_WIDE_TEXT) :].startswith("Peaks: maxima over each run's phases")
+    assert [line.split()[0] for line in out[:table_end].splitlines()] == ["file", "schema1.json", "schema3.json",
+                                                                          "schema2.json"]  # fmt: skip
+    assert mesure_memoire.main(["report", "schema1.json", "schema2.json"]) == 0
+    assert "Device-wide" not in capsys.readouterr().out  # older results: no empty block
+    assert mesure_memoire.main(["report", "--json", "schema3.json"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][0]
+    assert (row["device_used_end_bytes"], row["outside_allocator_bytes"]) == (612368384, 591396864)

@@ -1,0 +1,352 @@
+"""`sweep`: one `measure` per value, each in a fresh child, after the plan's fit check; every path is run
+with a stand-in interpreter for the children (tests/data/sweep/stand_in_python.py), since no GPU exists here."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import mesure_memoire
+from conftest import GIB, MESURE_SCRIPT, ROOT, assert_one_line, config, sigint_as_from_a_terminal, tree_digest
+
+DATA = ROOT / "tests" / "data"
+PYTHON = sys.executable  # the real interpreter: the stand_in fixture replaces sys.executable
+TEMPLATE = DATA / "report" / "schema2.json"
+SWEEP = ["sweep", "--device", "cuda:0", "--vary", "width", "--batch", "2", "--context", "128", "--warmup", "3",
+         "--repeats", "5", "--output-dir", "out"]  # fmt: skip
+FREE_BYTES = 3 * GIB  # widths up to 4096 are predicted to fit, 8192 is not (checked below)
+OOM = "out of memory in phase cold_forward (batch 2, context 128, width 2048, dtype float32) on cuda:0"
+
+
+def environment(free=FREE_BYTES, available=True):
+    gpu = {"name": "Stand-in GPU", "mem_get_info_free_bytes": free, "total_memory_bytes": 80 * GIB}
+    reason = None if available else "torch.cuda.is_available() is False (stand-in)"
+    return {"gpu_available": available, "gpu": gpu if available else None, "gpu_unavailable_reason": reason}
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """The children's interpreter replaced by the stand-in; returns a function that sets its behaviours and
+    the log of the children started (their arguments after the interpreter)."""
+    home = tmp_path / "stand-in"
+    home.mkdir()
+    python = home / "python"
+    body = DATA / "sweep" / "stand_in_python.py"
+    python.write_text(f"#!{PYTHON}\nexec(compile(open({str(body)!r}).read(), {str(body)!r}, 'exec'))\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+
+    def behave(values, vary="width", env=None):
+        behaviours = {"vary": vary, "values": values, "template": str(TEMPLATE), "environment": env or environment(),
+                      "messages": {"exit2": "--dtype bfloat16: not supported (stand-in)", "exit3": OOM}}  # fmt: skip
+        (home / "behaviours.json").write_text(json.dumps(behaviours))
+
+    def calls():
+        log = home / "calls.log"
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    behave.calls, behave.home, behave.work = calls, home, work
+    return behave
+
+
+def measure_call(width, folder="out"):
+    options = ["--device=cuda:0", "--batch=2", "--context=128", f"--width={width}", "--dtype=float32", "--warmup=3",
+               "--repeats=5", "--seed=0", f"--output={folder}/mesures-width-{width}.json"]  # fmt: skip
+    return [MESURE_SCRIPT, "measure", *options]
+
+
+PROBE = [MESURE_SCRIPT, "environment", "--device", "cuda:0", "--json"]
+
+
+def plan_for(width):
+    return mesure_memoire.predict_memory(config(batch=2, context=128, width=width, warmup=3, repeats=5))
+
+
+def test_the_free_memory_chosen_for_the_stand_in_fits_up_to_4096():
+    fits = [mesure_memoire.fit_problem(plan_for(w), environment()) is None for w in (256, 4096, 8192)]
+    assert fits == [True, True, False]
+
+
+def test_each_value_is_measured_in_a_fresh_child_then_reported(stand_in, capsys):
+    stand_in({"256": "write", "512": "write", "1024": "write"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512,1024"]) == 0
+    out = capsys.readouterr().out
+    assert stand_in.calls() == [PROBE, measure_call(256), measure_call(512), measure_call(1024)]
+    files = [f"out/mesures-width-{w}.json" for w in (256, 512, 1024)]
+    assert sorted(os.listdir("out")) == sorted(os.path.basename(f) for f in files)
+    table = mesure_memoire.format_report(mesure_memoire.report(files))
+    assert out == "".join(f"width {w}: measured, out/mesures-width-{w}.json\n" for w in (256, 512, 1024)) + (
+        table + "\nLargest width measured: 1024\n"
+    )
+    assert [row["width"] for row in mesure_memoire.report(files)["results"]] == [256, 512, 1024]
+
+
+def test_the_children_run_this_interpreter_and_this_script():
+    assert mesure_memoire.child_command(["x", "y"]) == [sys.executable, MESURE_SCRIPT, "x", "y"]
+
+
+def test_a_value_predicted_not_to_fit_is_not_launched_nor_any_larger(stand_in, capsys):
+    stand_in({"1024": "write", "8192": "write", "16384": "write"})
+    assert mesure_memoire.main([*SWEEP, "--values", "1024,8192,16384"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert stand_in.calls() == [PROBE, measure_call(1024)]
+    problem = mesure_memoire.fit_problem(plan_for(8192), environment())
+    assert (
+        out[1]
+        == f"Sweep stopped: width 8192: predicted not to fit, not launched (nor the 1 larger value(s)): {problem}"
+    )
+    assert out[-1] == "Largest width measured: 1024"
+    assert os.listdir("out") == ["mesures-width-1024.json"]
+
+
+def test_when_the_first_value_is_predicted_not_to_fit_nothing_runs_and_no_folder_stays(stand_in, capsys):
+    stand_in({"8192": "write"})
+    assert mesure_memoire.main([*SWEEP, "--values", "8192"]) == 2
+    captured = capsys.readouterr()
+    problem = mesure_memoire.fit_problem(plan_for(8192), environment())
+    assert captured.out == ""
+    assert captured.err == f"mesure_memoire.py: error: width 8192: predicted not to fit, not launched: {problem}\n"
+    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+
+
+def test_the_first_exit_3_stops_the_sweep_with_the_plan_s_figure(stand_in, capsys):
+    stand_in({"1024": "write", "2048": "exit3", "4096": "write"})
+    assert mesure_memoire.main([*SWEEP, "--values", "1024,2048,4096"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert stand_in.calls() == [PROBE, measure_call(1024), measure_call(2048)]
+    plan = plan_for(2048)
+    peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
+    assert (peak, needs) == (421568512, 1495310336)  # weights 134258688, inputs 2 MiB, allowance, 16 MiB
+    assert out[1] == (
+        f"Sweep stopped: width 2048 does not fit (the child's exit 3: mesure_memoire.py: error: {OOM}); the plan "
+        f"predicted a peak of {peak} bytes (0.39 GiB), needing {needs} bytes (1.39 GiB) free"
+    )
+    assert os.listdir("out") == ["mesures-width-1024.json"]
+
+
+def test_an_exit_3_at_the_first_value_exits_3_in_one_line_and_leaves_no_folder(stand_in, capsys):
+    stand_in({"2048": "exit3"})
+    assert mesure_memoire.main([*SWEEP, "--values", "2048,4096"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert_one_line(captured.err, "error: width 2048 does not fit (the child's exit 3: ", "421568512 bytes")
+    assert os.listdir(".") == []
+
+
+def test_a_child_s_refusal_stops_the_sweep_with_the_child_s_line(stand_in, capsys):
+    stand_in({"256": "exit2", "512": "write"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("mesure_memoire.py: error: width 256: the child refused (exit status 2): "
+                            "mesure_memoire.py: error: --dtype bfloat16: not supported (stand-in)\n")  # fmt: skip
+    assert stand_in.calls() == [PROBE, measure_call(256)] and os.listdir(".") == []
+
+
+def test_a_child_that_hangs_is_stopped_and_reported_and_leaves_nothing(stand_in, capsys, monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 5)
+    stand_in({"256": "write", "512": "hang", "1024": "write"})
+    started = time.monotonic()
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512,1024", "--timeout-s", "1"]) == 0
+    assert time.monotonic() - started < 20
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[1] == "Sweep stopped: width 512: the child did not finish within 1 s and was stopped; nothing kept for it"
+    )
+    assert stand_in.calls() == [PROBE, measure_call(256), measure_call(512)]
+    assert os.listdir("out") == ["mesures-width-256.json"]  # the hanging child's partial file is gone
+    pid = int((stand_in.home / "hanging.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_child_that_ignores_the_interrupt_is_killed(stand_in, capsys, monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 0.5)
+    stand_in({"256": "hang"})
+    real_popen = subprocess.Popen
+
+    def ignoring_sigint(*args, **kwargs):  # the stand-in child ignores SIGINT: only a kill stops it
+        return real_popen(*args, **kwargs, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+
+    monkeypatch.setattr(subprocess, "Popen", ignoring_sigint)
+    assert mesure_memoire.main([*SWEEP, "--values", "256", "--timeout-s", "1"]) == 2
+    assert_one_line(capsys.readouterr().err, "width 256: the child did not finish within 1 s and was stopped")
+    assert os.listdir(".") == []
+
+
+def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_in):
+    """A real SIGINT to a real sweep process whose children are the stand-in (set as sys.executable there)."""
+    stand_in({"256": "write", "512": "hang"})
+    wrapper = ("import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
+               "runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+    process = subprocess.Popen([PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP,
+                                "--values", "256,512"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
+    pid_file = stand_in.home / "hanging.pid"
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert err == "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n"
+    assert out == "width 256: measured, out/mesures-width-256.json\n"
+    assert os.listdir("out") == ["mesures-width-256.json"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+def test_ctrl_c_at_the_first_value_leaves_no_folder(stand_in, monkeypatch):
+    stand_in({"256": "hang"})
+
+    def interrupted(process, timeout=None):
+        raise KeyboardInterrupt
+
+    real_communicate = subprocess.Popen.communicate
+    calls = []
+
+    def communicate(process, input=None, timeout=None):
+        calls.append(timeout)
+        if len(calls) == 1:  # the probe
+            return real_communicate(process, input, timeout)
+        if len(calls) == 2:  # the measurement: wait until the child is hanging, then the user presses Ctrl-C
+            while not (stand_in.home / "hanging.pid").exists():
+                time.sleep(0.05)
+            raise KeyboardInterrupt
+        return real_communicate(process, input, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "communicate", communicate)
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 130
+    assert calls[2] == mesure_memoire.SWEEP_STOP_GRACE_S
+    assert os.listdir(".") == []
+
+
+def test_without_a_gpu_one_line_exit_2_and_no_folder(stand_in, capsys):
+    stand_in({"256": "write"}, env=environment(available=False))
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: no usable GPU for cuda:0: torch.cuda.is_available() is False (stand-in); "
+        "nothing measured, no folder created\n"
+    )
+    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+
+
+@pytest.mark.whole_kit
+def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
+    completed = subprocess.run([sys.executable, MESURE_SCRIPT, *SWEEP, "--values", "256"], capture_output=True,
+                               text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert completed.stderr.startswith("mesure_memoire.py: error: no usable GPU for cuda:0: ")
+    assert completed.stderr.endswith("; nothing measured, no folder created\n") and completed.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_parent_imports_no_pytorch(stand_in, tmp_path):
+    stand_in({"256": "write"})
+    wrapper = ("import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]\n"
+               "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+               "finally:\n    print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')), "
+               "file=sys.stderr)")  # fmt: skip
+    completed = subprocess.run([PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP,
+                                "--values", "256"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr == "[]\n"
+
+
+SWEEP_REFUSALS = [
+    (
+        ["--values", "512,256"],
+        "--values: expected strictly increasing whole numbers separated by commas, got '512,256'",
+    ),
+    (
+        ["--values", "256,256"],
+        "--values: expected strictly increasing whole numbers separated by commas, got '256,256'",
+    ),
+    (
+        ["--values", "256,,512"],
+        "--values: expected a positive whole number of at most 30 ASCII digits, no leading zero, got ''",
+    ),
+    (
+        ["--values", "0,1"],
+        "--values: expected a positive whole number of at most 30 ASCII digits, no leading zero, got '0'",
+    ),
+    (
+        ["--values", "1.5"],
+        "--values: expected a positive whole number of at most 30 ASCII digits, no leading zero, got '1.5'",
+    ),
+    (["--values", "256", "--width", "64"], "--width: --vary width takes its values from --values; drop --width"),
+    (["--values", "256", "--vary", "dtype"], "argument --vary: given twice"),
+    (["--values", "256", "--timeout-s", "0"], "--timeout-s: expected a whole number from 1 to 604800"),
+    (["--values", "256", "--output-dir", "existing"], "--output-dir: existing already exists; the sweep writes only"),
+    (["--values", "256", "--output-dir", "file.json"], "--output-dir: file.json already exists"),
+    (["--values", "256", "--output-dir", "missing/out"], "--output-dir: the folder that would hold missing/out does"),
+    (["--values", "256", "--output-dir", " "], "--output-dir: expected the name of a new folder, got ' '"),
+    (["--values", "256", "--dtype", "int8"], "--dtype: expected one of float32, float16, bfloat16, got 'int8'"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), SWEEP_REFUSALS, ids=[str(n) for n in range(len(SWEEP_REFUSALS))])
+def test_refusals_come_before_any_child_and_create_nothing(tmp_path, monkeypatch, capsys, extra, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "file.json").write_text("{}")
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child was started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_child)
+    before = tree_digest(tmp_path)
+    argv = [*SWEEP[:-2], *extra] if "--output-dir" in extra else [*SWEEP, *extra]
+    assert mesure_memoire.main(argv) == 2
+    assert_one_line(capsys.readouterr().err, message)
+    assert tree_digest(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["existing", "file.json"]
+
+
+def test_vary_names_a_dimension(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["sweep", "--device", "cuda:0", "--vary", "dtype", "--values", "1", "--output-dir", "out"]
+    assert mesure_memoire.main(argv) == 2
+    assert (
+        capsys.readouterr().err
+        == "mesure_memoire.py: error: --vary: expected one of batch, context, width, got 'dtype'\n"
+    )
+
+
+def test_batch_and_context_can_be_varied_too(stand_in, capsys):
+    stand_in({"1": "write", "3": "write"}, vary="batch")
+    argv = ["sweep", "--device", "cuda:0", "--vary", "batch", "--values", "1,3", "--width", "32", "--output-dir", "b"]
+    assert mesure_memoire.main(argv) == 0
+    assert [call[3] for call in stand_in.calls()[1:]] == ["--batch=1", "--batch=3"]
+    assert capsys.readouterr().out.splitlines()[-1] == "Largest batch measured: 3"
+    assert sorted(os.listdir("b")) == ["mesures-batch-1.json", "mesures-batch-3.json"]
+
+
+def _readme_section():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme.split("### One dimension at a time, then `report`", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_sweep_stops_at_the_first_exit_3_and_reports_what_it_wrote(stand_in, capsys):
+    """The README's command, with the stand-in children: widths up to 1024 "fit" (the crafted results are
+    copied), 2048 runs out of memory (exit 3); the table is the README's example."""
+    section = _readme_section()
+    command = section.split("```console\n", 1)[1].split("\n```", 1)[0]
+    assert command.startswith("python mesure_memoire.py sweep ")
+    crafted = DATA / "report" / "readme" / "sweep-width"
+    stand_in(
+        {**{str(w): {"copy": str(crafted / f"mesures-width-{w}.json")} for w in (256, 512, 1024)}, "2048": "exit3"}
+    )
+    assert mesure_memoire.main(command.split()[2:]) == 0
+    out = capsys.readouterr().out
+    assert [call[5] for call in stand_in.calls()[1:]] == ["--width=256", "--width=512", "--width=1024", "--width=2048"]
+    example = section.split("```txt\n", 1)[1].split("```", 1)[0]
+    progress = "".join(f"width {w}: measured, sweep-width/mesures-width-{w}.json\n" for w in (256, 512, 1024))
+    assert out.startswith(progress + "Sweep stopped: width 2048 does not fit (the child's exit 3: ")
+    assert out.endswith("\n" + example + "Largest width measured: 1024\n")
+    assert sorted(os.listdir("sweep-width")) == sorted(os.listdir(crafted))

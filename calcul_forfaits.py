@@ -155,17 +155,21 @@ def read_bounded(path, name, limit=MAX_TABLE_BYTES):
 def parse_table(data, name, rules):
     """Validate a CSV's bytes against ``rules``; returns [(line number, {column: value})] after the header.
 
-    UTF-8, LF or CRLF line ends, the exact header, the right number of fields on every line, no
+    UTF-8 (a byte order mark, as some spreadsheets write, is skipped), LF or CRLF line ends, blank
+    lines at the end ignored, the exact header, the right number of fields on every line, no
     control (nor other unprintable) character in any field, and each column's rule.
     """
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         fail(name, f"not UTF-8 (byte {error.start})")
     if not text.strip():
         fail(name, "empty file")
+    lines = text.split("\n")
+    while not lines[-1].strip():  # the empty text after the last line end, and blank lines an editor left
+        lines.pop()
     rows = []
-    for line_number, line in enumerate(text.removesuffix("\n").split("\n"), start=1):
+    for line_number, line in enumerate(lines, start=1):
         line = line.removesuffix("\r")
         row = line.split(",")
         if '"' in line:  # quoted fields (a note holding a comma): the csv module, only then

@@ -225,6 +225,7 @@ REFUSALS = {
     "tab in gpu_name": ({}, [row(gpu_name="A\tB")], "line 2: gpu_name holds a control"),
     "a line break inside quotes": ({}, [row(notes='"two'), 'lines"'], "line 2: malformed CSV"),
     "too few fields": ({}, [row()[: row().rindex(",")]], "line 2: expected 20 fields, found 19"),
+    "a blank line between runs": ({}, [row(), "", row(run_id="r2")], "line 3: expected 20 fields, found 1"),
     "header only": ({}, [], "no run recorded yet"),
 }  # fmt: skip
 
@@ -288,6 +289,24 @@ def test_the_results_rules(column, accepted, refused):
     check = calcul_forfaits.RESULTS_RULES[column][0]
     assert [value for value in accepted if not check(value)] == []
     assert [value for value in refused if check(value)] == []
+
+
+# --- what a results file may hold: a BOM, blank lines at the end ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix"),
+    [(b"\xef\xbb\xbf", b""), (b"", b"\n"), (b"", b"\r\n"), (b"", b"\n \n\t\n"), (b"\xef\xbb\xbf", b"\n\n")],
+    ids=["BOM", "blank line", "blank CRLF line", "blank lines with spaces", "BOM and blank lines"],
+)
+def test_a_byte_order_mark_and_blank_lines_at_the_end_are_read(folder, capsys, prefix, suffix):
+    # as a spreadsheet or an editor saves them; the catalog given follows the same grammar
+    path = write(folder, row(), row(run_id="r2"))
+    path.write_bytes(prefix + path.read_bytes() + suffix)
+    (folder / "prices.csv").write_bytes(prefix + (ROOT / "tarifs-forfaits.csv").read_bytes() + suffix)
+    status, out, err = call(capsys, "--results", path, "--catalog", folder / "prices.csv", "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out)["rentals"][0]["run_ids"] == ["r1", "r2"]
 
 
 # --- hostile results files: one stderr line, exit 2, no file changed --------------------------------------

@@ -293,16 +293,18 @@ def price_package(catalog, gpu, days, lots=1, accepted_results=None):
 def rental_table(data, name, catalog, folder):
     """Group a filled results file's runs by rental, each rental's price counted once, cheapest first.
 
-    Every row is checked before anything is computed: one protocol (one metric and threshold,
-    fixed before each run), the units, the package against the catalog, and the SHA-256 of the
-    measurement file (a path relative to ``folder``).
+    Every row is checked before anything is computed: one protocol (one metric, and one threshold
+    compared as a number, fixed before each run), the units, the package against the catalog, and
+    the SHA-256 of the measurement file (a path relative to ``folder``).
     """
     import hashlib
+    from decimal import Decimal
 
     rows = parse_table(data, name, RESULTS_RULES)
     if not rows:
         fail(name, "no run recorded yet (header only): add one row per real run")
     rentals, line_of_run, line_of_rental, (first_line, first_row) = {}, {}, {}, rows[0]
+    protocol = (first_row["quality_metric"], Decimal(first_row["threshold"]))  # 0.9 and 0.90: one threshold
     for line_number, row in rows:
         run_id, rental_id = row["run_id"], row["rental_id"]
         if run_id in line_of_run:
@@ -314,7 +316,7 @@ def rental_table(data, name, catalog, folder):
         submitted, accepted = int(row["units_submitted"]), int(row["units_accepted"])
         if accepted > submitted:
             fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line_number)
-        if (row["quality_metric"], row["threshold"]) != (first_row["quality_metric"], first_row["threshold"]):
+        if (row["quality_metric"], Decimal(row["threshold"])) != protocol:
             fail(name, f"quality_metric or threshold differs from line {first_line}'s: a cost per accepted "
                        "result compares packages under one protocol only", line_number)  # fmt: skip
         try:
@@ -342,7 +344,8 @@ def rental_table(data, name, catalog, folder):
     for rental in table:
         accepted = rental["units_accepted"]
         rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
-    return {"rentals": table, "quality_metric": first_row["quality_metric"], "threshold": first_row["threshold"],
+    return {"rentals": table, "quality_metric": first_row["quality_metric"],
+            "threshold": first_row["threshold"],  # as the first run wrote it
             "currency": catalog[0]["currency"], "snapshot_date": catalog[0]["snapshot_date"],
             "cost_rounding": f"{COST_RULE}; null when no unit was accepted"}  # fmt: skip
 

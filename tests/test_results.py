@@ -211,7 +211,7 @@ REFUSALS = {
     "too many accepted": ({}, [row(units_accepted="101")], "line 2: units_accepted 101 exceeds units_submitted 100"),
     "fixed after the run": ({}, [row(threshold_fixed_on="2026-10-06")], "2: threshold_fixed_on 2026-10-06 is after"),
     "another metric": ({}, [row(), row(run_id="r2", quality_metric="F1")], "line 3: quality_metric or threshold"),
-    "another threshold": ({}, [row(), row(run_id="r2", threshold="0.90")],
+    "another threshold": ({}, [row(), row(run_id="r2", threshold="0.95")],
                           "line 3: quality_metric or threshold differs from line 2's: a cost per accepted result "
                           "compares packages under one protocol only"),
     "missing measurement": ({}, [row(measurement_file="absent.json")], "'absent.json': cannot be read"),
@@ -307,6 +307,15 @@ def test_a_byte_order_mark_and_blank_lines_at_the_end_are_read(folder, capsys, p
     status, out, err = call(capsys, "--results", path, "--catalog", folder / "prices.csv", "--json")
     assert (status, err) == (0, "")
     assert json.loads(out)["rentals"][0]["run_ids"] == ["r1", "r2"]
+
+
+def test_thresholds_equal_as_numbers_are_one_protocol_shown_as_first_written(folder, capsys):
+    path = write(folder, row(threshold="0.90"), row(run_id="r2", threshold="0.9"), row(run_id="r3", threshold="0.900"))
+    status, out, err = call(capsys, "--results", path)
+    assert (status, err) == (0, "")
+    assert out.splitlines()[0] == "Rentals, cheapest accepted result first; quality metric exact match, threshold 0.90:"
+    status, out, _ = call(capsys, "--results", path, "--json")
+    assert (status, json.loads(out)["threshold"]) == (0, "0.90")
 
 
 # --- hostile results files: one stderr line, exit 2, no file changed --------------------------------------

@@ -308,6 +308,8 @@ def test_a_run_without_a_measurement_file_is_recorded(folder, capsys):
     status, out, err = call(capsys, "--results", path, "--json")
     assert (status, err) == (0, "")
     assert json.loads(out)["rentals"][0]["run_ids"] == ["own", "synthetic"]
+    table = (ROOT / "README.md").read_text(encoding="utf-8").split("| Column | What to write |", 1)[1]
+    assert "both empty for a run with none" in table.split("\n\n", 1)[0]
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ CATALOG_FILE_NAME = "tarifs-forfaits.csv"
 RESULTS_FILE_NAME = "resultats-bruts.csv"
 MAX_TABLE_BYTES = 2**20  # a valid catalog is about 2.5 KB; years of runs fit many times over
 MAX_MEASUREMENT_BYTES = 64 * 2**20  # a measure result file holds a few KB per hundred phases
+MAX_HASHED_BYTES = 4 * MAX_MEASUREMENT_BYTES  # over one results file: about a second of hashing
 COST_RULE = "total price / accepted results, rounded half-up to the cent"
 
 
@@ -109,11 +110,11 @@ RESULTS_RULES = {
     "run_id": TEXT, "rental_id": TEXT, "date_utc": (is_utc_time, "a UTC time written YYYY-MM-DDTHH:MM:SSZ"),
     "gpu": TEXT, "days": DURATION, "lots": POSITIVE, "device": None, "gpu_name": None, "driver_version": None,
     "torch_version": None, "cuda_or_hip_build": None,
-    "measurement_file": (lambda text: text and ".." not in text.replace("\\", "/").split("/")
+    "measurement_file": (lambda text: not text or ".." not in text.replace("\\", "/").split("/")
                          and text[0] not in "/\\" and not os.path.isabs(text),
-                         "a path relative to the results file's folder, without '..'"),
-    "measurement_sha256": (lambda text: len(text) == 64 and text.strip("0123456789abcdefABCDEF") == "",
-                           "64 hexadecimal digits"),
+                         "a path relative to the results file's folder, without '..' (or empty: none)"),
+    "measurement_sha256": (lambda text: not text or len(text) == 64 and text.strip("0123456789abcdefABCDEF") == "",
+                           "64 hexadecimal digits (or empty: no measurement file)"),
     "units_submitted": COUNT, "units_accepted": COUNT, "quality_metric": TEXT, "threshold": NUMBER,
     "threshold_fixed_on": DATE, "wall_clock_hours": NUMBER, "notes": None,
 }  # fmt: skip
@@ -163,17 +164,21 @@ def read_bounded(path, name, limit=MAX_TABLE_BYTES):
 def parse_table(data, name, rules):
     """Validate a CSV's bytes against ``rules``; returns [(line number, {column: value})] after the header.
 
-    UTF-8, LF or CRLF line ends, the exact header, the right number of fields on every line, no
+    UTF-8 (a byte order mark, as some spreadsheets write, is skipped), LF or CRLF line ends, blank
+    lines at the end ignored, the exact header, the right number of fields on every line, no
     control (nor other unprintable) character in any field, and each column's rule.
     """
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         fail(name, f"not UTF-8 (byte {error.start})")
     if not text.strip():
         fail(name, "empty file")
+    lines = text.split("\n")
+    while not lines[-1].strip():  # the empty text after the last line end, and blank lines an editor left
+        lines.pop()
     rows = []
-    for line_number, line in enumerate(text.removesuffix("\n").split("\n"), start=1):
+    for line_number, line in enumerate(lines, start=1):
         line = line.removesuffix("\r")
         row = line.split(",")
         if '"' in line:  # quoted fields (a note holding a comma): the csv module, only then
@@ -294,19 +299,59 @@ def price_package(catalog, gpu, days, lots=1, accepted_results=None):
 # --- raw results: one line per run, one price per rental ----------------------------------------------
 
 
+class MeasurementHashes:
+    """The SHA-256 of each measurement file read, by resolved path, and the bytes hashed so far:
+    a file named on many lines is read once, and the total read for one results file is bounded."""
+
+    def __init__(self):
+        self.sha256_of_path, self.hashed_bytes = {}, 0
+
+
+def check_measurement(name, line_number, row, folder, hashes):
+    """Check a run's measurement file against its measurement_sha256; both empty: the run has none.
+
+    ``folder`` is the results file's folder, resolved: a file resolving outside it (through a link)
+    is refused, named as the row wrote it, never by where it leads.
+    """
+    relative, sha256 = row["measurement_file"], row["measurement_sha256"].lower()
+    if bool(relative) != bool(sha256):
+        fail(name, "measurement_file and measurement_sha256 go together: both given, or both empty for a run "
+                   "without a measurement file", line_number)  # fmt: skip
+    if not relative:
+        return
+    where = f"{name}: line {line_number}: measurement_file {relative!r}"
+    resolved = os.path.realpath(os.path.join(folder, relative))
+    if os.path.commonpath([folder, resolved]) != folder:
+        raise PricingError(f"{where}: resolves outside the results file's folder (through a link); nothing computed")
+    if resolved not in hashes.sha256_of_path:
+        import hashlib
+
+        measurement = read_bounded(resolved, where, MAX_MEASUREMENT_BYTES)
+        hashes.hashed_bytes += len(measurement)
+        if hashes.hashed_bytes > MAX_HASHED_BYTES:
+            raise PricingError(f"{where}: the distinct measurement files named so far total more than "
+                               f"{MAX_HASHED_BYTES} bytes, the most --results hashes (a bound on its time); "
+                               "nothing computed")  # fmt: skip
+        hashes.sha256_of_path[resolved] = hashlib.sha256(measurement).hexdigest()
+    if hashes.sha256_of_path[resolved] != sha256:
+        raise PricingError(f"{where}: its SHA-256 differs from measurement_sha256; nothing computed")
+
+
 def rental_table(data, name, catalog, folder):
     """Group a filled results file's runs by rental, each rental's price counted once, cheapest first.
 
-    Every row is checked before anything is computed: one protocol (one metric and threshold,
-    fixed before each run), the units, the package against the catalog, and the SHA-256 of the
-    measurement file (a path relative to ``folder``).
+    Every row is checked before anything is computed: one protocol (one metric, and one threshold
+    compared as a number, fixed before each run), the units, the package against the catalog, and
+    the measurement file if any (a path relative to ``folder``) against its SHA-256.
     """
-    import hashlib
+    from decimal import Decimal
 
     rows = parse_table(data, name, RESULTS_RULES)
     if not rows:
         fail(name, "no run recorded yet (header only): add one row per real run")
     rentals, line_of_run, line_of_rental, (first_line, first_row) = {}, {}, {}, rows[0]
+    protocol = (first_row["quality_metric"], Decimal(first_row["threshold"]))  # 0.9 and 0.90: one threshold
+    folder, hashes = os.path.realpath(folder), MeasurementHashes()
     for line_number, row in rows:
         run_id, rental_id = row["run_id"], row["rental_id"]
         if run_id in line_of_run:
@@ -318,7 +363,7 @@ def rental_table(data, name, catalog, folder):
         submitted, accepted = int(row["units_submitted"]), int(row["units_accepted"])
         if accepted > submitted:
             fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line_number)
-        if (row["quality_metric"], row["threshold"]) != (first_row["quality_metric"], first_row["threshold"]):
+        if (row["quality_metric"], Decimal(row["threshold"])) != protocol:
             fail(name, f"quality_metric or threshold differs from line {first_line}'s: a cost per accepted "
                        "result compares packages under one protocol only", line_number)  # fmt: skip
         try:
@@ -331,24 +376,27 @@ def rental_table(data, name, catalog, folder):
             fail(name, f"rental {rental_id!r} differs in gpu, days or lots from line {line_of_rental[rental_id]}",
                  line_number)  # fmt: skip
         line_of_rental.setdefault(rental_id, line_number)
-        where = f"{name}: line {line_number}: measurement_file {row['measurement_file']!r}"
-        measurement = read_bounded(os.path.join(folder, row["measurement_file"]), where, MAX_MEASUREMENT_BYTES)
-        if hashlib.sha256(measurement).hexdigest() != row["measurement_sha256"].lower():
-            raise PricingError(f"{where}: its SHA-256 differs from measurement_sha256; nothing computed")
+        check_measurement(name, line_number, row, folder, hashes)
         rental["runs"] += 1
         rental["run_ids"].append(run_id)
         rental["units_submitted"] += submitted
         rental["units_accepted"] += accepted
+    return {"rentals": ranked(rentals.values()), "quality_metric": first_row["quality_metric"],
+            "threshold": first_row["threshold"],  # as the first run wrote it
+            "currency": catalog[0]["currency"], "snapshot_date": catalog[0]["snapshot_date"],
+            "cost_rounding": f"{COST_RULE}; null when no unit was accepted"}  # fmt: skip
+
+
+def ranked(rentals):
+    """The rentals, cheapest accepted result first (none accepted last), each with its cost per result."""
     from fractions import Fraction  # the exact order: two costs may round to the same cent
 
-    table = sorted(rentals.values(), key=lambda r: (not r["units_accepted"], r["units_accepted"] and Fraction(
+    table = sorted(rentals, key=lambda r: (not r["units_accepted"], r["units_accepted"] and Fraction(
         r["total_price_cents"], r["units_accepted"]), r["rental_id"]))  # fmt: skip
     for rental in table:
         accepted = rental["units_accepted"]
         rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
-    return {"rentals": table, "quality_metric": first_row["quality_metric"], "threshold": first_row["threshold"],
-            "currency": catalog[0]["currency"], "snapshot_date": catalog[0]["snapshot_date"],
-            "cost_rounding": f"{COST_RULE}; null when no unit was accepted"}  # fmt: skip
+    return table
 
 
 # --- text output ---------------------------------------------------------------------------------------

@@ -187,6 +187,11 @@ def test_an_uppercase_sha256_and_gpu_slug_are_accepted(folder, capsys):
     assert json.loads(out)["rentals"][0]["gpu"] == "h100-sxm"
 
 
+PAIR = (
+    "measurement_file and measurement_sha256 go together: both given, or both empty for a run without "
+    "a measurement file; nothing computed"
+)
+
 # --- refusals: one line naming the file, the line and the reason; nothing computed ---------------------
 
 REFUSALS = {
@@ -211,11 +216,13 @@ REFUSALS = {
     "too many accepted": ({}, [row(units_accepted="101")], "line 2: units_accepted 101 exceeds units_submitted 100"),
     "fixed after the run": ({}, [row(threshold_fixed_on="2026-10-06")], "2: threshold_fixed_on 2026-10-06 is after"),
     "another metric": ({}, [row(), row(run_id="r2", quality_metric="F1")], "line 3: quality_metric or threshold"),
-    "another threshold": ({}, [row(), row(run_id="r2", threshold="0.90")],
+    "another threshold": ({}, [row(), row(run_id="r2", threshold="0.95")],
                           "line 3: quality_metric or threshold differs from line 2's: a cost per accepted result "
                           "compares packages under one protocol only"),
     "missing measurement": ({}, [row(measurement_file="absent.json")], "'absent.json': cannot be read"),
     "altered measurement": ({}, [row(measurement_sha256="0" * 64)], "'m.json': its SHA-256 differs"),
+    "altered on a later line": ({}, [row(), row(run_id="r2", measurement_sha256="0" * 64)],
+                                "line 3: measurement_file 'm.json': its SHA-256 differs from measurement_sha256"),
     "absolute measurement path": ({}, [row(measurement_file="/etc/hostname")], "measurement_file must be a path"),
     "measurement outside the folder": ({}, [row(measurement_file="../m.json")], "line 2: measurement_file must be"),
     "backslash parent": ({}, [row(measurement_file="a\\..\\m.json")], "line 2: measurement_file must be"),
@@ -225,6 +232,9 @@ REFUSALS = {
     "tab in gpu_name": ({}, [row(gpu_name="A\tB")], "line 2: gpu_name holds a control"),
     "a line break inside quotes": ({}, [row(notes='"two'), 'lines"'], "line 2: malformed CSV"),
     "too few fields": ({}, [row()[: row().rindex(",")]], "line 2: expected 20 fields, found 19"),
+    "a blank line between runs": ({}, [row(), "", row(run_id="r2")], "line 3: expected 20 fields, found 1"),
+    "a file without its SHA-256": ({}, [row(measurement_sha256="")], "line 2: " + PAIR),
+    "a SHA-256 without its file": ({}, [row(measurement_file="")], "line 2: " + PAIR),
     "header only": ({}, [], "no run recorded yet"),
 }  # fmt: skip
 
@@ -277,9 +287,9 @@ def test_a_threshold_fixed_on_the_day_of_the_run_is_before_it(folder, capsys):
 @pytest.mark.parametrize(
     ("column", "accepted", "refused"),
     [
-        ("measurement_file", ["m.json", "a/b.json", "a..b.json", "runs/2026/m.json"],
-         ["", "/m.json", "\\m.json", "../m.json", "a/../m.json", "a\\..\\m.json", "..", "a/.."]),
-        ("measurement_sha256", ["0" * 64, "aF" * 32], ["0" * 63, "0" * 65, "g" * 64, " " + "0" * 63, ""]),
+        ("measurement_file", ["m.json", "a/b.json", "a..b.json", "runs/2026/m.json", ""],
+         ["/m.json", "\\m.json", "../m.json", "a/../m.json", "a\\..\\m.json", "..", "a/.."]),
+        ("measurement_sha256", ["0" * 64, "aF" * 32], ["0" * 63, "0" * 65, "g" * 64, " " + "0" * 63, " "]),
         ("rental_id", ["r", "rent 1"], ["", " r", "r "]),
         ("days", ["3", "7", "30"], ["", "5", "07", "3.0", "٣"]),
     ],
@@ -288,6 +298,123 @@ def test_the_results_rules(column, accepted, refused):
     check = calcul_forfaits.RESULTS_RULES[column][0]
     assert [value for value in accepted if not check(value)] == []
     assert [value for value in refused if check(value)] == []
+
+
+# --- what a results file may hold: runs without a measurement file, a BOM, blank lines at the end -------
+
+
+def test_a_run_without_a_measurement_file_is_recorded(folder, capsys):
+    path = write(folder, row(run_id="own", measurement_file="", measurement_sha256=""), row(run_id="synthetic"))
+    status, out, err = call(capsys, "--results", path, "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out)["rentals"][0]["run_ids"] == ["own", "synthetic"]
+    table = (ROOT / "README.md").read_text(encoding="utf-8").split("| Column | What to write |", 1)[1]
+    assert "both empty for a run with none" in table.split("\n\n", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix"),
+    [(b"\xef\xbb\xbf", b""), (b"", b"\n"), (b"", b"\r\n"), (b"", b"\n \n\t\n"), (b"\xef\xbb\xbf", b"\n\n")],
+    ids=["BOM", "blank line", "blank CRLF line", "blank lines with spaces", "BOM and blank lines"],
+)
+def test_a_byte_order_mark_and_blank_lines_at_the_end_are_read(folder, capsys, prefix, suffix):
+    # as a spreadsheet or an editor saves them; the catalog given follows the same grammar
+    path = write(folder, row(), row(run_id="r2"))
+    path.write_bytes(prefix + path.read_bytes() + suffix)
+    (folder / "prices.csv").write_bytes(prefix + (ROOT / "tarifs-forfaits.csv").read_bytes() + suffix)
+    status, out, err = call(capsys, "--results", path, "--catalog", folder / "prices.csv", "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out)["rentals"][0]["run_ids"] == ["r1", "r2"]
+
+
+def test_thresholds_equal_as_numbers_are_one_protocol_shown_as_first_written(folder, capsys):
+    path = write(folder, row(threshold="0.90"), row(run_id="r2", threshold="0.9"), row(run_id="r3", threshold="0.900"))
+    status, out, err = call(capsys, "--results", path)
+    assert (status, err) == (0, "")
+    assert out.splitlines()[0] == "Rentals, cheapest accepted result first; quality metric exact match, threshold 0.90:"
+    status, out, _ = call(capsys, "--results", path, "--json")
+    assert (status, json.loads(out)["threshold"]) == (0, "0.90")
+
+
+# --- measurement files: inside the results file's folder once resolved, each read once, a bounded total -----
+
+SECRET = b'{"outside": "the folder"}\n'
+ESCAPES = {  # measurement_file -> the link that makes it resolve outside the results file's folder
+    "out.json": ("out.json", "{outside}/secret.json"),
+    "passwd": ("passwd", "/etc/passwd"),
+    "up.json": ("up.json", "../outside/secret.json"),
+    "sub/secret.json": ("sub", "{outside}"),
+}
+
+
+@pytest.fixture
+def inside(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.json").write_bytes(SECRET)
+    (tmp_path / "outside" / "m.json").write_bytes(M_BYTES)
+    (tmp_path / "inside").mkdir()
+    (tmp_path / "inside" / "m.json").write_bytes(M_BYTES)
+    return tmp_path / "inside"
+
+
+@pytest.mark.parametrize("measurement_file", sorted(ESCAPES))
+def test_a_measurement_file_resolving_outside_the_folder_is_refused_unnamed(inside, capsys, measurement_file):
+    link, target = ESCAPES[measurement_file]
+    os.symlink(target.format(outside=inside.parent / "outside"), inside / link)
+    resolved = os.path.realpath(inside / measurement_file)
+    if not os.path.isfile(resolved):
+        pytest.skip("no /etc/passwd here")
+    with open(resolved, "rb") as stream:  # the right SHA-256: only the folder can refuse it
+        sha = hashlib.sha256(stream.read()).hexdigest()
+    path = write(inside, row(measurement_file=measurement_file, measurement_sha256=sha))
+    err = calculator_refusal(capsys, "--results", path)
+    assert err == (f"calcul_forfaits.py: error: {str(path)!r}: line 2: measurement_file {measurement_file!r}: "
+                   "resolves outside the results file's folder (through a link); nothing computed\n")  # fmt: skip
+    assert resolved not in err and "/etc" not in err
+
+
+def test_links_that_stay_inside_the_folder_are_followed(inside, capsys, monkeypatch):
+    os.symlink("m.json", inside / "alias.json")
+    os.symlink(".", inside / "again")
+    os.symlink("inside", inside.parent / "via")
+    rows = [row(run_id=name, measurement_file=name) for name in ("alias.json", "again/m.json", "again/again/m.json")]
+    write(inside, *rows)
+    monkeypatch.chdir(inside.parent)
+    status, out, err = call(capsys, "--results", "via/runs.csv", "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out)["rentals"][0]["runs"] == 3
+
+
+def test_a_measurement_file_named_on_many_lines_is_read_once(folder, capsys, monkeypatch):
+    os.symlink("m.json", folder / "alias.json")
+    reads, read_bounded = [], calcul_forfaits.read_bounded
+    monkeypatch.setattr(calcul_forfaits, "read_bounded", lambda *args: reads.append(args[1]) or read_bounded(*args))
+    path = write(folder, *[row(run_id=f"r{i}", measurement_file=("m.json", "alias.json")[i % 2]) for i in range(6)])
+    status, _, err = call(capsys, "--results", path)
+    assert (status, err) == (0, "")
+    assert reads == ["'tarifs-forfaits.csv'", repr(str(path)), f"{str(path)!r}: line 2: measurement_file 'm.json'"]
+
+
+@pytest.mark.parametrize(("last", "refused"), [("a.json", False), ("b.json", True)])
+def test_the_bytes_hashed_for_one_results_file_are_bounded(folder, capsys, monkeypatch, last, refused):
+    # 256 MiB, about a second of hashing: a 1 MiB results file naming distinct 64 MiB files stops there
+    assert calcul_forfaits.MAX_HASHED_BYTES == 4 * calcul_forfaits.MAX_MEASUREMENT_BYTES == 2**28
+    bound = 2 * len(M_BYTES)
+    monkeypatch.setattr(calcul_forfaits, "MAX_HASHED_BYTES", bound)
+    (folder / "a.json").write_bytes(M_BYTES.upper())
+    (folder / "b.json").write_bytes(b"b")
+    files = ["m.json", "a.json", "m.json", last]
+    shas = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in files}
+    path = write(folder, *[row(run_id=f"r{i}", measurement_file=name, measurement_sha256=shas[name])
+                           for i, name in enumerate(files)])  # fmt: skip
+    status, out, err = call(capsys, "--results", path)
+    if not refused:
+        assert (status, err) == (0, "")  # m.json counted once: the total equals the bound
+        return
+    assert (status, out) == (2, "")
+    assert err == (f"calcul_forfaits.py: error: {str(path)!r}: line 5: measurement_file 'b.json': the distinct "
+                   f"measurement files named so far total more than {bound} bytes, the most --results hashes "
+                   "(a bound on its time); nothing computed\n")  # fmt: skip
 
 
 # --- hostile results files: one stderr line, exit 2, no file changed --------------------------------------
@@ -345,7 +472,7 @@ BLOCKING_RESULTS = {  # a regression would block (FIFO) or read without end (/de
     "a FIFO": (["--results", "fifo"], "'fifo': not a regular file"),
     "/dev/zero": (["--results", "/dev/zero"], "'/dev/zero': not a regular file"),
     "measurement a FIFO": (["--results", "runs-fifo.csv"], "measurement_file 'fifo': not a regular file"),
-    "measurement a link to /dev/zero": (["--results", "runs-zero.csv"], "measurement_file 'zero.csv': not a regular"),
+    "measurement a link to /dev/zero": (["--results", "runs-zero.csv"], "measurement_file 'zero.csv': resolves out"),
 }  # fmt: skip
 
 

@@ -5,6 +5,8 @@ the results CSV's threshold and hours) is a whole number, then optionally "." an
 No sign, exponent, underscore, space or other script's digits.  Each text below goes through both
 scripts' options alike, and through each script's own check of that grammar."""
 
+import re
+
 import pytest
 
 import calcul_forfaits
@@ -46,7 +48,8 @@ NUMBERS = [
     ("²", False, False),  # str.isdigit() is true for a superscript
     ("5.٤", False, False),
 ]
-IDS = [f"{number:02d}-{text.encode('unicode_escape').decode()}" for number, (text, _, _) in enumerate(NUMBERS)]
+# Plain ASCII ids: the mutation pass selects tests by id and loses those holding escapes or spaces.
+IDS = [f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.]+", "_", text) for number, (text, _, _) in enumerate(NUMBERS)]
 
 
 @pytest.mark.parametrize(("text", "whole", "decimal"), NUMBERS, ids=IDS)

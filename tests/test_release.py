@@ -401,7 +401,7 @@ def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
     completed = verify(folder)
     assert (completed.returncode, completed.stdout) == (0, "OK: every member matches MANIFEST.json\n"), completed
     if shutil.which("sha256sum"):
-        alternative = subprocess.run(readme_command("python -c \"import json;[print"), shell=True, cwd=folder,
+        alternative = subprocess.run(readme_command(SHA256SUM_PREFIX), shell=True, cwd=folder,
                                      capture_output=True, text=True, timeout=60)  # fmt: skip
         assert alternative.returncode == 0 and alternative.stdout.count(": OK") == 8
 
@@ -429,11 +429,21 @@ def test_flipping_one_byte_of_any_member_fails_the_verification(source, tmp_path
     assert (completed.returncode, completed.stdout) == (1, f"FAILED: {member}\n")
 
 
+SHA256SUM_PREFIX = 'python -c "import json,os,sys;'  # the README's second verification one-liner
+
+
 def test_the_verification_in_a_folder_without_manifest_is_one_line(tmp_path):
     completed = verify(tmp_path)
     assert (completed.returncode, completed.stdout, completed.stderr) == (
         1, "", "FAILED: no MANIFEST.json in this folder\n"
     )  # fmt: skip
+    if shutil.which("sha256sum"):  # the alternative: its python part says the same, then sha256sum fails
+        python_part = readme_command(SHA256SUM_PREFIX).rpartition(" | ")[0]
+        alone = subprocess.run(python_part, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert (alone.returncode, alone.stdout, alone.stderr) == (1, "", "FAILED: no MANIFEST.json in this folder\n")
+        piped = subprocess.run(readme_command(SHA256SUM_PREFIX), shell=True, cwd=tmp_path, capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+        assert piped.returncode != 0 and "Traceback" not in piped.stderr
 
 
 @pytest.mark.whole_kit

@@ -570,7 +570,8 @@ def build_model(torch, width):
     return torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
 
 
-# What the prediction assumes about PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp):
+# What the prediction assumes about PyTorch's CUDA caching allocator (kMinBlockSize and kSmallSize, in
+# c10/core/AllocatorConfig.h of PyTorch 2.11 to 2.15; checked in those releases' headers):
 # every block is the request rounded up to 512 bytes; a block above 1 MiB comes from the large pool,
 # which hands out a cached or new block whole when less than 1 MiB more would remain, so such a block
 # may hold up to 1 MiB more than its rounded request.  Both are allocator defaults.
@@ -834,7 +835,7 @@ def format_plan_and_fit(plan):
 
 
 def _requested(stats, which):
-    # "requested_bytes.*" exists in PyTorch's memory_stats since 2.1; None where it does not.
+    # "requested_bytes.*" is in PyTorch's memory_stats in 2.11 to 2.15 (the supported range); None where not.
     value = stats.get(f"requested_bytes.all.{which}") if isinstance(stats, dict) else None
     return value if isinstance(value, int) else None
 

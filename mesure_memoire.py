@@ -571,7 +571,7 @@ def build_model(torch, width):
 
 
 # What the prediction assumes about PyTorch's CUDA caching allocator (kMinBlockSize and kSmallSize, in
-# c10/core/AllocatorConfig.h of PyTorch 2.11 to 2.15; checked in those releases' headers):
+# c10/core/AllocatorConfig.h, as read in the headers of PyTorch 2.11, 2.13 and 2.15):
 # every block is the request rounded up to 512 bytes; a block above 1 MiB comes from the large pool,
 # which hands out a cached or new block whole when less than 1 MiB more would remain, so such a block
 # may hold up to 1 MiB more than its rounded request.  Both are allocator defaults.
@@ -835,7 +835,7 @@ def format_plan_and_fit(plan):
 
 
 def _requested(stats, which):
-    # "requested_bytes.*" is in PyTorch's memory_stats in 2.11 to 2.15 (the supported range); None where not.
+    # "requested_bytes.*" is in memory_stats in PyTorch 2.11, 2.13 and 2.15 (as read); None where it is not.
     value = stats.get(f"requested_bytes.all.{which}") if isinstance(stats, dict) else None
     return value if isinstance(value, int) else None
 

@@ -468,3 +468,16 @@ def test_the_options_reach_the_estimate_with_its_default_reserve(monkeypatch, ca
     assert mesure_memoire.main(["estimate", "--parameters", "7", "--bits", "4", "--reserve-gib", "0.5", "--json"]) == 0
     assert seen == [("7", "4", "0"), ("7", "4", "0.5")]
     assert capsys.readouterr().out == "shown\n{}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--bitsx=16"], "estimate: unrecognized arguments: --bitsx"),  # named without its value
+        (["-"], "estimate: the following arguments are required: --bits"),  # "-" is not an option
+        (["--", "--bitsx"], "estimate: the following arguments are required: --bits"),  # after --, not an option
+    ],
+)
+def test_a_typo_of_a_required_option_is_named_as_typed(argv, said, capsys):
+    assert mesure_memoire.main(["estimate", "--parameters", "7", *argv]) == 2
+    assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"

@@ -962,3 +962,11 @@ def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout)["largest"] == {"batch": 21841, "context": 349467, "width": 5007}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_fit_says_what_largest_means():
+    fit = mesure_memoire.fit_on_card(mesure_memoire.predict_memory(config()), "80")
+    assert fit["largest_is"] == (
+        "per dimension, the others as given: the largest whole value whose needs_free_bytes fits "
+        "(null: even 1 does not)"
+    )

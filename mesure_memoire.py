@@ -2170,6 +2170,16 @@ JSON_HELP = "print one JSON object instead of text"
 # {command: (summary, handler, [(option, metavar, default, help)])}: a metavar of None makes a flag;
 # REQUIRED, an option without a default.
 REQUIRED = "required"
+# What one run measures: measure's options, and sweep's for the values it does not vary.
+RUN_OPTIONS = [
+    ("--batch", "N", "1", "batch size (default 1)"),
+    ("--context", "N", "16", "positions per input row (default 16)"),
+    ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
+    ("--dtype", "NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
+    ("--warmup", "N", "1", "warm-up passes, 0 to 1000 (default 1)"),
+    ("--repeats", "N", "2", "measured warm passes, 1 to 1000 (default 2)"),
+    ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
+]
 COMMAND_OPTIONS = {
     "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, [
         ("--parameters", "N", REQUIRED, "number of parameters, a positive integer"),
@@ -2184,13 +2194,7 @@ COMMAND_OPTIONS = {
     "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, [
         ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
         ("--output", "FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
-        ("--batch", "N", "1", "batch size (default 1)"),
-        ("--context", "N", "16", "positions per input row (default 16)"),
-        ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
-        ("--dtype", "NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
-        ("--warmup", "N", "1", "warm-up passes, 0 to 1000 (default 1)"),
-        ("--repeats", "N", "2", "measured warm passes, 1 to 1000 (default 2)"),
-        ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
+        *RUN_OPTIONS,
         ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
         ("--json", None, False, "with --plan: print one JSON object"),
         ("--memory-gib", "GIB", None, "with --plan: a card's memory in GiB; whether the run fits, and the largest "
@@ -2201,13 +2205,7 @@ COMMAND_OPTIONS = {
         ("--vary", "DIMENSION", REQUIRED, "batch, context or width: the dimension that takes the values"),
         ("--values", "V1,V2,...", REQUIRED, "strictly increasing whole numbers, separated by commas"),
         ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
-        ("--batch", "N", "1", "batch size (default 1)"),
-        ("--context", "N", "16", "positions per input row (default 16)"),
-        ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
-        ("--dtype", "NAME", "float32", "float32, float16 or bfloat16 (default float32)"),
-        ("--warmup", "N", "1", "warm-up passes, 0 or more (default 1)"),
-        ("--repeats", "N", "2", "measured warm passes, 1 or more (default 2)"),
-        ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
+        *RUN_OPTIONS,
         ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
     ]),
     "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, [

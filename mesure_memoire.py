@@ -31,7 +31,7 @@ if sys.version_info < (3, 10):  # noqa: UP036 -- the check is the point
 
 import argparse  # noqa: E402, I001 -- after the version check; the command line only
 
-# >>> notebook: Imports (standard library only; PyTorch, json and re are imported where used: start-up time)
+# >>> notebook: Imports (standard library only; PyTorch, matplotlib, json and re imported where used: start-up)
 import math
 import os
 import time
@@ -813,6 +813,12 @@ def fit_on_card(plan, memory_gib):
     }
 
 
+def plan_for(config, memory_gib=None):
+    """The plan of a measurement; with a card's memory, also fit_on_card's verdict and largest sizes."""
+    plan = predict_memory(config)
+    return plan if memory_gib is None else {**plan, **fit_on_card(plan, memory_gib)}
+
+
 def format_fit(plan):
     """The lines --plan --memory-gib adds to the plan's text."""
     needs, memory_bytes = plan["needs_free_bytes"], plan["memory_bytes"]
@@ -823,7 +829,7 @@ def format_fit(plan):
     )
     return "\n".join(
         [
-            f"On a card of {plan['memory_gib']} GiB ({memory_bytes} bytes): {verdict}, needing {needs} bytes.",
+            f"On a card of {plan['memory_gib']:f} GiB ({memory_bytes} bytes): {verdict}, needing {needs} bytes.",
             f"Largest that fits, each dimension alone with the others as given: {largest}.",
             plan["fit_note"],
         ]
@@ -1791,6 +1797,90 @@ def format_report(data):
 # <<< notebook
 
 
+# >>> notebook: 5. A picture of the measurement (matplotlib, only where it is importable)
+PLANNED_PEAK = "plan's peak allocated"  # the series a result without predictions (schema 1) lacks
+FIGURE_NOTE = (
+    "PyTorch's allocator in the measuring process only; the plan's peak is the phase's baseline plus its "
+    "predicted peak, without cold_forward's BLAS workspace (measured, not planned)"
+)
+
+
+def import_pyplot():
+    """matplotlib's pyplot, or None where matplotlib is not importable: the kit never requires it."""
+    try:
+        from matplotlib import pyplot
+    except ImportError:
+        return None
+    return pyplot
+
+
+def phase_bars(result):
+    """Per phase of a result this kernel measured: (labels, {series: bytes per phase}), the measured peaks
+    beside the plan's peak allocated (None where a phase records no prediction)."""
+    series = {"measured peak allocated": [], "measured peak reserved": [], PLANNED_PEAK: []}
+    for record in result["phases"]:
+        predicted = record.get("predicted")
+        series["measured peak allocated"].append(record["peak_allocated_bytes"])
+        series["measured peak reserved"].append(record["peak_reserved_bytes"])
+        planned = None if predicted is None else record["baseline_allocated_bytes"] + predicted["peak_allocated_bytes"]
+        series[PLANNED_PEAK].append(planned)
+    if all(value is None for value in series[PLANNED_PEAK]):
+        del series[PLANNED_PEAK]
+    return [_phase_label(record) for record in result["phases"]], series
+
+
+def size_bars(rows):
+    """Per row of report: (labels, what the labels name, {series: bytes}, warm median ms).  A label gives the
+    dimensions (and dtype) that differ between the rows; the row's number where none does."""
+    varying = [key for key in (*FIT_DIMENSIONS, "dtype") if len({row[key] for row in rows}) > 1]
+    labels = ["/".join(str(row[key]) for key in varying) or f"#{number}" for number, row in enumerate(rows, 1)]
+    memory = {f"peak {kind}": [row[f"peak_{kind}_bytes"] for row in rows] for kind in ("allocated", "reserved")}
+    return labels, "/".join(varying) or "result (same size)", memory, [row["warm_median_ms"] for row in rows]
+
+
+def _bars(axes, labels, series, unit, places):
+    """Grouped bars, one group per label and one bar per series, each labelled with its value in ``unit``
+    (rounded to ``places``, as the tables write it); a value None draws no bar."""
+    width = 0.8 / len(series)
+    for index, (name, values) in enumerate(series.items()):
+        drawn = [(tick + (index - (len(series) - 1) / 2) * width, value) for tick, value in enumerate(values)
+                 if value is not None]  # fmt: skip
+        heights = [float(decimal_ratio(value, unit)) for _, value in drawn]
+        bars = axes.bar([x for x, _ in drawn], heights, width, label=name)
+        axes.bar_label(bars, labels=[in_units(value, unit, places) for _, value in drawn], fontsize=7)
+    axes.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+
+
+def draw_phases(pyplot, result):
+    """One measurement's figure: per phase, its measured peaks beside the plan's peak allocated, in MiB."""
+    labels, series = phase_bars(result)
+    figure, axes = pyplot.subplots(figsize=(10, 4.5), layout="constrained")
+    _bars(axes, labels, series, MIB_BYTES, 2)
+    config = result["configuration"]
+    axes.set_title(f"Peak memory per phase: batch {config['batch']}, context {config['context']}, "
+                   f"width {config['width']}, {config['dtype']}\n{FIGURE_NOTE}", fontsize=9)  # fmt: skip
+    axes.set_ylabel("MiB")
+    axes.legend(fontsize=8)
+    return figure
+
+
+def draw_sizes(pyplot, rows):
+    """Several results' figure, from report's rows: peak memory (MiB) and warm median time (ms) per size."""
+    labels, named, memory, warm_ms = size_bars(rows)
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
+    _bars(left, labels, memory, MIB_BYTES, 2)
+    _bars(right, labels, {"warm median": warm_ms}, 1, 3)
+    for axes, title, unit in ((left, "Peak memory (PyTorch's allocator)", "MiB"), (right, "Warm median", "ms")):
+        axes.set_title(title, fontsize=9)
+        axes.set_xlabel(named)
+        axes.set_ylabel(unit)
+    left.legend(fontsize=8)
+    return figure
+
+
+# <<< notebook
+
+
 # The command-line contract, shared by the kit's tools (they import these): one line on stderr and
 # exit 2 for any misuse, --help exits 0, 1 for an unwritable stdout, 130 for Ctrl-C.
 HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
@@ -1945,10 +2035,7 @@ def _command_measure(args):
     if args.plan:
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
-        plan = predict_memory(config)
-        if args.memory_gib is not None:
-            plan.update(fit_on_card(plan, args.memory_gib))
-        _emit(args, plan, format_plan_and_fit)
+        _emit(args, plan_for(config, args.memory_gib), format_plan_and_fit)
         return
     if args.memory_gib is not None:
         raise KitError("--memory-gib goes with --plan")

@@ -71,6 +71,11 @@ def assert_one_line_refusal(completed, *fragments, exit_code=2):
         assert fragment in lines[0], (fragment, lines[0])
 
 
+def code_cells_as_script(notebook):
+    """The notebook's code cells joined into one script, as on a GPU box with a plain python3 and no Jupyter."""
+    return "\n\n".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code") + "\n"
+
+
 def tree_digest(root):
     """Every file under ``root`` (relative path -> SHA-256 and mode): equal before and after a refusal."""
     digest = {}

@@ -19,7 +19,7 @@ import pytest
 
 import calcul_forfaits
 import mesure_memoire
-from conftest import ROOT, assert_one_line, run_script
+from conftest import ROOT, assert_one_line, code_cells_as_script, run_script
 
 
 def _tool(name):
@@ -163,7 +163,7 @@ def test_a_closed_stdout_descriptor_is_one_line_and_exit_1(name):
 OLD_PYTHON_FILES = {
     "mesure_memoire.py": lambda: (ROOT / "mesure_memoire.py").read_text(encoding="utf-8"),
     "calcul_forfaits.py": lambda: (ROOT / "calcul_forfaits.py").read_text(encoding="utf-8"),
-    "mesure-memoire.ipynb": lambda: PROGRAMS["build_notebook.py"][1].code_cells_as_script(
+    "mesure-memoire.ipynb": lambda: code_cells_as_script(
         json.loads((ROOT / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
     ),
 }

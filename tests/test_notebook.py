@@ -15,13 +15,13 @@ from nbclient import NotebookClient
 
 import build_notebook
 import mesure_memoire
-from conftest import ROOT, run_script, tree_digest
+from conftest import ROOT, code_cells_as_script, run_script, tree_digest
 
 REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
 SCRIPT = (ROOT / "mesure_memoire.py").read_text(encoding="utf-8")
 STEP = re.compile(r"[0-9]+\. ")
-RUNS = {"1": "run-estimate", "2": "run-environment", "3": "run-measure", "4": "run-results"}
+RUNS = {"1": "run-estimate", "2": "run-environment", "3": "run-measure", "4": "run-results", "5": "run-figure"}
 
 
 def committed():
@@ -59,7 +59,7 @@ def test_self_contained_no_companion_import_no_magic_no_exit():
         for line in source.splitlines():
             module = re.match(r"\s*(?:import|from)\s+([a-z_]+)", line)
             if module:
-                assert module.group(1) in sys.stdlib_module_names or module.group(1) == "torch", line
+                assert module.group(1) in {*sys.stdlib_module_names, "torch", "matplotlib"}, line
 
 
 @pytest.mark.whole_kit
@@ -218,12 +218,12 @@ REFUSALS = {
     "the script has no block": (_script(b"print('hello')\n"), "mesure_memoire.py has no '# >>> notebook' block"),
     "a step without run cell": (
         _script(lambda old: old.replace(b"# >>> notebook: 4. ", b"# >>> notebook: 7. ")),
-        "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 7; build_notebook.py has run cells for "
-        "steps 1, 2, 3, 4"),
+        "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 5, 7; build_notebook.py has run cells for "
+        "steps 1, 2, 3, 4, 5"),
     "a step without block": (
         _script(lambda old: old.replace(b"# >>> notebook: 2. ", b"# >>> notebook: ")),
-        "mesure_memoire.py's numbered notebook blocks are steps 1, 3, 4; build_notebook.py has run cells for "
-        "steps 1, 2, 3, 4"),
+        "mesure_memoire.py's numbered notebook blocks are steps 1, 3, 4, 5; build_notebook.py has run cells for "
+        "steps 1, 2, 3, 4, 5"),
     "the script is missing": (lambda f: (f / "mesure_memoire.py").unlink(),
                               "cannot read mesure_memoire.py (No such file or directory)"),
     "the notebook is a folder": (_folder_for("mesure-memoire.ipynb"),
@@ -349,13 +349,14 @@ def test_without_a_gpu_nothing_is_measured_and_nothing_written(executed):
     assert measured.startswith("Measurement refused: no usable GPU for cuda:0")
     assert measured.count("nothing measured") == 1 and measured.count("no file written") == 1, measured
     assert stdout_of(cells["run-results"]) == "Nothing to show: this kernel wrote no measurement.\n"
+    assert stdout_of(cells["run-figure"]) == "Nothing to draw: this kernel wrote no measurement.\n"
     assert sorted(p.name for p in folder.iterdir()) == [NOTEBOOK.name]
     assert hashlib.sha256(NOTEBOOK.read_bytes()).hexdigest() == before  # the committed file is untouched
 
 
 def test_plain_python_runs_the_code_cells_and_refuses_an_existing_output(tmp_path):
     """As on a GPU box without Jupyter: the code cells joined into one script."""
-    code = build_notebook.code_cells_as_script(committed())
+    code = code_cells_as_script(committed())
     (tmp_path / "mesures-notebook.json").write_text("mine")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
@@ -383,6 +384,8 @@ REFUSED_PARAMETERS = [
     ("run-measure", {"REPEATS": 1001}, "Measurement refused: REPEATS: expected a whole number from 1 to 1000"),
     ("run-measure", {"DTYPE": "float64"}, "Measurement refused: DTYPE: expected one of float32"),
     ("run-measure", {"OUTPUT": ""}, "Measurement refused: OUTPUT: a new file name is required"),
+    ("run-measure", {"MEMORY_GIB": 0}, "Measurement refused: MEMORY_GIB: a card's memory must be more than 0 GiB"),
+    ("run-measure", {"MEMORY_GIB": "80 GiB"}, "Measurement refused: MEMORY_GIB: expected a number >= 0"),
 ]
 
 
@@ -394,6 +397,22 @@ def test_a_refusal_in_the_notebook_names_the_parameter_the_user_set(cell, parame
     exec(compile(cells[cell], "<notebook>", "exec"), namespace)
     out = capsys.readouterr().out
     assert out.startswith(line) and "--" not in out, out
+
+
+@pytest.mark.parametrize(("memory_gib", "verdict"), [("80", ": fits, needing"), (0.001, ": does NOT fit (")])
+def test_with_memory_gib_the_measure_cell_first_gives_the_plans_verdict_on_that_card(memory_gib, verdict, capsys):
+    namespace, cells = notebook_namespace()
+    namespace["MEMORY_GIB"] = memory_gib
+
+    def stand_in_measure_to_file(config, output, tool):  # no GPU here: the measurement itself is not the point
+        raise namespace["KitError"]("stand-in: not measured")
+
+    namespace["measure_to_file"] = stand_in_measure_to_file
+    exec(compile(cells["run-measure"], "<notebook>", "exec"), namespace)
+    config = mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0)  # the parameters' defaults
+    fit = mesure_memoire.format_fit(mesure_memoire.plan_for(config, memory_gib))
+    assert capsys.readouterr().out == fit + "\nMeasurement refused: stand-in: not measured\n"
+    assert fit.startswith("On a card of ") and verdict in fit
 
 
 def test_as_parameters_renames_the_leading_option_only():
@@ -411,7 +430,7 @@ def test_every_parameter_is_annotated_with_its_type_for_papermill():
 
     cell = next(cell for cell in committed()["cells"] if cell["id"] == "parameters")
     statements = ast.parse("".join(cell["source"])).body
-    assert len(statements) == 12
+    assert len(statements) == 13
     for statement in statements:
         assert isinstance(statement, ast.AnnAssign), ast.unparse(statement)
         value = ast.literal_eval(statement.value)
@@ -422,7 +441,7 @@ def test_every_parameter_is_annotated_with_its_type_for_papermill():
 def test_a_second_run_all_in_the_same_process_keeps_the_pytorch_warning_line(tmp_path):
     """PyTorch warns on its first import only (here: without NumPy); re-running the definitions must not
     forget it, so the environment cell prints the same both times."""
-    code = build_notebook.code_cells_as_script(committed())
+    code = code_cells_as_script(committed())
     twice = (
         "import sys, io, contextlib\nsys.modules['numpy'] = None\nruns = []\nfor _ in range(2):\n"
         "    out = io.StringIO()\n    with contextlib.redirect_stdout(out):\n        exec(CODE, namespace)\n"

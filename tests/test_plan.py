@@ -955,6 +955,11 @@ def test_the_fit_text_when_it_does_not_fit():
     ]
 
 
+def test_the_card_memory_is_written_in_plain_digits_however_small():
+    plan_ = mesure_memoire.plan_for(config(), "0.000000001")  # Decimal's str would write 1E-9
+    assert mesure_memoire.format_fit(plan_).startswith("On a card of 0.000000001 GiB (1 bytes): does NOT fit")
+
+
 @pytest.mark.whole_kit
 def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
     completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", "--memory-gib", "2", "--json",

@@ -238,7 +238,7 @@ def _link_to_own_archive(source, tmp_path, place):
 
 
 def _scripts_step(source):
-    return source.replace(b"# >>> notebook: 4. ", b"# >>> notebook: 5. ")
+    return source.replace(b"# >>> notebook: 4. ", b"# >>> notebook: 6. ")
 
 
 LANGUAGE_VERSION = jupyter_saved(lambda notebook: notebook["metadata"]["language_info"].update(version="3.12.3"))
@@ -268,8 +268,8 @@ REFUSALS = {
     "the notebook nested 100,000 deep": (_member("mesure-memoire.ipynb", b"[" * 100000), NOT_GENERATED),
     "the script's steps without run cells": (
         _member("mesure_memoire.py", _scripts_step),
-        "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 5; build_notebook.py has run cells for "
-        "steps 1, 2, 3, 4"),
+        "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 5, 6; build_notebook.py has run cells for "
+        "steps 1, 2, 3, 4, 5"),
     "the template holds a row": (_member("resultats-bruts.csv", lambda old: old + b"r1,2026-10-01\n"),
                                  "resultats-bruts.csv must hold its header only, found 2 lines"),
     "the template is empty": (_member("resultats-bruts.csv", b""),

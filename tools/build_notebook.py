@@ -21,22 +21,19 @@ INTRODUCTION = """\
 
 A small synthetic `Linear → GELU → Linear` network, measured phase by phase on one GPU. It downloads no model
 and no data set; it is not an LLM, not a training run, and not a representative benchmark of the GPUs offered
-for rent. It imports only Python's standard library and PyTorch: its code cells are generated from
-`mesure_memoire.py`, which it does not import. The definitions are collapsed.
+for rent. Its code cells, generated from `mesure_memoire.py` (not imported), use Python's standard library and
+PyTorch; matplotlib, only to draw, where it is importable. The definitions are collapsed.
 
 Edit the parameters, then **Restart Kernel and Run All**: a second measurement in the same kernel is not a fresh
 process, and its result records a warning. The steps: (1) estimate the weights' memory, arithmetic only; (2)
-diagnose the environment; (3) measure on the chosen GPU and write one new JSON file (an existing file is never
-overwritten); (4) read that file back with `report`.
+diagnose the environment; (3) plan, then measure on the chosen GPU into one new JSON file (an existing file is
+never overwritten); (4) read that file back with `report`; (5) draw it.
 
 Limits, as in the README: the estimate leaves out activations, KV cache, quantization metadata, gradients,
 optimizer states, libraries and the CUDA/ROCm context, and does not say whether a real model fits a card; the
 reserve is your hypothesis. Without PyTorch or a usable GPU nothing is measured and nothing is written (no CPU
-fallback). The counters cover PyTorch's allocator in this kernel on the chosen GPU only, not the CUDA context,
-the driver or other processes; `allocated` is part of `reserved`, the two peaks are distinct maxima, never
-subtracted. Times include Python's overhead and the synchronizations. Record the driver (not the CUDA runtime
-built into PyTorch) with the vendor's tool: `nvidia-smi --query-gpu=name,driver_version --format=csv`, or
-`amd-smi version`."""
+fallback). The counters cover PyTorch's allocator in this kernel on the chosen GPU only; `allocated` is part of
+`reserved`, the two peaks are distinct maxima, never subtracted. Times include Python's overhead and the syncs."""
 
 PARAMETERS_TEXT = """\
 ## Parameters
@@ -58,7 +55,8 @@ DTYPE: str = "float32"  # float32, float16 or bfloat16
 WARMUP: int = 1  # warm-up passes, 0 to 1000
 REPEATS: int = 2  # measured warm passes, 1 to 1000
 SEED: int = 0  # seed of the weights and inputs
-OUTPUT: str = "mesures-notebook.json"  # a new file, in the kernel's working folder (papermill's: --cwd)"""
+OUTPUT: str = "mesures-notebook.json"  # a new file, in the kernel's working folder (papermill's: --cwd)
+MEMORY_GIB: str = ""  # a card's memory in GiB, "80" say: step 3 first says if the run fits (empty: no check)"""
 
 SHARED_TEXT = """\
 ## Shared code, from `mesure_memoire.py`
@@ -72,17 +70,19 @@ try:
     print(format_estimate(estimate_weights(PARAMETERS, BITS, RESERVE_GIB)))
 except KitError as error:
     print(f"Estimate refused: {as_parameters(error)}")"""),
-    "2": ('Keep this output with your results. Each query degrades on its own: a failure shows as "none" or a '
-          '"query failed" line.', "run-environment", """\
+    "2": ('Keep this output with your results. Each query degrades alone ("none", or a "query failed" line).',
+          "run-environment", """\
 try:
     print(format_environment(collect_environment(DEVICE)))
 except KitError as error:
     print(f"Environment refused: {as_parameters(error)}")"""),
-    "3": ("Refuses an existing output file, and writes nothing when it cannot measure (no GPU, no PyTorch, out "
-          "of memory). One measurement per fresh kernel.", "run-measure", """\
+    "3": ("With `MEMORY_GIB`, first the plan's verdict on that card. Refuses an existing output file; writes "
+          "nothing when it cannot measure (no GPU or PyTorch, out of memory). One per new kernel.", "run-measure", """\
 measurement = None
 try:
     config = measure_config(DEVICE, BATCH, CONTEXT, WIDTH, DTYPE, WARMUP, REPEATS, SEED)
+    if MEMORY_GIB != "":
+        print(format_fit(plan_for(config, MEMORY_GIB)))
     measurement = measure_to_file(config, OUTPUT, tool="mesure-memoire.ipynb")
 except KitError as error:
     print(f"Measurement refused: {as_parameters(error)}")
@@ -95,10 +95,9 @@ else:
               "for instance); the allocator held no memory, so the counters start from zero.")
     print(format_phase_table(measurement))
     print(f"Result written to {OUTPUT}")"""),
-    "4": ("Reads back the file step 3 wrote, as `python mesure_memoire.py report FILE...` does: the peaks are "
-          "maxima over the phases, the warm median is over the `warm_forward` lines, and the throughput is "
-          'derived, not measured. To compare several results: `print(format_report(report(["a.json", '
-          '"b.json"])))` in a new cell.', "run-results", """\
+    "4": ("Reads back the file step 3 wrote, as `mesure_memoire.py report` does: peaks are maxima over the phases, "
+          "the warm median is over the `warm_forward` lines, throughput is derived, not measured. Several results: "
+          '`print(format_report(report(["a.json", "b.json"])))` in a new cell.', "run-results", """\
 if measurement is None:
     print("Nothing to show: this kernel wrote no measurement.")
 else:
@@ -106,13 +105,20 @@ else:
         print(format_report(report([OUTPUT])))
     except KitError as error:
         print(f"The result cannot be read back: {error}")"""),
+    "5": ("Where matplotlib is importable: the measured peaks per phase beside the plan's. Several results (a sweep's):"
+          ' `draw_sizes(import_pyplot(), report(["a.json", "b.json"])["results"])` in a new cell.', "run-figure", """\
+if measurement is None:
+    print("Nothing to draw: this kernel wrote no measurement.")
+elif (pyplot := import_pyplot()) is None:
+    print("No figure: matplotlib is not importable in this kernel (the tables above stay).")
+else:
+    figure = draw_phases(pyplot, measurement)"""),
 }  # fmt: skip
 HIDDEN = {"source_hidden": True}  # JupyterLab and VS Code open such a cell collapsed
 METADATA = {
     "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
-    "language_info": {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
-                      "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
-                      "pygments_lexer": "ipython3"},
+    "language_info": {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py", "mimetype":
+                      "text/x-python", "name": "python", "nbconvert_exporter": "python", "pygments_lexer": "ipython3"},
 }  # fmt: skip
 
 
@@ -159,11 +165,6 @@ def notebook_bytes(script_bytes):
     return (json.dumps(build(source), indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def code_cells_as_script(notebook):
-    """The notebook's code cells joined into one script, for a plain python3 without Jupyter."""
-    return "\n\n".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code") + "\n"
-
-
 def read(path):
     try:
         return path.read_bytes()
@@ -177,17 +178,17 @@ def command(argv):
                         help="write nothing; exit 1 if the notebook is not what this tool generates")  # fmt: skip
     args = parser.parse_args(argv)
     expected = notebook_bytes(read(SCRIPT))
-    current = read(NOTEBOOK) if NOTEBOOK.exists() else None
-    if current != expected and args.check:
+    up_to_date = NOTEBOOK.exists() and read(NOTEBOOK) == expected
+    if args.check and not up_to_date:
         say(PROG, f"{NOTEBOOK.name} is out of date with {SCRIPT.name}: run python tools/build_notebook.py", "")
         return 1
-    if current != expected:
+    if not (args.check or up_to_date):
         try:
             NOTEBOOK.write_bytes(expected)
         except OSError as error:
             raise KitError(f"cannot write {NOTEBOOK.name} ({error.strerror or type(error).__name__})") from None
     if not args.check:
-        print(f"wrote {NOTEBOOK.name}" if current != expected else f"{NOTEBOOK.name} is up to date")
+        print(f"{NOTEBOOK.name} is up to date" if up_to_date else f"wrote {NOTEBOOK.name}")
     return 0
 
 

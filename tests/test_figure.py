@@ -1,0 +1,207 @@
+"""The notebook's figure (step 5), drawn by real matplotlib (Agg, no screen) from crafted results: which bars,
+how high, which labels and values; the run cell's lines without a measurement and without matplotlib; a real
+kernel shows the figure as an image.  The kit itself never requires matplotlib."""
+
+import json
+import sys
+from decimal import Decimal
+
+import matplotlib
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import mesure_memoire
+from conftest import ROOT
+
+matplotlib.use("Agg")  # before pyplot: no screen, and the same drawing everywhere
+from matplotlib import pyplot  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "report"
+SWEEP = DATA / "readme" / "sweep-width"
+NOTEBOOK = ROOT / "mesure-memoire.ipynb"
+MEASURED = ("measured peak allocated", "measured peak reserved")
+
+
+def load(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def drawn():
+    """Draws with real pyplot; every figure is closed afterwards."""
+    yield pyplot
+    pyplot.close("all")
+
+
+def bars_of(axes):
+    """{legend label: [(x, height, the value written on the bar)]}, in drawing order."""
+    found = {}
+    for container, values in zip(axes.containers, _bar_texts(axes), strict=True):
+        found[container.get_label()] = [(bar.get_x() + bar.get_width() / 2, bar.get_height(), text)
+                                        for bar, text in zip(container.patches, values, strict=True)]  # fmt: skip
+    return found
+
+
+def _bar_texts(axes):
+    """The texts bar_label wrote, grouped per container (bar_label adds one text per bar, in order)."""
+    texts = [text.get_text() for text in axes.texts]
+    groups, start = [], 0
+    for container in axes.containers:
+        groups.append(texts[start : start + len(container.patches)])
+        start += len(container.patches)
+    assert start == len(texts)
+    return groups
+
+
+def mib(value_bytes):
+    return value_bytes / 2**20
+
+
+def tick_labels(axes):
+    return [label.get_text() for label in axes.get_xticklabels()]
+
+
+def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(drawn):
+    result = load(DATA / "schema3.json")
+    figure = mesure_memoire.draw_phases(drawn, result)
+    (axes,) = figure.axes
+    phases = result["phases"]
+    assert tick_labels(axes) == [mesure_memoire._phase_label(record) for record in phases]
+    bars = bars_of(axes)
+    assert list(bars) == [*MEASURED, "plan's peak allocated"]
+    assert [label.get_text() for label in axes.get_legend().get_texts()] == list(bars)
+    for index, record in enumerate(phases):
+        planned = record["baseline_allocated_bytes"] + record["predicted"]["peak_allocated_bytes"]
+        for name, value in zip(
+            bars, (record["peak_allocated_bytes"], record["peak_reserved_bytes"], planned), strict=True
+        ):
+            x, height, text = bars[name][index]
+            assert height == pytest.approx(mib(value), rel=1e-12)
+            assert text == mesure_memoire.in_units(value, 2**20)
+            assert round(x) == index  # each bar in its phase's group
+    # The three bars of a group side by side, in the legend's order.
+    assert bars[MEASURED[0]][0][0] < bars[MEASURED[1]][0][0] < bars["plan's peak allocated"][0][0]
+    assert axes.get_ylabel() == "MiB"
+    assert axes.get_title().splitlines() == [
+        "Peak memory per phase: batch 4, context 256, width 512, bfloat16",
+        mesure_memoire.FIGURE_NOTE,
+    ]
+
+
+def test_the_values_on_the_bars_are_the_tables_figures():
+    """A figure's value text is what the phase table prints for the same counter (MiB, 2 places)."""
+    result = load(DATA / "schema3.json")
+    table = mesure_memoire.format_phase_table(result)
+    labels, series = mesure_memoire.phase_bars(result)
+    for label, allocated in zip(labels, series["measured peak allocated"], strict=True):
+        line = next(line for line in table.splitlines() if line.startswith(label + " "))
+        assert mesure_memoire.in_units(allocated, 2**20) in line.split()
+
+
+def test_a_result_without_predictions_draws_the_measured_peaks_alone(drawn):
+    result = load(DATA / "schema1.json")  # schema 1: no prediction recorded
+    bars = bars_of(mesure_memoire.draw_phases(drawn, result).axes[0])
+    assert list(bars) == list(MEASURED)
+    assert [len(values) for values in bars.values()] == [len(result["phases"])] * 2
+    assert [height for _, height, _ in bars[MEASURED[1]]] == pytest.approx(
+        [mib(record["peak_reserved_bytes"]) for record in result["phases"]])  # fmt: skip
+
+
+def test_a_phase_without_a_prediction_has_no_plan_bar_and_the_others_keep_their_place(drawn):
+    result = load(DATA / "schema3.json")
+    del result["phases"][1]["predicted"]
+    bars = bars_of(mesure_memoire.draw_phases(drawn, result).axes[0])
+    planned_at = [round(x) for x, _, _ in bars["plan's peak allocated"]]
+    assert planned_at == [index for index in range(len(result["phases"])) if index != 1]
+    assert len(bars[MEASURED[0]]) == len(result["phases"])
+
+
+def test_several_results_show_peak_memory_and_warm_time_per_size(drawn):
+    files = [str(SWEEP / f"mesures-width-{width}.json") for width in (256, 512, 1024)]
+    rows = mesure_memoire.report(files)["results"]
+    figure = mesure_memoire.draw_sizes(drawn, rows)
+    memory, time = figure.axes
+    for axes in (memory, time):
+        assert tick_labels(axes) == ["256", "512", "1024"]
+        assert axes.get_xlabel() == "width"
+    assert (memory.get_ylabel(), time.get_ylabel()) == ("MiB", "ms")
+    bars = bars_of(memory)
+    assert list(bars) == ["peak allocated", "peak reserved"]
+    assert [text for _, _, text in bars["peak allocated"]] == ["11.50", "19.01", "46.02"]
+    assert [height for _, height, _ in bars["peak reserved"]] == pytest.approx([12.0, 20.0, 48.0])
+    (warm,) = bars_of(time).values()
+    assert [(round(x), text) for x, _, text in warm] == [(0, "0.151"), (1, "0.300"), (2, "1.020")]
+    assert [height for _, height, _ in warm] == pytest.approx([0.1505, 0.3002, 1.0204])
+
+
+def _row(**changes):
+    return {"batch": 2, "context": 128, "width": 64, "dtype": "float32", "peak_allocated_bytes": 2**20,
+            "peak_reserved_bytes": 2**21, "warm_median_ms": Decimal("0.5"), **changes}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "labels", "named"),
+    [
+        ([_row(), _row()], ["#1", "#2"], "result (same size)"),
+        ([_row(context=16, width=64), _row(context=32, width=128)], ["16/64", "32/128"], "context/width"),
+        ([_row(batch=1), _row(batch=2, dtype="bfloat16")], ["1/float32", "2/bfloat16"], "batch/dtype"),
+    ],
+    ids=["nothing differs", "two dimensions differ", "a dimension and the dtype differ"],
+)
+def test_a_size_is_labelled_by_what_differs_between_the_results(rows, labels, named):
+    found_labels, found_named, memory, warm_ms = mesure_memoire.size_bars(rows)
+    assert (found_labels, found_named) == (labels, named)
+    assert memory == {"peak allocated": [2**20] * 2, "peak reserved": [2**21] * 2}
+    assert warm_ms == [Decimal("0.5")] * 2
+
+
+def figure_cell_namespace(measurement):
+    """The notebook's definitions, then ``measurement`` as step 3 leaves it."""
+    namespace = {}
+    cells = {cell["id"]: "".join(cell["source"]) for cell in load(NOTEBOOK)["cells"] if cell["cell_type"] == "code"}
+    for cell_id, source in cells.items():
+        if cell_id.startswith(("shared-code-", "step-")):
+            exec(compile(source, "<notebook>", "exec"), namespace)
+    namespace["measurement"] = measurement
+    return namespace, compile(cells["run-figure"], "<notebook>", "exec")
+
+
+def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_matplotlib(monkeypatch, capsys):
+    namespace, run_figure = figure_cell_namespace(None)
+    exec(run_figure, namespace)
+    assert capsys.readouterr().out == "Nothing to draw: this kernel wrote no measurement.\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # matplotlib not installed, as far as import can tell
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    namespace["measurement"] = load(DATA / "schema3.json")
+    exec(run_figure, namespace)
+    assert (
+        capsys.readouterr().out == "No figure: matplotlib is not importable in this kernel (the tables above stay).\n"
+    )
+    assert "figure" not in namespace
+
+
+def test_the_figure_cell_draws_the_measurement_of_this_kernel(drawn, capsys):
+    measurement = load(DATA / "schema3.json")
+    namespace, run_figure = figure_cell_namespace(measurement)
+    exec(run_figure, namespace)
+    assert capsys.readouterr().out == ""
+    assert namespace["figure"] is drawn.gcf()
+    assert bars_of(namespace["figure"].axes[0]) == bars_of(mesure_memoire.draw_phases(drawn, measurement).axes[0])
+
+
+def test_a_real_kernel_shows_the_figure_as_an_image(tmp_path):
+    """The definitions, a crafted measurement in place of step 3's, then the figure cell, in a real ipykernel."""
+    cells = [cell for cell in load(NOTEBOOK)["cells"] if cell["id"].startswith(("shared-code-", "step-"))
+             and cell["cell_type"] == "code"]  # fmt: skip
+    crafted = f"import json\nmeasurement = json.loads({(DATA / 'schema3.json').read_text(encoding='utf-8')!r})"
+    figure_cell = next(cell for cell in load(NOTEBOOK)["cells"] if cell["id"] == "run-figure")
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("".join(cell["source"])) for cell in cells]
+    notebook.cells += [nbformat.v4.new_code_cell(crafted), nbformat.v4.new_code_cell("".join(figure_cell["source"]))]
+    NotebookClient(
+        notebook, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    (shown,) = notebook.cells[-1].outputs
+    assert shown.output_type == "display_data" and "image/png" in shown.data
+    assert list(tmp_path.iterdir()) == []  # drawing writes no file

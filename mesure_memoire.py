@@ -694,8 +694,10 @@ def predict_memory(config):
                 "allocated by the first matrix product and kept: measured by the run, not predicted here "
                 "(the allowance counts it in the predicted peak)"
             )
-        if level + workspace_bytes + predicted["peak_allocated_bytes"] > peak:
-            peak, peak_phase = level + workspace_bytes + predicted["peak_allocated_bytes"], name
+        # The level at the phase's peak, from a fresh process: what a card must hold at that moment.
+        record["predicted_peak_level_allocated_bytes"] = level + workspace_bytes + predicted["peak_allocated_bytes"]
+        if record["predicted_peak_level_allocated_bytes"] > peak:
+            peak, peak_phase = record["predicted_peak_level_allocated_bytes"], name
         level += workspace_bytes + predicted["end_allocated_bytes"]
         phases.append(record)
         # Outputs are released when a phase ends: the next baseline holds weights, inputs, workspace.
@@ -1396,6 +1398,12 @@ def _table(rows):
     )
 
 
+CUDA_INITIALIZED_NOTE = (
+    "Note: CUDA was initialized in this kernel before the measurement (by the environment cell, for instance); "
+    "the allocator held no memory, so the counters start from zero."
+)
+
+
 def format_phase_table(result):
     """The measurement as a table; a prediction that disagrees is marked, and each difference listed."""
 
@@ -1798,79 +1806,91 @@ def format_report(data):
 
 
 # >>> notebook: 5. A picture of the measurement (matplotlib, only where it is importable)
-PLANNED_PEAK = "plan's peak allocated"  # the series a result without predictions (schema 1) lacks
-FIGURE_NOTE = (
-    "PyTorch's allocator in the measuring process only; the plan's peak is the phase's baseline plus its "
-    "predicted peak, without cold_forward's BLAS workspace (measured, not planned)"
+MATPLOTLIB_OLDEST = (3, 5)  # subplots(layout=...) and set_xticks(ticks, labels) need 3.5
+PHASE_FIGURE_NOTE = (
+    "PyTorch's allocator in the measuring process only. The plan: arithmetic from a fresh process, its "
+    f"{BLAS_WORKSPACE_ALLOWANCE_BYTES // MIB_BYTES} MiB allowance for the BLAS workspace counted from cold_forward on"
 )
+WARM_TIME_TITLE = "Warm median, wall clock (Python's overhead and the synchronizations included)"
+FLAGGED_NOTE = "*: flagged in report's table"
 
 
 def import_pyplot():
-    """matplotlib's pyplot, or None where matplotlib is not importable: the kit never requires it."""
+    """matplotlib's pyplot; a KitError where it is not importable or too old: the kit never requires it."""
+    import re  # only the figure needs it
+
     try:
+        import matplotlib
         from matplotlib import pyplot
     except ImportError:
-        return None
+        raise KitError("matplotlib is not importable in this kernel (the tables stay)") from None
+    version = str(getattr(matplotlib, "__version__", ""))
+    found = re.match(r"([0-9]+)\.([0-9]+)", version)
+    if not found or tuple(map(int, found.groups())) < MATPLOTLIB_OLDEST:
+        raise KitError(f"matplotlib {shown(version)} is too old to draw: 3.5 or later is needed (the tables stay)")
     return pyplot
 
 
 def phase_bars(result):
-    """Per phase of a result this kernel measured: (labels, {series: bytes per phase}), the measured peaks
-    beside the plan's peak allocated (None where a phase records no prediction)."""
-    series = {"measured peak allocated": [], "measured peak reserved": [], PLANNED_PEAK: []}
-    for record in result["phases"]:
-        predicted = record.get("predicted")
-        series["measured peak allocated"].append(record["peak_allocated_bytes"])
-        series["measured peak reserved"].append(record["peak_reserved_bytes"])
-        planned = None if predicted is None else record["baseline_allocated_bytes"] + predicted["peak_allocated_bytes"]
-        series[PLANNED_PEAK].append(planned)
-    if all(value is None for value in series[PLANNED_PEAK]):
-        del series[PLANNED_PEAK]
-    return [_phase_label(record) for record in result["phases"]], series
+    """Per phase of a result this kernel measured: (labels, {series: bytes}), its measured peaks beside the
+    plan's level at that phase's peak, for the same configuration.  A phase that disagrees is labelled so."""
+    plan = predict_memory(result["configuration"])
+    labels = [_phase_label(record) + (" DISAGREES" if record.get("verdict") == "disagrees" else "")
+              for record in result["phases"]]  # fmt: skip
+    return labels, {
+        "measured peak allocated": [record["peak_allocated_bytes"] for record in result["phases"]],
+        "measured peak reserved": [record["peak_reserved_bytes"] for record in result["phases"]],
+        "plan's peak allocated": [record["predicted_peak_level_allocated_bytes"] for record in plan["phases"]],
+    }
 
 
 def size_bars(rows):
     """Per row of report: (labels, what the labels name, {series: bytes}, warm median ms).  A label gives the
-    dimensions (and dtype) that differ between the rows; the row's number where none does."""
+    dimensions (and dtype) that differ between the rows, with the row's number where labels would repeat,
+    and "*" for a row report flags."""
     varying = [key for key in (*FIT_DIMENSIONS, "dtype") if len({row[key] for row in rows}) > 1]
-    labels = ["/".join(str(row[key]) for key in varying) or f"#{number}" for number, row in enumerate(rows, 1)]
+    labels = ["/".join(str(row[key]) for key in varying) for row in rows]
+    if len(set(labels)) < len(labels):
+        labels = [f"#{number} {label}".rstrip() for number, label in enumerate(labels, 1)]
+    labels = [label + (" *" if row["flags"] else "") for label, row in zip(labels, rows, strict=True)]
+    named = "/".join(varying) or "result"
+    named += f" ({FLAGGED_NOTE})" if any(row["flags"] for row in rows) else ""
     memory = {f"peak {kind}": [row[f"peak_{kind}_bytes"] for row in rows] for kind in ("allocated", "reserved")}
-    return labels, "/".join(varying) or "result (same size)", memory, [row["warm_median_ms"] for row in rows]
+    return labels, named, memory, [row["warm_median_ms"] for row in rows]
 
 
 def _bars(axes, labels, series, unit, places):
     """Grouped bars, one group per label and one bar per series, each labelled with its value in ``unit``
-    (rounded to ``places``, as the tables write it); a value None draws no bar."""
+    (rounded to ``places``, as the tables write it)."""
     width = 0.8 / len(series)
     for index, (name, values) in enumerate(series.items()):
-        drawn = [(tick + (index - (len(series) - 1) / 2) * width, value) for tick, value in enumerate(values)
-                 if value is not None]  # fmt: skip
-        heights = [float(decimal_ratio(value, unit)) for _, value in drawn]
-        bars = axes.bar([x for x, _ in drawn], heights, width, label=name)
-        axes.bar_label(bars, labels=[in_units(value, unit, places) for _, value in drawn], fontsize=7)
+        offset = (index - (len(series) - 1) / 2) * width
+        heights = [float(decimal_ratio(value, unit)) for value in values]
+        bars = axes.bar([tick + offset for tick in range(len(values))], heights, width, label=name)
+        axes.bar_label(bars, labels=[in_units(value, unit, places) for value in values], fontsize=7)
     axes.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
 
 
-def draw_phases(pyplot, result):
-    """One measurement's figure: per phase, its measured peaks beside the plan's peak allocated, in MiB."""
+def draw_phases(result):
+    """One measurement's figure: per phase, its measured peaks beside the plan's, in MiB."""
     labels, series = phase_bars(result)
-    figure, axes = pyplot.subplots(figsize=(10, 4.5), layout="constrained")
+    figure, axes = import_pyplot().subplots(figsize=(10, 4.5), layout="constrained")
     _bars(axes, labels, series, MIB_BYTES, 2)
     config = result["configuration"]
     axes.set_title(f"Peak memory per phase: batch {config['batch']}, context {config['context']}, "
-                   f"width {config['width']}, {config['dtype']}\n{FIGURE_NOTE}", fontsize=9)  # fmt: skip
+                   f"width {config['width']}, {config['dtype']}\n{PHASE_FIGURE_NOTE}", fontsize=9)  # fmt: skip
     axes.set_ylabel("MiB")
     axes.legend(fontsize=8)
     return figure
 
 
-def draw_sizes(pyplot, rows):
+def draw_sizes(rows):
     """Several results' figure, from report's rows: peak memory (MiB) and warm median time (ms) per size."""
     labels, named, memory, warm_ms = size_bars(rows)
-    figure, (left, right) = pyplot.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
+    figure, (left, right) = import_pyplot().subplots(1, 2, figsize=(11, 4.5), layout="constrained")
     _bars(left, labels, memory, MIB_BYTES, 2)
     _bars(right, labels, {"warm median": warm_ms}, 1, 3)
-    for axes, title, unit in ((left, "Peak memory (PyTorch's allocator)", "MiB"), (right, "Warm median", "ms")):
+    for axes, title, unit in ((left, "Peak memory (PyTorch's allocator)", "MiB"), (right, WARM_TIME_TITLE, "ms")):
         axes.set_title(title, fontsize=9)
         axes.set_xlabel(named)
         axes.set_ylabel(unit)

@@ -28,9 +28,9 @@ def load(path):
 
 
 @pytest.fixture
-def drawn():
-    """Draws with real pyplot; every figure is closed afterwards."""
-    yield pyplot
+def closes_figures():
+    """pyplot keeps every figure it draws: closed after each test."""
+    yield
     pyplot.close("all")
 
 
@@ -62,20 +62,19 @@ def tick_labels(axes):
     return [label.get_text() for label in axes.get_xticklabels()]
 
 
-def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(drawn):
+def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(closes_figures):
     result = load(DATA / "schema3.json")
-    figure = mesure_memoire.draw_phases(drawn, result)
-    (axes,) = figure.axes
+    plan = mesure_memoire.predict_memory(result["configuration"])
+    (axes,) = mesure_memoire.draw_phases(result).axes
     phases = result["phases"]
     assert tick_labels(axes) == [mesure_memoire._phase_label(record) for record in phases]
     bars = bars_of(axes)
     assert list(bars) == [*MEASURED, "plan's peak allocated"]
     assert [label.get_text() for label in axes.get_legend().get_texts()] == list(bars)
-    for index, record in enumerate(phases):
-        planned = record["baseline_allocated_bytes"] + record["predicted"]["peak_allocated_bytes"]
-        for name, value in zip(
-            bars, (record["peak_allocated_bytes"], record["peak_reserved_bytes"], planned), strict=True
-        ):
+    for index, (record, planned) in enumerate(zip(phases, plan["phases"], strict=True)):
+        values = (record["peak_allocated_bytes"], record["peak_reserved_bytes"],
+                  planned["predicted_peak_level_allocated_bytes"])  # fmt: skip
+        for name, value in zip(bars, values, strict=True):
             x, height, text = bars[name][index]
             assert height == pytest.approx(mib(value), rel=1e-12)
             assert text == mesure_memoire.in_units(value, 2**20)
@@ -85,8 +84,30 @@ def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(drawn):
     assert axes.get_ylabel() == "MiB"
     assert axes.get_title().splitlines() == [
         "Peak memory per phase: batch 4, context 256, width 512, bfloat16",
-        mesure_memoire.FIGURE_NOTE,
+        mesure_memoire.PHASE_FIGURE_NOTE,
     ]
+
+
+def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_peak():
+    """Hand-checked for batch 4, context 256, width 512, bfloat16: weights 4,199,424 bytes, inputs 1 MiB,
+    the first forward's two 4 MiB hidden tensors and the 256 MiB allowance."""
+    result = load(DATA / "schema3.json")
+    _, series = mesure_memoire.phase_bars(result)
+    weights, inputs, hidden = 4199424, 2**20, 4 * 2**20
+    assert series["plan's peak allocated"][:3] == [
+        weights,
+        weights + inputs,
+        weights + inputs + 256 * 2**20 + 2 * hidden,
+    ]
+    plan = mesure_memoire.predict_memory(result["configuration"])
+    assert max(series["plan's peak allocated"]) == plan["predicted_peak_allocated_bytes"] == 282072064
+
+
+def test_a_phase_that_disagrees_is_labelled_so():
+    result = load(DATA / "schema3.json")
+    result["phases"][2]["verdict"] = "disagrees"
+    labels, _ = mesure_memoire.phase_bars(result)
+    assert [label.endswith(" DISAGREES") for label in labels] == [index == 2 for index in range(len(labels))]
 
 
 def test_the_values_on_the_bars_are_the_tables_figures():
@@ -99,33 +120,16 @@ def test_the_values_on_the_bars_are_the_tables_figures():
         assert mesure_memoire.in_units(allocated, 2**20) in line.split()
 
 
-def test_a_result_without_predictions_draws_the_measured_peaks_alone(drawn):
-    result = load(DATA / "schema1.json")  # schema 1: no prediction recorded
-    bars = bars_of(mesure_memoire.draw_phases(drawn, result).axes[0])
-    assert list(bars) == list(MEASURED)
-    assert [len(values) for values in bars.values()] == [len(result["phases"])] * 2
-    assert [height for _, height, _ in bars[MEASURED[1]]] == pytest.approx(
-        [mib(record["peak_reserved_bytes"]) for record in result["phases"]])  # fmt: skip
-
-
-def test_a_phase_without_a_prediction_has_no_plan_bar_and_the_others_keep_their_place(drawn):
-    result = load(DATA / "schema3.json")
-    del result["phases"][1]["predicted"]
-    bars = bars_of(mesure_memoire.draw_phases(drawn, result).axes[0])
-    planned_at = [round(x) for x, _, _ in bars["plan's peak allocated"]]
-    assert planned_at == [index for index in range(len(result["phases"])) if index != 1]
-    assert len(bars[MEASURED[0]]) == len(result["phases"])
-
-
-def test_several_results_show_peak_memory_and_warm_time_per_size(drawn):
+def test_several_results_show_peak_memory_and_warm_time_per_size(closes_figures):
     files = [str(SWEEP / f"mesures-width-{width}.json") for width in (256, 512, 1024)]
     rows = mesure_memoire.report(files)["results"]
-    figure = mesure_memoire.draw_sizes(drawn, rows)
+    figure = mesure_memoire.draw_sizes(rows)
     memory, time = figure.axes
     for axes in (memory, time):
         assert tick_labels(axes) == ["256", "512", "1024"]
         assert axes.get_xlabel() == "width"
     assert (memory.get_ylabel(), time.get_ylabel()) == ("MiB", "ms")
+    assert time.get_title() == "Warm median, wall clock (Python's overhead and the synchronizations included)"
     bars = bars_of(memory)
     assert list(bars) == ["peak allocated", "peak reserved"]
     assert [text for _, _, text in bars["peak allocated"]] == ["11.50", "19.01", "46.02"]
@@ -137,23 +141,30 @@ def test_several_results_show_peak_memory_and_warm_time_per_size(drawn):
 
 def _row(**changes):
     return {"batch": 2, "context": 128, "width": 64, "dtype": "float32", "peak_allocated_bytes": 2**20,
-            "peak_reserved_bytes": 2**21, "warm_median_ms": Decimal("0.5"), **changes}  # fmt: skip
+            "peak_reserved_bytes": 2**21, "warm_median_ms": Decimal("0.5"), "flags": [], **changes}  # fmt: skip
+
+
+FLAGGED = "(*: flagged in report's table)"
 
 
 @pytest.mark.parametrize(
     ("rows", "labels", "named"),
     [
-        ([_row(), _row()], ["#1", "#2"], "result (same size)"),
+        ([_row(), _row()], ["#1", "#2"], "result"),
         ([_row(context=16, width=64), _row(context=32, width=128)], ["16/64", "32/128"], "context/width"),
         ([_row(batch=1), _row(batch=2, dtype="bfloat16")], ["1/float32", "2/bfloat16"], "batch/dtype"),
+        ([_row(width=256), _row(width=512), _row(width=256)], ["#1 256", "#2 512", "#3 256"], "width"),
+        ([_row(width=8), _row(width=9, flags=["not a fresh process"])], ["8", "9 *"], f"width {FLAGGED}"),
+        ([_row(flags=["x"]), _row()], ["#1 *", "#2"], f"result {FLAGGED}"),
     ],
-    ids=["nothing differs", "two dimensions differ", "a dimension and the dtype differ"],
-)
+    ids=["nothing differs", "two dimensions differ", "a dimension and the dtype differ",
+         "one sweep on two cards: numbered", "a flagged row is starred", "flagged and numbered"],
+)  # fmt: skip
 def test_a_size_is_labelled_by_what_differs_between_the_results(rows, labels, named):
     found_labels, found_named, memory, warm_ms = mesure_memoire.size_bars(rows)
     assert (found_labels, found_named) == (labels, named)
-    assert memory == {"peak allocated": [2**20] * 2, "peak reserved": [2**21] * 2}
-    assert warm_ms == [Decimal("0.5")] * 2
+    assert memory == {"peak allocated": [2**20] * len(rows), "peak reserved": [2**21] * len(rows)}
+    assert warm_ms == [Decimal("0.5")] * len(rows)
 
 
 def figure_cell_namespace(measurement):
@@ -175,19 +186,41 @@ def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_ma
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     namespace["measurement"] = load(DATA / "schema3.json")
     exec(run_figure, namespace)
-    assert (
-        capsys.readouterr().out == "No figure: matplotlib is not importable in this kernel (the tables above stay).\n"
-    )
+    assert capsys.readouterr().out == "No figure: matplotlib is not importable in this kernel (the tables stay)\n"
     assert "figure" not in namespace
 
 
-def test_the_figure_cell_draws_the_measurement_of_this_kernel(drawn, capsys):
+@pytest.mark.parametrize("version", ["3.4.3", "2.2", "", "x.y"])
+def test_a_matplotlib_too_old_or_unknown_is_refused_in_one_line(version, monkeypatch):
+    """A stand-in matplotlib module (not installed here) of another version: refused before drawing."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "matplotlib", types.SimpleNamespace(__version__=version, pyplot=pyplot))
+    with pytest.raises(mesure_memoire.KitError) as refused:
+        mesure_memoire.import_pyplot()
+    assert str(refused.value) == (
+        f"matplotlib {version!r} is too old to draw: 3.5 or later is needed (the tables stay)"
+    )
+    for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "schema3.json")), (mesure_memoire.draw_sizes, [])):
+        with pytest.raises(mesure_memoire.KitError):
+            drawing(data)
+
+
+@pytest.mark.parametrize("version", ["3.5.0", "3.10.9", "3.11.2", "4.0.0rc1"])
+def test_matplotlib_3_5_and_later_is_taken(version, monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "matplotlib", types.SimpleNamespace(__version__=version, pyplot=pyplot))
+    assert mesure_memoire.import_pyplot() is pyplot
+
+
+def test_the_figure_cell_draws_the_measurement_of_this_kernel(closes_figures, capsys):
     measurement = load(DATA / "schema3.json")
     namespace, run_figure = figure_cell_namespace(measurement)
     exec(run_figure, namespace)
     assert capsys.readouterr().out == ""
-    assert namespace["figure"] is drawn.gcf()
-    assert bars_of(namespace["figure"].axes[0]) == bars_of(mesure_memoire.draw_phases(drawn, measurement).axes[0])
+    assert namespace["figure"] is pyplot.gcf()
+    assert bars_of(namespace["figure"].axes[0]) == bars_of(mesure_memoire.draw_phases(measurement).axes[0])
 
 
 def test_a_real_kernel_shows_the_figure_as_an_image(tmp_path):

@@ -450,16 +450,25 @@ def test_the_plan_document_exactly():
                          "end_allocated_bytes": 2048, "peak_allocated_bytes": 2048,
                          "alive_at_end": ["0.weight", "0.bias", "2.weight", "2.bias"],
                          "alive_at_peak": ["0.weight", "0.bias", "2.weight", "2.bias"],
-                         "predicted_baseline_allocated_bytes": 0}  # fmt: skip
+                         "predicted_baseline_allocated_bytes": 0,
+                         "predicted_peak_level_allocated_bytes": 2048}  # fmt: skip
     assert phases[1]["predicted_baseline_allocated_bytes"] == 2048 and phases[1]["alive_at_end"] == ["inputs"]
     assert phases[2] == {"phase": "cold_forward", **base, "end_requested_bytes": 24, "peak_requested_bytes": 192,
                          "end_allocated_bytes": 512, "peak_allocated_bytes": 1024, "alive_at_end": ["output"],
                          "alive_at_peak": ["fc1_output", "gelu_output"], "predicted_baseline_allocated_bytes": 2560,
+                         "predicted_peak_level_allocated_bytes": 2560 + 256 * MIB + 1024,
                          "blas_workspace": "allocated by the first matrix product and kept: measured by the run, not "
                          "predicted here (the allowance counts it in the predicted peak)"}  # fmt: skip
     # After the first forward the workspace allowance stays in the baseline; the output does not.
     assert phases[3]["predicted_baseline_allocated_bytes"] == 2560 + 256 * MIB and "blas_workspace" not in phases[3]
     assert phases[3]["repetition"] == 1
+    # The level at each phase's peak: its baseline, the allowance on the first forward, its own peak.
+    assert [phase["predicted_peak_level_allocated_bytes"] for phase in phases] == [
+        2048,
+        2560,
+        2560 + 256 * MIB + 1024,
+        2560 + 256 * MIB + 1024,
+    ]
 
 
 CPU = torch.device("cpu")

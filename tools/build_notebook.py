@@ -29,11 +29,12 @@ process, and its result records a warning. The steps: (1) estimate the weights' 
 diagnose the environment; (3) plan, then measure on the chosen GPU into one new JSON file (an existing file is
 never overwritten); (4) read that file back with `report`; (5) draw it.
 
-Limits, as in the README: the estimate leaves out activations, KV cache, quantization metadata, gradients,
-optimizer states, libraries and the CUDA/ROCm context, and does not say whether a real model fits a card; the
-reserve is your hypothesis. Without PyTorch or a usable GPU nothing is measured and nothing is written (no CPU
-fallback). The counters cover PyTorch's allocator in this kernel on the chosen GPU only; `allocated` is part of
-`reserved`, the two peaks are distinct maxima, never subtracted. Times include Python's overhead and the syncs."""
+Limits, as in the README: the estimate leaves out activations, KV cache, quantization metadata, gradients, optimizer
+states, libraries and the CUDA/ROCm context, and does not say whether a real model fits a card; the reserve is your
+hypothesis. Without PyTorch or a usable GPU nothing is measured and nothing is written (no CPU fallback). The counters
+cover PyTorch's allocator in this kernel on the chosen GPU only, not the CUDA context, the driver or other processes;
+`allocated` is part of `reserved`, the two peaks are distinct maxima, never subtracted. Times include Python's
+overhead and the synchronizations."""
 
 PARAMETERS_TEXT = """\
 ## Parameters
@@ -63,8 +64,7 @@ SHARED_TEXT = """\
 
 Imports and definitions every step uses (collapsed). Nothing is measured until step 3."""
 
-# Step number: (the text under the step's heading, the id of the cell that runs the step, that cell's code).
-STEPS = {
+STEPS = {  # step number: (the text under the step's heading, the id of its run cell, that cell's code)
     "1": ("Bits are rounded up to whole bytes per parameter; GiB are `2**30` bytes, GB `10**9`.", "run-estimate", """\
 try:
     print(format_estimate(estimate_weights(PARAMETERS, BITS, RESERVE_GIB)))
@@ -81,7 +81,7 @@ except KitError as error:
 measurement = None
 try:
     config = measure_config(DEVICE, BATCH, CONTEXT, WIDTH, DTYPE, WARMUP, REPEATS, SEED)
-    if MEMORY_GIB != "":
+    if MEMORY_GIB not in ("", None):
         print(format_fit(plan_for(config, MEMORY_GIB)))
     measurement = measure_to_file(config, OUTPUT, tool="mesure-memoire.ipynb")
 except KitError as error:
@@ -91,8 +91,7 @@ else:
     if settings["fresh_process_warning"]:
         print(f"Warning: {settings['fresh_process_warning']}")
     elif settings["cuda_initialized_before_measure"]:
-        print("Note: CUDA was initialized in this kernel before the measurement (by the environment cell, "
-              "for instance); the allocator held no memory, so the counters start from zero.")
+        print(CUDA_INITIALIZED_NOTE)
     print(format_phase_table(measurement))
     print(f"Result written to {OUTPUT}")"""),
     "4": ("Reads back the file step 3 wrote, as `mesure_memoire.py report` does: peaks are maxima over the phases, "
@@ -106,13 +105,14 @@ else:
     except KitError as error:
         print(f"The result cannot be read back: {error}")"""),
     "5": ("Where matplotlib is importable: the measured peaks per phase beside the plan's. Several results (a sweep's):"
-          ' `draw_sizes(import_pyplot(), report(["a.json", "b.json"])["results"])` in a new cell.', "run-figure", """\
+          ' `draw_sizes(report(["a.json", "b.json"])["results"])` in a new cell.', "run-figure", """\
 if measurement is None:
     print("Nothing to draw: this kernel wrote no measurement.")
-elif (pyplot := import_pyplot()) is None:
-    print("No figure: matplotlib is not importable in this kernel (the tables above stay).")
 else:
-    figure = draw_phases(pyplot, measurement)"""),
+    try:
+        figure = draw_phases(measurement)
+    except KitError as error:
+        print(f"No figure: {error}")"""),
 }  # fmt: skip
 HIDDEN = {"source_hidden": True}  # JupyterLab and VS Code open such a cell collapsed
 METADATA = {

@@ -1827,7 +1827,7 @@ def import_pyplot():
     version = str(getattr(matplotlib, "__version__", ""))
     found = re.match(r"([0-9]+)\.([0-9]+)", version)
     if not found or tuple(map(int, found.groups())) < MATPLOTLIB_OLDEST:
-        raise KitError(f"matplotlib {shown(version)} is too old to draw: 3.5 or later is needed (the tables stay)")
+        raise KitError(f"matplotlib {shown(version)} cannot draw: 3.5 or later is needed (the tables stay)")
     return pyplot
 
 

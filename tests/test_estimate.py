@@ -474,6 +474,7 @@ def test_the_options_reach_the_estimate_with_its_default_reserve(monkeypatch, ca
     ("argv", "said"),
     [
         (["--bitsx=16"], "estimate: unrecognized arguments: --bitsx"),  # named without its value
+        (["--bitsx", "16", "--reserve", "4"], "estimate: unrecognized arguments: --bitsx --reserve"),
         (["-"], "estimate: the following arguments are required: --bits"),  # "-" is not an option
         (["--", "--bitsx"], "estimate: the following arguments are required: --bits"),  # after --, not an option
     ],

@@ -88,6 +88,36 @@ def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(closes_
     ]
 
 
+def _layout(figure):
+    """What a reader of the figure sees besides the bars' heights and values."""
+    panels = []
+    for axes in figure.axes:
+        ticks = axes.get_xticklabels()
+        legend = axes.get_legend()
+        panels.append({
+            "place": axes.get_subplotspec().get_geometry(),  # (rows, columns, first cell, last cell)
+            "title_size": axes.title.get_fontsize(),
+            "tick_rotation": {label.get_rotation() for label in ticks},
+            "tick_alignment": {label.get_horizontalalignment() for label in ticks},
+            "value_size": {text.get_fontsize() for text in axes.texts},
+            "bar_widths": {round(bar.get_width(), 12) for container in axes.containers for bar in container},
+            "legend_size": None if legend is None else {text.get_fontsize() for text in legend.get_texts()},
+        })  # fmt: skip
+    return tuple(figure.get_size_inches()), type(figure.get_layout_engine()).__name__, panels
+
+
+def test_the_figures_are_laid_out_as_drawn(closes_figures):
+    common = {"title_size": 9, "tick_rotation": {30}, "tick_alignment": {"right"}, "value_size": {7}}
+    phases = _layout(mesure_memoire.draw_phases(load(DATA / "schema3.json")))
+    assert phases == ((10, 4.5), "ConstrainedLayoutEngine", [
+        {"place": (1, 1, 0, 0), **common, "bar_widths": {round(0.8 / 3, 12)}, "legend_size": {8}}])  # fmt: skip
+    rows = mesure_memoire.report([str(SWEEP / "mesures-width-256.json"), str(SWEEP / "mesures-width-512.json")])
+    sizes = _layout(mesure_memoire.draw_sizes(rows["results"]))
+    assert sizes == ((11, 4.5), "ConstrainedLayoutEngine", [
+        {"place": (1, 2, 0, 0), **common, "bar_widths": {0.4}, "legend_size": {8}},
+        {"place": (1, 2, 1, 1), **common, "bar_widths": {0.8}, "legend_size": None}])  # fmt: skip
+
+
 def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_peak():
     """Hand-checked for batch 4, context 256, width 512, bfloat16: weights 4,199,424 bytes, inputs 1 MiB,
     the first forward's two 4 MiB hidden tensors and the 256 MiB allowance."""
@@ -130,6 +160,8 @@ def test_several_results_show_peak_memory_and_warm_time_per_size(closes_figures)
         assert axes.get_xlabel() == "width"
     assert (memory.get_ylabel(), time.get_ylabel()) == ("MiB", "ms")
     assert time.get_title() == "Warm median, wall clock (Python's overhead and the synchronizations included)"
+    assert memory.get_title() == "Peak memory (PyTorch's allocator)"
+    assert [container.get_label() for container in time.containers] == ["warm median"]
     bars = bars_of(memory)
     assert list(bars) == ["peak allocated", "peak reserved"]
     assert [text for _, _, text in bars["peak allocated"]] == ["11.50", "19.01", "46.02"]
@@ -190,20 +222,27 @@ def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_ma
     assert "figure" not in namespace
 
 
-@pytest.mark.parametrize("version", ["3.4.3", "2.2", "", "x.y"])
-def test_a_matplotlib_too_old_or_unknown_is_refused_in_one_line(version, monkeypatch):
-    """A stand-in matplotlib module (not installed here) of another version: refused before drawing."""
+def test_without_matplotlib_the_kit_refuses_to_draw_in_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed, as far as import can tell
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "schema3.json")), (mesure_memoire.draw_sizes, [])):
+        with pytest.raises(mesure_memoire.KitError) as refused:
+            drawing(data)
+        assert str(refused.value) == "matplotlib is not importable in this kernel (the tables stay)"
+
+
+@pytest.mark.parametrize(("version", "shown"), [("3.4.3", "'3.4.3'"), ("2.2", "'2.2'"), ("", "''"), ("x.y", "'x.y'"),
+                                                 (None, "''")])  # fmt: skip
+def test_a_matplotlib_too_old_or_of_unknown_version_is_refused_in_one_line(version, shown, monkeypatch):
+    """A stand-in matplotlib module (not installed here) of another version, or none said: refused."""
     import types
 
-    monkeypatch.setitem(sys.modules, "matplotlib", types.SimpleNamespace(__version__=version, pyplot=pyplot))
-    with pytest.raises(mesure_memoire.KitError) as refused:
-        mesure_memoire.import_pyplot()
-    assert str(refused.value) == (
-        f"matplotlib {version!r} is too old to draw: 3.5 or later is needed (the tables stay)"
-    )
+    stand_in = types.SimpleNamespace(pyplot=pyplot, **({} if version is None else {"__version__": version}))
+    monkeypatch.setitem(sys.modules, "matplotlib", stand_in)
     for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "schema3.json")), (mesure_memoire.draw_sizes, [])):
-        with pytest.raises(mesure_memoire.KitError):
+        with pytest.raises(mesure_memoire.KitError) as refused:
             drawing(data)
+        assert str(refused.value) == f"matplotlib {shown} cannot draw: 3.5 or later is needed (the tables stay)"
 
 
 @pytest.mark.parametrize("version", ["3.5.0", "3.10.9", "3.11.2", "4.0.0rc1"])

@@ -883,6 +883,13 @@ def test_none_when_even_one_does_not_fit_and_the_accepted_maximum_when_everythin
     assert needs(width=huge["width"]) <= 10**29 * GIB < needs(width=huge["width"] + 1)
 
 
+def test_the_largest_may_be_one():
+    """1 fits, 2 does not: the search must not start above 1."""
+    memory_bytes = needs(batch=1)
+    assert needs(batch=2) > memory_bytes
+    assert mesure_memoire.largest_that_fits(config(), memory_bytes, "batch") == 1
+
+
 def test_only_one_dimension_does_not_fit_at_one():
     # A context so large that batch 1 does not fit at width 64, while a smaller width does.
     plan_ = mesure_memoire.predict_memory(config(context=2 * 10**7))

@@ -161,6 +161,7 @@ def test_a_child_that_hangs_is_stopped_and_reported_and_leaves_nothing(stand_in,
     )
     assert stand_in.calls() == [PROBE, measure_call(256), measure_call(512)]
     assert os.listdir("out") == ["mesures-width-256.json"]  # the hanging child's partial file is gone
+    assert (stand_in.home / "signals.log").read_text() == "SIGINT\n"  # as Ctrl-C would: measure cleans up
     pid = int((stand_in.home / "hanging.pid").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -203,7 +204,7 @@ def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_i
 
 
 def test_ctrl_c_at_the_first_value_leaves_no_folder(stand_in, monkeypatch):
-    stand_in({"256": "hang"})
+    stand_in({"256": "write-then-hang"})  # its result already written: it goes too
 
     def interrupted(process, timeout=None):
         raise KeyboardInterrupt
@@ -287,6 +288,7 @@ SWEEP_REFUSALS = [
     (["--values", "256", "--output-dir", "file.json"], "--output-dir: file.json already exists"),
     (["--values", "256", "--output-dir", "missing/out"], "--output-dir: the folder that would hold missing/out does"),
     (["--values", "256", "--output-dir", " "], "--output-dir: expected the name of a new folder, got ' '"),
+    (["--values", "256", "--output-dir", "a\0b"], "--output-dir: expected the name of a new folder, got 'a\\x00b'"),
     (["--values", "256", "--dtype", "int8"], "--dtype: expected one of float32, float16, bfloat16, got 'int8'"),
 ]
 
@@ -350,3 +352,106 @@ def test_the_readme_sweep_stops_at_the_first_exit_3_and_reports_what_it_wrote(st
     assert out.startswith(progress + "Sweep stopped: width 2048 does not fit (the child's exit 3: ")
     assert out.endswith("\n" + example + "Largest width measured: 1024\n")
     assert sorted(os.listdir("sweep-width")) == sorted(os.listdir(crafted))
+
+
+def test_a_child_that_wrote_its_result_then_hung_keeps_nothing(stand_in, capsys, monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 5)
+    stand_in({"256": "write", "512": "write-then-hang"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512", "--timeout-s", "1"]) == 0
+    assert os.listdir("out") == ["mesures-width-256.json"]
+    assert "Sweep stopped: width 512: the child did not finish within 1 s" in capsys.readouterr().out
+
+
+def test_the_children_read_no_input_and_their_output_stays_theirs(stand_in, capfd):
+    """The sweep's own standard input is a pipe here: no child may read it, or print on the sweep's output."""
+    stand_in({"256": "write"})
+    read_end, write_end = os.pipe()
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 0
+    finally:
+        os.dup2(saved, 0)
+        for descriptor in (saved, read_end, write_end):
+            os.close(descriptor)
+    assert (stand_in.home / "stdin.log").read_text() == "true\ntrue\n"  # the probe, then the measurement
+    assert "a stand-in's table" not in capfd.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "said"),
+    [
+        ("exit1", "width 256: the child failed (exit status 1): no message"),
+        ("exit0", "width 256: the child exited 0 without writing its result"),
+        (
+            "exit2-bytes",
+            "width 256: the child refused (exit status 2): mesure_memoire.py: error: not UTF-8: \ufffd\ufffd",
+        ),
+    ],
+    ids=["exit 1 without a word", "exit 0 without a result", "a message that is not UTF-8"],
+)
+def test_how_a_child_ended_is_said_in_one_line(stand_in, capsys, behaviour, said):
+    stand_in({"256": behaviour})
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
+    assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
+    assert os.listdir(".") == []
+
+
+@pytest.mark.parametrize(
+    ("probe", "env", "said"),
+    [
+        ({"exit": 1}, None, "the child reading cuda:0 failed (exit status 1); nothing measured"),
+        ({"stdout": "not JSON"}, None, "the child reading cuda:0 failed (exit status 0); nothing measured"),
+        ({"stdout": '{"gpu": 1}'}, None, "the child reading cuda:0 failed (exit status 0); nothing measured"),
+        ({}, {**environment(), "gpu": None}, "no usable GPU for cuda:0: None; nothing measured, no folder created"),
+    ],
+    ids=["exit 1 with an environment", "not JSON", "gpu not an object", "available but no gpu"],
+)
+def test_a_probe_that_fails_stops_the_sweep_before_any_measurement(stand_in, capsys, probe, env, said):
+    stand_in({"256": "write"}, env=env)
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "probe": probe}))
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
+    assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
+    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+
+
+def test_a_probe_that_hangs_is_stopped_and_said(stand_in, capsys, monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "SWEEP_PROBE_TIMEOUT_S", 1)
+    stand_in({"256": "write"})
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "probe": {"hang": True}}))
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: the child reading cuda:0 did not answer within 1 s; nothing measured\n"
+    )
+    assert os.listdir(".") == []
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (FileExistsError(17, "File exists"), "--output-dir: out appeared meanwhile; nothing measured"),
+        (PermissionError(13, "Permission denied"), "--output-dir: cannot create out: PermissionError: [Errno 13] "
+         "Permission denied"),
+    ],
+    ids=["created by someone else meanwhile", "cannot be created"],
+)  # fmt: skip
+def test_a_folder_that_cannot_be_made_when_the_first_child_starts_is_one_line(stand_in, capsys, monkeypatch, error,
+                                                                                said):  # fmt: skip
+    stand_in({"256": "write"})
+
+    def refusing_mkdir(path, *args):
+        raise error
+
+    monkeypatch.setattr(os, "mkdir", refusing_mkdir)
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
+    assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
+    assert stand_in.calls() == [PROBE]
+
+
+def test_leftovers_are_the_child_s_result_and_partial_files_only(tmp_path):
+    for name in ("mesures-width-1.json", "mesures-width-2.json", ".partial-0123.tmp", "notes.tmp", ".partial-x"):
+        (tmp_path / name).write_text("")
+    mesure_memoire.remove_leftovers(str(tmp_path), str(tmp_path / "mesures-width-2.json"))
+    assert sorted(os.listdir(tmp_path)) == [".partial-x", "mesures-width-1.json", "notes.tmp"]

@@ -112,6 +112,38 @@ def test_ctrl_c_while_parsing_is_one_line_and_130(name, capsys, monkeypatch):
     assert "Traceback" not in captured.err
 
 
+def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number(capsys):
+    """run_command_line as the tools use it: its default Ctrl-C line; a SystemExit without a number is 2."""
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    def exits(argv):
+        raise SystemExit("not a number")
+
+    assert mesure_memoire.run_command_line("tool.py", interrupted, []) == 130
+    assert capsys.readouterr().err == "tool.py: interrupted (Ctrl-C)\n"
+    assert mesure_memoire.run_command_line("tool.py", exits, []) == 2
+    assert mesure_memoire.run_command_line("tool.py", lambda argv: 7, []) == 7
+
+
+def test_abbreviations_are_off_and_so_is_colour_where_argparse_has_it(monkeypatch):
+    """Python 3.14's argparse reads NO_COLOR and FORCE_COLOR unless color=False; no 3.14 here, so the
+    version is stood in for and argparse's constructor recorded."""
+    import argparse
+
+    seen = {}
+    monkeypatch.setattr(argparse.ArgumentParser, "__init__", lambda self, **kwargs: seen.update(kwargs))
+    for version, colour in [((3, 13, 9), "not given"), ((3, 14, 0), False), ((3, 15, 1), False)]:
+        seen.clear()
+        monkeypatch.setattr(sys, "version_info", version)
+        mesure_memoire.ArgumentParser(prog="x")
+        assert seen.get("color", "not given") == colour and seen["allow_abbrev"] is False, version
+    monkeypatch.setattr(sys, "version_info", (3, 14, 0))
+    mesure_memoire.ArgumentParser(prog="x", color=True)  # a caller's choice stands
+    assert seen["color"] is True
+
+
 @pytest.mark.whole_kit
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_help_works_under_python_OO(name):

@@ -415,6 +415,18 @@ HOSTILE = {
 }  # fmt: skip
 
 
+def test_a_gpu_name_of_256_characters_is_read_and_a_bad_warning_named_whole(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    name = _write(tmp_path, "g.json", _valid_with(lambda r: r["environment"]["gpu"].update(name="G" * 256)))
+    assert mesure_memoire.report([name])["results"][0]["gpu"] == "G" * 256
+    warned = _write(tmp_path, "w.json", _valid_with(lambda r: r["configuration"].update(fresh_process_warning=1)))
+    assert mesure_memoire.main(["report", warned]) == 2
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: report: 'w.json' is not a kit result: its "
+        "configuration.fresh_process_warning is neither null nor text\n"
+    )
+
+
 @pytest.mark.parametrize("case", HOSTILE)
 def test_hostile_files_are_refused_in_one_line_naming_them(case, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

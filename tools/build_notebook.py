@@ -26,8 +26,8 @@ PyTorch; matplotlib, only to draw, where it is importable. The definitions are c
 
 Edit the parameters, then **Restart Kernel and Run All**: a second measurement in the same kernel is not a fresh
 process, and its result records a warning. The steps: (1) estimate the weights' memory, arithmetic only; (2)
-diagnose the environment; (3) plan, then measure on the chosen GPU into one new JSON file (an existing file is
-never overwritten); (4) read that file back with `report`; (5) draw it.
+diagnose the environment; (3) measure on the chosen GPU into one new JSON file, never over an existing one
+(with `MEMORY_GIB`, the plan's verdict on that card first); (4) read that file back with `report`; (5) draw it.
 
 Limits, as in the README: the estimate leaves out activations, KV cache, quantization metadata, gradients, optimizer
 states, libraries and the CUDA/ROCm context, and does not say whether a real model fits a card; the reserve is your

@@ -179,13 +179,20 @@ def test_stand_in_out_of_memory_exits_3_naming_phase_and_configuration(stand_in_
 # --- the protocol ------------------------------------------------------------------------------------
 
 
-def test_run_phase_follows_the_protocol_order():
-    recorder = RecordingCudaStandIn()
-    ticks = iter([100, 350])
+def recording_clock(recorder, *ticks):
+    """A clock returning ``ticks`` in turn, each reading logged among the stand-in's calls."""
+    readings = iter(ticks)
 
     def clock():
         recorder.calls.append(("clock", None))
-        return next(ticks)
+        return next(readings)
+
+    return clock
+
+
+def test_run_phase_follows_the_protocol_order():
+    recorder = RecordingCudaStandIn()
+    clock = recording_clock(recorder, 100, 350)
 
     def work():
         recorder.calls.append(("work", None))
@@ -1811,11 +1818,7 @@ class DeviceWideCudaStandIn(RecordingCudaStandIn):
 
 def test_the_device_wide_readings_are_taken_outside_the_timed_region_on_the_measured_device():
     recorder = DeviceWideCudaStandIn()
-    ticks = iter([100, 350])
-
-    def clock():
-        recorder.calls.append(("clock", None))
-        return next(ticks)
+    clock = recording_clock(recorder, 100, 350)
 
     record, _ = mesure_memoire.run_phase(
         recorder, "dev", "inputs", lambda: recorder.calls.append(("work", None)), clock

@@ -1975,7 +1975,8 @@ class GuardedStdout:
         return self._call("write", text)
 
     def flush(self):
-        return self._call("flush")
+        if self.stream is not None:  # descriptor 1 closed: only a write fails (--check writes nothing)
+            self._call("flush")
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
@@ -1987,26 +1988,31 @@ def say(prog, message, prefix="error: "):
         sys.stderr.write(f"{prog}: {prefix}{one_line(message)}\n")
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
-        pass
+        to_devnull(sys.stderr)  # else the interpreter's last flush of the line fails, and exits 120
 
 
 def stdout_failed(prog, failure, stream):
     """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line.
 
-    The interpreter flushes stdout again at exit; pointing the real descriptor at os.devnull
-    keeps that flush from printing a second error.
+    The interpreter flushes stdout again at exit: to_devnull keeps that flush from printing a second error.
     """
     error = failure.args[0] if failure.args else None
     if not isinstance(error, BrokenPipeError):
         say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
-    if stream is not None and stream is sys.__stdout__:
+    to_devnull(stream)
+    return 1
+
+
+def to_devnull(stream):
+    """Point the real stdout's or stderr's descriptor at os.devnull: what the stream still holds then goes
+    nowhere at the interpreter's final flush, instead of failing there (and turning the exit status into 120)."""
+    if stream is not None and stream in (sys.__stdout__, sys.__stderr__):
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, stream.fileno())
             os.close(devnull)
         except (OSError, ValueError):
             pass
-    return 1
 
 
 def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):

@@ -220,3 +220,29 @@ def test_below_python_3_10_one_line_says_so_and_exits_2(name, version, tmp_path)
     assert completed.returncode == 2
     assert completed.stderr == f"{name}: error: Python 3.10 or later is needed; this is Python {found}\n"
     assert completed.stdout == "" and os.listdir(tmp_path) == []
+
+
+def _buffered_env():
+    """The environment of a child whose stderr is buffered, as a user's is (PYTHONUNBUFFERED would hide
+    the interpreter's final flush)."""
+    return {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("name", PROGRAMS)
+@pytest.mark.parametrize(("how", "status"), [("a misuse", 2), ("stdout full too", 1)])
+def test_a_full_stderr_keeps_the_exit_status(name, how, status):
+    path, _, valid, _, _ = PROGRAMS[name]
+    argv = [*valid, "--no-such-option"] if how == "a misuse" else ["--help"]
+    with open("/dev/full", "w") as full:
+        completed = subprocess.run([sys.executable, str(ROOT / path), *argv], stdout=full if status == 1 else None,
+                                   stderr=full, env=_buffered_env(), timeout=120)  # fmt: skip
+    assert completed.returncode == status
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("name", ["build_zip.py", "build_notebook.py"])
+def test_check_with_stdout_closed_exits_0_on_an_up_to_date_tree(name):
+    completed = subprocess.run([sys.executable, str(ROOT / PROGRAMS[name][0]), "--check"], stderr=subprocess.PIPE,
+                               text=True, preexec_fn=lambda: os.close(1), timeout=120)  # fmt: skip
+    assert (completed.returncode, completed.stderr) == (0, "")

@@ -632,13 +632,24 @@ def to_devnull(stream):
             pass
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, a scheduler, docker stop), raised where the program stands: it cleans up as on Ctrl-C."""
+
+
+def _terminated(signal_number, frame):
+    raise Terminated
+
+
 def run_command_line(prog, command, argv, interrupted):
     """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
 
     PricingError: its one line and 2; argparse's own exit (--help): its status; an unwritable stdout:
-    1; Ctrl-C: 130.
+    1; Ctrl-C: 130; SIGTERM: 143.
     """
+    import signal
+
     stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
+    sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
         try:
             status = command(argv) or 0
@@ -650,17 +661,23 @@ def run_command_line(prog, command, argv, interrupted):
         return 2
     except StdoutFailed as failure:
         return stdout_failed(prog, failure, stdout)
+    except Terminated:
+        say(prog, interrupted.replace("Ctrl-C", "SIGTERM"), prefix="")
+        return 143  # 128 + 15, as a shell reports a process that SIGTERM ended
     except KeyboardInterrupt:
         say(prog, interrupted, prefix="")
         return 130
     finally:
         sys.stdout = stdout
+        signal.signal(signal.SIGTERM, sigterm)
     return status
 
 
 def main(argv=None) -> int:
-    """Exit status: 0 done, 1 the output could not be written, 2 a refusal, 130 interrupted."""
-    return run_command_line(PROG, print_answer, sys.argv[1:] if argv is None else argv, "interrupted; nothing written")
+    """Exit status: 0 done, 1 the output could not be written, 2 a refusal, 130 interrupted, 143 SIGTERM."""
+    return run_command_line(
+        PROG, print_answer, sys.argv[1:] if argv is None else argv, "interrupted (Ctrl-C); nothing written"
+    )
 
 
 if __name__ == "__main__":

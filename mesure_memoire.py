@@ -1902,7 +1902,7 @@ def draw_sizes(rows):
 
 
 # The command-line contract, shared by the kit's tools (they import these): one line on stderr and
-# exit 2 for any misuse, --help exits 0, 1 for an unwritable stdout, 130 for Ctrl-C.
+# exit 2 for any misuse, --help exits 0, 1 for an unwritable stdout, 130 for Ctrl-C, 143 for SIGTERM.
 HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
 
 
@@ -2015,13 +2015,24 @@ def to_devnull(stream):
             pass
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, a scheduler, docker stop), raised where the program stands: it cleans up as on Ctrl-C."""
+
+
+def _terminated(signal_number, frame):
+    raise Terminated
+
+
 def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
 
     ``command`` parses and runs; it returns None (success) or a status.  KitError: its one line and
-    its exit_code; argparse's own exit (--help): its status; an unwritable stdout: 1; Ctrl-C: 130.
+    its exit_code; argparse's own exit (--help): its status; an unwritable stdout: 1; Ctrl-C: 130; SIGTERM: 143.
     """
+    import signal
+
     stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
+    sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
         try:
             status = command(argv) or 0
@@ -2033,11 +2044,15 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         return error.exit_code
     except StdoutFailed as failure:
         return stdout_failed(prog, failure, stdout)
+    except Terminated:
+        say(prog, interrupted.replace("Ctrl-C", "SIGTERM"), prefix="")
+        return 143  # 128 + 15, as a shell reports a process that SIGTERM ended
     except KeyboardInterrupt:
         say(prog, interrupted, prefix="")
         return 130
     finally:
         sys.stdout = stdout
+        signal.signal(signal.SIGTERM, sigterm)
     return status
 
 
@@ -2353,7 +2368,7 @@ def _run(argv):
 
 def main(argv=None) -> int:
     """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
-    130: interrupted)."""
+    130: interrupted, 143: SIGTERM)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     return run_command_line("mesure_memoire.py", _run, argv, "interrupted (Ctrl-C); no partial file left behind")
 

@@ -303,7 +303,7 @@ def test_an_interrupt_while_computing_gives_the_calculators_line_and_130(capsys,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(calcul_forfaits, "load_catalog", interrupted)
-    assert call(capsys, "--list") == (130, "", "calcul_forfaits.py: interrupted; nothing written\n")
+    assert call(capsys, "--list") == (130, "", "calcul_forfaits.py: interrupted (Ctrl-C); nothing written\n")
 
 
 def test_an_unwritable_stdout_is_pointed_at_the_null_device(monkeypatch):

@@ -12,8 +12,10 @@ import ast
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -110,6 +112,20 @@ def test_ctrl_c_while_parsing_is_one_line_and_130(name, capsys, monkeypatch):
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{name}: ") and "interrupted" in lines[0], captured.err
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_sigterm_is_one_line_and_143_and_its_handler_is_put_back(name, capsys, monkeypatch):
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # a real SIGTERM, to this process: the program's handler raises
+        time.sleep(30)  # never slept in full
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr("argparse.ArgumentParser.parse_known_args", terminated)
+    assert _main(name)(["--help"]) == 143
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{name}: interrupted (SIGTERM)"), lines
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number(capsys):

@@ -1656,6 +1656,42 @@ def test_sigint_exits_130_in_one_line_and_leaves_no_file(tmp_path, function, arg
     assert tree_digest(tmp_path) == before
 
 
+# measure() stood in for (no GPU here); the write blocks once its partial file exists.
+WRITING = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import mesure_memoire
+ready = int(sys.argv[2])
+mesure_memoire.measure = lambda config, tool: {}
+def blocked(descriptor):
+    os.write(ready, b"r")
+    time.sleep(60)
+os.fsync = blocked
+raise SystemExit(mesure_memoire.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize(("sent", "status", "said"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_while_writing_removes_the_partial_file(tmp_path, sent, status, said):
+    """SIGTERM (timeout, a scheduler, docker stop) is handled as Ctrl-C: the partial file goes, 128 + 15."""
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen([sys.executable, "-c", WRITING, str(ROOT), str(write_end), *MEASURE, "--output",
+                                "o.json"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               pass_fds=(write_end,), preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"r"  # the partial file is there, being written
+        assert [path.name.startswith(".partial-") for path in tmp_path.iterdir()] == [True]
+        process.send_signal(sent)
+        out, err = process.communicate(timeout=60)
+    finally:
+        os.close(read_end)
+        process.kill()
+    assert (process.returncode, out) == (status, b"")
+    assert err.decode() == f"mesure_memoire.py: interrupted ({said}); no partial file left behind\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.whole_kit
 def test_without_site_packages_measure_refuses_in_one_line(tmp_path):
     completed = run_script("mesure_memoire.py", *MEASURE, "--output", "o.json", cwd=tmp_path, python_flags=("-S",))

@@ -203,6 +203,27 @@ def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_i
         os.kill(int(pid_file.read_text()), 0)
 
 
+def test_sigterm_stops_the_child_and_leaves_no_folder(stand_in):
+    """A real SIGTERM (timeout, a scheduler, docker stop) to a real sweep process: handled as Ctrl-C, 143."""
+    stand_in({"256": "write-then-hang"})  # its result already written: it goes too
+    wrapper = ("import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
+               "runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+    process = subprocess.Popen([PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP,
+                                "--values", "256"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
+    pid_file = stand_in.home / "hanging.pid"
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert (process.returncode, out) == (143, ""), err
+    assert err == "mesure_memoire.py: interrupted (SIGTERM); no partial file left behind\n"
+    assert os.listdir(".") == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
 def test_ctrl_c_at_the_first_value_leaves_no_folder(stand_in, monkeypatch):
     stand_in({"256": "write-then-hang"})  # its result already written: it goes too
 

@@ -15,7 +15,23 @@ Modules only some answers need (json, decimal, csv, difflib, hashlib, fractions)
 where they are used.
 """
 
-import sys
+import sys  # first: a Ctrl-C from here on is one line (below), not a traceback
+
+
+def _interrupted_at_start(kind, error, traceback):
+    """sys.excepthook until main() handles Ctrl-C itself: one line and 130 for a Ctrl-C during the imports."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, error, traceback)
+    import os
+
+    try:
+        os.write(2, b"calcul_forfaits.py: interrupted (Ctrl-C)\n")
+    finally:  # a closed stderr too
+        os._exit(130)
+
+
+if __name__ == "__main__":
+    sys.excepthook = _interrupted_at_start
 
 # Below 3.10, one line says so.  (Python parses a whole file before running it: this one keeps to the
 # grammar of 3.8, which a test checks, so that this line is what an older Python prints.)

@@ -18,6 +18,24 @@ The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim
 ``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.
 """
 
+import sys  # first: a Ctrl-C from here on is one line (below), not a traceback; the notebook imports it below
+
+
+def _interrupted_at_start(kind, error, traceback):
+    """sys.excepthook until main() handles Ctrl-C itself: one line and 130 for a Ctrl-C during the imports."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, error, traceback)
+    import os
+
+    try:
+        os.write(2, b"mesure_memoire.py: interrupted (Ctrl-C)\n")
+    finally:  # a closed stderr too
+        os._exit(130)
+
+
+if __name__ == "__main__":
+    sys.excepthook = _interrupted_at_start
+
 # >>> notebook: Python version
 import sys
 

@@ -262,3 +262,28 @@ def test_check_with_stdout_closed_exits_0_on_an_up_to_date_tree(name):
     completed = subprocess.run([sys.executable, str(ROOT / PROGRAMS[name][0]), "--check"], stderr=subprocess.PIPE,
                                text=True, preexec_fn=lambda: os.close(1), timeout=120)  # fmt: skip
     assert (completed.returncode, completed.stderr) == (0, "")
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("name", ["mesure_memoire.py", "calcul_forfaits.py"])
+@pytest.mark.parametrize(
+    ("raised", "full_stderr", "status", "said"),
+    [
+        ("KeyboardInterrupt", False, 130, "interrupted (Ctrl-C)\n"),
+        ("KeyboardInterrupt", True, 130, None),  # a stderr that cannot be written: the status stays
+        ("RuntimeError('stand-in')", False, 1, "Traceback"),  # anything else: Python's own report
+    ],
+)
+def test_ctrl_c_during_the_script_s_imports_is_one_line_and_130(name, raised, full_stderr, status, said, tmp_path):
+    """Deterministic: a stand-in argparse on PYTHONPATH raises at import, as a Ctrl-C pressed then would."""
+    (tmp_path / "argparse.py").write_text(f"raise {raised}\n")
+    env = {**_buffered_env(), "PYTHONPATH": str(tmp_path)}
+    with open("/dev/full", "w") as full:
+        completed = subprocess.run([sys.executable, str(ROOT / name), "--help"], stdout=subprocess.PIPE,
+                                   stderr=full if full_stderr else subprocess.PIPE, env=env, text=True,
+                                   timeout=120)  # fmt: skip
+    assert (completed.returncode, completed.stdout) == (status, "")
+    if said == "Traceback":
+        assert said in completed.stderr and completed.stderr.endswith("RuntimeError: stand-in\n")
+    elif said is not None:
+        assert completed.stderr == f"{name}: {said}"

@@ -164,6 +164,18 @@ def test_building_writes_only_when_the_notebook_changed_and_keeps_its_mode(copy,
     assert sorted(path.name for path in copy.iterdir()) == ["mesure-memoire.ipynb", "mesure_memoire.py"]
 
 
+@pytest.mark.whole_kit
+def test_a_notebook_that_is_a_link_is_refused_and_its_target_kept(copy, capsys):
+    (copy / "theirs.json").write_bytes(b"mine\n")
+    (copy / "mesure-memoire.ipynb").unlink()
+    (copy / "mesure-memoire.ipynb").symlink_to(copy / "theirs.json")
+    before = tree_digest(copy)
+    assert build_notebook.main([]) == 2
+    assert capsys.readouterr() == ("", "build_notebook.py: error: mesure-memoire.ipynb is a link: this tool "
+                                       "writes over nothing but its own outputs\n")  # fmt: skip
+    assert tree_digest(copy) == before
+
+
 def _jupyter_saved(path):
     """What JupyterLab 4.6 does on opening and autosaving: it records the kernel's Python version."""
     notebook = json.loads(path.read_text(encoding="utf-8"))

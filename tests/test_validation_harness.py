@@ -142,7 +142,8 @@ def test_an_existing_folder_or_archive_is_refused_and_left_as_it_was(tmp_path, c
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [(["--device", "cpu"], "--device: expected cuda:N"), (["--timeout-seconds", "0"], "--timeout-seconds"),
-     (["--budget-seconds", "1e3"], "--budget-seconds")],
+     (["--budget-seconds", "1e3"], "--budget-seconds"),
+     (["--output-dir", ""], "--output-dir: expected the name of a new folder, got ''")],  # not the current folder
 )  # fmt: skip
 def test_bad_values_are_one_line(tmp_path, capsys, argv, fragment):
     base = {"--device": "cuda:0", "--output-dir": str(tmp_path / "e")}

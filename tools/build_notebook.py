@@ -183,6 +183,8 @@ def command(argv):
         say(PROG, f"{NOTEBOOK.name} is out of date with {SCRIPT.name}: run python tools/build_notebook.py", "")
         return 1
     if not (args.check or up_to_date):
+        if NOTEBOOK.is_symlink():  # writing through it would change someone else's file
+            raise KitError(f"{NOTEBOOK.name} is a link: this tool writes over nothing but its own outputs")
         try:
             NOTEBOOK.write_bytes(expected)
         except OSError as error:

@@ -165,6 +165,8 @@ def command(argv):
     if args.check and args.output is not None:
         raise KitError("--output does not apply to --check, which writes nothing")
     contents = read_members(args.source)
+    if (args.source / MANIFEST).is_symlink():  # written below: through a link, it would be someone else's file
+        raise KitError(f"{MANIFEST} is a link: this tool writes over nothing but its own outputs")
     check_members(contents)  # --check too: what must never ship fails CI as well
     manifest, committed = manifest_text(contents), read_member(args.source, MANIFEST)
     if args.check:

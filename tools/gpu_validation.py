@@ -481,6 +481,8 @@ def command(argv):
     kit.device_index(args.device)
     timeout = kit.whole_number("--timeout-seconds", args.timeout_seconds, 1, 10**6)
     budget = kit.whole_number("--budget-seconds", args.budget_seconds, 1, 10**6)
+    if not args.output_dir.strip():  # "" would put the evidence in the current folder
+        raise kit.KitError(f"--output-dir: expected the name of a new folder, got {kit.shown(args.output_dir)}")
     folder = args.output_dir.rstrip("/") or args.output_dir
     archive = folder + ".tar.gz"
     for path in (folder, archive):

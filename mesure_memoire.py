@@ -190,16 +190,15 @@ _ONE_CHARACTER = r"""(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)
 _QUOTED_PATH = (  # patterns compiled on first use (re caches them): start-up time
     r"""(['"])(?!""" + _ONE_CHARACTER + r"""\1)(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1"""
 )
-# A bare path from a root (a slash, a drive, "~", a UNC name): folder names may hold spaces (not a
-# sentence's ". " or ": "), the last name may not.  Or a relative path of two separators or more,
-# without spaces ("torch/csrc/x.cpp"); a single "CUDA/ROCm" is not a path.  After a colon, a path
-# starts a list's next entry ("/opt/lib:/home/ana"); "://" starts none (a URL).
+# A bare path from a root (a slash, a drive, "~", a UNC name), or a relative path of two separators
+# or more ("torch/csrc/x.cpp"; a single "CUDA/ROCm" is not a path): where it ends cannot be told (a
+# last name may hold a space, "/home/Ana Maria"), so the rest of the line goes with it.  "://" starts
+# no path (a URL).
 _BARE_PATH = (
     r"""(?!(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)|[\\/])['"])"""  # one quoted character
     r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-])|(?<=[^\s:]:)(?![\\/]{2}))[\\/]+(?=[^\s\\/])"""
-    r"""(?:(?:[^\s\\/'"():;,.]|[.:;,](?=[^\s\\/])|[ \t]+(?=[^\s\\/]))*[\\/]+)*"""
     r"""|(?<![\w.-])[\w.-]+[\\/]+(?:[^\s\\/'"():;,]+[\\/]+)+)"""
-    r"""[^\s\\/'"():;,]*"""
+    r"""[^\n]*"""
 )
 
 
@@ -347,7 +346,8 @@ def import_torch():
         with CapturedWarnings():
             import torch
     except Exception as exc:  # ImportError, or OSError from a missing shared library
-        return None, describe_error(exc)
+        # Its message may quote an environment variable's value (TORCH_LOGS) or a path: not recorded.
+        return None, f'{type(exc).__name__} at import; python -c "import torch" shows PyTorch\'s message'
     return torch, None
 
 

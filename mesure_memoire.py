@@ -2075,8 +2075,13 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
 
 
 def _emit(args, data, formatter):
-    # The JSON and the text come from the same data.
-    sys.stdout.write(to_json(data) if args.json else formatter(data) + "\n")
+    # The JSON and the text come from the same data.  JSON is ASCII; the text is escaped where stdout
+    # cannot encode it (PYTHONIOENCODING=ascii, a C locale): a GPU or file name is data, not an error.
+    if args.json:
+        sys.stdout.write(to_json(data))
+    else:
+        encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+        sys.stdout.write(formatter(data).encode(encoding, "backslashreplace").decode(encoding) + "\n")
 
 
 def _command_estimate(args):

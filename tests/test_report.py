@@ -809,3 +809,19 @@ def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monke
     assert mesure_memoire.main(["report", "--json", "schema3.json"]) == 0
     row = json.loads(capsys.readouterr().out)["results"][0]
     assert (row["device_used_end_bytes"], row["outside_allocator_bytes"]) == (612368384, 591396864)
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
+    """PYTHONIOENCODING=ascii (or a C locale) is stdout's encoding, a real one: a new process."""
+    result = load("schema3.json")
+    result["environment"]["gpu"]["name"] = "Carte Éclair"
+    (tmp_path / "mesures-é.json").write_text(json.dumps(result), encoding="utf-8")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    completed = run_script("mesure_memoire.py", "report", *json_flag, "mesures-é.json", cwd=tmp_path, env=env)
+    assert (completed.returncode, completed.stderr) == (0, "")
+    if json_flag:
+        assert json.loads(completed.stdout)["results"][0]["gpu"] == "Carte Éclair"
+    else:
+        assert "mesures-\\xe9.json" in completed.stdout and "Carte \\xc9clair" in completed.stdout

@@ -1707,6 +1707,8 @@ def report_rows(named_results):
             flags.append("prediction not checked (a counter was unavailable)")
         if item.get("all_finite") is False:
             flags.append("non-finite output")
+        if item["peak_allocated_bytes"] > item["peak_reserved_bytes"]:  # allocated is part of reserved: not true
+            flags.append("peak allocated above peak reserved")
         differing = [label for key, label in ENVIRONMENT_LABELS.items() if item["identity"][key] != first[key]]
         if differing:
             flags.append("environment differs from row 1: " + ", ".join(differing))

@@ -825,3 +825,15 @@ def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
         assert json.loads(completed.stdout)["results"][0]["gpu"] == "Carte Éclair"
     else:
         assert "mesures-\\xe9.json" in completed.stdout and "Carte \\xc9clair" in completed.stdout
+
+
+@pytest.mark.parametrize(("above_bytes", "flagged"), [(0, False), (1, True)])
+def test_a_peak_allocated_above_the_peak_reserved_is_flagged(above_bytes, flagged, capsys, tmp_path):
+    """Allocated is part of reserved: a file saying otherwise is not a true measurement."""
+    result = load("schema3.json")
+    highest = max(phase["peak_reserved_bytes"] for phase in result["phases"])
+    result["phases"][2]["peak_allocated_bytes"] = highest + above_bytes
+    assert ("peak allocated above peak reserved" in row_of(result)["flags"]) is flagged
+    (tmp_path / "r.json").write_text(json.dumps(result), encoding="utf-8")
+    assert mesure_memoire.main(["report", str(tmp_path / "r.json")]) == 0
+    assert ("peak allocated above peak reserved" in capsys.readouterr().out) is flagged

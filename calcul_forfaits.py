@@ -55,6 +55,7 @@ MAX_TABLE_BYTES = 2**20  # a valid catalog is about 2.5 KB; years of runs fit ma
 MAX_MEASUREMENT_BYTES = 64 * 2**20  # a measure result file holds a few KB per hundred phases
 MAX_HASHED_BYTES = 4 * MAX_MEASUREMENT_BYTES  # over one results file: about a second of hashing
 COST_RULE = "total price / accepted results, rounded half-up to the cent"
+MAX_DIGITS = 30  # mesure_memoire.py's bound too: one for every whole number the kit reads
 
 
 class PricingError(Exception):
@@ -70,8 +71,10 @@ def fail(name, reason, line_number=None):
 
 
 def is_whole(text, zero=False):
-    """1 to 18 ASCII digits, no sign, no leading zero (``zero``: "0" too)."""
-    return 0 < len(text) < 19 and text.isascii() and text.isdigit() and (text[0] != "0" or zero and text == "0")
+    """1 to MAX_DIGITS ASCII digits, no sign, no leading zero (``zero``: "0" too)."""
+    return (
+        0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit() and (text[0] != "0" or zero and text == "0")
+    )
 
 
 def is_number(text):

@@ -100,3 +100,13 @@ def test_zero_is_a_whole_number_where_an_option_takes_it(capsys):
     assert '"warmup": 0,' in capsys.readouterr().out
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--warmup", "00", "--plan"]) == 2
     assert "--warmup: expected a whole number from 0 to 1000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("digits", "accepted"), [(30, True), (31, False)])
+def test_one_bound_on_a_whole_number_s_digits_in_both_scripts(digits, accepted, capsys):
+    """30 ASCII digits at most, typed or read from a CSV, in both scripts (--seed's 2**64 - 1 has 20)."""
+    text = "9" * digits
+    assert (mesure_memoire.main(["estimate", "--parameters", text, "--bits", "8"]) == 0) is accepted
+    assert (calcul_forfaits.main(["--gpu", "b200", "--days", "7", "--lots", text]) == 0) is accepted
+    assert calcul_forfaits.is_whole(text) is accepted
+    capsys.readouterr()

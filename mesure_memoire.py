@@ -857,7 +857,8 @@ def format_fit(plan):
     )
     return "\n".join(
         [
-            f"On a card of {plan['memory_gib']:f} GiB ({memory_bytes} bytes): {verdict}, needing {needs} bytes ({in_units(needs)} GiB).",
+            f"On a card of {plan['memory_gib']:f} GiB ({memory_bytes} bytes): {verdict}, "
+            f"needing {needs} bytes ({in_units(needs)} GiB).",
             f"Largest that fits, each dimension alone with the others as given: {largest}.",
             plan["fit_note"],
         ]

@@ -1001,3 +1001,83 @@ def test_the_fit_says_what_largest_means():
         "per dimension, the others as given: the largest whole value whose needs_card_memory_bytes fits "
         "(null: even 1 does not)"
     )
+
+
+# --- one fit rule: what --plan --memory-gib calls fitting, measure accepts on that card (stand-in GPU) -------
+
+ISSUE_RUN = ["--batch", "2", "--context", "128", "--width", "1024", "--dtype", "float32"]
+ISSUE_SIZES = dict(batch=2, context=128, width=1024)
+
+
+@pytest.mark.parametrize("memory_gib", ["139.8", "80", "2.5"])
+def test_measure_accepts_every_largest_size_on_that_card_with_its_context(
+    stand_in_gpu, monkeypatch, tmp_path, capsys, memory_gib
+):
+    """The stand-in card has exactly the plan's memory; its free memory is that less the stated context
+    allowance.  At each largest size measure passes the fit check (it stops at the host check, made to
+    refuse so that nothing is built); one more is refused by the fit check."""
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main(["measure", *ISSUE_RUN, "--plan", "--memory-gib", memory_gib, "--json"]) in (0, 3)
+    fit = json.loads(capsys.readouterr().out)
+    total = fit["memory_bytes"]
+    stand_in_gpu(total_memory=total)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (total - fit["context_allowance_bytes"], total))
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 0)
+    assert fit["context_allowance_bytes"] >= 600 * MIB
+    sizes = dict(zip(ISSUE_RUN[::2], ISSUE_RUN[1::2], strict=True))
+    for dimension, largest in fit["largest"].items():
+        for value, refusal in ((largest, "building the model on the CPU needs"), (largest + 1, "the predicted peak")):
+            run = {**sizes, f"--{dimension}": str(value)}
+            argv = ["measure", "--device", "cuda:0", *(item for pair in run.items() for item in pair)]
+            assert mesure_memoire.main([*argv, "--output", "o.json"]) == 2
+            err = capsys.readouterr().err
+            assert refusal in err and len(err.splitlines()) == 1, (dimension, value, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_issue_s_card_and_context(capsys):
+    """A 139.8 GiB card with a 500 MiB context: the largest batch and width are accepted by measure there."""
+    assert mesure_memoire.main(["measure", *ISSUE_RUN, "--plan", "--memory-gib", "139.8", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert fit["largest"] == {"batch": 31293, "context": 2002761, "width": 67792}
+    free = fit["memory_bytes"] - 500 * MIB
+    for dimension in ("batch", "width"):
+        largest = mesure_memoire.predict_memory(config(**{**ISSUE_SIZES, dimension: fit["largest"][dimension]}))
+        assert largest["needs_free_bytes"] <= free
+
+
+def test_a_run_that_does_not_fit_exits_3_with_the_plan_and_its_verdict_printed(capsys):
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2"]) == 3
+    captured = capsys.readouterr()
+    plan_ = mesure_memoire.plan_for(config(), "2")
+    assert captured.out == mesure_memoire.format_plan_and_fit(plan_) + "\n"
+    assert "does NOT fit (268604928 bytes short)" in captured.out
+    assert captured.err == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)\n"
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2", "--json"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["fits"] is False and captured.err.count("\n") == 1
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2.3"]) == 0  # 2.3 GiB: 2469606195 bytes, fits
+
+
+def test_the_plan_needs_no_device(capsys):
+    without = [item for item in SMALL_TRIAL if item not in ("--device", "cuda:0")]
+    assert mesure_memoire.main([*without, "--plan", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["configuration"]["device"] is None
+    assert data["blas_workspace_allowance_is"] == "the largest default of any backend: the plan knows no backend"
+    assert {key: value for key, value in data.items() if key != "configuration"} == {
+        key: value for key, value in mesure_memoire.predict_memory(config()).items() if key != "configuration"
+    }
+    assert mesure_memoire.main([*without, "--plan"]) == 0
+    assert "(the largest default of any backend; " in capsys.readouterr().out
+    assert mesure_memoire.main([*without, "--output", "o.json"]) == 2
+    assert capsys.readouterr().err == "mesure_memoire.py: error: --device is required (unless --plan)\n"
+
+
+def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    predicted = plan(1, 16, 64, "float32")
+    assert predicted["needs_host_memory_bytes"] == 4 * (64 * 256 + 256 + 256 * 64 + 64) == 132352
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 132351)
+    assert mesure_memoire.main([*SMALL_TRIAL, "--output", "o.json"]) == 2
+    assert "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB" in capsys.readouterr().err

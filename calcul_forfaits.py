@@ -477,7 +477,7 @@ def cards_for_plan(catalog, plan, days):
                 "lot_price_cents": tariff["price_cents"],
             }
         )
-    rows.sort(key=lambda r: (not r["fits"], 0 if r["fits"] else -r["room_bytes"], r["lot_price_cents"], r["gpu"]))
+    rows.sort(key=lambda r: (not r["fits"], 0 if r["fits"] else -r["room_bytes"], r["lot_price_cents"]))
     return {
         **plan,
         "days": days,

@@ -670,19 +670,20 @@ def _phase_labels(config):
     return labels
 
 
-def host_build_bytes(model):
-    """The host memory the model needs: measure builds it in float32 on the CPU first."""
-    return model["parameters"] * DTYPE_BYTES["float32"]
+def _card_and_host_needs(peak, model):
+    """What a card must have under the fit rule, and the host memory measure builds the model in (float32)."""
+    return {
+        "context_allowance_bytes": CONTEXT_ALLOWANCE_BYTES,
+        "needs_card_memory_bytes": peak + FIT_MARGIN_BYTES + CONTEXT_ALLOWANCE_BYTES,
+        "needs_host_memory_bytes": model["parameters"] * DTYPE_BYTES["float32"],
+    }
 
 
 def predict_memory(config):
-    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU).
-
-    Requested bytes are exact; allocated bytes use the allocator's 512-byte rounding, and a
-    block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``).  Each phase's figures are
-    relative to its baseline.  The BLAS workspace of the first forward is not predicted: it is
-    measured; ``predicted_peak_allocated_bytes`` counts a named allowance for it.
-    """
+    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU).  Requested bytes
+    are exact; allocated bytes use the allocator's 512-byte rounding, a block above 1 MiB may hold up to 1 MiB
+    more (``*_slack_bytes``); figures are relative to each phase's baseline.  The first forward's BLAS workspace
+    is measured, not predicted: ``predicted_peak_allocated_bytes`` counts a named allowance for it."""
     model = synthetic_model(config)
     element_bytes = DTYPE_BYTES[config["dtype"]]
     rows = config["batch"] * config["context"]
@@ -729,9 +730,7 @@ def predict_memory(config):
         "predicted_peak_phase": peak_phase,
         "fit_margin_bytes": FIT_MARGIN_BYTES,
         "needs_free_bytes": peak + FIT_MARGIN_BYTES,
-        "context_allowance_bytes": CONTEXT_ALLOWANCE_BYTES,
-        "needs_card_memory_bytes": peak + FIT_MARGIN_BYTES + CONTEXT_ALLOWANCE_BYTES,
-        "needs_host_memory_bytes": host_build_bytes(model),
+        **_card_and_host_needs(peak, model),
         "not_included": [
             "the CUDA/ROCm context",
             "the BLAS handles and kernel code, which the allocator's counters never see",

@@ -174,3 +174,28 @@ def test_standard_input_is_bounded_and_may_be_missing(capsys, monkeypatch):
 def test_the_calculator_imports_nothing_of_the_measuring_script():
     source = (ROOT / "calcul_forfaits.py").read_text()
     assert "mesure_memoire" not in source.replace("mesure_memoire.py", "")
+
+
+def test_at_exactly_the_needed_memory_a_card_holds_the_run_and_rounding_is_half_up(tmp_path, capsys):
+    """The L4's 24 GB exactly: it holds the run, 0.00 left; 125,000,000 bytes short of the next is 0.13 GB
+    (half-up; half-even would write 0.12)."""
+    path = tmp_path / "plan.json"
+    path.write_text(plan_text(needs_card_memory_bytes=24 * 10**9))
+    status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
+    l4 = next(card for card in json.loads(out)["cards"] if card["gpu"] == "l4")
+    assert (status, l4["fits"], l4["room_bytes"]) == (0, True, 0)
+    path.write_text(plan_text(needs_card_memory_bytes=24 * 10**9 + 125000000))
+    status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7")
+    l4_line = next(line for line in out.splitlines() if line.startswith("l4 "))
+    assert l4_line.split()[5:11] == ["no", "0.12", "short", "0.13", "short", "1"], l4_line
+
+
+def test_an_unreadable_standard_input_is_refused_in_one_line(capsys, monkeypatch):
+    class Unreadable:
+        def read(self, size):
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": Unreadable()})())
+    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == (
+        "calcul_forfaits.py: error: standard input: cannot be read (Input/output error); nothing computed\n"
+    )

@@ -1081,3 +1081,28 @@ def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monke
     monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 132351)
     assert mesure_memoire.main([*SMALL_TRIAL, "--output", "o.json"]) == 2
     assert "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB" in capsys.readouterr().err
+
+
+@pytest.mark.whole_kit
+def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
+    """The plan reaches standard output before the error line reaches standard error (one pipe for both, and
+    standard output buffered as it is by default)."""
+    import os
+    import subprocess
+    import sys
+
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "mesure_memoire.py"), *SMALL_TRIAL, "--plan", "--memory-gib", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+        env=buffered,
+    )
+    assert completed.returncode == 3
+    lines = completed.stdout.splitlines()
+    assert lines[0].startswith("Plan for measure") and lines[-2].startswith("Fits: measure and sweep accept")
+    assert lines[-1] == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)"
+    assert list(tmp_path.iterdir()) == []

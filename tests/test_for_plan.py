@@ -199,3 +199,14 @@ def test_an_unreadable_standard_input_is_refused_in_one_line(capsys, monkeypatch
     assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == (
         "calcul_forfaits.py: error: standard input: cannot be read (Input/output error); nothing computed\n"
     )
+
+
+def test_the_readme_s_for_plan_example_on_the_readme_s_plan(tmp_path, capsys, monkeypatch):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    plan_line = next(line for line in readme.splitlines() if line.startswith("python mesure_memoire.py measure "))
+    assert "--plan" in plan_line and "--device" not in plan_line  # the plan needs no device
+    assert "`--for-plan plan.json --days 7`" in readme and "`memory_gb` × 10**9 bytes" in readme
+    monkeypatch.chdir(tmp_path)
+    plan_file(tmp_path, capsys, run=plan_line.split()[2:])
+    status, out, err = call_calculator(capsys, "--for-plan", "plan.json", "--days", "7")
+    assert (status, err) == (0, "") and out.startswith("Plan: batch 2, context 128, width 1024, float32;")

@@ -6,6 +6,7 @@ Usage::
     python calcul_forfaits.py --gpu h100-sxm --days 30 --accepted-results 120 --json
     python calcul_forfaits.py --list --days 7
     python calcul_forfaits.py --results resultats-bruts.csv
+    python calcul_forfaits.py --for-plan plan.json --days 7
 
 Standard library only (Python >= 3.10).  Prices come from ``tarifs-forfaits.csv`` beside this
 script (or ``--catalog``): whole USD cents for one lot and the whole duration of 3, 7 or 30
@@ -418,6 +419,148 @@ def ranked(rentals):
     return table
 
 
+# --- which card holds a planned run: the plan file of mesure_memoire.py measure --plan --json ----------
+
+PLAN_KIT = "iteragpu-lab-v1"
+PLAN_SCHEMA_VERSIONS = (1,)  # the plan_schema_version values this calculator reads
+PLAN_DTYPES = ("float32", "float16", "bfloat16")
+GIB_BYTES, GB_BYTES = 2**30, 10**9
+MEMORY_NOTE = (
+    "The catalog's memory is nominal (memory_gb x 10**9 bytes); environment on the rented box gives the card's "
+    "own total; a measure there is the proof."
+)
+
+
+def read_input(path):
+    """The bytes of a file, or of standard input for ``-`` (bounded alike), and the name to refuse it by."""
+    if path != "-":
+        return read_bounded(path, repr(path)), repr(path)
+    name = "standard input"
+    try:
+        data = sys.stdin.buffer.read(MAX_TABLE_BYTES + 1)
+    except (AttributeError, OSError, ValueError) as error:  # no stdin, a closed one, an unreadable one
+        fail(name, f"cannot be read ({getattr(error, 'strerror', None) or type(error).__name__})")
+    if len(data) > MAX_TABLE_BYTES:
+        fail(name, f"larger than {MAX_TABLE_BYTES} bytes")
+    return data, name
+
+
+def is_positive_int(value):
+    return type(value) is int and value > 0
+
+
+def parse_plan(data, name):
+    """The configuration and needs of a plan file, checked; anything else is refused."""
+    import json
+
+    try:
+        plan = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the parser's depth
+        plan = None
+    if not isinstance(plan, dict) or plan.get("kit") != PLAN_KIT or "plan_schema_version" not in plan:
+        fail(name, "not a plan: expected the JSON of mesure_memoire.py measure --plan --json")
+    version = plan["plan_schema_version"]
+    if type(version) is not int or version not in PLAN_SCHEMA_VERSIONS:
+        known = ", ".join(map(str, PLAN_SCHEMA_VERSIONS))
+        fail(name, f"plan_schema_version {json.dumps(version)[:40]} is not one this calculator reads ({known})")
+    config = plan.get("configuration")
+    sizes_valid = isinstance(config, dict) and all(is_positive_int(config.get(key)) for key in FIT_SIZES)
+    needs = {key: plan.get(key) for key in ("needs_card_memory_bytes", "needs_host_memory_bytes")}
+    if not sizes_valid or config.get("dtype") not in PLAN_DTYPES or not all(map(is_positive_int, needs.values())):
+        fail(name, "a plan with a missing or invalid configuration or needs figure")
+    return {"configuration": {key: config[key] for key in (*FIT_SIZES, "dtype")}, **needs}
+
+
+FIT_SIZES = ("batch", "context", "width")
+
+
+def cards_for_plan(catalog, plan, days):
+    """One row per GPU model of the catalog: whether one GPU of it holds the run, the room left (negative:
+    lacking) and the price of one lot for ``days``.  Fitting rows first, cheapest first; then the others,
+    closest to fitting first."""
+    needs = plan["needs_card_memory_bytes"]
+    rows = []
+    for tariff in catalog:
+        if tariff["days"] != days:
+            continue
+        memory_bytes = tariff["memory_gb"] * GB_BYTES
+        rows.append(
+            {
+                "gpu": tariff["gpu"],
+                "model": tariff["model"],
+                "memory_gb": tariff["memory_gb"],
+                "memory_bytes": memory_bytes,
+                "fits": needs <= memory_bytes,
+                "room_bytes": memory_bytes - needs,
+                "gpus_per_lot": tariff["gpus_per_lot"],
+                "lot_price_cents": tariff["price_cents"],
+            }
+        )
+    rows.sort(key=lambda r: (not r["fits"], 0 if r["fits"] else -r["room_bytes"], r["lot_price_cents"]))
+    return {
+        **plan,
+        "days": days,
+        "gpus_per_run": 1,
+        "cards": rows,
+        "memory_is": MEMORY_NOTE,
+        "currency": catalog[0]["currency"],
+        "snapshot_date": catalog[0]["snapshot_date"],
+    }
+
+
+def in_units(value_bytes, unit_bytes):
+    """``value_bytes / unit_bytes`` rounded half-up to two decimals, as a string."""
+    from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
+
+    with localcontext(Context(prec=200)):
+        return str((Decimal(value_bytes) / unit_bytes).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
+
+
+def card_cells(row, currency):
+    room = "left" if row["fits"] else "short"
+    return (
+        row["gpu"],
+        row["model"],
+        str(row["memory_gb"]),
+        in_units(row["memory_bytes"], GIB_BYTES),
+        "yes" if row["fits"] else "no",
+        f"{in_units(abs(row['room_bytes']), GIB_BYTES)} {room}",
+        f"{in_units(abs(row['room_bytes']), GB_BYTES)} {room}",
+        str(row["gpus_per_lot"]),
+        f"{cents_to_usd(row['lot_price_cents'])} {currency}",
+    )
+
+
+def format_cards(data):
+    config, needs, host, days = (
+        data[key] for key in ("configuration", "needs_card_memory_bytes", "needs_host_memory_bytes", "days")
+    )
+    header = (
+        "gpu",
+        "model",
+        "memory GB",
+        "memory GiB",
+        "holds the run",
+        "room GiB",
+        "room GB",
+        "GPUs per lot",
+        "lot price",
+    )
+    table = columns_text([header, *(card_cells(row, data["currency"]) for row in data["cards"])])
+    return "\n".join(
+        [
+            f"Plan: batch {config['batch']}, context {config['context']}, width {config['width']}, "
+            f"{config['dtype']}; one card needs {needs} bytes = {in_units(needs, GIB_BYTES)} GiB = "
+            f"{in_units(needs, GB_BYTES)} GB; the host needs {host} bytes = {in_units(host, GIB_BYTES)} GiB of RAM.",
+            f"One GPU per run, {days}-day packages; those that hold the run first, cheapest first, then the closest:",
+            *table,
+            f"Lot price: one lot for {days} days, whatever its GPUs (the run uses one); IteraGPU catalog snapshot "
+            f"of {data['snapshot_date']}, whole {data['currency']} cents.",
+            data["memory_is"],
+        ]
+    )
+
+
 # --- text output ---------------------------------------------------------------------------------------
 
 
@@ -490,13 +633,15 @@ def format_rentals(data):
 HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
 SUMMARY = "IteraGPU Lab v1: the price of a whole IteraGPU package, and the cost of one accepted result."
 USAGE = (f"%(prog)s (--gpu SLUG --days N [--lots N] [--accepted-results N]\n{' ' * (len(PROG) + 8)}"
-         "| --list [--days N] | --results FILE) [--catalog CSV] [--json]")  # fmt: skip
+         f"| --list [--days N] | --results FILE\n{' ' * (len(PROG) + 8)}"
+         "| --for-plan FILE --days N) [--catalog CSV] [--json]")  # fmt: skip
 # The options: name -> (metavar, or None for a flag; help).  The parser and its --help both read it.
 OPTIONS = {
     "--gpu": ("SLUG", "the GPU model of the package to price, e.g. b200 (any case; see --list)"),
     "--list": (None, "print the catalog with the price per GPU-day"),
     "--results": ("FILE", f"a filled {RESULTS_FILE_NAME}: the cost per accepted result of each rental"),
-    "--days": ("N", "with --gpu: the duration, 3, 7 or 30 (no proration); with --list: a filter"),
+    "--for-plan": ("FILE", "measure --plan --json's output (-: stdin): which catalog GPU holds the run"),
+    "--days": ("N", "3, 7 or 30 days, no proration (--gpu, --for-plan); with --list: a filter"),
     "--lots": ("N", "with --gpu: the number of lots, a positive whole number (default 1)"),
     "--accepted-results": ("N", "with --gpu: distinct useful units really accepted; no default on purpose"),
     "--catalog": ("CSV", f"the price file (default: {CATALOG_FILE_NAME} beside this script)"),
@@ -506,6 +651,7 @@ MODES = {  # each mode, and the options that go with it
     "--gpu": ("--gpu", "--days", "--lots", "--accepted-results", "--catalog", "--json"),
     "--list": ("--list", "--days", "--catalog", "--json"),
     "--results": ("--results", "--catalog", "--json"),
+    "--for-plan": ("--for-plan", "--days", "--catalog", "--json"),
 }
 
 
@@ -549,7 +695,7 @@ def parse_command_line(argv):
     }
     mode = next((option for option in given if option in MODES), None)
     if mode is None:
-        raise PricingError("one of --gpu, --list or --results is required; see --help")
+        raise PricingError("one of --gpu, --list, --results or --for-plan is required; see --help")
     for option in given:
         if option not in MODES[mode]:
             raise PricingError(f"{option}: not allowed with {mode}")
@@ -558,8 +704,8 @@ def parse_command_line(argv):
     days = given.get("--days")
     if days is not None and days not in DURATIONS_TEXT:
         raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
-    if mode == "--gpu" and days is None:
-        raise PricingError("--days is required with --gpu (3, 7 or 30)")
+    if mode in ("--gpu", "--for-plan") and days is None:
+        raise PricingError(f"--days is required with {mode} (3, 7 or 30)")
     return mode, given
 
 
@@ -575,6 +721,9 @@ def run(argv):
         path = given["--results"]
         data = rental_table(read_bounded(path, repr(path)), repr(path), catalog, os.path.dirname(path))
         text = format_rentals(data)
+    elif mode == "--for-plan":
+        data = cards_for_plan(catalog, parse_plan(*read_input(given["--for-plan"])), int(days))
+        text = format_cards(data)
     else:
         data = price_package(catalog, given["--gpu"], days, given.get("--lots", 1), given.get("--accepted-results"))
         text = format_package(data)

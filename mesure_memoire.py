@@ -534,8 +534,9 @@ def format_environment(environment):
 
 # >>> notebook: 3. Phase-by-phase measurement (GPU only, no CPU fallback)
 def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
-    """Validate a measurement's parameters; returns them as a dict."""
-    device_index(device)
+    """Validate a measurement's parameters; returns them as a dict (device None: a plan for no device)."""
+    if device is not None:
+        device_index(device)
     if dtype not in DTYPE_BYTES:
         raise KitError(f"--dtype: expected one of {', '.join(DTYPE_BYTES)}, got {shown(dtype)}")
     return {
@@ -603,6 +604,10 @@ BLAS_WORKSPACE_ALLOWANCE_BYTES = 256 * MIB_BYTES
 # the cuBLAS/hipBLAS handles and the kernel code loaded at the first forward, and the allocator's
 # segments, which reserve more than they allocate.
 FIT_MARGIN_BYTES = GIB_BYTES
+# The fit rule: a card of M bytes holds a run when M >= needs_free_bytes + this allowance, which stands for
+# the CUDA/ROCm context that already takes part of the card's memory when measure reads the free memory.
+CONTEXT_ALLOWANCE_BYTES = GIB_BYTES
+PLAN_SCHEMA_VERSION = 1  # the plan's JSON is read by calcul_forfaits.py --for-plan
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
 
 
@@ -683,14 +688,20 @@ def _phase_labels(config):
     return labels
 
 
-def predict_memory(config):
-    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU).
+def _card_and_host_needs(peak, model):
+    """What a card must have under the fit rule, and the host memory measure builds the model in (float32)."""
+    return {
+        "context_allowance_bytes": CONTEXT_ALLOWANCE_BYTES,
+        "needs_card_memory_bytes": peak + FIT_MARGIN_BYTES + CONTEXT_ALLOWANCE_BYTES,
+        "needs_host_memory_bytes": model["parameters"] * DTYPE_BYTES["float32"],
+    }
 
-    Requested bytes are exact; allocated bytes use the allocator's 512-byte rounding, and a
-    block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``).  Each phase's figures are
-    relative to its baseline.  The BLAS workspace of the first forward is not predicted: it is
-    measured; ``predicted_peak_allocated_bytes`` counts a named allowance for it.
-    """
+
+def predict_memory(config):
+    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU).  Requested bytes
+    are exact; allocated bytes use the allocator's 512-byte rounding, a block above 1 MiB may hold up to 1 MiB
+    more (``*_slack_bytes``); figures are relative to each phase's baseline.  The first forward's BLAS workspace
+    is measured, not predicted: ``predicted_peak_allocated_bytes`` counts a named allowance for it."""
     model = synthetic_model(config)
     element_bytes = DTYPE_BYTES[config["dtype"]]
     rows = config["batch"] * config["context"]
@@ -723,6 +734,7 @@ def predict_memory(config):
             level -= predicted["end_allocated_bytes"]
     return {
         "kit": KIT_NAME,
+        "plan_schema_version": PLAN_SCHEMA_VERSION,
         "what": "a prediction from arithmetic alone (no PyTorch, no GPU) of what each phase of measure "
         "should do to PyTorch's CUDA caching allocator",
         "configuration": dict(config),
@@ -730,11 +742,13 @@ def predict_memory(config):
         "allocator_rounding_bytes": ALLOCATOR_ROUNDING_BYTES,
         "large_block_slack_bytes": ALLOCATOR_SMALL_BLOCK_BYTES,
         "blas_workspace_allowance_bytes": BLAS_WORKSPACE_ALLOWANCE_BYTES,
+        "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
         "phases": phases,
         "predicted_peak_allocated_bytes": peak,
         "predicted_peak_phase": peak_phase,
         "fit_margin_bytes": FIT_MARGIN_BYTES,
         "needs_free_bytes": peak + FIT_MARGIN_BYTES,
+        **_card_and_host_needs(peak, model),
         "not_included": [
             "the CUDA/ROCm context",
             "the BLAS handles and kernel code, which the allocator's counters never see",
@@ -758,11 +772,15 @@ def format_plan(plan):
         _table(rows),
         "BLAS workspace allowance on the first forward: "
         f"{in_units(plan['blas_workspace_allowance_bytes'], MIB_BYTES, 3)} MiB "
-        "(an allowance: measure measures the workspace)",
+        "(the largest default of any backend; measure measures the workspace)",
         f"Predicted peak allocated: {plan['predicted_peak_allocated_bytes']} bytes = "
         f"{in_units(plan['predicted_peak_allocated_bytes'])} GiB, in {plan['predicted_peak_phase']}",
         f"measure needs {plan['needs_free_bytes']} bytes = {in_units(plan['needs_free_bytes'])} GiB free "
-        f"(the peak plus a {in_units(plan['fit_margin_bytes'])} GiB margin).",
+        f"(the peak plus a {in_units(plan['fit_margin_bytes'])} GiB margin); a card needs "
+        f"{plan['needs_card_memory_bytes']} bytes = {in_units(plan['needs_card_memory_bytes'])} GiB "
+        f"(plus a {in_units(plan['context_allowance_bytes'])} GiB allowance for the CUDA/ROCm context).",
+        f"Host memory: building the model on the CPU needs {plan['needs_host_memory_bytes']} bytes = "
+        f"{in_units(plan['needs_host_memory_bytes'])} GiB of RAM (measure checks it).",
         "Not included: " + ", ".join(plan["not_included"]) + ".",
     ]
     return "\n".join(lines)
@@ -772,26 +790,33 @@ def format_plan(plan):
 FIT_DIMENSIONS = ("batch", "context", "width")
 LARGEST_ACCEPTED = 10**MAX_DIGITS - 1  # the largest whole number an option accepts
 FIT_NOTE = (
-    "The margin is room for what the allocator's counters never see (the CUDA/ROCm context, BLAS handles, "
-    "kernel code, segments); the plan counts no other process: a measurement on the card is the proof."
+    "Fits: measure and sweep accept the run on an otherwise empty card of this memory whose free memory is "
+    "its total less a context of at most the allowance, under PyTorch's default allocator settings; the plan "
+    "counts no other process: a measurement on the card is the proof."
 )
 
 
 def card_memory_bytes(memory_gib):
     """A card's memory in GiB (a decimal in the kit's number grammar, more than 0) as whole bytes, rounded down."""
-    gib = non_negative_decimal("--memory-gib", memory_gib)
+    try:
+        gib = non_negative_decimal("--memory-gib", memory_gib)
+    except KitError:
+        gib = 0
     if not gib:
-        raise KitError(f"--memory-gib: a card's memory must be more than 0 GiB, got {shown(memory_gib)}")
+        raise KitError(
+            "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most "
+            f"one decimal point between digits (80, 0.5), got {shown(memory_gib)}"
+        )
     with exact_context():
         return gib, int(gib * GIB_BYTES)
 
 
-def planned_needs_free_bytes(config):
-    """The plan's needs_free_bytes.  Planned with at most 2 warm-up passes and 2 repetitions, so that a search
+def planned_needs_card_memory_bytes(config):
+    """The plan's needs_card_memory_bytes.  Planned with at most 2 warm-up passes and 2 repetitions, so that a search
     costs the same whatever the counts: every pass after the first repeats the same tensors from the same
     baseline, so the peak, and what the run needs, do not change with them."""
     bounded = {**config, "warmup": min(config["warmup"], 2), "repeats": min(config["repeats"], 2)}
-    return predict_memory(bounded)["needs_free_bytes"]
+    return predict_memory(bounded)["needs_card_memory_bytes"]
 
 
 def largest_that_fits(config, memory_bytes, dimension):
@@ -800,7 +825,7 @@ def largest_that_fits(config, memory_bytes, dimension):
     value that does not fit, then halving the interval finds the last one that does."""
 
     def fits(value):
-        return planned_needs_free_bytes({**config, dimension: value}) <= memory_bytes
+        return planned_needs_card_memory_bytes({**config, dimension: value}) <= memory_bytes
 
     if not fits(1):
         return None
@@ -825,9 +850,9 @@ def fit_on_card(plan, memory_gib):
     return {
         "memory_gib": gib,
         "memory_bytes": memory_bytes,
-        "fits": plan["needs_free_bytes"] <= memory_bytes,
+        "fits": plan["needs_card_memory_bytes"] <= memory_bytes,
         "largest": {dimension: largest_that_fits(config, memory_bytes, dimension) for dimension in FIT_DIMENSIONS},
-        "largest_is": "per dimension, the others as given: the largest whole value whose needs_free_bytes fits "
+        "largest_is": "per dimension, the others as given: the largest whole value whose needs_card_memory_bytes fits "
         "(null: even 1 does not)",
         "fit_note": FIT_NOTE,
     }
@@ -841,7 +866,7 @@ def plan_for(config, memory_gib=None):
 
 def format_fit(plan):
     """The lines --plan --memory-gib adds to the plan's text."""
-    needs, memory_bytes = plan["needs_free_bytes"], plan["memory_bytes"]
+    needs, memory_bytes = plan["needs_card_memory_bytes"], plan["memory_bytes"]
     verdict = "fits" if plan["fits"] else f"does NOT fit ({needs - memory_bytes} bytes short)"
     largest = ", ".join(
         f"{dimension} {'none (even 1 does not fit)' if value is None else value}"
@@ -849,7 +874,8 @@ def format_fit(plan):
     )
     return "\n".join(
         [
-            f"On a card of {plan['memory_gib']:f} GiB ({memory_bytes} bytes): {verdict}, needing {needs} bytes.",
+            f"On a card of {plan['memory_gib']:f} GiB ({memory_bytes} bytes): {verdict}, "
+            f"needing {needs} bytes ({in_units(needs)} GiB).",
             f"Largest that fits, each dimension alone with the others as given: {largest}.",
             plan["fit_note"],
         ]
@@ -1228,7 +1254,7 @@ def measure(config, tool):
     set_up = _set_up_step(config["device"])
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     environment = collect_environment(config["device"])
-    index = _refuse_what_cannot_run(torch, set_up, config, plan, environment, model_summary)
+    index = _refuse_what_cannot_run(torch, set_up, config, plan, environment)
     device = torch.device("cuda", index)
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
@@ -1285,7 +1311,7 @@ def _set_up_step(device):
     return set_up
 
 
-def _refuse_what_cannot_run(torch, set_up, config, plan, environment, model_summary):
+def _refuse_what_cannot_run(torch, set_up, config, plan, environment):
     """Refuse, before the kit allocates anything on the GPU: no usable GPU, a dtype it lacks, a predicted
     peak that cannot fit, a model the host cannot build.  Returns the device's index."""
     if not environment["gpu_available"]:
@@ -1301,7 +1327,7 @@ def _refuse_what_cannot_run(torch, set_up, config, plan, environment, model_summ
     if problem:
         raise KitError(problem)
     host_bytes = _host_memory_bytes()
-    cpu_build_bytes = model_summary["parameters"] * 4  # built in float32 on the CPU first
+    cpu_build_bytes = plan["needs_host_memory_bytes"]
     if host_bytes is not None and cpu_build_bytes > host_bytes:
         raise KitError(
             f"building the model on the CPU needs {in_units(cpu_build_bytes)} GiB, more than this "
@@ -2096,12 +2122,18 @@ def _command_environment(args):
 
 def _command_measure(args):
     # The values arrive as typed: measure_config checks them, with the messages the notebook gets too.
+    if args.device is None and not args.plan:
+        raise KitError("--device is required (unless --plan)")
     config = measure_config(args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats,
                             args.seed)  # fmt: skip
     if args.plan:
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
-        _emit(args, plan_for(config, args.memory_gib), format_plan_and_fit)
+        plan = plan_for(config, args.memory_gib)
+        _emit(args, plan, format_plan_and_fit)
+        if not plan.get("fits", True):
+            sys.stdout.flush()  # the plan first, then the one line on stderr
+            raise MeasurementFailed(f"the run does not fit a card of {plan['memory_gib']:f} GiB (exit 3)")
         return
     if args.memory_gib is not None:
         raise KitError("--memory-gib goes with --plan")
@@ -2345,7 +2377,7 @@ COMMAND_OPTIONS = {
         ("--json", None, False, JSON_HELP),
     ]),
     "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, [
-        ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
+        ("--device", "cuda:N", None, "the GPU to measure; required unless --plan"),
         ("--output", "FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
         *RUN_OPTIONS,
         ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),

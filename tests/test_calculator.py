@@ -182,8 +182,8 @@ def test_json_is_indented_by_two_spaces(capsys):
         (["--results", "r.csv", "--days", "7"], ["--days: not allowed with --results"]),
         (["--results", "r.csv", "--gpu", "b200"], ["--gpu: not allowed with --results"]),
         (["--list", "--days", "5"], ["--days"]),
-        ([], ["one of --gpu, --list or --results is required"]),
-        (["--json", "--catalog", "c.csv"], ["one of --gpu, --list or --results is required"]),
+        ([], ["one of --gpu, --list, --results or --for-plan is required"]),
+        (["--json", "--catalog", "c.csv"], ["one of --gpu, --list, --results or --for-plan is required"]),
         (["--gpu"], ["argument --gpu: expected one argument"]),
         (["--gpu", "--days", "7"], ["argument --gpu: expected one argument"]),
         (["--gpu", "-b200", "--days", "7"], ["argument --gpu: expected one argument"]),  # no slug starts with -
@@ -203,7 +203,7 @@ def test_bad_options_are_refused(capsys, args, fragments):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "one of --gpu, --list or --results is required; see --help"),
+        ([], "one of --gpu, --list, --results or --for-plan is required; see --help"),
         (["--gpu", "h100", "--days", "7"],
          "--gpu: unknown GPU 'h100'; closest: h200, h100-sxm, h100-pcie; see --list for every slug"),
         (["--gpu", "b200"], "--days is required with --gpu (3, 7 or 30)"),
@@ -233,7 +233,8 @@ def test_the_parsed_options():
 
 HELP = """\
 usage: calcul_forfaits.py (--gpu SLUG --days N [--lots N] [--accepted-results N]
-                          | --list [--days N] | --results FILE) [--catalog CSV] [--json]
+                          | --list [--days N] | --results FILE
+                          | --for-plan FILE --days N) [--catalog CSV] [--json]
 
 IteraGPU Lab v1: the price of a whole IteraGPU package, and the cost of one accepted result.
 
@@ -242,7 +243,8 @@ options:
   --gpu SLUG            the GPU model of the package to price, e.g. b200 (any case; see --list)
   --list                print the catalog with the price per GPU-day
   --results FILE        a filled resultats-bruts.csv: the cost per accepted result of each rental
-  --days N              with --gpu: the duration, 3, 7 or 30 (no proration); with --list: a filter
+  --for-plan FILE       measure --plan --json's output (-: stdin): which catalog GPU holds the run
+  --days N              3, 7 or 30 days, no proration (--gpu, --for-plan); with --list: a filter
   --lots N              with --gpu: the number of lots, a positive whole number (default 1)
   --accepted-results N  with --gpu: distinct useful units really accepted; no default on purpose
   --catalog CSV         the price file (default: tarifs-forfaits.csv beside this script)

@@ -396,8 +396,8 @@ REFUSED_PARAMETERS = [
     ("run-measure", {"REPEATS": 1001}, "Measurement refused: REPEATS: expected a whole number from 1 to 1000"),
     ("run-measure", {"DTYPE": "float64"}, "Measurement refused: DTYPE: expected one of float32"),
     ("run-measure", {"OUTPUT": ""}, "Measurement refused: OUTPUT: a new file name is required"),
-    ("run-measure", {"MEMORY_GIB": 0}, "Measurement refused: MEMORY_GIB: a card's memory must be more than 0 GiB"),
-    ("run-measure", {"MEMORY_GIB": "80 GiB"}, "Measurement refused: MEMORY_GIB: expected a number >= 0"),
+    ("run-measure", {"MEMORY_GIB": 0}, "Measurement refused: MEMORY_GIB: expected a card's memory in GiB, more than 0"),
+    ("run-measure", {"MEMORY_GIB": "80 GiB"}, "Measurement refused: MEMORY_GIB: expected a card's memory in GiB,"),
 ]
 
 

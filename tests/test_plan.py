@@ -326,9 +326,12 @@ cold_forward           0.004         0.031          0.004           0.031
 warmup x3              0.004         0.031          0.004           0.031
 warm_forward #1        0.004         0.031          0.004           0.031
 warm_forward #2        0.004         0.031          0.004           0.031
-BLAS workspace allowance on the first forward: 256.000 MiB (an allowance: measure measures the workspace)
+BLAS workspace allowance on the first forward: 256.000 MiB (the largest default of any backend; measure measures \
+the workspace)
 Predicted peak allocated: 268604928 bytes = 0.25 GiB, in cold_forward
-measure needs 1342346752 bytes = 1.25 GiB free (the peak plus a 1.00 GiB margin).
+measure needs 1342346752 bytes = 1.25 GiB free (the peak plus a 1.00 GiB margin); a card needs 2416088576 bytes = \
+2.25 GiB (plus a 1.00 GiB allowance for the CUDA/ROCm context).
+Host memory: building the model on the CPU needs 132352 bytes = 0.00 GiB of RAM (measure checks it).
 Not included: the CUDA/ROCm context, the BLAS handles and kernel code, which the allocator's counters never see, \
 reserved memory above allocated (the allocator's segments)."""
 
@@ -433,14 +436,18 @@ def test_the_plan_document_exactly():
     phases = plan.pop("phases")
     assert plan == {
         "kit": "iteragpu-lab-v1",
+        "plan_schema_version": 1,
         "what": "a prediction from arithmetic alone (no PyTorch, no GPU) of what each phase of measure should do to "
         "PyTorch's CUDA caching allocator",
         "configuration": config(batch=1, context=2, width=3, warmup=0, repeats=1),
         "tensor_bytes": {"0.weight": 144, "0.bias": 48, "2.weight": 144, "2.bias": 12, "inputs": 24, "output": 24,
                          "fc1_output": 96, "gelu_output": 96},
         "allocator_rounding_bytes": 512, "large_block_slack_bytes": MIB, "blas_workspace_allowance_bytes": 256 * MIB,
+        "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
         "predicted_peak_allocated_bytes": 2048 + 512 + 256 * MIB + 1024, "predicted_peak_phase": "cold_forward",
         "fit_margin_bytes": GIB, "needs_free_bytes": 2048 + 512 + 256 * MIB + 1024 + GIB,
+        "context_allowance_bytes": GIB, "needs_card_memory_bytes": 2048 + 512 + 256 * MIB + 1024 + 2 * GIB,
+        "needs_host_memory_bytes": 4 * (3 * 12 + 12 + 12 * 3 + 3),
         "not_included": ["the CUDA/ROCm context",
                          "the BLAS handles and kernel code, which the allocator's counters never see",
                          "reserved memory above allocated (the allocator's segments)"],
@@ -837,14 +844,14 @@ LARGEST_ACCEPTED = 10**30 - 1
 
 
 def needs(**overrides):
-    """needs_free_bytes of the whole plan, its counts as given: what the search is checked against."""
-    return mesure_memoire.predict_memory(config(**overrides))["needs_free_bytes"]
+    """needs_card_memory_bytes of the whole plan, its counts as given: what the search is checked against."""
+    return mesure_memoire.predict_memory(config(**overrides))["needs_card_memory_bytes"]
 
 
 FIT_CASES = [
-    (dict(), "2"),
+    (dict(), "3"),
     (dict(batch=2, context=128, width=1024, warmup=3, repeats=5), "80"),
-    (dict(batch=3, context=5, width=3, dtype="bfloat16", warmup=0, repeats=1), "1.5"),
+    (dict(batch=3, context=5, width=3, dtype="bfloat16", warmup=0, repeats=1), "2.5"),
     (dict(batch=7, context=33, width=200, dtype="float16", warmup=4, repeats=3), "141.25"),
 ]
 
@@ -855,14 +862,14 @@ def test_each_largest_value_fits_and_the_next_one_does_not(sizes, memory_gib):
     fit = mesure_memoire.fit_on_card(plan_, memory_gib)
     memory_bytes = int(mesure_memoire.Decimal(memory_gib) * GIB)
     assert fit["memory_bytes"] == memory_bytes
-    assert fit["fits"] is (plan_["needs_free_bytes"] <= memory_bytes)
+    assert fit["fits"] is (plan_["needs_card_memory_bytes"] <= memory_bytes)
     for dimension, largest in fit["largest"].items():
         assert needs(**{**sizes, dimension: largest}) <= memory_bytes < needs(**{**sizes, dimension: largest + 1})
 
 
 def test_the_verdict_is_the_needed_free_memory_against_the_card_at_the_byte():
     plan_ = mesure_memoire.predict_memory(config())
-    needed = plan_["needs_free_bytes"]
+    needed = plan_["needs_card_memory_bytes"]
     exactly, one_byte_less = (str(mesure_memoire.decimal_ratio(value, GIB)) for value in (needed, needed - 1))
     assert mesure_memoire.fit_on_card(plan_, exactly)["memory_bytes"] == needed
     assert mesure_memoire.fit_on_card(plan_, exactly)["fits"] is True
@@ -904,7 +911,7 @@ def test_only_one_dimension_does_not_fit_at_one():
 
 def test_the_search_plans_at_most_two_passes_of_each_kind_and_finds_the_same_needs(monkeypatch):
     for counts in (dict(warmup=0, repeats=1), dict(warmup=1, repeats=2), dict(warmup=9, repeats=13)):
-        assert mesure_memoire.planned_needs_free_bytes(config(**counts)) == needs(**counts)
+        assert mesure_memoire.planned_needs_card_memory_bytes(config(**counts)) == needs(**counts)
     seen = []
     real = mesure_memoire.predict_memory
 
@@ -921,12 +928,13 @@ def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
     assert mesure_memoire.card_memory_bytes("0.5") == (mesure_memoire.Decimal("0.5"), GIB // 2)
     assert mesure_memoire.card_memory_bytes("1.0000000001")[1] == GIB + 0  # rounded down to whole bytes
     assert mesure_memoire.card_memory_bytes("3")[1] == 3 * GIB
-    for zero in ("0", "0.0", "0.000"):
+    for zero in ("0", "0.0", "0.000", ".5", "-1", "1e3", "8 ", "1.2.3", "", "5.", "01"):  # one wording for all
         assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", zero]) == 2
         assert capsys.readouterr().err == (
-            f"mesure_memoire.py: error: --memory-gib: a card's memory must be more than 0 GiB, got '{zero}'\n"
+            "mesure_memoire.py: error: --memory-gib: expected a card's memory in GiB, more than 0, written with ASCII "
+            f"digits and at most one decimal point between digits (80, 0.5), got '{zero}'\n"
         )
-    for bad in ("-1", "1e3", "8 ", "1.2.3", ""):
+    for bad in ("x" * 100, "\x1b"):
         assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", bad]) == 2
         err = capsys.readouterr().err
         assert err.startswith("mesure_memoire.py: error: --memory-gib: ") and err.count("\n") == 1, err
@@ -940,32 +948,34 @@ def test_memory_gib_goes_with_plan(tmp_path, monkeypatch, capsys):
 
 
 FIT_TEXT = """\
-On a card of 2.0 GiB (2147483648 bytes): fits, needing 1342346752 bytes.
+On a card of 3.0 GiB (3221225472 bytes): fits, needing 2416088576 bytes (2.25 GiB).
 Largest that fits, each dimension alone with the others as given: batch 21841, context 349467, width 5007.
-The margin is room for what the allocator's counters never see (the CUDA/ROCm context, BLAS handles, kernel \
-code, segments); the plan counts no other process: a measurement on the card is the proof.
+Fits: measure and sweep accept the run on an otherwise empty card of this memory whose free memory is its total \
+less a context of at most the allowance, under PyTorch's default allocator settings; the plan counts no other \
+process: a measurement on the card is the proof.
 """
 
 
 def test_the_fit_text_and_json_come_from_the_same_data(capsys):
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2"]) == 0
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "3"]) == 0
     text = capsys.readouterr().out
     plan_ = mesure_memoire.predict_memory(config())
     assert text == mesure_memoire.format_plan(plan_) + "\n" + FIT_TEXT
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2", "--json"]) == 0
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["fits"], data["largest"]) == (True, {"batch": 21841, "context": 349467, "width": 5007})
-    assert (data["memory_gib"], data["memory_bytes"], data["needs_free_bytes"]) == (2, 2 * GIB, 1342346752)
-    assert needs(batch=21841) <= 2 * GIB < needs(batch=21842)
-    assert needs(context=349467) <= 2 * GIB < needs(context=349468)
-    assert needs(width=5007) <= 2 * GIB < needs(width=5008)
+    assert (data["memory_gib"], data["memory_bytes"], data["needs_card_memory_bytes"]) == (3, 3 * GIB, 2416088576)
+    assert needs(batch=21841) <= 3 * GIB < needs(batch=21842)
+    assert needs(context=349467) <= 3 * GIB < needs(context=349468)
+    assert needs(width=5007) <= 3 * GIB < needs(width=5008)
 
 
 def test_the_fit_text_when_it_does_not_fit():
     plan_ = mesure_memoire.predict_memory(config())
     plan_.update(mesure_memoire.fit_on_card(plan_, "1"))
     assert mesure_memoire.format_fit(plan_).splitlines()[:2] == [
-        "On a card of 1.0 GiB (1073741824 bytes): does NOT fit (268604928 bytes short), needing 1342346752 bytes.",
+        "On a card of 1.0 GiB (1073741824 bytes): does NOT fit (1342346752 bytes short), needing 2416088576 bytes "
+        "(2.25 GiB).",
         "Largest that fits, each dimension alone with the others as given: batch none (even 1 does not fit), "
         "context none (even 1 does not fit), width none (even 1 does not fit).",
     ]
@@ -978,7 +988,7 @@ def test_the_card_memory_is_written_in_plain_digits_however_small():
 
 @pytest.mark.whole_kit
 def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
-    completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", "--memory-gib", "2", "--json",
+    completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", "--memory-gib", "3", "--json",
                            python_flags=("-S", "-I"), cwd=tmp_path)  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout)["largest"] == {"batch": 21841, "context": 349467, "width": 5007}
@@ -988,6 +998,111 @@ def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
 def test_the_fit_says_what_largest_means():
     fit = mesure_memoire.fit_on_card(mesure_memoire.predict_memory(config()), "80")
     assert fit["largest_is"] == (
-        "per dimension, the others as given: the largest whole value whose needs_free_bytes fits "
+        "per dimension, the others as given: the largest whole value whose needs_card_memory_bytes fits "
         "(null: even 1 does not)"
     )
+
+
+# --- one fit rule: what --plan --memory-gib calls fitting, measure accepts on that card (stand-in GPU) -------
+
+ISSUE_RUN = ["--batch", "2", "--context", "128", "--width", "1024", "--dtype", "float32"]
+ISSUE_SIZES = dict(batch=2, context=128, width=1024)
+
+
+@pytest.mark.parametrize("memory_gib", ["139.8", "80", "2.5"])
+def test_measure_accepts_every_largest_size_on_that_card_with_its_context(
+    stand_in_gpu, monkeypatch, tmp_path, capsys, memory_gib
+):
+    """The stand-in card has exactly the plan's memory; its free memory is that less the stated context
+    allowance.  At each largest size measure passes the fit check (it stops at the host check, made to
+    refuse so that nothing is built); one more is refused by the fit check."""
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main(["measure", *ISSUE_RUN, "--plan", "--memory-gib", memory_gib, "--json"]) in (0, 3)
+    fit = json.loads(capsys.readouterr().out)
+    total = fit["memory_bytes"]
+    stand_in_gpu(total_memory=total)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (total - fit["context_allowance_bytes"], total))
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 0)
+    assert fit["context_allowance_bytes"] >= 600 * MIB
+    sizes = dict(zip(ISSUE_RUN[::2], ISSUE_RUN[1::2], strict=True))
+    for dimension, largest in fit["largest"].items():
+        for value, refusal in ((largest, "building the model on the CPU needs"), (largest + 1, "the predicted peak")):
+            run = {**sizes, f"--{dimension}": str(value)}
+            argv = ["measure", "--device", "cuda:0", *(item for pair in run.items() for item in pair)]
+            assert mesure_memoire.main([*argv, "--output", "o.json"]) == 2
+            err = capsys.readouterr().err
+            assert refusal in err and len(err.splitlines()) == 1, (dimension, value, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_issue_s_card_and_context(capsys):
+    """A 139.8 GiB card with a 500 MiB context: the largest batch and width are accepted by measure there."""
+    assert mesure_memoire.main(["measure", *ISSUE_RUN, "--plan", "--memory-gib", "139.8", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert fit["largest"] == {"batch": 31293, "context": 2002761, "width": 67792}
+    free = fit["memory_bytes"] - 500 * MIB
+    for dimension in ("batch", "width"):
+        largest = mesure_memoire.predict_memory(config(**{**ISSUE_SIZES, dimension: fit["largest"][dimension]}))
+        assert largest["needs_free_bytes"] <= free
+
+
+def test_a_run_that_does_not_fit_exits_3_with_the_plan_and_its_verdict_printed(capsys):
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2"]) == 3
+    captured = capsys.readouterr()
+    plan_ = mesure_memoire.plan_for(config(), "2")
+    assert captured.out == mesure_memoire.format_plan_and_fit(plan_) + "\n"
+    assert "does NOT fit (268604928 bytes short)" in captured.out
+    assert captured.err == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)\n"
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2", "--json"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["fits"] is False and captured.err.count("\n") == 1
+    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2.3"]) == 0  # 2.3 GiB: 2469606195 bytes, fits
+
+
+def test_the_plan_needs_no_device(capsys):
+    without = [item for item in SMALL_TRIAL if item not in ("--device", "cuda:0")]
+    assert mesure_memoire.main([*without, "--plan", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["configuration"]["device"] is None
+    assert data["blas_workspace_allowance_is"] == "the largest default of any backend: the plan knows no backend"
+    assert {key: value for key, value in data.items() if key != "configuration"} == {
+        key: value for key, value in mesure_memoire.predict_memory(config()).items() if key != "configuration"
+    }
+    assert mesure_memoire.main([*without, "--plan"]) == 0
+    assert "(the largest default of any backend; " in capsys.readouterr().out
+    assert mesure_memoire.main([*without, "--output", "o.json"]) == 2
+    assert capsys.readouterr().err == "mesure_memoire.py: error: --device is required (unless --plan)\n"
+
+
+def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    predicted = plan(1, 16, 64, "float32")
+    assert predicted["needs_host_memory_bytes"] == 4 * (64 * 256 + 256 + 256 * 64 + 64) == 132352
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 132351)
+    assert mesure_memoire.main([*SMALL_TRIAL, "--output", "o.json"]) == 2
+    assert "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB" in capsys.readouterr().err
+
+
+@pytest.mark.whole_kit
+def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
+    """The plan reaches standard output before the error line reaches standard error (one pipe for both, and
+    standard output buffered as it is by default)."""
+    import os
+    import subprocess
+    import sys
+
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "mesure_memoire.py"), *SMALL_TRIAL, "--plan", "--memory-gib", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+        env=buffered,
+    )
+    assert completed.returncode == 3
+    lines = completed.stdout.splitlines()
+    assert lines[0].startswith("Plan for measure") and lines[-2].startswith("Fits: measure and sweep accept")
+    assert lines[-1] == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)"
+    assert list(tmp_path.iterdir()) == []

@@ -476,3 +476,19 @@ def test_leftovers_are_the_child_s_result_and_partial_files_only(tmp_path):
         (tmp_path / name).write_text("")
     mesure_memoire.remove_leftovers(str(tmp_path), str(tmp_path / "mesures-width-2.json"))
     assert sorted(os.listdir(tmp_path)) == [".partial-x", "mesures-width-1.json", "notes.tmp"]
+
+
+def test_sweep_launches_the_largest_width_the_plan_gives_for_that_card_and_not_one_more(stand_in, capsys):
+    """One fit rule: on a card of the plan's memory whose free memory is that less the context allowance
+    (the stand-in child environment), sweep launches --plan --memory-gib's largest width, not the next."""
+    run = ["--batch", "2", "--context", "128", "--warmup", "3", "--repeats", "5"]
+    assert mesure_memoire.main(["measure", *run, "--width", "1024", "--plan", "--memory-gib", "3.5", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    largest, total = fit["largest"]["width"], fit["memory_bytes"]
+    env = environment(free=total - fit["context_allowance_bytes"])
+    env["gpu"]["total_memory_bytes"] = total
+    stand_in({str(largest): "write", str(largest + 1): "write"}, env=env)
+    assert mesure_memoire.main([*SWEEP, "--values", f"{largest},{largest + 1}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert stand_in.calls() == [PROBE, measure_call(largest)]
+    assert out[1].startswith(f"Sweep stopped: width {largest + 1}: predicted not to fit, not launched: ")

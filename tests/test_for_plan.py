@@ -1,0 +1,212 @@
+"""`calcul_forfaits.py --for-plan`: which catalog GPU holds a planned run, from a real plan file written by
+`mesure_memoire.py measure --plan --json`, and the refusal of anything that is not such a plan."""
+
+import csv
+import io
+import json
+import sys
+
+import pytest
+
+import mesure_memoire
+from conftest import ROOT, calculator_refusal, call_calculator
+
+LARGE_RUN = ["measure", "--batch", "2", "--context", "128", "--width", "60000", "--dtype", "float32", "--plan"]
+
+
+def plan_file(tmp_path, capsys, *extra, run=LARGE_RUN):
+    """A real plan: measure --plan --json's output, written to a file; returns its path and its JSON."""
+    assert mesure_memoire.main([*run, "--json", *extra]) in (0, 3)
+    text = capsys.readouterr().out
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    return path, json.loads(text)
+
+
+def catalog_rows(days):
+    with open(ROOT / "tarifs-forfaits.csv", newline="") as handle:
+        return [row for row in csv.DictReader(handle) if row["days"] == str(days)]
+
+
+def test_every_model_of_the_catalog_once_fitting_and_cheapest_first_then_the_closest(tmp_path, capsys):
+    path, plan = plan_file(tmp_path, capsys)
+    status, out, err = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
+    assert (status, err) == (0, "")
+    data = json.loads(out)
+    needs = plan["needs_card_memory_bytes"]
+    assert needs == 118170079232 and data["needs_card_memory_bytes"] == needs
+    assert data["configuration"] == {"batch": 2, "context": 128, "width": 60000, "dtype": "float32"}
+    assert data["needs_host_memory_bytes"] == plan["needs_host_memory_bytes"] == 115201200000
+    expected = []
+    for row in catalog_rows(7):
+        memory_bytes = int(row["memory_gb"]) * 10**9
+        expected.append(
+            (row["gpu"], memory_bytes, needs <= memory_bytes, memory_bytes - needs, int(row["price_cents"]))
+        )
+    fitting = sorted((e for e in expected if e[2]), key=lambda e: e[4])
+    others = sorted((e for e in expected if not e[2]), key=lambda e: (-e[3], e[4]))
+    assert [(c["gpu"], c["memory_bytes"], c["fits"], c["room_bytes"], c["lot_price_cents"]) for c in data["cards"]] == [
+        *fitting,
+        *others,
+    ]
+    assert [c["gpu"] for c in data["cards"][:5]] == ["mi300x", "h200", "b300", "b200", "rtx-pro-6000"]
+    # Equal room: the cheaper first (a100-80gb 220.00, h100-pcie 338.00, h100-sxm 452.00 USD).
+    assert [c["gpu"] for c in data["cards"][5:8]] == ["a100-80gb", "h100-pcie", "h100-sxm"]
+    b200 = next(c for c in data["cards"] if c["gpu"] == "b200")
+    assert (b200["gpus_per_lot"], b200["lot_price_cents"], data["gpus_per_run"]) == (2, 182400, 1)
+    assert (data["days"], data["currency"], data["snapshot_date"]) == (7, "USD", "2026-09-24")
+
+
+TEXT_HEAD = """\
+Plan: batch 2, context 128, width 60000, float32; one card needs 118170079232 bytes = 110.05 GiB = 118.17 GB; the \
+host needs 115201200000 bytes = 107.29 GiB of RAM.
+One GPU per run, 7-day packages; those that hold the run first, cheapest first, then the closest:
+gpu           model                           memory GB  memory GiB  holds the run     room GiB      room GB  \
+GPUs per lot    lot price
+mi300x        AMD Instinct MI300X                   192      178.81            yes   68.76 left   73.83 left  \
+           1   271.00 USD
+h200          NVIDIA H200                           141      131.32            yes   21.26 left   22.83 left  \
+           1   573.00 USD"""
+TEXT_TAIL = """\
+rtx-4090      NVIDIA GeForce RTX 4090                24       22.35             no  87.70 short  94.17 short  \
+           1    85.00 USD
+Lot price: one lot for 7 days, whatever its GPUs (the run uses one); IteraGPU catalog snapshot of 2026-09-24, whole \
+USD cents.
+The catalog's memory is nominal (memory_gb x 10**9 bytes); environment on the rented box gives the card's own total; \
+a measure there is the proof.
+"""
+
+
+def test_the_text_from_the_same_data(tmp_path, capsys):
+    path, _ = plan_file(tmp_path, capsys)
+    status, out, err = call_calculator(capsys, "--for-plan", path, "--days", "7")
+    assert (status, err) == (0, "")
+    assert out.startswith(TEXT_HEAD + "\n") and out.endswith(TEXT_TAIL)
+    assert len(out.splitlines()) == 2 + 1 + 15 + 2
+
+
+def test_a_plan_with_memory_gib_and_standard_input(tmp_path, capsys, monkeypatch):
+    path, plan = plan_file(tmp_path, capsys, "--memory-gib", "80")  # does not fit 80 GiB: exit 3, plan printed
+    assert plan["fits"] is False
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    status, out, err = call_calculator(capsys, "--for-plan", "-", "--days", "30")
+    assert (status, err) == (0, "") and out.startswith("Plan: batch 2, context 128, width 60000")
+    assert "One GPU per run, 30-day packages;" in out and "Lot price: one lot for 30 days" in out
+
+
+def test_the_smallest_run_fits_every_card_and_the_cheapest_comes_first(tmp_path, capsys):
+    path, _ = plan_file(tmp_path, capsys, run=["measure", "--plan"])
+    status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "3", "--json")
+    cards = json.loads(out)["cards"]
+    prices = [c["lot_price_cents"] for c in cards]
+    assert all(c["fits"] for c in cards) and prices == sorted(prices) and len(cards) == 15
+
+
+def plan_text(**changes):
+    plan = mesure_memoire.predict_memory(mesure_memoire.measure_config(None, 1, 16, 64, "float32", 1, 2, 0))
+    plan.update(changes)
+    return json.dumps({key: value for key, value in plan.items() if value != "DROP"})
+
+
+NOT_A_PLAN = "not a plan: expected the JSON of mesure_memoire.py measure --plan --json"
+INVALID = "a plan with a missing or invalid configuration or needs figure"
+UNKNOWN = "plan_schema_version {} is not one this calculator reads (1)"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", NOT_A_PLAN),
+        (b"\xff\xfe", NOT_A_PLAN),
+        (b"[" * 100000, NOT_A_PLAN),
+        (b"[1, 2]", NOT_A_PLAN),
+        (b'{"kit": "iteragpu-lab-v1"}', NOT_A_PLAN),
+        (plan_text(kit="other").encode(), NOT_A_PLAN),
+        (plan_text(plan_schema_version="DROP").encode(), NOT_A_PLAN),
+        (plan_text(plan_schema_version=2).encode(), UNKNOWN.format(2)),
+        (plan_text(plan_schema_version=True).encode(), UNKNOWN.format("true")),
+        (plan_text(plan_schema_version="1").encode(), UNKNOWN.format('"1"')),
+        (plan_text(plan_schema_version="9" * 100).encode(), UNKNOWN.format('"' + "9" * 39)),
+        (plan_text(needs_card_memory_bytes="DROP").encode(), INVALID),
+        (plan_text(needs_card_memory_bytes=0).encode(), INVALID),
+        (plan_text(needs_card_memory_bytes=1.5).encode(), INVALID),
+        (plan_text(needs_host_memory_bytes=True).encode(), INVALID),
+        (plan_text(configuration=[]).encode(), INVALID),
+        (plan_text(configuration={"batch": 1, "context": 16, "width": 64, "dtype": "float64"}).encode(), INVALID),
+        (plan_text(configuration={"batch": 1, "context": 16, "dtype": "float32"}).encode(), INVALID),
+        (plan_text(configuration={"batch": 0, "context": 16, "width": 64, "dtype": "float32"}).encode(), INVALID),
+    ],
+    ids=lambda case: None if isinstance(case, str) else repr(case[:30]),
+)
+def test_a_file_that_is_not_a_known_plan_is_refused_in_one_line(tmp_path, capsys, content, reason):
+    path = tmp_path / "plan.json"
+    path.write_bytes(content)
+    assert calculator_refusal(capsys, "--for-plan", path, "--days", "7") == (
+        f"calcul_forfaits.py: error: {str(path)!r}: {reason}; nothing computed\n"
+    )
+
+
+def test_the_options_of_for_plan(tmp_path, capsys):
+    path, _ = plan_file(tmp_path, capsys)
+    assert calculator_refusal(capsys, "--for-plan", path).endswith("--days is required with --for-plan (3, 7 or 30)\n")
+    assert "--days: expected 3, 7 or 30" in calculator_refusal(capsys, "--for-plan", path, "--days", "5")
+    assert "--lots: not allowed with --for-plan" in calculator_refusal(
+        capsys, "--for-plan", path, "--days", "7", "--lots", "2"
+    )
+    assert "--for-plan: expected a file name, got ''" in calculator_refusal(capsys, "--for-plan", "", "--days", "7")
+    assert "'missing.json': cannot be read" in calculator_refusal(capsys, "--for-plan", "missing.json", "--days", "7")
+    assert "not a regular file" in calculator_refusal(capsys, "--for-plan", tmp_path, "--days", "7")
+
+
+def test_standard_input_is_bounded_and_may_be_missing(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b" " * (2**20 + 1))))
+    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == (
+        "calcul_forfaits.py: error: standard input: larger than 1048576 bytes; nothing computed\n"
+    )
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b" " * 2**20)))
+    assert NOT_A_PLAN in calculator_refusal(capsys, "--for-plan", "-", "--days", "7")
+    monkeypatch.setattr(sys, "stdin", None)
+    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == (
+        "calcul_forfaits.py: error: standard input: cannot be read (AttributeError); nothing computed\n"
+    )
+
+
+def test_the_calculator_imports_nothing_of_the_measuring_script():
+    source = (ROOT / "calcul_forfaits.py").read_text()
+    assert "mesure_memoire" not in source.replace("mesure_memoire.py", "")
+
+
+def test_at_exactly_the_needed_memory_a_card_holds_the_run_and_rounding_is_half_up(tmp_path, capsys):
+    """The L4's 24 GB exactly: it holds the run, 0.00 left; 125,000,000 bytes short of the next is 0.13 GB
+    (half-up; half-even would write 0.12)."""
+    path = tmp_path / "plan.json"
+    path.write_text(plan_text(needs_card_memory_bytes=24 * 10**9))
+    status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
+    l4 = next(card for card in json.loads(out)["cards"] if card["gpu"] == "l4")
+    assert (status, l4["fits"], l4["room_bytes"]) == (0, True, 0)
+    path.write_text(plan_text(needs_card_memory_bytes=24 * 10**9 + 125000000))
+    status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7")
+    l4_line = next(line for line in out.splitlines() if line.startswith("l4 "))
+    assert l4_line.split()[5:11] == ["no", "0.12", "short", "0.13", "short", "1"], l4_line
+
+
+def test_an_unreadable_standard_input_is_refused_in_one_line(capsys, monkeypatch):
+    class Unreadable:
+        def read(self, size):
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": Unreadable()})())
+    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == (
+        "calcul_forfaits.py: error: standard input: cannot be read (Input/output error); nothing computed\n"
+    )
+
+
+def test_the_readme_s_for_plan_example_on_the_readme_s_plan(tmp_path, capsys, monkeypatch):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    plan_line = next(line for line in readme.splitlines() if line.startswith("python mesure_memoire.py measure "))
+    assert "--plan" in plan_line and "--device" not in plan_line  # the plan needs no device
+    assert "`--for-plan plan.json --days 7`" in readme and "`memory_gb` × 10**9 bytes" in readme
+    monkeypatch.chdir(tmp_path)
+    plan_file(tmp_path, capsys, run=plan_line.split()[2:])
+    status, out, err = call_calculator(capsys, "--for-plan", "plan.json", "--days", "7")
+    assert (status, err) == (0, "") and out.startswith("Plan: batch 2, context 128, width 1024, float32;")

@@ -403,11 +403,13 @@ def test_the_matmul_arithmetic_is_read_from_pytorch_and_a_raising_read_is_null(m
     matmul = matmul_flags_restored
     matmul.fp32_precision, matmul.allow_fp16_accumulation = "ieee", True
     assert mesure_memoire.matmul_arithmetic(torch) == {
-        "float32_matmul_precision": "highest", "allow_tf32": False, "fp32_precision": "ieee",
+        "float32_matmul_precision": "highest",
+        "allow_tf32": False,
+        "fp32_precision": "ieee",
         "allow_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
         "allow_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
         "allow_fp16_accumulation": True,
-    }  # fmt: skip
+    }
     matmul.fp32_precision = "tf32"  # the new API set: PyTorch's legacy reads raise
     flags = mesure_memoire.collect_environment("cuda:0")["matmul_arithmetic"]
     assert (flags["float32_matmul_precision"], flags["allow_tf32"], flags["fp32_precision"]) == (None, None, "tf32")
@@ -416,15 +418,24 @@ def test_the_matmul_arithmetic_is_read_from_pytorch_and_a_raising_read_is_null(m
 def test_a_pytorch_without_the_newer_flags_leaves_them_null():
     older = types.SimpleNamespace(  # a stand-in for PyTorch 2.11's API: no fp32_precision, no fp16 accumulation
         get_float32_matmul_precision=lambda: "high",
-        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(
-            allow_tf32=True, allow_fp16_reduced_precision_reduction=False, allow_bf16_reduced_precision_reduction=True
-        ))),
-    )  # fmt: skip
+        backends=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(
+                matmul=types.SimpleNamespace(
+                    allow_tf32=True,
+                    allow_fp16_reduced_precision_reduction=False,
+                    allow_bf16_reduced_precision_reduction=True,
+                )
+            )
+        ),
+    )
     assert mesure_memoire.matmul_arithmetic(older) == {
-        "float32_matmul_precision": "high", "allow_tf32": True, "fp32_precision": None,
-        "allow_fp16_reduced_precision_reduction": False, "allow_bf16_reduced_precision_reduction": True,
+        "float32_matmul_precision": "high",
+        "allow_tf32": True,
+        "fp32_precision": None,
+        "allow_fp16_reduced_precision_reduction": False,
+        "allow_bf16_reduced_precision_reduction": True,
         "allow_fp16_accumulation": None,
-    }  # fmt: skip
+    }
 
 
 def test_the_collector_on_a_rocm_build_keeps_the_architecture(recorded_indices, monkeypatch):

@@ -533,6 +533,7 @@ def test_the_collector_without_pytorch(monkeypatch):
     assert environment["torch_error"] == "ModuleNotFoundError: No module named 'torch'"
     assert environment["gpu_unavailable_reason"] == "PyTorch is not importable"
     assert environment["settings"] == dict.fromkeys(mesure_memoire.SETTINGS)
+    assert environment["matmul_arithmetic"] is None  # nothing asked: no PyTorch to ask
     assert environment["device_count"] is None and environment["field_errors"] == {}
 
 

@@ -79,6 +79,11 @@ DOCTORED = {  # doctor -> the rows it must fail, and only those
     "disagree": {f"{n} run {r}: the kit's checks" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)},
     "nondeterministic": {f"{n}: two fresh runs, same counters and checksum" for n in gpu_validation.CONFIGURATIONS},
     "far-output": {f"{s}-float16: within the derived bound of a float64 reference" for s in gpu_validation.SIZES},
+    "strict-flags": {  # judged under the flags the cross-check child recorded
+        f"{s}-{d}: within the derived bound of a float64 reference"
+        for s in gpu_validation.SIZES
+        for d in ("float16", "bfloat16")
+    },
     "slow-timer": {f"big-{d}: measure's warm median / Timer's" for d in gpu_validation.DTYPES},
     "no-refusal": {"fit check refuses a size beyond the GPU (fit_problem too)"},
     "unsupported=name": {"vendor tool: the GPU PyTorch names"},

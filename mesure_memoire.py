@@ -58,7 +58,8 @@ from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
 # >>> notebook: Constants, validation and the error type
 KIT_NAME = "iteragpu-lab-v1"
-RESULT_SCHEMA_VERSION = 3  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory
+RESULT_SCHEMA_VERSION = 4  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory;
+# 4 the matmul arithmetic asked (matmul_arithmetic, in the environment and the result)
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
@@ -364,6 +365,33 @@ SETTINGS = (
 )
 
 
+# The flags that choose a matmul's arithmetic (torch.backends.cuda.matmul's; allow_fp16_accumulation and
+# fp32_precision from PyTorch 2.13 on): the validation judges the outputs against what they allow.
+MATMUL_FLAGS = (
+    "allow_tf32",
+    "fp32_precision",
+    "allow_fp16_reduced_precision_reduction",
+    "allow_bf16_reduced_precision_reduction",
+    "allow_fp16_accumulation",
+)
+
+
+def matmul_arithmetic(torch):
+    """The matmul arithmetic PyTorch is asked for now; null where this version lacks a flag or a read
+    raises (after ``fp32_precision = "tf32"``, the legacy reads do)."""
+    matmul = torch.backends.cuda.matmul
+    reads = {"float32_matmul_precision": torch.get_float32_matmul_precision}
+    reads.update({flag: lambda flag=flag: getattr(matmul, flag) for flag in MATMUL_FLAGS})
+    return {name: _guarded(read) for name, read in reads.items()}
+
+
+def _guarded(read):
+    try:
+        return read()
+    except Exception:  # AttributeError where a version lacks the flag, RuntimeError from mixed APIs
+        return None
+
+
 def collect_environment(device):
     """What this process sees: Python, OS, PyTorch and the chosen GPU.
 
@@ -379,6 +407,7 @@ def collect_environment(device):
         return environment
     environment["torch"] = query("torch", lambda: str(torch.__version__))
     _read_settings(torch, query, environment["settings"])
+    environment["matmul_arithmetic"] = matmul_arithmetic(torch)
     environment["cuda_build"] = query("cuda_build", lambda: torch.version.cuda)
     environment["hip_build"] = query("hip_build", lambda: getattr(torch.version, "hip", None))
     environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: torch.backends.cudnn.version())
@@ -430,6 +459,7 @@ def _empty_environment(device):
         "gpu_unavailable_reason": None,
         "gpu": None,
         "settings": dict.fromkeys(SETTINGS),
+        "matmul_arithmetic": None,
         "field_errors": {},
         "driver_note": DRIVER_NOTE,
         "driver_commands": dict(DRIVER_COMMANDS),
@@ -520,6 +550,9 @@ def format_environment(environment):
     for key, value in (environment.get("settings") or {}).items():
         if value is not None:
             lines.append(f"  setting               {key} = {value}")
+    flags = environment.get("matmul_arithmetic") or {}
+    if flags:
+        lines.append("  matmul arithmetic     " + ", ".join(f"{key} = {value}" for key, value in flags.items()))
     for name, error in sorted(environment["field_errors"].items()):
         label = "PyTorch warned" if name == PYTORCH_WARNINGS_FIELD else "query failed"
         lines.append(f"  {label:<21} {name}: {error}")
@@ -1289,6 +1322,7 @@ def measure(config, tool):
         "prediction_check": prediction_check,
         "workspace": workspace,
         "output_summary": output_summary,
+        "matmul_arithmetic": matmul_arithmetic(torch),  # read once the forwards ran: what they were asked
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
@@ -1495,7 +1529,7 @@ def format_phase_table(result):
 
 
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
-RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3)  # every schema the kit has written: old results stay readable
+RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3, 4)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
 MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
 SHOWN_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
@@ -1595,7 +1629,7 @@ def _checked_result(path, result):
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
     if _count(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1, 2 or 3)")
+        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1 to 4)")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")

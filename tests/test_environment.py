@@ -360,6 +360,9 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
                      "cuda_matmul_allow_bf16_reduced_precision_reduction": True,
                      "preferred_blas_library": "Cublaslt", "allocator_backend": "cudaMallocAsync",
                      "cublas_workspace_size_bytes": 8 * MIB + 128 * 2**10, "cublaslt_workspace_size_bytes": MIB},
+        "matmul_arithmetic": {"float32_matmul_precision": "high", "allow_tf32": True, "fp32_precision": "tf32",
+                              "allow_fp16_reduced_precision_reduction": False,
+                              "allow_bf16_reduced_precision_reduction": True, "allow_fp16_accumulation": False},
         "field_errors": {}, "driver_note": mesure_memoire.DRIVER_NOTE,
         "driver_commands": mesure_memoire.DRIVER_COMMANDS,
     }  # fmt: skip
@@ -385,6 +388,55 @@ def test_attributes_an_older_pytorch_lacks_are_null_not_errors(recorded_indices,
     assert environment["field_errors"] == {}
     for name in ("preferred_blas_library", "cublas_workspace_size_bytes", "cublaslt_workspace_size_bytes"):
         assert environment["settings"][name] is None
+
+
+@pytest.fixture
+def matmul_flags_restored():
+    """PyTorch's real matmul flags, put back as they were after the test."""
+    matmul = torch.backends.cuda.matmul
+    kept = {flag: getattr(matmul, flag) for flag in ("fp32_precision", "allow_fp16_accumulation")}
+    yield matmul
+    for flag, value in kept.items():
+        setattr(matmul, flag, value)
+
+
+def test_the_matmul_arithmetic_is_read_from_pytorch_and_a_raising_read_is_null(matmul_flags_restored):
+    matmul = matmul_flags_restored
+    matmul.fp32_precision, matmul.allow_fp16_accumulation = "ieee", True
+    assert mesure_memoire.matmul_arithmetic(torch) == {
+        "float32_matmul_precision": "highest",
+        "allow_tf32": False,
+        "fp32_precision": "ieee",
+        "allow_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
+        "allow_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
+        "allow_fp16_accumulation": True,
+    }
+    matmul.fp32_precision = "tf32"  # the new API set: PyTorch's legacy reads raise
+    flags = mesure_memoire.collect_environment("cuda:0")["matmul_arithmetic"]
+    assert (flags["float32_matmul_precision"], flags["allow_tf32"], flags["fp32_precision"]) == (None, None, "tf32")
+
+
+def test_a_pytorch_without_the_newer_flags_leaves_them_null():
+    older = types.SimpleNamespace(  # a stand-in for PyTorch 2.11's API: no fp32_precision, no fp16 accumulation
+        get_float32_matmul_precision=lambda: "high",
+        backends=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(
+                matmul=types.SimpleNamespace(
+                    allow_tf32=True,
+                    allow_fp16_reduced_precision_reduction=False,
+                    allow_bf16_reduced_precision_reduction=True,
+                )
+            )
+        ),
+    )
+    assert mesure_memoire.matmul_arithmetic(older) == {
+        "float32_matmul_precision": "high",
+        "allow_tf32": True,
+        "fp32_precision": None,
+        "allow_fp16_reduced_precision_reduction": False,
+        "allow_bf16_reduced_precision_reduction": True,
+        "allow_fp16_accumulation": None,
+    }
 
 
 def test_the_collector_on_a_rocm_build_keeps_the_architecture(recorded_indices, monkeypatch):
@@ -482,6 +534,7 @@ def test_the_collector_without_pytorch(monkeypatch):
     assert environment["torch_error"] == "ModuleNotFoundError: No module named 'torch'"
     assert environment["gpu_unavailable_reason"] == "PyTorch is not importable"
     assert environment["settings"] == dict.fromkeys(mesure_memoire.SETTINGS)
+    assert environment["matmul_arithmetic"] is None  # nothing asked: no PyTorch to ask
     assert environment["device_count"] is None and environment["field_errors"] == {}
 
 
@@ -516,6 +569,7 @@ def test_the_environment_text_exactly_with_a_gpu():
                 "total_memory_bytes": 2**27, "total_memory_gib": Decimal("0.125"), "mem_get_info_free_bytes": None,
                 "mem_get_info_total_bytes": 5, "allocator_backend": None},
         "settings": {"cudnn_allow_tf32": False, "preferred_blas_library": None, "allocator_backend": "native"},
+        "matmul_arithmetic": {"allow_tf32": None, "fp32_precision": "tf32"},
         "field_errors": {"pytorch_warnings": "UserWarning: w", "mem_get_info": "RuntimeError: x",
                          "zz": "RuntimeError: y"},
         "driver_note": "Note.", "driver_commands": {"amd": "amd-smi version", "nvidia": "nvidia-smi"},
@@ -538,6 +592,7 @@ def test_the_environment_text_exactly_with_a_gpu():
             "  allocator backend     unknown",
             "  setting               cudnn_allow_tf32 = False",
             "  setting               allocator_backend = native",
+            "  matmul arithmetic     allow_tf32 = None, fp32_precision = tf32",
             "  query failed          mem_get_info: RuntimeError: x",
             "  PyTorch warned        pytorch_warnings: UserWarning: w",
             "  query failed          zz: RuntimeError: y",

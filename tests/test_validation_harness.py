@@ -79,6 +79,11 @@ DOCTORED = {  # doctor -> the rows it must fail, and only those
     "disagree": {f"{n} run {r}: the kit's checks" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)},
     "nondeterministic": {f"{n}: two fresh runs, same counters and checksum" for n in gpu_validation.CONFIGURATIONS},
     "far-output": {f"{s}-float16: within the derived bound of a float64 reference" for s in gpu_validation.SIZES},
+    "strict-flags": {  # judged under the flags the cross-check child recorded
+        f"{s}-{d}: within the derived bound of a float64 reference"
+        for s in gpu_validation.SIZES
+        for d in ("float16", "bfloat16")
+    },
     "slow-timer": {f"big-{d}: measure's warm median / Timer's" for d in gpu_validation.DTYPES},
     "no-refusal": {"fit check refuses a size beyond the GPU (fit_problem too)"},
     "unsupported=name": {"vendor tool: the GPU PyTorch names"},
@@ -193,11 +198,13 @@ def test_the_cross_check_computes_measure_s_forward_exactly():
 
 
 @pytest.mark.parametrize("dtype", gpu_validation.DTYPES)
-@pytest.mark.parametrize("width", [64, 256])
-def test_real_outputs_are_within_the_derived_bound_and_not_trivially(dtype, width):
-    answer = gpu_validation.cross_check(torch, torch.device("cpu"), [spec(dtype, width)])["x"]
-    bound = gpu_validation.forward_error_bound(dtype, width)
-    assert 0 < answer["componentwise_error"] <= bound and answer["all_finite"]
+def test_real_outputs_are_within_the_derived_bound_under_the_flags_pytorch_reports(dtype):
+    answers = gpu_validation.cross_check(torch, torch.device("cpu"), [spec(dtype)])
+    assert answers["settings"] == mesure_memoire.matmul_arithmetic(torch)
+    answer = answers["x"]
+    name, passed, detail = gpu_validation.judge_numerics("x", spec(dtype), answer, answers["settings"])
+    assert passed and answer["relative_l2_error"] > 0 and answer["all_finite"], detail
+    assert set(answer["error_terms"]) == {"Y", "HR", "HT", "OT"}
     if dtype != "float32":  # the rounding of each hidden value and output is seen: a reference that differs
         assert answer["relative_l2_error"] > gpu_validation.UNIT_ROUNDOFF[dtype] / 10
 
@@ -209,16 +216,61 @@ def test_a_wrong_forward_fails_the_bound(monkeypatch):
         )
 
     monkeypatch.setattr(mesure_memoire, "build_model", relu_model)
-    answer = gpu_validation.cross_check(torch, torch.device("cpu"), [spec("float32")])["x"]
-    assert answer["componentwise_error"] > 100 * gpu_validation.forward_error_bound("float32", 64)
+    answers = gpu_validation.cross_check(torch, torch.device("cpu"), [spec("float32")])
+    name, passed, detail = gpu_validation.judge_numerics("x", spec("float32"), answers["x"], answers["settings"])
+    assert name == "x: within the derived bound of a float64 reference" and not passed
+    assert detail.startswith("relative L2 ") and "(split, fp16 accumulation, float32 input roundoff: " in detail
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {},
+        {"relative_l2_error": 0.0},
+        {"relative_l2_error": 0.0, "error_terms": {}},
+        {"relative_l2_error": 0.0, "error_terms": dict.fromkeys(["Y", "HR", "HT", "OT"], 0.0)},
+        {"relative_l2_error": "0", "error_terms": dict.fromkeys(["Y", "HR", "HT", "OT"], 1.0)},
+    ],
+)
+def test_a_missing_or_malformed_answer_is_never_within_the_bound(answer):
+    assert gpu_validation.judge_numerics("x", spec("float16"), answer, {})[1] is False
 
 
 def test_the_bound_follows_its_derivation():
-    u, u32 = 2**-8, 2**-24
-    first = (1 + u) ** 2 * (1 + 65 * u32 / (1 - 65 * u32)) - 1
-    hidden = 1.1289 * first + (1 + first) * (u + 4 * u32)
-    second = (1 + u) ** 2 * (1 + 257 * u32 / (1 - 257 * u32)) - 1
-    assert gpu_validation.forward_error_bound("bfloat16", 64) == pytest.approx(hidden + second * (1 + hidden), rel=1e-9)
+    u, u32, terms = 2**-8, 2**-24, {"Y": 2.0, "HR": 3.0, "HT": 5.0, "OT": 7.0}
+    split = u * u * (1 + 5 * 2 / 8)  # four chunks: four chunk roundings and two inner sums of 2/4 and 3/4
+    first, second = 65 * u32**2 + split, 257 * u32**2 + split
+    expected = ((u * u * 5 + first * 5 + second * 7) / 2) ** 0.5
+    assert gpu_validation.relative_error_bound("bfloat16", 64, terms, {}) == pytest.approx(expected, rel=1e-12)
+    u16 = 2**-11  # accumulation in float16, where asked: its own roundoff, no split on top
+    expected = ((u16**2 * 5 + 65 * u16**2 * 5 + 257 * u16**2 * 7) / 2) ** 0.5
+    flags = {"allow_fp16_accumulation": True}
+    assert gpu_validation.relative_error_bound("float16", 64, terms, flags) == pytest.approx(expected, rel=1e-12)
+    tf32 = 2 * 2**-22  # float32 with TF32 inputs: both factors of each product rounded
+    expected = ((u32**2 * 5 + (65 * u32**2 + tf32) * 5 + (257 * u32**2 + tf32) * 7) / 2) ** 0.5
+    for flags in ({"allow_tf32": True}, {"fp32_precision": "tf32"}, {"float32_matmul_precision": "high"}):
+        assert gpu_validation.relative_error_bound("float32", 64, terms, flags) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "flags", "allowed"),
+    [
+        ("float16", {}, (True, False, 0.0)),
+        ("bfloat16", {"allow_bf16_reduced_precision_reduction": False}, (False, False, 0.0)),
+        ("float16", {"allow_bf16_reduced_precision_reduction": False}, (True, False, 0.0)),
+        (
+            "float16",
+            {"allow_fp16_reduced_precision_reduction": False, "allow_fp16_accumulation": True},
+            (False, True, 0.0),
+        ),
+        ("bfloat16", {"allow_fp16_accumulation": True}, (True, False, 0.0)),
+        ("float32", {"allow_tf32": None, "float32_matmul_precision": None}, (False, False, 0.0)),
+        ("float32", {"float32_matmul_precision": "medium", "allow_tf32": True}, (False, False, 2**-8)),
+        ("float16", {"allow_tf32": True}, (True, False, 0.0)),
+    ],
+)
+def test_what_the_recorded_flags_allow(dtype, flags, allowed):
+    assert gpu_validation.allowed_arithmetic(dtype, flags) == allowed
 
 
 def test_the_timer_cross_check_runs_on_real_ops_and_its_absence_is_one_reason(monkeypatch):

@@ -7,9 +7,10 @@ KIND is "kit" (mesure_memoire.py environment / measure), "cross-check", "noteboo
 measurements): counters laid out from the kit's own prediction, verdicts from the kit's own
 check_prediction.  ``--doctor`` changes one thing, to prove the validator notices it:
 ``disagree`` (cold_forward's requested peak 512 bytes off), ``nondeterministic`` (run 2 reserves
-2 MiB more), ``far-output`` (float16 twice its numerics bound), ``slow-timer`` (Timer's median half
-of measure's), ``no-refusal`` (measure writes even beyond the GPU), ``hang`` (the cross-check
-child sleeps), ``unsupported=FIELD`` (nvidia-smi does not know FIELD).
+2 MiB more), ``far-output`` (float16 twice its numerics bound), ``strict-flags`` (the
+reduced-precision reductions recorded as off, the errors those of the default arithmetic),
+``slow-timer`` (Timer's median half of measure's), ``no-refusal`` (measure writes even beyond the
+GPU), ``hang`` (the cross-check child sleeps), ``unsupported=FIELD`` (nvidia-smi does not know FIELD).
 """
 
 import json
@@ -103,13 +104,27 @@ def cross_check(arguments, doctors):
     gpu_validation, mesure_memoire = kit_modules()
     if "hang" in doctors:
         time.sleep(60)
-    answers = {"settings": {"allow_tf32": False, "float32_matmul_precision": "highest"}}
+    answers = {
+        "settings": {
+            "float32_matmul_precision": "highest",
+            "allow_tf32": False,
+            "fp32_precision": "none",
+            "allow_fp16_reduced_precision_reduction": True,
+            "allow_bf16_reduced_precision_reduction": True,
+            "allow_fp16_accumulation": False,
+        }
+    }
+    terms = {"Y": 1.0, "HR": 1.0, "HT": 1.0, "OT": 1.0}
+    defaults = dict(answers["settings"])  # the errors are those of PyTorch's default arithmetic
+    if "strict-flags" in doctors:
+        answers["settings"]["allow_fp16_reduced_precision_reduction"] = False
+        answers["settings"]["allow_bf16_reduced_precision_reduction"] = False
     for spec in json.loads(arguments[1]):
-        bound = gpu_validation.forward_error_bound(spec["dtype"], spec["width"])
+        bound = gpu_validation.relative_error_bound(spec["dtype"], spec["width"], terms, defaults)
         far = "far-output" in doctors and spec["dtype"] == "float16"
         answer = {"checksum_float64": CHECKSUM[spec["dtype"]], "absolute_sum_float64": 1000.0, "all_finite": True,
-                  "elements": spec["batch"] * spec["context"] * spec["width"],
-                  "componentwise_error": (2 if far else 0.1) * bound, "relative_l2_error": 0.001}  # fmt: skip
+                  "elements": spec["batch"] * spec["context"] * spec["width"], "error_terms": terms,
+                  "relative_l2_error": (2 if far else 0.9) * bound}  # fmt: skip
         if spec["timer"]:
             answer.update(timer_median_seconds=WALL_NS / 1e9 / (2 if "slow-timer" in doctors else 1.05))
         answers[spec["name"]] = answer

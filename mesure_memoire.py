@@ -34,13 +34,15 @@ import argparse  # noqa: E402, I001 -- after the version check; the command line
 # >>> notebook: Imports (standard library only; PyTorch, matplotlib, json and re imported where used: start-up)
 import math
 import os
+import re
 import time
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 # <<< notebook
 
 # >>> notebook: Constants, validation and the error type
 KIT_NAME = "iteragpu-lab-v1"
-RESULT_SCHEMA_VERSION = 3  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory
+RESULT_SCHEMA_VERSION = 4  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory;
+# 4 the allocator settings PyTorch parsed
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
@@ -384,6 +386,7 @@ def collect_environment(device):
     environment["gpu"] = _gpu_fields(torch, query, index, properties, environment["hip_build"])
     settings = environment["settings"]
     settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
+    environment["allocator_settings"] = allocator_settings(torch, environment["field_errors"], settings)
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
         function = getattr(torch.backends.cuda, name, None)
         if function is not None:
@@ -412,6 +415,7 @@ def _empty_environment(device):
         "gpu_unavailable_reason": None,
         "gpu": None,
         "settings": dict.fromkeys(SETTINGS),
+        "allocator_settings": None,
         "field_errors": {},
         "driver_note": DRIVER_NOTE,
         "driver_commands": dict(DRIVER_COMMANDS),
@@ -445,6 +449,77 @@ def _read_settings(torch, query, settings):
     settings["preferred_blas_library"] = query(
         "preferred_blas_library", lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
     )
+
+
+ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
+
+
+def allocator_settings(torch, field_errors, settings):
+    """The caching allocator's settings as PyTorch parsed them (never read from the environment, never
+    kept as text), with the backend; None where this PyTorch cannot tell or refused them."""
+    try:
+        with CapturedWarnings():
+            parsed = _parsed_allocator_settings(torch)
+    except Exception:  # PyTorch's message may quote the settings' text: it is not kept
+        field_errors["allocator_settings"] = ALLOCATOR_REFUSED
+        return None
+    if parsed is None or settings["allocator_backend"] is None:
+        return None
+    return {"backend": settings["allocator_backend"], **parsed}
+
+
+def _parsed_allocator_settings(torch):
+    # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on); else PyTorch 2.13's private getter
+    # gives the text it parsed, of which only the known keys' values are kept.
+    try:
+        recorded = torch.cuda.memory._snapshot()["allocator_settings"]
+    except (AttributeError, KeyError, TypeError):  # no such API in this build
+        recorded = None
+    if isinstance(recorded, dict):
+        limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
+        return {
+            "max_split_size_bytes": None if limit < 0 else limit,
+            "expandable_segments": bool(recorded["expandable_segments"]),
+            "roundup_power2_divisions": _kept_divisions(recorded["roundup_power2_divisions"].values()),
+        }
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    return None if getter is None else _settings_from_text(str(getter()))
+
+
+def _kept_divisions(divisions):
+    """The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size."""
+    return {str(2**index): int(count) for index, count in enumerate(divisions) if int(count) > 1}
+
+
+def _settings_from_text(text):
+    """The known keys' values of PyTorch's allocator-settings text, parsed as PyTorch parses them."""
+    parsed = {"max_split_size_bytes": None, "expandable_segments": False, "roundup_power2_divisions": {}}
+    text = text.replace(" ", "")
+    for key, value in re.findall(r"([^:,\[\]]+):(\[[^\]]*\]|[^,]*)", text):
+        if key == "max_split_size_mb":
+            parsed["max_split_size_bytes"] = int(value) * MIB_BYTES
+        elif key == "expandable_segments":
+            parsed["expandable_segments"] = value == "True"
+        elif key == "roundup_power2_divisions":
+            parsed["roundup_power2_divisions"] = _kept_divisions(_divisions_from_text(value))
+    return parsed
+
+
+def _divisions_from_text(value):
+    """roundup_power2_divisions: one count for every interval, or [MiB:count,...,>:count] (AllocatorConfig.cpp)."""
+    if not value.startswith("["):
+        return [int(value)] * ALLOCATOR_INTERVALS
+    divisions, last, first = [0] * ALLOCATOR_INTERVALS, 0, True
+    for entry in value[1:-1].split(","):
+        interval, count = entry.split(":")
+        if interval == ">":
+            divisions[last:] = [int(count)] * (ALLOCATOR_INTERVALS - last)
+            continue
+        index = min(int(interval).bit_length() - 1, ALLOCATOR_INTERVALS - 1)
+        if first:
+            divisions[:index], first = [int(count)] * index, False
+        divisions[index], last = int(count), index
+    return divisions
 
 
 def _gpu_fields(torch, query, index, properties, hip_build):
@@ -586,11 +661,26 @@ BLAS_WORKSPACE_ALLOWANCE_BYTES = 256 * MIB_BYTES
 # segments, which reserve more than they allocate.
 FIT_MARGIN_BYTES = GIB_BYTES
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
+ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
+DEFAULT_ALLOCATOR = {"backend": "native", "max_split_size_bytes": None, "expandable_segments": False,
+                     "roundup_power2_divisions": {}}  # fmt: skip
 
 
 def allocated_block_bytes(requested_bytes):
     """The caching allocator's block for a request: rounded up to a multiple of 512 bytes (512 at least)."""
     return max(1, -(-requested_bytes // ALLOCATOR_ROUNDING_BYTES)) * ALLOCATOR_ROUNDING_BYTES
+
+
+def modelled_block_bytes(requested_bytes, allocator):
+    """The block round_size (CUDACachingAllocator.cpp) gives a request: 512-byte steps, or with
+    roundup_power2_divisions that many equal steps between two powers of two."""
+    size = max(requested_bytes, ALLOCATOR_ROUNDING_BYTES)
+    interval = min(max(size.bit_length() - 21, 0), ALLOCATOR_INTERVALS - 1)
+    divisions = allocator["roundup_power2_divisions"].get(str(2**interval), 0)
+    if divisions > 1 and size > ALLOCATOR_ROUNDING_BYTES * divisions:
+        step = 2 ** (size.bit_length() - 1) >> (divisions.bit_length() - 1)
+        return -(-size // step) * step
+    return allocated_block_bytes(size)
 
 
 def _forward_pass():
@@ -616,18 +706,19 @@ def _phase_events(name, config):
     return _forward_pass()
 
 
-def _simulate(events, tensor_bytes):
+def _simulate(events, tensor_bytes, allocator):
     """End and peak of the requested and allocated bytes, relative to the phase's baseline."""
     live = {}
     peak = {"requested": 0, "allocated": 0, "slack": 0}
     alive_at_peak = []
+    # With expandable segments, a large block is always split to the rounded request: no slack.
+    large_slack_bytes = 0 if allocator["expandable_segments"] else ALLOCATOR_SMALL_BLOCK_BYTES
+
+    def block(requested_bytes):
+        return modelled_block_bytes(requested_bytes, allocator)
 
     def slack(names):
-        return sum(
-            ALLOCATOR_SMALL_BLOCK_BYTES
-            for n in names
-            if allocated_block_bytes(tensor_bytes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES
-        )
+        return sum(large_slack_bytes for n in names if block(tensor_bytes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES)
 
     for action, tensor in events:
         if action == "free":
@@ -637,12 +728,12 @@ def _simulate(events, tensor_bytes):
         requested = sum(live.values())
         if requested > peak["requested"]:
             peak["requested"], alive_at_peak = requested, list(live)
-        peak["allocated"] = max(peak["allocated"], sum(allocated_block_bytes(b) for b in live.values()))
+        peak["allocated"] = max(peak["allocated"], sum(block(b) for b in live.values()))
         peak["slack"] = max(peak["slack"], slack(live))
     return {
         "end_requested_bytes": sum(live.values()),
         "peak_requested_bytes": peak["requested"],
-        "end_allocated_bytes": sum(allocated_block_bytes(b) for b in live.values()),
+        "end_allocated_bytes": sum(block(b) for b in live.values()),
         "peak_allocated_bytes": peak["allocated"],
         "end_allocated_slack_bytes": slack(live),
         "peak_allocated_slack_bytes": peak["slack"],
@@ -665,8 +756,11 @@ def _phase_labels(config):
     return labels
 
 
-def predict_memory(config):
+def predict_memory(config, allocator=DEFAULT_ALLOCATOR):
     """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU).
+
+    ``allocator``: the settings to model (PyTorch's defaults unless given; None, unknown: modelled as
+    the defaults, and check_prediction checks nothing).
 
     Requested bytes are exact; allocated bytes use the allocator's 512-byte rounding, and a
     block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``).  Each phase's figures are
@@ -684,7 +778,7 @@ def predict_memory(config):
     simulated = {}  # each phase once: every warm_forward repetition is predicted alike
     for name, labels in _phase_labels(config):
         if name not in simulated:
-            simulated[name] = _simulate(_phase_events(name, config), tensor_bytes)
+            simulated[name] = _simulate(_phase_events(name, config), tensor_bytes, allocator or DEFAULT_ALLOCATOR)
         predicted = {key: list(value) if isinstance(value, list) else value for key, value in simulated[name].items()}
         record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
         record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
@@ -711,6 +805,7 @@ def predict_memory(config):
         "tensor_bytes": tensor_bytes,
         "allocator_rounding_bytes": ALLOCATOR_ROUNDING_BYTES,
         "large_block_slack_bytes": ALLOCATOR_SMALL_BLOCK_BYTES,
+        "allocator_settings": allocator,
         "blas_workspace_allowance_bytes": BLAS_WORKSPACE_ALLOWANCE_BYTES,
         "phases": phases,
         "predicted_peak_allocated_bytes": peak,
@@ -994,8 +1089,11 @@ def check_prediction(records, plan):
     for record, predicted in zip(records, plan["phases"], strict=True):
         expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
         measured = _above_baseline(record)
-        low, high = _accepted_range(record, predicted, expected, measured, workspace)
-        record_disagreements = _disagreements(record, measured, low, high)
+        reason = _not_modelled(record["phase"], plan)
+        record_disagreements = []
+        if reason is None:
+            low, high = _accepted_range(record, predicted, expected, measured, workspace)
+            record_disagreements = _disagreements(record, measured, low, high)
         record["predicted"] = {**expected, "relative_to": "the phase's baseline",
                                "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
                                "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"]}  # fmt: skip
@@ -1008,9 +1106,9 @@ def check_prediction(records, plan):
         record["disagreements"] = record_disagreements
         if record_disagreements:
             record["verdict"], record["verdict_reason"] = "disagrees", None
-        elif len(measured) < len(PREDICTED_COUNTERS):
+        elif reason or len(measured) < len(PREDICTED_COUNTERS):
             record["verdict"] = "not checked"
-            record["verdict_reason"] = "this PyTorch's memory_stats has no requested-bytes counters"
+            record["verdict_reason"] = reason or "this PyTorch's memory_stats has no requested-bytes counters"
             not_checked.append(_phase_label(record))
         else:
             record["verdict"], record["verdict_reason"] = "agrees", None
@@ -1019,6 +1117,20 @@ def check_prediction(records, plan):
     prediction_check = {"agrees": not disagreements and not not_checked, "disagreements": disagreements,
                         "not_checked": not_checked}  # fmt: skip
     return checked, prediction_check, workspace
+
+
+def _not_modelled(phase, plan):
+    """Why the allocator model cannot predict this phase under the plan's allocator settings, or None."""
+    allocator = plan["allocator_settings"]
+    if allocator is None:
+        return "PyTorch's allocator settings could not be read"
+    if allocator["backend"] != "native":
+        return f"the {allocator['backend']} backend keeps no requested-bytes counters and rounds no block as modelled"
+    limit = allocator["max_split_size_bytes"]
+    blocks = [plan["tensor_bytes"][name] for action, name in _phase_events(phase, plan["configuration"])]
+    if limit is not None and any(modelled_block_bytes(size, allocator) >= limit for size in blocks):
+        return "a block at or above max_split_size is never split: its size cannot be predicted"
+    return None
 
 
 def _above_baseline(record):
@@ -1211,6 +1323,9 @@ def measure(config, tool):
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     environment = collect_environment(config["device"])
     index = _refuse_what_cannot_run(torch, set_up, config, plan, environment, model_summary)
+    allocator = environment["allocator_settings"]
+    if "allocator_settings" in environment["field_errors"]:
+        raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
     device = torch.device("cuda", index)
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
@@ -1221,7 +1336,7 @@ def measure(config, tool):
         phases, output_summary = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
-    phases, prediction_check, workspace = check_prediction(phases, plan)
+    phases, prediction_check, workspace = check_prediction(phases, predict_memory(config, allocator))
     fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
@@ -1451,7 +1566,7 @@ def format_phase_table(result):
 
 
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
-RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3)  # every schema the kit has written: old results stay readable
+RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3, 4)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
 MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
 SHOWN_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
@@ -1551,7 +1666,7 @@ def _checked_result(path, result):
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
     if _count(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1, 2 or 3)")
+        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1 to 4)")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
@@ -1592,7 +1707,21 @@ def _checked_result(path, result):
         "not_fresh": config.get("fresh_process_warning") is not None,
         **checks,
         **_device_wide(phases[-1]),
+        "device_readings_missing": version >= 3 and _count(phases[-1].get("end_device_used_bytes")) is None,
+        "allocator_flag": _allocator_flag(path, environment) if version >= 4 else None,
     }
+
+
+def _allocator_flag(path, environment):
+    """The allocator settings a schema-4 result records that differ from PyTorch's defaults, as one flag."""
+    allocator = environment.get("allocator_settings")
+    if allocator is None:
+        return "allocator settings not recorded: prediction not checked"
+    if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
+        raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
+    differing = [f"{key} {shown(allocator[key], 40)}" for key in DEFAULT_ALLOCATOR
+                 if allocator[key] != DEFAULT_ALLOCATOR[key]]  # fmt: skip
+    return "allocator " + ", ".join(differing) if differing else None
 
 
 def _device_wide(last_phase):
@@ -1601,8 +1730,11 @@ def _device_wide(last_phase):
     used = _count(last_phase.get("end_device_used_bytes"))
     reserved = _count(last_phase.get("end_reserved_bytes"))
     if used is None or reserved is None:
-        return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
-    return {"device_used_end_bytes": used, "outside_allocator_bytes": used - reserved}
+        return {"device_used_end_bytes": None, "outside_allocator_bytes": None, "outside_impossible": False}
+    # The two readings are taken apart: a device figure below the allocator's own one is no figure.
+    impossible = used < reserved
+    return {"device_used_end_bytes": used, "outside_allocator_bytes": None if impossible else used - reserved,
+            "outside_impossible": impossible}  # fmt: skip
 
 
 def _checked_phases(path, phases):
@@ -1689,6 +1821,12 @@ def report_rows(named_results):
             flags.append("prediction not checked (a counter was unavailable)")
         if item.get("all_finite") is False:
             flags.append("non-finite output")
+        if item["outside_impossible"]:
+            flags.append("device used below reserved: impossible reading, outside allocator not shown")
+        if item["device_readings_missing"]:
+            flags.append("device readings not recorded")
+        if item["allocator_flag"]:
+            flags.append(item["allocator_flag"])
         differing = [label for key, label in ENVIRONMENT_LABELS.items() if item["identity"][key] != first[key]]
         if differing:
             flags.append("environment differs from row 1: " + ", ".join(differing))
@@ -1750,7 +1888,8 @@ def device_wide_lines(rows):
         return []
     table = [("file", "device used MiB", "outside allocator MiB")]
     table += [(_cell(row["file"]), in_units(row["device_used_end_bytes"], MIB_BYTES),
-               in_units(row["outside_allocator_bytes"], MIB_BYTES)) for row in recorded]  # fmt: skip
+               "impossible" if row["outside_allocator_bytes"] is None
+               else in_units(row["outside_allocator_bytes"], MIB_BYTES)) for row in recorded]  # fmt: skip
     return [DEVICE_WIDE_NOTE, _table(table)]
 
 

@@ -662,8 +662,12 @@ BLAS_WORKSPACE_ALLOWANCE_BYTES = 256 * MIB_BYTES
 FIT_MARGIN_BYTES = GIB_BYTES
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
 ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
-DEFAULT_ALLOCATOR = {"backend": "native", "max_split_size_bytes": None, "expandable_segments": False,
-                     "roundup_power2_divisions": {}}  # fmt: skip
+DEFAULT_ALLOCATOR = {
+    "backend": "native",
+    "max_split_size_bytes": None,
+    "expandable_segments": False,
+    "roundup_power2_divisions": {},
+}
 
 
 def allocated_block_bytes(requested_bytes):
@@ -1719,8 +1723,7 @@ def _allocator_flag(path, environment):
         return "allocator settings not recorded: prediction not checked"
     if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
         raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
-    differing = [f"{key} {shown(allocator[key], 40)}" for key in DEFAULT_ALLOCATOR
-                 if allocator[key] != DEFAULT_ALLOCATOR[key]]  # fmt: skip
+    differing = [f"{key} {shown(value, 40)}" for key, value in allocator.items() if value != DEFAULT_ALLOCATOR[key]]
     return "allocator " + ", ".join(differing) if differing else None
 
 
@@ -1733,8 +1736,8 @@ def _device_wide(last_phase):
         return {"device_used_end_bytes": None, "outside_allocator_bytes": None, "outside_impossible": False}
     # The two readings are taken apart: a device figure below the allocator's own one is no figure.
     impossible = used < reserved
-    return {"device_used_end_bytes": used, "outside_allocator_bytes": None if impossible else used - reserved,
-            "outside_impossible": impossible}  # fmt: skip
+    outside_bytes = None if impossible else used - reserved
+    return {"device_used_end_bytes": used, "outside_allocator_bytes": outside_bytes, "outside_impossible": impossible}
 
 
 def _checked_phases(path, phases):
@@ -1887,9 +1890,10 @@ def device_wide_lines(rows):
     if not recorded:
         return []
     table = [("file", "device used MiB", "outside allocator MiB")]
-    table += [(_cell(row["file"]), in_units(row["device_used_end_bytes"], MIB_BYTES),
-               "impossible" if row["outside_allocator_bytes"] is None
-               else in_units(row["outside_allocator_bytes"], MIB_BYTES)) for row in recorded]  # fmt: skip
+    for row in recorded:
+        outside = row["outside_allocator_bytes"]
+        shown_outside = "impossible" if outside is None else in_units(outside, MIB_BYTES)
+        table.append((_cell(row["file"]), in_units(row["device_used_end_bytes"], MIB_BYTES), shown_outside))
     return [DEVICE_WIDE_NOTE, _table(table)]
 
 

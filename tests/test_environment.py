@@ -359,6 +359,9 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
                      "cuda_matmul_allow_bf16_reduced_precision_reduction": True,
                      "preferred_blas_library": "Cublaslt", "allocator_backend": "cudaMallocAsync",
                      "cublas_workspace_size_bytes": 8 * MIB + 128 * 2**10, "cublaslt_workspace_size_bytes": MIB},
+        # Read from PyTorch's own parsed settings (this CPU build's getter: none set), never the environment.
+        "allocator_settings": {"backend": "cudaMallocAsync", "max_split_size_bytes": None,
+                               "expandable_segments": False, "roundup_power2_divisions": {}},
         "field_errors": {}, "driver_note": mesure_memoire.DRIVER_NOTE,
         "driver_commands": mesure_memoire.DRIVER_COMMANDS,
     }  # fmt: skip

@@ -320,7 +320,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert set(result) == {"kit", "schema_version", "tool", "created_utc", "environment", "configuration",
                            "synthetic_model", "phases", "prediction_check", "workspace", "output_summary",
                            "predicted_peak_allocated_bytes", "fit_margin_bytes"}  # fmt: skip
-    assert result["schema_version"] == 3 and result["tool"] == "mesure_memoire.py"
+    assert result["schema_version"] == 4 and result["tool"] == "mesure_memoire.py"
     assert result["created_utc"].endswith("Z")
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
     assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
@@ -710,7 +710,7 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     plan = mesure_memoire.predict_memory(settings)
     assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
-        "kit": "iteragpu-lab-v1", "schema_version": 3, "tool": "a tool",
+        "kit": "iteragpu-lab-v1", "schema_version": 4, "tool": "a tool",
         "configuration": {**settings, "cuda_initialized_before_measure": True, "allocated_bytes_before_measure": 0,
                           "reserved_bytes_before_measure": 0, "device_used_bytes_before_measure": GIB,
                           "fresh_process_warning": None},
@@ -1856,7 +1856,7 @@ def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stan
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {
         "all_finite": True, "checksum_float64": 0.5, "elements": 1024}))  # fmt: skip
     result = mesure_memoire.measure(settings, tool="a tool")
-    assert result["schema_version"] == 3
+    assert result["schema_version"] == 4
     assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB
     names = [call[0] for call in set_up.calls]
     assert names.index("init") < len(names) - 1 - names[::-1].index("mem_get_info")  # read after init

@@ -206,9 +206,9 @@ def test_the_prediction_costs_the_same_whatever_the_counts(monkeypatch):
     """Every warm pass is predicted alike: each phase is simulated once, on at most two warm-up passes."""
     simulate, calls = mesure_memoire._simulate, []
 
-    def counted(events, tensor_bytes):
+    def counted(events, tensor_bytes, allocator):
         calls.append(len(events))
-        return simulate(events, tensor_bytes)
+        return simulate(events, tensor_bytes, allocator)
 
     monkeypatch.setattr(mesure_memoire, "_simulate", counted)
     largest = mesure_memoire.predict_memory(config(warmup=1000, repeats=1000))
@@ -224,7 +224,7 @@ def test_two_warm_up_passes_predict_any_count_exactly(warmup):
     predicted = next(r for r in mesure_memoire.predict_memory(small)["phases"] if r["phase"] == "warmup")
     plan_ = mesure_memoire.predict_memory(small)
     every_pass = mesure_memoire._forward_pass() + ([("free", "output")] + mesure_memoire._forward_pass()) * (warmup - 1)
-    expected = mesure_memoire._simulate(every_pass, plan_["tensor_bytes"])
+    expected = mesure_memoire._simulate(every_pass, plan_["tensor_bytes"], mesure_memoire.DEFAULT_ALLOCATOR)
     assert {key: predicted[key] for key in expected} == expected
     assert predicted["passes"] == warmup
 
@@ -439,6 +439,8 @@ def test_the_plan_document_exactly():
         "tensor_bytes": {"0.weight": 144, "0.bias": 48, "2.weight": 144, "2.bias": 12, "inputs": 24, "output": 24,
                          "fc1_output": 96, "gelu_output": 96},
         "allocator_rounding_bytes": 512, "large_block_slack_bytes": MIB, "blas_workspace_allowance_bytes": 256 * MIB,
+        "allocator_settings": {"backend": "native", "max_split_size_bytes": None, "expandable_segments": False,
+                               "roundup_power2_divisions": {}},
         "predicted_peak_allocated_bytes": 2048 + 512 + 256 * MIB + 1024, "predicted_peak_phase": "cold_forward",
         "fit_margin_bytes": GIB, "needs_free_bytes": 2048 + 512 + 256 * MIB + 1024 + GIB,
         "not_included": ["the CUDA/ROCm context",
@@ -541,6 +543,10 @@ class LiveTensorCounters(RecordingCudaStandIn):
 
     def reset_peaks(self):
         self.tracker.reset_peaks()
+
+    def mem_get_info(self, device):
+        self._check("mem_get_info", device)
+        return self._record("mem_get_info", (GIB, GIB + self.levels()["reserved"]))
 
 
 def run_on_the_cpu(settings):

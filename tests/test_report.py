@@ -363,8 +363,8 @@ HOSTILE = {
         "GPU name, PyTorch or build is not text (at most 256 characters)",
     ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), "its 'kit' is not"),
-    "schema 4": (lambda folder: _write(folder, "s4.json", _valid_with(lambda r: r.update(schema_version=4))),
-                 "schema_version 4 is not one this version reads (1, 2 or 3)"),
+    "schema 5": (lambda folder: _write(folder, "s5.json", _valid_with(lambda r: r.update(schema_version=5))),
+                 "schema_version 5 is not one this version reads (1 to 4)"),
     "schema true": (lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
                     "schema_version True is not one"),
     "no phases": (lambda folder: _write(folder, "np.json", _valid_with(lambda r: r.pop("phases"))),
@@ -600,10 +600,10 @@ def test_checked_result_messages_name_the_file_and_the_field():
     assert problem({"kit": "x"}) == prefix + "its 'kit' is not 'iteragpu-lab-v1'"
     assert (
         problem({"kit": mesure_memoire.KIT_NAME})
-        == prefix + "schema_version None is not one this version reads (1, 2 or 3)"
+        == prefix + "schema_version None is not one this version reads (1 to 4)"
     )
     assert problem({"kit": mesure_memoire.KIT_NAME, "schema_version": 0}) == prefix + (
-        "schema_version 0 is not one this version reads (1, 2 or 3)"
+        "schema_version 0 is not one this version reads (1 to 4)"
     )
 
 
@@ -783,7 +783,11 @@ def test_the_device_wide_figures_are_read_from_the_last_phase_when_they_are_coun
     change(result["phases"][-1])
     row = row_of(result)
     assert row["device_used_end_bytes"] == used
-    assert row["outside_allocator_bytes"] == (None if used is None else used - 20 * MIB)  # may be negative: as read
+    impossible = used is not None and used < 20 * MIB  # below the recorded reserved 20 MiB: never printed
+    assert row["outside_allocator_bytes"] == (None if used is None or impossible else used - 20 * MIB)
+    flag = "device used below reserved: impossible reading, outside allocator not shown"
+    assert (flag in row["flags"]) is impossible
+    assert ("device readings not recorded" in row["flags"]) is (used is None)
 
 
 DEVICE_WIDE_TEXT = """\

@@ -675,3 +675,92 @@ ENVIRONMENT_REFUSALS = [
 @pytest.mark.parametrize(("argv", "first", "second"), ENVIRONMENT_REFUSALS, ids=plain_ids(ENVIRONMENT_REFUSALS))
 def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
     assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)
+
+
+# --- the allocator settings: PyTorch's parsed values only, never the environment, never raw text -------
+
+SNAPSHOT_STAND_IN = {  # torch.cuda.memory._snapshot()'s entry as PyTorch 2.4 to 2.15 build it (a stand-in: no GPU)
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,secret-looking-text",
+    "max_split_size": 21 * MIB,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": True,
+    "pinned_num_register_threads": 1,
+    "release_lock_on_cudamalloc": False,
+    "pinned_use_cuda_host_register": False,
+    "roundup_power2_divisions": {str(2**index): (4 if index in (2, 3) else 0) for index in range(16)},
+}
+
+
+def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_in_gpu, monkeypatch):
+    monkeypatch.setattr(
+        torch.cuda.memory, "_snapshot", lambda: {"segments": [], "allocator_settings": SNAPSHOT_STAND_IN}
+    )
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] == {"backend": "native", "max_split_size_bytes": 21 * MIB,
+                                                 "expandable_segments": True,
+                                                 "roundup_power2_divisions": {"4": 4, "8": 4}}  # fmt: skip
+    assert "secret-looking-text" not in mesure_memoire.to_json(environment)
+    unlimited = {**SNAPSHOT_STAND_IN, "max_split_size": -1}  # SIZE_MAX as the int64 PyTorch hands over
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": unlimited})
+    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"]["max_split_size_bytes"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", {}),
+        ("backend:native,unknown_key:7", {}),  # only the known keys' values are kept
+        ("expandable_segments:True", {"expandable_segments": True}),
+        ("expandable_segments:False,max_split_size_mb:300", {"max_split_size_bytes": 300 * MIB}),
+        ("roundup_power2_divisions:4", {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}),
+        ("roundup_power2_divisions:1", {}),  # one division changes no block
+        # Before the first interval: its count too; '>' from the last one named on (AllocatorConfig.cpp).
+        (
+            "roundup_power2_divisions:[4:2, 256:8,>:16],garbage_collection_threshold:0.5",
+            {"roundup_power2_divisions": {"1": 2, "2": 2, "4": 2, **{str(2**i): 16 for i in range(8, 16)}}},
+        ),
+        (
+            "roundup_power2_divisions:[65536:4]",
+            {"roundup_power2_divisions": {**{str(2**i): 4 for i in range(15)}, "32768": 4}},
+        ),
+    ],
+)
+def test_the_settings_text_of_pytorch_2_13_is_parsed_in_memory(stand_in_gpu, monkeypatch, text, expected):
+    # A stand-in for the text PyTorch parsed (its own getter reads what was set in this process, not the
+    # environment; the CPU build here has no snapshot).
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, **expected}
+    assert text == "" or text not in mesure_memoire.to_json(environment)
+
+
+def test_the_real_cpu_build_answers_with_its_getter(stand_in_gpu):
+    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] == mesure_memoire.DEFAULT_ALLOCATOR
+
+
+def test_settings_this_pytorch_cannot_tell_are_null(stand_in_gpu, monkeypatch):
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] is None and "allocator_settings" not in environment["field_errors"]
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "", raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: 1 / 0)
+    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] is None  # no backend: no settings
+
+
+def test_settings_pytorch_refuses_leave_null_and_a_line_that_names_no_key(stand_in_gpu, monkeypatch, capsys):
+    def refusing():
+        raise RuntimeError("Unrecognized CachingAllocator option: secret_key_42")
+
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", refusing)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] is None
+    assert environment["field_errors"]["allocator_settings"] == (
+        "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
+    )
+    assert "secret_key_42" not in mesure_memoire.to_json(environment)
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "never.json"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "mesure_memoire.py: error: PyTorch refused its allocator settings (its message is not kept: it may echo "
+        "them); nothing measured, no file written\n"
+    )

@@ -813,3 +813,52 @@ def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monke
     assert mesure_memoire.main(["report", "--json", "schema3.json"]) == 0
     row = json.loads(capsys.readouterr().out)["results"][0]
     assert (row["device_used_end_bytes"], row["outside_allocator_bytes"]) == (612368384, 591396864)
+
+
+def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path, monkeypatch, capsys):
+    result = load("schema3.json")
+    result["phases"][-1]["end_device_used_bytes"] = 20 * MIB - 512  # below the 20 MiB reserved: impossible
+    (tmp_path / "odd.json").write_text(json.dumps(result), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main(["report", "odd.json"]) == 0
+    out = capsys.readouterr().out
+    assert "odd.json            20.00             impossible\n" in out and "-0.00" not in out
+    assert "device used below reserved: impossible reading, outside allocator not shown" in out
+
+
+# --- schema 4: the allocator settings PyTorch parsed, beside each result ------------------------------------
+
+
+def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypatch, capsys):
+    row, old = row_of(load("schema4.json")), row_of(load("schema3.json"))
+    assert row["flags"] == ["allocator expandable_segments True"] and old["flags"] == []
+    assert {key: value for key, value in row.items() if key not in ("flags", "schema_version")} == {
+        key: value for key, value in old.items() if key not in ("flags", "schema_version")
+    }
+    result = load("schema4.json")
+    result["environment"]["allocator_settings"].update(
+        backend="cudaMallocAsync", expandable_segments=False, max_split_size_bytes=21 * MIB,
+        roundup_power2_divisions={"1": 4},
+    )  # fmt: skip
+    assert row_of(result)["flags"] == [
+        "allocator backend 'cudaMallocAsync', max_split_size_bytes 22020096, roundup_power2_divisions {'1': 4}"
+    ]
+    result["environment"]["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
+    assert row_of(result)["flags"] == []
+    result["environment"]["allocator_settings"] = None
+    assert row_of(result)["flags"] == ["allocator settings not recorded: prediction not checked"]
+    monkeypatch.chdir(DATA)
+    assert mesure_memoire.main(["report", "schema4.json"]) == 0
+    assert "allocator expandable_segments True" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "settings", ["native", [], {"backend": "native"}, {**mesure_memoire.DEFAULT_ALLOCATOR, "x": 1}]
+)
+def test_schema_4_allocator_settings_not_as_measure_writes_them_are_refused(settings):
+    result = load("schema4.json")
+    result["environment"]["allocator_settings"] = settings
+    assert kit_error_of(mesure_memoire.report_rows, [("a.json", result)]) == (
+        "report: 'a.json' is not a kit result: its environment's allocator_settings is neither null nor what "
+        "measure writes"
+    )

@@ -386,7 +386,9 @@ def collect_environment(device):
     environment["gpu"] = _gpu_fields(torch, query, index, properties, environment["hip_build"])
     settings = environment["settings"]
     settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
-    environment["allocator_settings"] = allocator_settings(torch, environment["field_errors"], settings)
+    environment["allocator_settings"] = allocator_settings(
+        torch, environment["field_errors"], settings["allocator_backend"]
+    )
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
         function = getattr(torch.backends.cuda, name, None)
         if function is not None:
@@ -454,27 +456,29 @@ def _read_settings(torch, query, settings):
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 
 
-def allocator_settings(torch, field_errors, settings):
+def allocator_settings(torch, field_errors, backend):
     """The caching allocator's settings as PyTorch parsed them (never read from the environment, never
     kept as text), with the backend; None where this PyTorch cannot tell or refused them."""
+    if backend is None:
+        return None
     try:
         with CapturedWarnings():
-            parsed = _parsed_allocator_settings(torch)
+            parsed = _parsed_allocator_settings(torch, backend)
     except Exception:  # PyTorch's message may quote the settings' text: it is not kept
         field_errors["allocator_settings"] = ALLOCATOR_REFUSED
         return None
-    if parsed is None or settings["allocator_backend"] is None:
-        return None
-    return {"backend": settings["allocator_backend"], **parsed}
+    return None if parsed is None else {"backend": backend, **parsed}
 
 
-def _parsed_allocator_settings(torch):
-    # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on); else PyTorch 2.13's private getter
-    # gives the text it parsed, of which only the known keys' values are kept.
-    try:
-        recorded = torch.cuda.memory._snapshot()["allocator_settings"]
-    except (AttributeError, KeyError, TypeError):  # no such API in this build
-        recorded = None
+def _parsed_allocator_settings(torch, backend):
+    # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on; the cudaMallocAsync backend refuses
+    # it); else PyTorch 2.13's private getter gives the text it parsed: only the known keys' values are kept.
+    recorded = None
+    if backend == "native":
+        try:
+            recorded = torch.cuda.memory._snapshot()["allocator_settings"]
+        except (AttributeError, KeyError, TypeError):  # no such API in this build
+            recorded = None
     if isinstance(recorded, dict):
         limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
         return {

@@ -764,3 +764,15 @@ def test_settings_pytorch_refuses_leave_null_and_a_line_that_names_no_key(stand_
         "mesure_memoire.py: error: PyTorch refused its allocator settings (its message is not kept: it may echo "
         "them); nothing measured, no file written\n"
     )
+
+
+def test_the_cuda_malloc_async_backend_is_never_asked_for_a_snapshot(stand_in_gpu, monkeypatch):
+    def refusing():  # a stand-in for PyTorch's: the cudaMallocAsync backend refuses a snapshot
+        raise RuntimeError("Calling snapshot with backend:cudaMallocAsync is not meaningful.")
+
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", refusing)
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "backend:cudaMallocAsync")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, "backend": "cudaMallocAsync"}
+    assert environment["field_errors"] == {}

@@ -742,6 +742,27 @@ def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, mo
     )
 
 
+@pytest.mark.parametrize(
+    ("backend", "text", "verdict"),
+    [
+        ("native", "roundup_power2_divisions:4", "disagrees"),
+        ("cudaMallocAsync", "backend:cudaMallocAsync", "not checked"),
+    ],
+)
+def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(stand_in_gpu, monkeypatch, backend, text,
+                                                                          verdict):  # fmt: skip
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: backend)
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text)  # a stand-in for its text
+    settings = config(batch=5, context=77, width=3000)  # no tensor a power of two: 4 divisions round each up
+    records = agreeing_records(settings)  # the default rounding's figures: too small for every phase under 4
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}))
+    result = mesure_memoire.measure(settings, tool="t")
+    assert result["environment"]["allocator_settings"]["backend"] == backend
+    assert {phase["verdict"] for phase in result["phases"]} == {verdict}
+
+
 def measure_refusal(settings):
     with pytest.raises(mesure_memoire.KitError) as refusal:
         mesure_memoire.measure(settings, tool="t")

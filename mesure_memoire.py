@@ -765,10 +765,8 @@ def _phase_labels(config):
 
 
 def predict_memory(config, allocator=DEFAULT_ALLOCATOR):
-    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU).
-
-    ``allocator``: the settings to model (PyTorch's defaults unless given; None, unknown: modelled as
-    the defaults, and check_prediction checks nothing).
+    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under
+    ``allocator``'s settings (None: unknown, modelled as the defaults; check_prediction checks nothing).
 
     Requested bytes are exact; allocated bytes use the allocator's 512-byte rounding, and a
     block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``).  Each phase's figures are
@@ -1727,7 +1725,7 @@ def _allocator_flag(path, environment):
         return "allocator settings not recorded: prediction not checked"
     if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
         raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
-    differing = [f"{key} {shown(value, 40)}" for key, value in allocator.items() if value != DEFAULT_ALLOCATOR[key]]
+    differing = [f"{key} {shown(value)}" for key, value in allocator.items() if value != DEFAULT_ALLOCATOR[key]]
     return "allocator " + ", ".join(differing) if differing else None
 
 

@@ -1092,3 +1092,12 @@ def test_cuda_malloc_async_and_unreadable_settings_are_not_checked_never_disagre
         checked, check, _ = mesure_memoire.check_prediction(records, plan)
         assert {(r["verdict"], r["verdict_reason"]) for r in checked} == {("not checked", reason)}
         assert check["disagreements"] == [] and check["agrees"] is False and len(check["not_checked"]) == 5
+
+
+def test_max_split_size_leaves_unchecked_a_block_at_the_limit_not_one_below():
+    inputs_block = mesure_memoire.modelled_block_bytes(5 * 77 * 3000 * 4, mesure_memoire.DEFAULT_ALLOCATOR)
+    for limit, verdict in ((inputs_block, "not checked"), (inputs_block + 1, "agrees")):
+        allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": limit}
+        plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
+        checked, _, _ = mesure_memoire.check_prediction(records_as_modelled(config(**WIDE), allocator), plan)
+        assert checked[1]["phase"] == "inputs" and checked[1]["verdict"] == verdict

@@ -774,6 +774,7 @@ DEVICE_WIDE_CHANGES = [
     (lambda line: line.update(end_device_used_bytes=True), None),
     (lambda line: line.update(end_device_used_bytes=-1), None),
     (lambda line: line.update(end_device_used_bytes=10 * MIB), 10 * MIB),
+    (lambda line: line.update(end_device_used_bytes=20 * MIB), 20 * MIB),  # all of it reserved: 0 outside, possible
 ]
 
 

@@ -34,7 +34,6 @@ import argparse  # noqa: E402, I001 -- after the version check; the command line
 # >>> notebook: Imports (standard library only; PyTorch, matplotlib, json and re imported where used: start-up)
 import math
 import os
-import re
 import time
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 # <<< notebook
@@ -454,6 +453,13 @@ def _read_settings(torch, query, settings):
 
 
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
+ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
+DEFAULT_ALLOCATOR = {
+    "backend": "native",
+    "max_split_size_bytes": None,
+    "expandable_segments": False,
+    "roundup_power2_divisions": {},
+}
 
 
 def allocator_settings(torch, field_errors, backend):
@@ -497,6 +503,8 @@ def _kept_divisions(divisions):
 
 def _settings_from_text(text):
     """The known keys' values of PyTorch's allocator-settings text, parsed as PyTorch parses them."""
+    import re  # only the environment needs it: start-up time
+
     parsed = {"max_split_size_bytes": None, "expandable_segments": False, "roundup_power2_divisions": {}}
     text = text.replace(" ", "")
     for key, value in re.findall(r"([^:,\[\]]+):(\[[^\]]*\]|[^,]*)", text):
@@ -524,6 +532,17 @@ def _divisions_from_text(value):
             divisions[:index], first = [int(count)] * index, False
         divisions[index], last = int(count), index
     return divisions
+
+
+def allocator_differences(allocator):
+    """The allocator settings that differ from PyTorch's defaults, each as "name value"."""
+    return [f"{key} {shown(value)}" for key, value in allocator.items() if value != DEFAULT_ALLOCATOR[key]]
+
+
+def allocator_settings_text(allocator):
+    if allocator is None:
+        return "unknown (the prediction is not checked)"
+    return ", ".join(allocator_differences(allocator)) or "PyTorch's defaults"
 
 
 def _gpu_fields(torch, query, index, properties, hip_build):
@@ -577,6 +596,7 @@ def format_environment(environment):
             f"  memory (runtime)      {gpu['total_memory_bytes']} bytes = {rounded(gpu['total_memory_gib'], 2)} GiB",
             f"  mem_get_info          free {or_missing(free)} / total {or_missing(total)} bytes",
             f"  allocator backend     {or_missing(gpu['allocator_backend'], 'unknown')}",
+            f"  allocator settings    {allocator_settings_text(environment.get('allocator_settings'))}",
         ]
     for key, value in (environment.get("settings") or {}).items():
         if value is not None:
@@ -665,13 +685,6 @@ BLAS_WORKSPACE_ALLOWANCE_BYTES = 256 * MIB_BYTES
 # segments, which reserve more than they allocate.
 FIT_MARGIN_BYTES = GIB_BYTES
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
-ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
-DEFAULT_ALLOCATOR = {
-    "backend": "native",
-    "max_split_size_bytes": None,
-    "expandable_segments": False,
-    "roundup_power2_divisions": {},
-}
 
 
 def allocated_block_bytes(requested_bytes):
@@ -1725,7 +1738,7 @@ def _allocator_flag(path, environment):
         return "allocator settings not recorded: prediction not checked"
     if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
         raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
-    differing = [f"{key} {shown(value)}" for key, value in allocator.items() if value != DEFAULT_ALLOCATOR[key]]
+    differing = allocator_differences(allocator)
     return "allocator " + ", ".join(differing) if differing else None
 
 

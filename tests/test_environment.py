@@ -538,6 +538,7 @@ def test_the_environment_text_exactly_with_a_gpu():
             "  memory (runtime)      134217728 bytes = 0.13 GiB",
             "  mem_get_info          free none / total 5 bytes",
             "  allocator backend     unknown",
+            "  allocator settings    unknown (the prediction is not checked)",
             "  setting               cudnn_allow_tf32 = False",
             "  setting               allocator_backend = native",
             "  query failed          mem_get_info: RuntimeError: x",
@@ -579,6 +580,15 @@ def test_the_environment_text_exactly_without_a_gpu():
                            "  memory (runtime)      0 bytes = 0.00 GiB",
                            "  mem_get_info          free 0 / total none bytes",
                            "  allocator backend     native"]  # fmt: skip
+    assert lines[14] == "  allocator settings    unknown (the prediction is not checked)"
+    environment["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
+    assert (
+        mesure_memoire.format_environment(environment).splitlines()[14] == "  allocator settings    PyTorch's defaults"
+    )
+    environment["allocator_settings"].update(expandable_segments=True, max_split_size_bytes=300 * MIB)
+    assert mesure_memoire.format_environment(environment).splitlines()[14] == (
+        "  allocator settings    max_split_size_bytes 314572800, expandable_segments True"
+    )
 
 
 @pytest.mark.parametrize(

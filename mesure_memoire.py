@@ -1788,7 +1788,7 @@ def _schema_2_checks(path, result):
     for key in ("disagreements", "not_checked"):  # lists where present (older schema 2 files lack not_checked)
         if not isinstance(result["prediction_check"].get(key, []), list):
             raise _result_problem(path, f"schema 2 needs prediction_check.{key} as a list")
-    # "agrees" is also false when a counter was unavailable: tell a disagreement from a phase not checked.
+    # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
     checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
     checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
         checks["agrees"] or checks["not_checked"]
@@ -1836,7 +1836,7 @@ def report_rows(named_results):
         if item.get("disagreed"):
             flags.append("prediction disagreed")
         if item.get("not_checked"):
-            flags.append("prediction not checked (a counter was unavailable)")
+            flags.append("prediction not checked (each such phase's verdict_reason says why)")
         if item.get("all_finite") is False:
             flags.append("non-finite output")
         if item["outside_impossible"]:

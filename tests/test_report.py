@@ -167,7 +167,7 @@ def test_each_flag_is_raised_by_its_own_cause_only():
         [("a", base), ("b", not_fresh), ("c", disagrees), ("d", non_finite), ("e", empty_warning),
          ("f", not_checked), ("g", both)]
     )  # fmt: skip
-    unchecked = "prediction not checked (a counter was unavailable)"
+    unchecked = "prediction not checked (each such phase's verdict_reason says why)"
     assert [row["flags"] for row in rows] == [[], ["not a fresh process"], ["prediction disagreed"],
                                               ["non-finite output"], ["not a fresh process"],
                                               [unchecked], ["prediction disagreed", unchecked]]  # fmt: skip

@@ -1564,6 +1564,8 @@ def format_phase_table(result):
             f"DISAGREES {label}: {disagreement['counter']} above baseline measured {disagreement['measured_bytes']}, "
             f"predicted {disagreement['predicted_bytes']} (difference {disagreement['difference_bytes']:+d} bytes)"
         )
+    reasons = dict.fromkeys(record.get("verdict_reason") for record in result["phases"])  # in order, once each
+    lines += [f"Not checked: {reason}" for reason in reasons if reason]
     workspace = result.get("workspace")
     if workspace and workspace.get("measured_bytes") is not None:
         lines.append(

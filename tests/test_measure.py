@@ -542,6 +542,17 @@ def test_the_phase_table_exactly():
     assert mesure_memoire.format_phase_table(PHASE_TABLE_RESULT) == PHASE_TABLE_TEXT
 
 
+def test_the_phase_table_names_each_reason_a_phase_was_not_checked_once():
+    reasons = ["the first reason", "the second reason", "the first reason"]
+    phases = [
+        dict(phase, verdict="not checked", verdict_reason=reason)
+        for phase, reason in zip(PHASE_TABLE_RESULT["phases"], reasons, strict=True)
+    ]
+    lines = mesure_memoire.format_phase_table(dict(PHASE_TABLE_RESULT, phases=phases)).splitlines()
+    assert lines[6:8] == ["Not checked: the first reason", "Not checked: the second reason"]
+    assert lines[8].startswith("BLAS workspace measured")
+
+
 def test_the_phase_table_without_workspace_checksum_or_checks():
     result = dict(PHASE_TABLE_RESULT, prediction_check=None, workspace={"measured_bytes": None},
                   output_summary={"elements": 4, "all_finite": False, "checksum_float64": None})  # fmt: skip

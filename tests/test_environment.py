@@ -706,9 +706,12 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
         torch.cuda.memory, "_snapshot", lambda: {"segments": [], "allocator_settings": SNAPSHOT_STAND_IN}
     )
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["allocator_settings"] == {"backend": "native", "max_split_size_bytes": 21 * MIB,
-                                                 "expandable_segments": True,
-                                                 "roundup_power2_divisions": {"4": 4, "8": 4}}  # fmt: skip
+    expected = {
+        "max_split_size_bytes": 21 * MIB,
+        "expandable_segments": True,
+        "roundup_power2_divisions": {"4": 4, "8": 4},
+    }
+    assert environment["allocator_settings"] == {"backend": "native", **expected}
     assert "secret-looking-text" not in mesure_memoire.to_json(environment)
     unlimited = {**SNAPSHOT_STAND_IN, "max_split_size": -1}  # SIZE_MAX as the int64 PyTorch hands over
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": unlimited})

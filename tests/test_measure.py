@@ -760,8 +760,9 @@ def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, mo
         ("cudaMallocAsync", "backend:cudaMallocAsync", "not checked"),
     ],
 )
-def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(stand_in_gpu, monkeypatch, backend, text,
-                                                                          verdict):  # fmt: skip
+def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
+    stand_in_gpu, monkeypatch, backend, text, verdict
+):
     stand_in_gpu()
     SetUpCalls(monkeypatch)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: backend)

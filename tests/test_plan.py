@@ -1002,8 +1002,7 @@ def test_the_fit_says_what_largest_means():
 
 # --- the allocator settings PyTorch parsed: modelled, or "not checked", never a false verdict -----------
 
-ROUNDUP_4 = {"1": 4, "2": 4, "4": 4, "8": 4, "16": 4, "32": 4, "64": 4, "128": 4, "256": 4, "512": 4, "1024": 4,
-             "2048": 4, "4096": 4, "8192": 4, "16384": 4, "32768": 4}  # fmt: skip
+ROUNDUP_4 = {str(2**interval): 4 for interval in range(16)}  # every interval, 1 MiB to 32768 MiB and above
 ALLOCATORS = {
     "roundup_power2_divisions:4": {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": ROUNDUP_4},
     "expandable_segments:True": {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True},

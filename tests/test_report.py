@@ -837,10 +837,8 @@ def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypa
         key: value for key, value in old.items() if key not in ("flags", "schema_version")
     }
     result = load("schema4.json")
-    result["environment"]["allocator_settings"].update(
-        backend="cudaMallocAsync", expandable_segments=False, max_split_size_bytes=21 * MIB,
-        roundup_power2_divisions={"1": 4},
-    )  # fmt: skip
+    changed = {"backend": "cudaMallocAsync", "expandable_segments": False, "max_split_size_bytes": 21 * MIB}
+    result["environment"]["allocator_settings"].update(changed, roundup_power2_divisions={"1": 4})
     assert row_of(result)["flags"] == [
         "allocator backend 'cudaMallocAsync', max_split_size_bytes 22020096, roundup_power2_divisions {'1': 4}"
     ]

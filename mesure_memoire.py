@@ -59,7 +59,8 @@ from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 # >>> notebook: Constants, validation and the error type
 KIT_NAME = "iteragpu-lab-v1"
 RESULT_SCHEMA_VERSION = 4  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory;
-# 4 the matmul arithmetic asked (matmul_arithmetic, in the environment and the result)
+# 4 the matmul arithmetic asked (matmul_arithmetic, in the environment and the result) and the
+# allocator settings PyTorch parsed (allocator_settings, in the environment)
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
@@ -431,6 +432,9 @@ def collect_environment(device):
     environment["gpu"] = _gpu_fields(torch, query, index, properties, environment["hip_build"])
     settings = environment["settings"]
     settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
+    environment["allocator_settings"] = allocator_settings(
+        torch, environment["field_errors"], settings["allocator_backend"]
+    )
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
         function = getattr(torch.backends.cuda, name, None)
         if function is not None:
@@ -460,6 +464,7 @@ def _empty_environment(device):
         "gpu": None,
         "settings": dict.fromkeys(SETTINGS),
         "matmul_arithmetic": None,
+        "allocator_settings": None,
         "field_errors": {},
         "driver_note": DRIVER_NOTE,
         "driver_commands": dict(DRIVER_COMMANDS),
@@ -493,6 +498,99 @@ def _read_settings(torch, query, settings):
     settings["preferred_blas_library"] = query(
         "preferred_blas_library", lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
     )
+
+
+ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
+ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
+DEFAULT_ALLOCATOR = {
+    "backend": "native",
+    "max_split_size_bytes": None,
+    "expandable_segments": False,
+    "roundup_power2_divisions": {},
+}
+
+
+def allocator_settings(torch, field_errors, backend):
+    """The caching allocator's settings as PyTorch parsed them (never read from the environment, never
+    kept as text), with the backend; None where this PyTorch cannot tell or refused them."""
+    if backend is None:
+        return None
+    try:
+        with CapturedWarnings():
+            parsed = _parsed_allocator_settings(torch, backend)
+    except Exception:  # PyTorch's message may quote the settings' text: it is not kept
+        field_errors["allocator_settings"] = ALLOCATOR_REFUSED
+        return None
+    return None if parsed is None else {"backend": backend, **parsed}
+
+
+def _parsed_allocator_settings(torch, backend):
+    # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on; the cudaMallocAsync backend refuses
+    # it); else PyTorch 2.13's private getter gives the text it parsed: only the known keys' values are kept.
+    recorded = None
+    if backend == "native":
+        try:
+            recorded = torch.cuda.memory._snapshot()["allocator_settings"]
+        except (AttributeError, KeyError, TypeError):  # no such API in this build
+            recorded = None
+    if isinstance(recorded, dict):
+        limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
+        return {
+            "max_split_size_bytes": None if limit < 0 else limit,
+            "expandable_segments": bool(recorded["expandable_segments"]),
+            "roundup_power2_divisions": _kept_divisions(recorded["roundup_power2_divisions"].values()),
+        }
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    return None if getter is None else _settings_from_text(str(getter()))
+
+
+def _kept_divisions(divisions):
+    """The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size."""
+    return {str(2**index): int(count) for index, count in enumerate(divisions) if int(count) > 1}
+
+
+def _settings_from_text(text):
+    """The known keys' values of PyTorch's allocator-settings text, parsed as PyTorch parses them."""
+    import re  # only the environment needs it: start-up time
+
+    parsed = {"max_split_size_bytes": None, "expandable_segments": False, "roundup_power2_divisions": {}}
+    text = text.replace(" ", "")
+    for key, value in re.findall(r"([^:,\[\]]+):(\[[^\]]*\]|[^,]*)", text):
+        if key == "max_split_size_mb":
+            parsed["max_split_size_bytes"] = int(value) * MIB_BYTES
+        elif key == "expandable_segments":
+            parsed["expandable_segments"] = value == "True"
+        elif key == "roundup_power2_divisions":
+            parsed["roundup_power2_divisions"] = _kept_divisions(_divisions_from_text(value))
+    return parsed
+
+
+def _divisions_from_text(value):
+    """roundup_power2_divisions: one count for every interval, or [MiB:count,...,>:count] (AllocatorConfig.cpp)."""
+    if not value.startswith("["):
+        return [int(value)] * ALLOCATOR_INTERVALS
+    divisions, last, first = [0] * ALLOCATOR_INTERVALS, 0, True
+    for entry in value[1:-1].split(","):
+        interval, count = entry.split(":")
+        if interval == ">":
+            divisions[last:] = [int(count)] * (ALLOCATOR_INTERVALS - last)
+            continue
+        index = min(int(interval).bit_length() - 1, ALLOCATOR_INTERVALS - 1)
+        if first:
+            divisions[:index], first = [int(count)] * index, False
+        divisions[index], last = int(count), index
+    return divisions
+
+
+def allocator_differences(allocator):
+    """The allocator settings that differ from PyTorch's defaults, each as "name value"."""
+    return [f"{key} {shown(value)}" for key, value in allocator.items() if value != DEFAULT_ALLOCATOR[key]]
+
+
+def allocator_settings_text(allocator):
+    if allocator is None:
+        return "unknown (the prediction is not checked)"
+    return ", ".join(allocator_differences(allocator)) or "PyTorch's defaults"
 
 
 def _gpu_fields(torch, query, index, properties, hip_build):
@@ -546,6 +644,7 @@ def format_environment(environment):
             f"  memory (runtime)      {gpu['total_memory_bytes']} bytes = {rounded(gpu['total_memory_gib'], 2)} GiB",
             f"  mem_get_info          free {or_missing(free)} / total {or_missing(total)} bytes",
             f"  allocator backend     {or_missing(gpu['allocator_backend'], 'unknown')}",
+            f"  allocator settings    {allocator_settings_text(environment.get('allocator_settings'))}",
         ]
     for key, value in (environment.get("settings") or {}).items():
         if value is not None:
@@ -649,6 +748,18 @@ def allocated_block_bytes(requested_bytes):
     return max(1, -(-requested_bytes // ALLOCATOR_ROUNDING_BYTES)) * ALLOCATOR_ROUNDING_BYTES
 
 
+def modelled_block_bytes(requested_bytes, allocator):
+    """The block round_size (CUDACachingAllocator.cpp) gives a request: 512-byte steps, or with
+    roundup_power2_divisions that many equal steps between two powers of two."""
+    size = max(requested_bytes, ALLOCATOR_ROUNDING_BYTES)
+    interval = min(max(size.bit_length() - 21, 0), ALLOCATOR_INTERVALS - 1)
+    divisions = allocator["roundup_power2_divisions"].get(str(2**interval), 0)
+    if divisions > 1 and size > ALLOCATOR_ROUNDING_BYTES * divisions:
+        step = 2 ** (size.bit_length() - 1) >> (divisions.bit_length() - 1)
+        return -(-size // step) * step
+    return allocated_block_bytes(size)
+
+
 def _forward_pass():
     # Sequential runs Linear, GELU, Linear: the first Linear's output is still alive while GELU
     # writes its own, and is released when GELU returns; GELU's output is released when the
@@ -672,18 +783,19 @@ def _phase_events(name, config):
     return _forward_pass()
 
 
-def _simulate(events, tensor_bytes):
+def _simulate(events, tensor_bytes, allocator):
     """End and peak of the requested and allocated bytes, relative to the phase's baseline."""
     live = {}
     peak = {"requested": 0, "allocated": 0, "slack": 0}
     alive_at_peak = []
+    # With expandable segments, a large block is always split to the rounded request: no slack.
+    large_slack_bytes = 0 if allocator["expandable_segments"] else ALLOCATOR_SMALL_BLOCK_BYTES
+
+    def block(requested_bytes):
+        return modelled_block_bytes(requested_bytes, allocator)
 
     def slack(names):
-        return sum(
-            ALLOCATOR_SMALL_BLOCK_BYTES
-            for n in names
-            if allocated_block_bytes(tensor_bytes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES
-        )
+        return sum(large_slack_bytes for n in names if block(tensor_bytes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES)
 
     for action, tensor in events:
         if action == "free":
@@ -693,12 +805,12 @@ def _simulate(events, tensor_bytes):
         requested = sum(live.values())
         if requested > peak["requested"]:
             peak["requested"], alive_at_peak = requested, list(live)
-        peak["allocated"] = max(peak["allocated"], sum(allocated_block_bytes(b) for b in live.values()))
+        peak["allocated"] = max(peak["allocated"], sum(block(b) for b in live.values()))
         peak["slack"] = max(peak["slack"], slack(live))
     return {
         "end_requested_bytes": sum(live.values()),
         "peak_requested_bytes": peak["requested"],
-        "end_allocated_bytes": sum(allocated_block_bytes(b) for b in live.values()),
+        "end_allocated_bytes": sum(block(b) for b in live.values()),
         "peak_allocated_bytes": peak["allocated"],
         "end_allocated_slack_bytes": slack(live),
         "peak_allocated_slack_bytes": peak["slack"],
@@ -730,11 +842,13 @@ def _card_and_host_needs(peak, model):
     }
 
 
-def predict_memory(config):
-    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU).  Requested bytes
-    are exact; allocated bytes use the allocator's 512-byte rounding, a block above 1 MiB may hold up to 1 MiB
-    more (``*_slack_bytes``); figures are relative to each phase's baseline.  The first forward's BLAS workspace
-    is measured, not predicted: ``predicted_peak_allocated_bytes`` counts a named allowance for it."""
+def predict_memory(config, allocator=DEFAULT_ALLOCATOR):
+    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under
+    ``allocator``'s settings (None: unknown, modelled as the defaults; check_prediction checks nothing).
+    Requested bytes are exact; allocated bytes use the allocator's 512-byte rounding, a block above 1 MiB may
+    hold up to 1 MiB more (``*_slack_bytes``); figures are relative to each phase's baseline.  The first
+    forward's BLAS workspace is measured, not predicted: ``predicted_peak_allocated_bytes`` counts a named
+    allowance for it."""
     model = synthetic_model(config)
     element_bytes = DTYPE_BYTES[config["dtype"]]
     rows = config["batch"] * config["context"]
@@ -746,7 +860,7 @@ def predict_memory(config):
     simulated = {}  # each phase once: every warm_forward repetition is predicted alike
     for name, labels in _phase_labels(config):
         if name not in simulated:
-            simulated[name] = _simulate(_phase_events(name, config), tensor_bytes)
+            simulated[name] = _simulate(_phase_events(name, config), tensor_bytes, allocator or DEFAULT_ALLOCATOR)
         predicted = {key: list(value) if isinstance(value, list) else value for key, value in simulated[name].items()}
         record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
         record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
@@ -774,6 +888,7 @@ def predict_memory(config):
         "tensor_bytes": tensor_bytes,
         "allocator_rounding_bytes": ALLOCATOR_ROUNDING_BYTES,
         "large_block_slack_bytes": ALLOCATOR_SMALL_BLOCK_BYTES,
+        "allocator_settings": allocator,
         "blas_workspace_allowance_bytes": BLAS_WORKSPACE_ALLOWANCE_BYTES,
         "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
         "phases": phases,
@@ -1071,8 +1186,11 @@ def check_prediction(records, plan):
     for record, predicted in zip(records, plan["phases"], strict=True):
         expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
         measured = _above_baseline(record)
-        low, high = _accepted_range(record, predicted, expected, measured, workspace)
-        record_disagreements = _disagreements(record, measured, low, high)
+        reason = _not_modelled(record["phase"], plan)
+        record_disagreements = []
+        if reason is None:
+            low, high = _accepted_range(record, predicted, expected, measured, workspace)
+            record_disagreements = _disagreements(record, measured, low, high)
         record["predicted"] = {**expected, "relative_to": "the phase's baseline",
                                "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
                                "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"]}  # fmt: skip
@@ -1085,9 +1203,9 @@ def check_prediction(records, plan):
         record["disagreements"] = record_disagreements
         if record_disagreements:
             record["verdict"], record["verdict_reason"] = "disagrees", None
-        elif len(measured) < len(PREDICTED_COUNTERS):
+        elif reason or len(measured) < len(PREDICTED_COUNTERS):
             record["verdict"] = "not checked"
-            record["verdict_reason"] = "this PyTorch's memory_stats has no requested-bytes counters"
+            record["verdict_reason"] = reason or "this PyTorch's memory_stats has no requested-bytes counters"
             not_checked.append(_phase_label(record))
         else:
             record["verdict"], record["verdict_reason"] = "agrees", None
@@ -1096,6 +1214,20 @@ def check_prediction(records, plan):
     prediction_check = {"agrees": not disagreements and not not_checked, "disagreements": disagreements,
                         "not_checked": not_checked}  # fmt: skip
     return checked, prediction_check, workspace
+
+
+def _not_modelled(phase, plan):
+    """Why the allocator model cannot predict this phase under the plan's allocator settings, or None."""
+    allocator = plan["allocator_settings"]
+    if allocator is None:
+        return "PyTorch's allocator settings could not be read"
+    if allocator["backend"] != "native":
+        return f"the {allocator['backend']} backend keeps no requested-bytes counters and rounds no block as modelled"
+    limit = allocator["max_split_size_bytes"]
+    blocks = [plan["tensor_bytes"][name] for action, name in _phase_events(phase, plan["configuration"])]
+    if limit is not None and any(modelled_block_bytes(size, allocator) >= limit for size in blocks):
+        return "a block at or above max_split_size is never split: its size cannot be predicted"
+    return None
 
 
 def _above_baseline(record):
@@ -1288,6 +1420,9 @@ def measure(config, tool):
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     environment = collect_environment(config["device"])
     index = _refuse_what_cannot_run(torch, set_up, config, plan, environment)
+    allocator = environment["allocator_settings"]
+    if "allocator_settings" in environment["field_errors"]:
+        raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
     device = torch.device("cuda", index)
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
@@ -1298,7 +1433,7 @@ def measure(config, tool):
         phases, output_summary = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
-    phases, prediction_check, workspace = check_prediction(phases, plan)
+    phases, prediction_check, workspace = check_prediction(phases, predict_memory(config, allocator))
     fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
@@ -1508,6 +1643,8 @@ def format_phase_table(result):
             f"DISAGREES {label}: {disagreement['counter']} above baseline measured {disagreement['measured_bytes']}, "
             f"predicted {disagreement['predicted_bytes']} (difference {disagreement['difference_bytes']:+d} bytes)"
         )
+    reasons = dict.fromkeys(record.get("verdict_reason") for record in result["phases"])  # in order, once each
+    lines += [f"Not checked: {reason}" for reason in reasons if reason]
     workspace = result.get("workspace")
     if workspace and workspace.get("measured_bytes") is not None:
         lines.append(
@@ -1670,7 +1807,20 @@ def _checked_result(path, result):
         "not_fresh": config.get("fresh_process_warning") is not None,
         **checks,
         **_device_wide(phases[-1]),
+        "device_readings_missing": version >= 3 and _count(phases[-1].get("end_device_used_bytes")) is None,
+        "allocator_flag": _allocator_flag(path, environment) if version >= 4 else None,
     }
+
+
+def _allocator_flag(path, environment):
+    """The allocator settings a schema-4 result records that differ from PyTorch's defaults, as one flag."""
+    allocator = environment.get("allocator_settings")
+    if allocator is None:
+        return "allocator settings not recorded: prediction not checked"
+    if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
+        raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
+    differing = allocator_differences(allocator)
+    return "allocator " + ", ".join(differing) if differing else None
 
 
 def _device_wide(last_phase):
@@ -1679,8 +1829,11 @@ def _device_wide(last_phase):
     used = _count(last_phase.get("end_device_used_bytes"))
     reserved = _count(last_phase.get("end_reserved_bytes"))
     if used is None or reserved is None:
-        return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
-    return {"device_used_end_bytes": used, "outside_allocator_bytes": used - reserved}
+        return {"device_used_end_bytes": None, "outside_allocator_bytes": None, "outside_impossible": False}
+    # The two readings are taken apart: a device figure below the allocator's own one is no figure.
+    impossible = used < reserved
+    outside_bytes = None if impossible else used - reserved
+    return {"device_used_end_bytes": used, "outside_allocator_bytes": outside_bytes, "outside_impossible": impossible}
 
 
 def _checked_phases(path, phases):
@@ -1716,7 +1869,7 @@ def _schema_2_checks(path, result):
     for key in ("disagreements", "not_checked"):  # lists where present (older schema 2 files lack not_checked)
         if not isinstance(result["prediction_check"].get(key, []), list):
             raise _result_problem(path, f"schema 2 needs prediction_check.{key} as a list")
-    # "agrees" is also false when a counter was unavailable: tell a disagreement from a phase not checked.
+    # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
     checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
     checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
         checks["agrees"] or checks["not_checked"]
@@ -1764,11 +1917,17 @@ def report_rows(named_results):
         if item.get("disagreed"):
             flags.append("prediction disagreed")
         if item.get("not_checked"):
-            flags.append("prediction not checked (a counter was unavailable)")
+            flags.append("prediction not checked (each such phase's verdict_reason says why)")
         if item.get("all_finite") is False:
             flags.append("non-finite output")
         if item["peak_allocated_bytes"] > item["peak_reserved_bytes"]:  # allocated is part of reserved: not true
             flags.append("peak allocated above peak reserved")
+        if item["outside_impossible"]:
+            flags.append("device used below reserved: impossible reading, outside allocator not shown")
+        if item["device_readings_missing"]:
+            flags.append("device readings not recorded")
+        if item["allocator_flag"]:
+            flags.append(item["allocator_flag"])
         differing = [label for key, label in ENVIRONMENT_LABELS.items() if item["identity"][key] != first[key]]
         if differing:
             flags.append("environment differs from row 1: " + ", ".join(differing))
@@ -1829,8 +1988,10 @@ def device_wide_lines(rows):
     if not recorded:
         return []
     table = [("file", "device used MiB", "outside allocator MiB")]
-    table += [(_cell(row["file"]), in_units(row["device_used_end_bytes"], MIB_BYTES),
-               in_units(row["outside_allocator_bytes"], MIB_BYTES)) for row in recorded]  # fmt: skip
+    for row in recorded:
+        outside = row["outside_allocator_bytes"]
+        shown_outside = "impossible" if outside is None else in_units(outside, MIB_BYTES)
+        table.append((_cell(row["file"]), in_units(row["device_used_end_bytes"], MIB_BYTES), shown_outside))
     return [DEVICE_WIDE_NOTE, _table(table)]
 
 

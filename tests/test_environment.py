@@ -363,6 +363,9 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
         "matmul_arithmetic": {"float32_matmul_precision": "high", "allow_tf32": True, "fp32_precision": "tf32",
                               "allow_fp16_reduced_precision_reduction": False,
                               "allow_bf16_reduced_precision_reduction": True, "allow_fp16_accumulation": False},
+        # Read from PyTorch's own parsed settings (this CPU build's getter: none set), never the environment.
+        "allocator_settings": {"backend": "cudaMallocAsync", "max_split_size_bytes": None,
+                               "expandable_segments": False, "roundup_power2_divisions": {}},
         "field_errors": {}, "driver_note": mesure_memoire.DRIVER_NOTE,
         "driver_commands": mesure_memoire.DRIVER_COMMANDS,
     }  # fmt: skip
@@ -590,6 +593,7 @@ def test_the_environment_text_exactly_with_a_gpu():
             "  memory (runtime)      134217728 bytes = 0.13 GiB",
             "  mem_get_info          free none / total 5 bytes",
             "  allocator backend     unknown",
+            "  allocator settings    unknown (the prediction is not checked)",
             "  setting               cudnn_allow_tf32 = False",
             "  setting               allocator_backend = native",
             "  matmul arithmetic     allow_tf32 = None, fp32_precision = tf32",
@@ -632,6 +636,15 @@ def test_the_environment_text_exactly_without_a_gpu():
                            "  memory (runtime)      0 bytes = 0.00 GiB",
                            "  mem_get_info          free 0 / total none bytes",
                            "  allocator backend     native"]  # fmt: skip
+    assert lines[14] == "  allocator settings    unknown (the prediction is not checked)"
+    environment["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
+    assert (
+        mesure_memoire.format_environment(environment).splitlines()[14] == "  allocator settings    PyTorch's defaults"
+    )
+    environment["allocator_settings"].update(expandable_segments=True, max_split_size_bytes=300 * MIB)
+    assert mesure_memoire.format_environment(environment).splitlines()[14] == (
+        "  allocator settings    max_split_size_bytes 314572800, expandable_segments True"
+    )
 
 
 @pytest.mark.parametrize(
@@ -743,3 +756,107 @@ ENVIRONMENT_REFUSALS = [
 @pytest.mark.parametrize(("argv", "first", "second"), ENVIRONMENT_REFUSALS, ids=plain_ids(ENVIRONMENT_REFUSALS))
 def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
     assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)
+
+
+# --- the allocator settings: PyTorch's parsed values only, never the environment, never raw text -------
+
+SNAPSHOT_STAND_IN = {  # torch.cuda.memory._snapshot()'s entry as PyTorch 2.4 to 2.15 build it (a stand-in: no GPU)
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,secret-looking-text",
+    "max_split_size": 21 * MIB,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": True,
+    "pinned_num_register_threads": 1,
+    "release_lock_on_cudamalloc": False,
+    "pinned_use_cuda_host_register": False,
+    "roundup_power2_divisions": {str(2**index): (4 if index in (2, 3) else 0) for index in range(16)},
+}
+
+
+def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_in_gpu, monkeypatch):
+    monkeypatch.setattr(
+        torch.cuda.memory, "_snapshot", lambda: {"segments": [], "allocator_settings": SNAPSHOT_STAND_IN}
+    )
+    environment = mesure_memoire.collect_environment("cuda:0")
+    expected = {
+        "max_split_size_bytes": 21 * MIB,
+        "expandable_segments": True,
+        "roundup_power2_divisions": {"4": 4, "8": 4},
+    }
+    assert environment["allocator_settings"] == {"backend": "native", **expected}
+    assert "secret-looking-text" not in mesure_memoire.to_json(environment)
+    unlimited = {**SNAPSHOT_STAND_IN, "max_split_size": -1}  # SIZE_MAX as the int64 PyTorch hands over
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": unlimited})
+    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"]["max_split_size_bytes"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", {}),
+        ("backend:native,unknown_key:7", {}),  # only the known keys' values are kept
+        ("expandable_segments:True", {"expandable_segments": True}),
+        ("expandable_segments:False,max_split_size_mb:300", {"max_split_size_bytes": 300 * MIB}),
+        ("roundup_power2_divisions:4", {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}),
+        ("roundup_power2_divisions:1", {}),  # one division changes no block
+        # Before the first interval: its count too; '>' from the last one named on (AllocatorConfig.cpp).
+        (
+            "roundup_power2_divisions:[4:2, 256:8,>:16],garbage_collection_threshold:0.5",
+            {"roundup_power2_divisions": {"1": 2, "2": 2, "4": 2, **{str(2**i): 16 for i in range(8, 16)}}},
+        ),
+        (
+            "roundup_power2_divisions:[65536:4]",
+            {"roundup_power2_divisions": {**{str(2**i): 4 for i in range(15)}, "32768": 4}},
+        ),
+    ],
+)
+def test_the_settings_text_of_pytorch_2_13_is_parsed_in_memory(stand_in_gpu, monkeypatch, text, expected):
+    # A stand-in for the text PyTorch parsed (its own getter reads what was set in this process, not the
+    # environment; the CPU build here has no snapshot).
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, **expected}
+    assert text == "" or text not in mesure_memoire.to_json(environment)
+
+
+def test_the_real_cpu_build_answers_with_its_getter(stand_in_gpu):
+    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] == mesure_memoire.DEFAULT_ALLOCATOR
+
+
+def test_settings_this_pytorch_cannot_tell_are_null(stand_in_gpu, monkeypatch):
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] is None and "allocator_settings" not in environment["field_errors"]
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "", raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: 1 / 0)
+    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] is None  # no backend: no settings
+
+
+def test_settings_pytorch_refuses_leave_null_and_a_line_that_names_no_key(stand_in_gpu, monkeypatch, capsys):
+    def refusing():
+        raise RuntimeError("Unrecognized CachingAllocator option: secret_key_42")
+
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", refusing)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] is None
+    assert environment["field_errors"]["allocator_settings"] == (
+        "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
+    )
+    assert "secret_key_42" not in mesure_memoire.to_json(environment)
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "never.json"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "mesure_memoire.py: error: PyTorch refused its allocator settings (its message is not kept: it may echo "
+        "them); nothing measured, no file written\n"
+    )
+
+
+def test_the_cuda_malloc_async_backend_is_never_asked_for_a_snapshot(stand_in_gpu, monkeypatch):
+    def refusing():  # a stand-in for PyTorch's: the cudaMallocAsync backend refuses a snapshot
+        raise RuntimeError("Calling snapshot with backend:cudaMallocAsync is not meaningful.")
+
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", refusing)
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "backend:cudaMallocAsync")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, "backend": "cudaMallocAsync"}
+    assert environment["field_errors"] == {}

@@ -542,6 +542,17 @@ def test_the_phase_table_exactly():
     assert mesure_memoire.format_phase_table(PHASE_TABLE_RESULT) == PHASE_TABLE_TEXT
 
 
+def test_the_phase_table_names_each_reason_a_phase_was_not_checked_once():
+    reasons = ["the first reason", "the second reason", "the first reason"]
+    phases = [
+        dict(phase, verdict="not checked", verdict_reason=reason)
+        for phase, reason in zip(PHASE_TABLE_RESULT["phases"], reasons, strict=True)
+    ]
+    lines = mesure_memoire.format_phase_table(dict(PHASE_TABLE_RESULT, phases=phases)).splitlines()
+    assert lines[6:8] == ["Not checked: the first reason", "Not checked: the second reason"]
+    assert lines[8].startswith("BLAS workspace measured")
+
+
 def test_the_phase_table_without_workspace_checksum_or_checks():
     result = dict(PHASE_TABLE_RESULT, prediction_check=None, workspace={"measured_bytes": None},
                   output_summary={"elements": 4, "all_finite": False, "checksum_float64": None})  # fmt: skip
@@ -746,6 +757,28 @@ def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, mo
         "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
         "the figures are not comparable; restart it"
     )
+
+
+@pytest.mark.parametrize(
+    ("backend", "text", "verdict"),
+    [
+        ("native", "roundup_power2_divisions:4", "disagrees"),
+        ("cudaMallocAsync", "backend:cudaMallocAsync", "not checked"),
+    ],
+)
+def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
+    stand_in_gpu, monkeypatch, backend, text, verdict
+):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: backend)
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text)  # a stand-in for its text
+    settings = config(batch=5, context=77, width=3000)  # no tensor a power of two: 4 divisions round each up
+    records = agreeing_records(settings)  # the default rounding's figures: too small for every phase under 4
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}))
+    result = mesure_memoire.measure(settings, tool="t")
+    assert result["environment"]["allocator_settings"]["backend"] == backend
+    assert {phase["verdict"] for phase in result["phases"]} == {verdict}
 
 
 def measure_refusal(settings):

@@ -1,6 +1,7 @@
 """`measure --plan`: the prediction by hand, the command without PyTorch, and the fit check it feeds."""
 
 import importlib.util
+import itertools
 import json
 
 import pytest
@@ -206,9 +207,9 @@ def test_the_prediction_costs_the_same_whatever_the_counts(monkeypatch):
     """Every warm pass is predicted alike: each phase is simulated once, on at most two warm-up passes."""
     simulate, calls = mesure_memoire._simulate, []
 
-    def counted(events, tensor_bytes):
+    def counted(events, tensor_bytes, allocator):
         calls.append(len(events))
-        return simulate(events, tensor_bytes)
+        return simulate(events, tensor_bytes, allocator)
 
     monkeypatch.setattr(mesure_memoire, "_simulate", counted)
     largest = mesure_memoire.predict_memory(config(warmup=1000, repeats=1000))
@@ -224,7 +225,7 @@ def test_two_warm_up_passes_predict_any_count_exactly(warmup):
     predicted = next(r for r in mesure_memoire.predict_memory(small)["phases"] if r["phase"] == "warmup")
     plan_ = mesure_memoire.predict_memory(small)
     every_pass = mesure_memoire._forward_pass() + ([("free", "output")] + mesure_memoire._forward_pass()) * (warmup - 1)
-    expected = mesure_memoire._simulate(every_pass, plan_["tensor_bytes"])
+    expected = mesure_memoire._simulate(every_pass, plan_["tensor_bytes"], mesure_memoire.DEFAULT_ALLOCATOR)
     assert {key: predicted[key] for key in expected} == expected
     assert predicted["passes"] == warmup
 
@@ -444,6 +445,8 @@ def test_the_plan_document_exactly():
                          "fc1_output": 96, "gelu_output": 96},
         "allocator_rounding_bytes": 512, "large_block_slack_bytes": MIB, "blas_workspace_allowance_bytes": 256 * MIB,
         "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
+        "allocator_settings": {"backend": "native", "max_split_size_bytes": None, "expandable_segments": False,
+                               "roundup_power2_divisions": {}},
         "predicted_peak_allocated_bytes": 2048 + 512 + 256 * MIB + 1024, "predicted_peak_phase": "cold_forward",
         "fit_margin_bytes": GIB, "needs_free_bytes": 2048 + 512 + 256 * MIB + 1024 + GIB,
         "context_allowance_bytes": GIB, "needs_card_memory_bytes": 2048 + 512 + 256 * MIB + 1024 + 2 * GIB,
@@ -548,6 +551,10 @@ class LiveTensorCounters(RecordingCudaStandIn):
 
     def reset_peaks(self):
         self.tracker.reset_peaks()
+
+    def mem_get_info(self, device):
+        self._check("mem_get_info", device)
+        return self._record("mem_get_info", (GIB, GIB + self.levels()["reserved"]))
 
 
 def run_on_the_cpu(settings):
@@ -1106,3 +1113,105 @@ def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
     assert lines[0].startswith("Plan for measure") and lines[-2].startswith("Fits: measure and sweep accept")
     assert lines[-1] == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)"
     assert list(tmp_path.iterdir()) == []
+
+
+# --- the allocator settings PyTorch parsed: modelled, or "not checked", never a false verdict -----------
+
+ROUNDUP_4 = {str(2**interval): 4 for interval in range(16)}  # every interval, 1 MiB to 32768 MiB and above
+ALLOCATORS = {
+    "roundup_power2_divisions:4": {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": ROUNDUP_4},
+    "expandable_segments:True": {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True},
+}
+WIDE = dict(batch=5, context=77, width=3000, dtype="float32", warmup=1, repeats=1)  # the review's sizes
+
+
+def records_as_modelled(settings, allocator):
+    """Counter records equal to the model under ``allocator`` (stand-in counters: no GPU here)."""
+    records, level = [], 0
+    for predicted in mesure_memoire.predict_memory(settings, allocator)["phases"]:
+        record = {"phase": predicted["phase"], **{k: predicted[k] for k in ("passes", "repetition") if k in predicted}}
+        record["baseline_allocated_bytes"] = record["baseline_requested_bytes"] = level
+        for counter in mesure_memoire.PREDICTED_COUNTERS:
+            record[counter] = level + predicted[counter]
+        if predicted["phase"] in ("model_load", "inputs"):
+            level += predicted["end_allocated_bytes"]
+        records.append(record)
+    return records
+
+
+def test_roundup_power2_divisions_rounds_as_pytorchs_round_size():
+    four = ALLOCATORS["roundup_power2_divisions:4"]
+    block = mesure_memoire.modelled_block_bytes
+    assert block(144_000_000, four) == 160 * MIB  # 128 MiB + one quarter step of 32 MiB
+    assert block(128 * MIB, four) == 128 * MIB and block(128 * MIB + 1, four) == 160 * MIB
+    assert block(3 * MIB + 1, four) == 3 * MIB + 512 * 1024  # steps of 512 KiB between 2 and 4 MiB
+    assert block(2048, four) == 2048 and block(2049, four) == 2560  # not above 512 * 4: 512-byte steps
+    assert block(1, four) == 512 and block(144_000_000, mesure_memoire.DEFAULT_ALLOCATOR) == 144_000_000
+    only_large = {**four, "roundup_power2_divisions": {"128": 2}}  # one interval: 128 MiB to 256 MiB
+    assert block(144_000_000, only_large) == 192 * MIB and block(100 * MIB + 1, only_large) == 100 * MIB + 512
+
+
+@pytest.mark.parametrize("name", ALLOCATORS)
+def test_each_modelled_setting_agrees_when_exact_and_disagrees_one_block_off(name):
+    allocator = ALLOCATORS[name]
+    plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
+    checked, check, _ = mesure_memoire.check_prediction(records_as_modelled(config(**WIDE), allocator), plan)
+    assert check == {"agrees": True, "disagreements": [], "not_checked": []}
+    assert {record["verdict"] for record in checked} == {"agrees"}
+    # One 512-byte block below the model disagrees under both; above it too where no slack is allowed.
+    offsets = (-512, 512) if name == "expandable_segments:True" else (-512,)
+    for index, offset in itertools.product(range(len(plan["phases"])), offsets):
+        records = records_as_modelled(config(**WIDE), allocator)
+        records[index]["peak_allocated_bytes"] += offset
+        if records[index]["phase"] != "cold_forward":  # its end is only a floor (the BLAS workspace)
+            records[index]["end_allocated_bytes"] += offset
+        checked, _, _ = mesure_memoire.check_prediction(records, plan)
+        # cold_forward's peak floor leaves out the large blocks' slack (its workspace is measured from the end).
+        if offsets == (-512,) and records[index]["phase"] == "cold_forward":
+            continue
+        assert checked[index]["verdict"] == "disagrees", (name, index, offset)
+    # Under the default model, the setting's own figures disagree: its effect is real, not absorbed.
+    records = records_as_modelled(config(**WIDE), allocator)
+    _, check, _ = mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(config(**WIDE)))
+    assert check["agrees"] is (name == "expandable_segments:True")
+
+
+def test_a_block_at_or_above_max_split_size_is_not_checked_with_the_reason():
+    limit = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": 21 * MIB}
+    records = records_as_modelled(config(**WIDE), limit)
+    records[0]["end_allocated_bytes"] += 2 * MIB - 512  # what a block never split may hold
+    checked, check, _ = mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(config(**WIDE), limit))
+    reason = "a block at or above max_split_size is never split: its size cannot be predicted"
+    # model_load's weights (137 MiB) are such blocks; the inputs (4.4 MiB) and activations (17.6 MiB) are not.
+    assert [(r["verdict"], r["verdict_reason"]) for r in checked] == [("not checked", reason)] + [("agrees", None)] * 4
+    assert check == {"agrees": False, "disagreements": [], "not_checked": ["model_load"]}
+    records[1]["end_allocated_bytes"] -= 512  # the phases below the limit are still checked
+    assert mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(config(**WIDE), limit))[1][
+        "disagreements"
+    ]
+
+
+def test_cuda_malloc_async_and_unreadable_settings_are_not_checked_never_disagree():
+    asynchronous = {**mesure_memoire.DEFAULT_ALLOCATOR, "backend": "cudaMallocAsync"}
+    reasons = {
+        "cudaMallocAsync": "the cudaMallocAsync backend keeps no requested-bytes counters and rounds no block as "
+        "modelled",
+        None: "PyTorch's allocator settings could not be read",
+    }
+    for allocator, reason in ((asynchronous, reasons["cudaMallocAsync"]), (None, reasons[None])):
+        records = records_as_modelled(config(**WIDE), mesure_memoire.DEFAULT_ALLOCATOR)
+        for record in records:  # PyTorch keeps the requested-bytes counters at zero under cudaMallocAsync
+            record.update(baseline_requested_bytes=0, end_requested_bytes=0, peak_requested_bytes=0)
+        plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
+        checked, check, _ = mesure_memoire.check_prediction(records, plan)
+        assert {(r["verdict"], r["verdict_reason"]) for r in checked} == {("not checked", reason)}
+        assert check["disagreements"] == [] and check["agrees"] is False and len(check["not_checked"]) == 5
+
+
+def test_max_split_size_leaves_unchecked_a_block_at_the_limit_not_one_below():
+    inputs_block = mesure_memoire.modelled_block_bytes(5 * 77 * 3000 * 4, mesure_memoire.DEFAULT_ALLOCATOR)
+    for limit, verdict in ((inputs_block, "not checked"), (inputs_block + 1, "agrees")):
+        allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": limit}
+        plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
+        checked, _, _ = mesure_memoire.check_prediction(records_as_modelled(config(**WIDE), allocator), plan)
+        assert checked[1]["phase"] == "inputs" and checked[1]["verdict"] == verdict

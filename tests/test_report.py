@@ -167,7 +167,7 @@ def test_each_flag_is_raised_by_its_own_cause_only():
         [("a", base), ("b", not_fresh), ("c", disagrees), ("d", non_finite), ("e", empty_warning),
          ("f", not_checked), ("g", both)]
     )  # fmt: skip
-    unchecked = "prediction not checked (a counter was unavailable)"
+    unchecked = "prediction not checked (each such phase's verdict_reason says why)"
     assert [row["flags"] for row in rows] == [[], ["not a fresh process"], ["prediction disagreed"],
                                               ["non-finite output"], ["not a fresh process"],
                                               [unchecked], ["prediction disagreed", unchecked]]  # fmt: skip
@@ -774,6 +774,7 @@ DEVICE_WIDE_CHANGES = [
     (lambda line: line.update(end_device_used_bytes=True), None),
     (lambda line: line.update(end_device_used_bytes=-1), None),
     (lambda line: line.update(end_device_used_bytes=10 * MIB), 10 * MIB),
+    (lambda line: line.update(end_device_used_bytes=20 * MIB), 20 * MIB),  # all of it reserved: 0 outside, possible
 ]
 
 
@@ -783,7 +784,11 @@ def test_the_device_wide_figures_are_read_from_the_last_phase_when_they_are_coun
     change(result["phases"][-1])
     row = row_of(result)
     assert row["device_used_end_bytes"] == used
-    assert row["outside_allocator_bytes"] == (None if used is None else used - 20 * MIB)  # may be negative: as read
+    impossible = used is not None and used < 20 * MIB  # below the recorded reserved 20 MiB: never printed
+    assert row["outside_allocator_bytes"] == (None if used is None or impossible else used - 20 * MIB)
+    flag = "device used below reserved: impossible reading, outside allocator not shown"
+    assert (flag in row["flags"]) is impossible
+    assert ("device readings not recorded" in row["flags"]) is (used is None)
 
 
 DEVICE_WIDE_TEXT = """\
@@ -837,3 +842,50 @@ def test_a_peak_allocated_above_the_peak_reserved_is_flagged(above_bytes, flagge
     (tmp_path / "r.json").write_text(json.dumps(result), encoding="utf-8")
     assert mesure_memoire.main(["report", str(tmp_path / "r.json")]) == 0
     assert ("peak allocated above peak reserved" in capsys.readouterr().out) is flagged
+
+
+def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path, monkeypatch, capsys):
+    result = load("schema3.json")
+    result["phases"][-1]["end_device_used_bytes"] = 20 * MIB - 512  # below the 20 MiB reserved: impossible
+    (tmp_path / "odd.json").write_text(json.dumps(result), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main(["report", "odd.json"]) == 0
+    out = capsys.readouterr().out
+    assert "odd.json            20.00             impossible\n" in out and "-0.00" not in out
+    assert "device used below reserved: impossible reading, outside allocator not shown" in out
+
+
+# --- schema 4: the allocator settings PyTorch parsed, beside each result ------------------------------------
+
+
+def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypatch, capsys):
+    row, old = row_of(load("schema4.json")), row_of(load("schema3.json"))
+    assert row["flags"] == ["allocator expandable_segments True"] and old["flags"] == []
+    assert {key: value for key, value in row.items() if key not in ("flags", "schema_version")} == {
+        key: value for key, value in old.items() if key not in ("flags", "schema_version")
+    }
+    result = load("schema4.json")
+    changed = {"backend": "cudaMallocAsync", "expandable_segments": False, "max_split_size_bytes": 21 * MIB}
+    result["environment"]["allocator_settings"].update(changed, roundup_power2_divisions={"1": 4})
+    assert row_of(result)["flags"] == [
+        "allocator backend 'cudaMallocAsync', max_split_size_bytes 22020096, roundup_power2_divisions {'1': 4}"
+    ]
+    result["environment"]["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
+    assert row_of(result)["flags"] == []
+    result["environment"]["allocator_settings"] = None
+    assert row_of(result)["flags"] == ["allocator settings not recorded: prediction not checked"]
+    monkeypatch.chdir(DATA)
+    assert mesure_memoire.main(["report", "schema4.json"]) == 0
+    assert "allocator expandable_segments True" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "settings", ["native", [], {"backend": "native"}, {**mesure_memoire.DEFAULT_ALLOCATOR, "x": 1}]
+)
+def test_schema_4_allocator_settings_not_as_measure_writes_them_are_refused(settings):
+    result = load("schema4.json")
+    result["environment"]["allocator_settings"] = settings
+    assert kit_error_of(mesure_memoire.report_rows, [("a.json", result)]) == (
+        "report: 'a.json' is not a kit result: its environment's allocator_settings is neither null nor what "
+        "measure writes"
+    )

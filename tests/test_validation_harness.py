@@ -76,7 +76,12 @@ def test_healthy_children_pass_every_check_and_leave_one_archive_of_the_evidence
 
 
 DOCTORED = {  # doctor -> the rows it must fail, and only those
-    "disagree": {f"{n} run {r}: the kit's checks" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)},
+    "disagree": {f"{n} run {r}: the kit's checks" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)}
+    | {
+        f"PYTORCH_CUDA_ALLOC_CONF={s}: the kit's checks"
+        for s in ("roundup_power2_divisions:4", "expandable_segments:True")
+    },
+    "ignored-setting": {f"PYTORCH_CUDA_ALLOC_CONF={s}: the kit's checks" for s in gpu_validation.ALLOCATOR_RUNS},
     "nondeterministic": {f"{n}: two fresh runs, same counters and checksum" for n in gpu_validation.CONFIGURATIONS},
     "far-output": {f"{s}-float16: within the derived bound of a float64 reference" for s in gpu_validation.SIZES},
     "strict-flags": {  # judged under the flags the cross-check child recorded
@@ -97,6 +102,32 @@ def test_each_doctored_figure_fails_its_own_rows_and_only_those(tmp_path, capsys
     assert (status, err) == (1, "")
     assert set(failed(rows)) == DOCTORED[doctor]
     assert (tmp_path / "evidence" / "verdict.txt").read_text() == out
+
+
+def test_the_allocator_runs_set_their_setting_and_judge_what_the_result_records(tmp_path, capsys, monkeypatch):
+    with_stand_in_children(monkeypatch)
+    _, _, _, rows = validate(tmp_path, capsys)
+    children = json.loads((tmp_path / "evidence" / "children.json").read_text())
+    shown = [child["command"] for child in children if child["name"].startswith("allocator-")]
+    assert shown == [f"PYTORCH_CUDA_ALLOC_CONF={s} stand-in kit" for s in gpu_validation.ALLOCATOR_RUNS]
+    for setting in gpu_validation.ALLOCATOR_RUNS:
+        assert rows[f"PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks"].endswith(" PASS  4")
+    result = json.loads((tmp_path / "evidence" / "results" / "allocator-backend.json").read_text())
+    rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", {"torch": "2.11.0+stand-in"})
+    assert [row[2] for row in rows] == [True] * 4
+    assert rows[3][3] == "PyTorch 2.11.0+stand-in"
+    assert not gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", {"torch": "2.13.0"})[1][2]
+    assert not gpu_validation.check_allocator_run(result, "expandable_segments:True", {"torch": "2.11.0+stand-in"})[0][
+        2
+    ]
+    result["phases"][0]["verdict"] = "agrees"  # not the kit's own verdict: both rows fail
+    rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", {"torch": "2.11.0+stand-in"})
+    assert [row[2] for row in rows] == [True, True, False, False]
+    assert gpu_validation.check_allocator_run({"kit": "x"}, "backend:cudaMallocAsync", {})[0][:3] == (
+        "report",
+        "read by report",
+        False,
+    )
 
 
 def test_the_disagreement_is_named_with_the_kit_s_own_figures(tmp_path, capsys, monkeypatch):

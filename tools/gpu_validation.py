@@ -99,6 +99,16 @@ TIMER_RATIO_BOUNDS = (0.9, 1.25)
 # synchronizations to milliseconds of device work; events and clock are not read at the same instant.
 DEVICE_WALL_RATIO_MIN = 0.8
 DEVICE_OVER_WALL_ALLOWANCE_MS = 0.05
+# Runs under three caching-allocator settings, each set by this tool in its child's environment (the kit
+# reads none; it records what PyTorch parsed): the verdict expected of every phase, and what the result must
+# record.  No tensor of this size is a power of two, so four divisions round every block differently.
+ALLOCATOR_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOCATOR_SIZE = {"batch": 5, "context": 77, "width": 3000, "dtype": "float32", "warmup": 1, "repeats": 2, "seed": 0}
+ALLOCATOR_RUNS = {
+    "roundup_power2_divisions:4": ("agrees", {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}),
+    "expandable_segments:True": ("agrees", {"expandable_segments": True}),
+    "backend:cudaMallocAsync": ("not checked", {"backend": "cudaMallocAsync"}),
+}
 # What nvidia-smi is asked: never a UUID, a serial number or a PCI address.
 VENDOR_FIELDS = ("index", "name", "driver_version", "mig.mode.current", "clocks.sm", "clocks.mem", "clocks.max.sm",
                  "clocks.max.mem", "power.limit")  # fmt: skip
@@ -238,8 +248,11 @@ class Runner:  # children one at a time, each in its own session, within a per-c
     def __init__(self, timeout_seconds, budget_seconds):
         self.timeout_seconds, self.deadline, self.records = timeout_seconds, time.monotonic() + budget_seconds, []
 
-    def run(self, name, kind, arguments, cwd=None, timeout_seconds=None):
+    def run(self, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
         argv, shown = command_for(kind, arguments)
+        # The one variable this tool sets, for one child: the allocator setting that child runs under.
+        env = None if setting is None else {**os.environ, ALLOCATOR_VARIABLE: setting}
+        shown = shown if setting is None else f"{ALLOCATOR_VARIABLE}={setting} {shown}"
         limit = min(timeout_seconds or self.timeout_seconds, self.deadline - time.monotonic())
         record = dict(name=name, command=shown, outcome="not run", exit_status=None, seconds=0.0, stdout="")
         record["stderr"] = "not run: the children's time budget is spent"
@@ -248,7 +261,9 @@ class Runner:  # children one at a time, each in its own session, within a per-c
             return record
         started = time.monotonic()
         try:
-            process = subprocess.Popen(argv, cwd=cwd, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, start_new_session=True)
+            process = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, start_new_session=True
+            )
         except OSError as error:
             record.update(outcome="could not start", stderr=kit.describe_error(error))
             return record
@@ -296,21 +311,51 @@ def check_result(result, requested=None):
     rows.append(("prediction", "prediction_check agrees", check.get("agrees") is True, shown))
     verdicts = [phase.get("verdict") for phase in phases]
     rows.append(("prediction", "every phase's verdict agrees", set(verdicts) == {"agrees"}, verdicts))
-    try:  # the kit's check_prediction again, on the recorded counters: the verdicts must be its own
-        config = kit.measure_config(*(config[key] for key in ("device", *CONFIG_KEYS)))
-        recorded = ("predicted", "disagreements", "verdict", "verdict_reason")
-        records = [{k: v for k, v in phase.items() if k not in recorded} for phase in phases]
-        checked, kit_check, _ = kit.check_prediction(records, kit.predict_memory(config))
-        same = [phase["verdict"] for phase in checked] == verdicts and kit_check == check
-        detail = "" if same else f"check_prediction gives {[phase['verdict'] for phase in checked]}"
-    except (kit.KitError, KeyError, TypeError, ValueError) as error:
-        same, detail = False, kit.describe_error(error)
-    rows.append(("prediction", "verdicts are check_prediction's on the recorded counters", same, detail))
+    rows.append(recheck(result))
     workspace = result.get("workspace") if isinstance(result.get("workspace"), dict) else {}
     measured, allowance = workspace.get("measured_bytes"), workspace.get("allowance_bytes")
     within = isinstance(measured, int) and isinstance(allowance, int) and 0 <= measured <= allowance
     rows.append(("workspace", "measured workspace within the plan's allowance", within, f"{measured} <= {allowance}"))
     return rows
+
+
+def recheck(result):
+    """The kit's check_prediction again, on the recorded counters and under the allocator settings the
+    result records (schema 4; the defaults before): its verdicts must be the recorded ones."""
+    phases, check = result["phases"], result.get("prediction_check")
+    environment = result.get("environment") if isinstance(result.get("environment"), dict) else {}
+    try:
+        allocator = environment.get("allocator_settings") if result["schema_version"] >= 4 else kit.DEFAULT_ALLOCATOR
+        config = kit.measure_config(*(result["configuration"][key] for key in ("device", *CONFIG_KEYS)))
+        recorded = ("predicted", "disagreements", "verdict", "verdict_reason")
+        records = [{k: v for k, v in phase.items() if k not in recorded} for phase in phases]
+        checked, kit_check, _ = kit.check_prediction(records, kit.predict_memory(config, allocator))
+        verdicts = [phase["verdict"] for phase in checked]
+        same = verdicts == [phase.get("verdict") for phase in phases] and kit_check == check
+        detail = f"PyTorch {environment.get('torch')}" + ("" if same else f": check_prediction gives {verdicts}")
+    except (kit.KitError, KeyError, TypeError, ValueError) as error:
+        same, detail = False, kit.describe_error(error)
+    return ("prediction", "verdicts are check_prediction's on the recorded counters", same, detail)
+
+
+def check_allocator_run(result, setting, environment):
+    """Rows for the run under one allocator setting: the settings and PyTorch version recorded as this
+    machine's, every phase's verdict the one expected, and the kit's own check giving them again."""
+    expected_verdict, expected = ALLOCATOR_RUNS[setting]
+    try:
+        kit.report_rows([("result", result)])
+    except kit.KitError as error:
+        return [("report", "read by report", False, str(error))]
+    recorded = result["environment"].get("allocator_settings")
+    as_set = isinstance(recorded, dict) and all(recorded.get(key) == value for key, value in expected.items())
+    torch_version = result["environment"].get("torch")
+    verdicts = [phase.get("verdict") for phase in result["phases"]]
+    return [
+        ("allocator", "settings recorded as set", as_set, kit.one_line(json.dumps(recorded))),
+        ("allocator", "PyTorch version as the environment's", torch_version == environment.get("torch"), torch_version),
+        ("prediction", f"every phase's verdict {expected_verdict}", set(verdicts) == {expected_verdict}, verdicts),
+        recheck(result),
+    ]
 
 
 def compare_runs(first, second):
@@ -342,8 +387,8 @@ class Validation:
         text = data if isinstance(data, str) else json.dumps(data, indent=2, sort_keys=True, default=str)
         kit.write_new_file(str(self.folder / name), text if text.endswith("\n") else text + "\n")
 
-    def child(self, name, kind, arguments, cwd=None, timeout_seconds=None):
-        record = self.runner.run(name, kind, arguments, cwd or self.folder, timeout_seconds)
+    def child(self, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
+        record = self.runner.run(name, kind, arguments, cwd or self.folder, timeout_seconds, setting)
         self.logged += 1
         head = f"$ {record['command']}\n{record['outcome']}, exit status {record['exit_status']}, {record['seconds']} s"
         log = f"{head}\n--- stdout\n{record['stdout']}\n--- stderr\n{record['stderr']}"
@@ -390,6 +435,26 @@ class Validation:
                 except kit.KitError as error:
                     results[output] = f"{parsed(record)[1]}; {error}"
         return results
+
+    def run_allocator_settings(self):
+        """One run under each allocator setting; returns {setting: its result, or why there is none}."""
+        results = {}
+        for setting in ALLOCATOR_RUNS:
+            name = "allocator-" + setting.partition(":")[0]
+            output = f"results/{name}.json"
+            record = self.child(name, "kit", self.measure_arguments(ALLOCATOR_SIZE, output), setting=setting)
+            try:
+                results[setting] = kit.read_result_file(str(self.folder / output))
+            except kit.KitError as error:
+                results[setting] = f"{parsed(record)[1]}; {error}"
+        return results
+
+    def judge_allocator_settings(self, results, environment):
+        for setting, result in results.items():
+            rows = check_allocator_run(result, setting, environment) if isinstance(result, dict) else []
+            failed = [f"{check} ({detail})" if detail else check for _, check, ok, detail in rows if not ok]
+            failed = failed if rows else [str(result)]
+            self.row(f"{ALLOCATOR_VARIABLE}={setting}: the kit's checks", not failed, "; ".join(failed) or len(rows))
 
     def judge_configurations(self, results, cross, environment):
         for name, options in CONFIGURATIONS.items():
@@ -492,6 +557,7 @@ def validate(device, folder, archive, runner):
     try:
         vendor = validation.vendor("before")
         results = validation.run_configurations()
+        allocator_results = validation.run_allocator_settings()
         specs = [{**o, "name": name, "timer": name.startswith(TIMED_SIZE)} for name, o in CONFIGURATIONS.items()]
         record = validation.child("cross-check", "cross-check", [device, json.dumps(specs)])
         cross, why = parsed(record)
@@ -503,6 +569,7 @@ def validate(device, folder, archive, runner):
         same = vendor["name"] == gpu.get("name") and vendor["driver_version"]
         validation.row("vendor tool: the GPU PyTorch names", same, f"{vendor['name']}, {vendor['driver_version']}")
         validation.judge_configurations(results, cross or {}, environment)
+        validation.judge_allocator_settings(allocator_results, environment)
     except (kit.KitError, OSError, KeyError, TypeError, ValueError) as error:  # a defect still leaves a verdict
         validation.row("validation completed", False, f"the validator failed: {kit.describe_error(error)}")
     bad = ("timed out", "not run", "could not start")

@@ -10,10 +10,15 @@ check_prediction.  ``--doctor`` changes one thing, to prove the validator notice
 2 MiB more), ``far-output`` (float16 twice its numerics bound), ``strict-flags`` (the
 reduced-precision reductions recorded as off, the errors those of the default arithmetic),
 ``slow-timer`` (Timer's median half of measure's), ``no-refusal`` (measure writes even beyond the
-GPU), ``hang`` (the cross-check child sleeps), ``unsupported=FIELD`` (nvidia-smi does not know FIELD).
+GPU), ``hang`` (the cross-check child sleeps), ``unsupported=FIELD`` (nvidia-smi does not know FIELD),
+``ignored-setting`` (the allocator setting the validator sets is not honoured).  Under
+PYTORCH_CUDA_ALLOC_CONF (set by the validator for its allocator runs; read here only, by this stand-in,
+never by the kit) it answers a schema-4 result with the settings a real PyTorch would parse, its
+counters laid out by the kit's model of them.
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,7 +58,12 @@ def crafted_result(options, doctors=(), output=""):
     """A schema-2 result as measure would write it on a healthy GPU (crafted, not measured)."""
     gpu_validation, mesure_memoire = kit_modules()
     config = mesure_memoire.measure_config("cuda:0", *(options[k] for k in gpu_validation.CONFIG_KEYS))
-    plan = mesure_memoire.predict_memory(config)
+    text = os.environ.get(gpu_validation.ALLOCATOR_VARIABLE, "")
+    text = "" if "ignored-setting" in doctors else text
+    backend = "cudaMallocAsync" if "backend:cudaMallocAsync" in text else "native"
+    allocator = {"backend": backend, **mesure_memoire._settings_from_text(text)}
+    plan = mesure_memoire.predict_memory(config, allocator)
+    no_requested = backend != "native"  # cudaMallocAsync keeps the requested-bytes counters at zero
     reserved = 4 * plan["predicted_peak_allocated_bytes"]
     more = 2 * MIB if "nondeterministic" in doctors and "run2" in output else 0
     records, allocated, requested = [], 0, 0
@@ -68,14 +78,19 @@ def crafted_result(options, doctors=(), output=""):
             record[f"baseline_{kind}_bytes"] = level
             for moment in ("end", "peak"):
                 record[f"{moment}_{kind}_bytes"] = level + predicted[f"{moment}_{kind}_bytes"] + extra
+            if kind == "requested" and no_requested:
+                record.update(baseline_requested_bytes=0, end_requested_bytes=0, peak_requested_bytes=0)
         if "disagree" in doctors and predicted["phase"] == "cold_forward":
             record["peak_requested_bytes"] += 512
         allocated += extra + (predicted["end_allocated_bytes"] if predicted["phase"] in ("model_load", "inputs") else 0)
         requested += extra + (predicted["end_requested_bytes"] if predicted["phase"] in ("model_load", "inputs") else 0)
         records.append(record)
     phases, prediction_check, workspace = mesure_memoire.check_prediction(records, plan)
-    return {"kit": mesure_memoire.KIT_NAME, "schema_version": 2, "tool": "mesure_memoire.py",
-            "created_utc": "2026-11-30T00:00:00Z", "environment": environment(),
+    recorded = {"environment": {**environment(), "allocator_settings": allocator}, "schema_version": 4}
+    if gpu_validation.ALLOCATOR_VARIABLE not in os.environ:
+        recorded = {"environment": environment(), "schema_version": 2}
+    return {"kit": mesure_memoire.KIT_NAME, "tool": "mesure_memoire.py", **recorded,
+            "created_utc": "2026-11-30T00:00:00Z",
             "configuration": {**config, "fresh_process_warning": None},
             "synthetic_model": mesure_memoire.synthetic_model(config),
             "phases": phases, "prediction_check": prediction_check, "workspace": workspace,

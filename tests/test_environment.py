@@ -342,6 +342,8 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "torch._C._BlasBackend.Cublaslt")
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
+    # A stand-in for PyTorch 2.13's getter (no GPU here; 2.11 has none): no setting given.
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "", raising=False)
     recorded_indices.properties.gcnArchName = "gfx90a"  # kept only from a ROCm build
     environment = mesure_memoire.collect_environment("cuda:1")
     assert set(environment["python"]) == {"version", "implementation"}
@@ -811,8 +813,9 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
 )
 def test_the_settings_text_of_pytorch_2_13_is_parsed_in_memory(stand_in_gpu, monkeypatch, text, expected):
     # A stand-in for the text PyTorch parsed (its own getter reads what was set in this process, not the
-    # environment; the CPU build here has no snapshot).
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text)
+    # environment), with no snapshot (as on a CPU build; a CUDA build's would be asked first).
+    monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text, raising=False)
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, **expected}
     assert text == "" or text not in mesure_memoire.to_json(environment)
@@ -823,7 +826,8 @@ def test_the_real_cpu_build_answers_with_its_getter(stand_in_gpu):
 
 
 def test_settings_this_pytorch_cannot_tell_are_null(stand_in_gpu, monkeypatch):
-    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings")
+    monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)  # neither API: PyTorch before 2.4
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["allocator_settings"] is None and "allocator_settings" not in environment["field_errors"]
     monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "", raising=False)
@@ -856,7 +860,7 @@ def test_the_cuda_malloc_async_backend_is_never_asked_for_a_snapshot(stand_in_gp
 
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", refusing)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "backend:cudaMallocAsync")
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "backend:cudaMallocAsync", raising=False)
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, "backend": "cudaMallocAsync"}
     assert environment["field_errors"] == {}

@@ -772,7 +772,9 @@ def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
     stand_in_gpu()
     SetUpCalls(monkeypatch)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: backend)
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text)  # a stand-in for its text
+    # A stand-in for PyTorch 2.13's text, with no snapshot (as on a CPU build; a CUDA build's is asked first).
+    monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text, raising=False)
     settings = config(batch=5, context=77, width=3000)  # no tensor a power of two: 4 divisions round each up
     records = agreeing_records(settings)  # the default rounding's figures: too small for every phase under 4
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}))

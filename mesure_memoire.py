@@ -194,8 +194,8 @@ _QUOTED_PATH = (  # patterns compiled on first use (re caches them): start-up ti
 )
 # A bare path from a root (a slash, a drive, "~", a UNC name), or a relative path of two separators
 # or more ("torch/csrc/x.cpp"; a single "CUDA/ROCm" is not a path): where it ends cannot be told (a
-# last name may hold a space, "/home/Ana Maria"), so the rest of the line goes with it.  "://" starts
-# no path (a URL).
+# last name may hold a space, "/home/Ana Maria"), so the rest of the line goes with it.  A URL keeps
+# its scheme only ("https://<path>").
 _BARE_PATH = (
     r"""(?!(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)|[\\/])['"])"""  # one quoted character
     r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-])|(?<=[^\s:]:)(?![\\/]{2}))[\\/]+(?=[^\s\\/])"""
@@ -222,7 +222,12 @@ def as_parameters(error):
     return re.sub(r"^--([a-z]+(?:-[a-z]+)*)(?=:| \S+:)", lambda found: found[1].replace("-", "_").upper(), str(error))
 
 
+ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
+
+
 def describe_error(exc):
+    if "allocator" in str(exc).lower():  # PyTorch's refusal of its allocator settings echoes their text
+        return ALLOCATOR_REFUSED
     return f"{type(exc).__name__}: {redact(exc)}".rstrip(": ")
 
 
@@ -500,7 +505,6 @@ def _read_settings(torch, query, settings):
     )
 
 
-ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
 DEFAULT_ALLOCATOR = {
     "backend": "native",
@@ -531,8 +535,9 @@ def _parsed_allocator_settings(torch, backend):
     if backend == "native":
         try:
             recorded = torch.cuda.memory._snapshot()["allocator_settings"]
-        except (AttributeError, KeyError, TypeError):  # no such API in this build
-            recorded = None
+        except Exception as exc:  # a private API this build lacks or cannot answer: the getter, or null
+            if describe_error(exc) == ALLOCATOR_REFUSED:
+                raise
     if isinstance(recorded, dict):
         limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
         return {
@@ -842,6 +847,16 @@ def _card_and_host_needs(peak, model):
     }
 
 
+def _tensor_bytes(config, model):
+    """The bytes of each tensor the phases allocate, by name: weights, inputs, activations, output."""
+    element_bytes = DTYPE_BYTES[config["dtype"]]
+    activation_bytes = config["batch"] * config["context"] * model["hidden_width"] * element_bytes
+    tensor_bytes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
+    tensor_bytes.update(inputs=model["input_bytes"], output=model["output_bytes"])
+    tensor_bytes.update(fc1_output=activation_bytes, gelu_output=activation_bytes)
+    return tensor_bytes
+
+
 def predict_memory(config, allocator=DEFAULT_ALLOCATOR):
     """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under
     ``allocator``'s settings (None: unknown, modelled as the defaults; check_prediction checks nothing).
@@ -850,12 +865,7 @@ def predict_memory(config, allocator=DEFAULT_ALLOCATOR):
     forward's BLAS workspace is measured, not predicted: ``predicted_peak_allocated_bytes`` counts a named
     allowance for it."""
     model = synthetic_model(config)
-    element_bytes = DTYPE_BYTES[config["dtype"]]
-    rows = config["batch"] * config["context"]
-    tensor_bytes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
-    tensor_bytes.update(inputs=model["input_bytes"], output=model["output_bytes"])
-    tensor_bytes.update(fc1_output=rows * model["hidden_width"] * element_bytes)
-    tensor_bytes.update(gelu_output=rows * model["hidden_width"] * element_bytes)
+    tensor_bytes = _tensor_bytes(config, model)
     phases, level, peak, peak_phase = [], 0, 0, None
     simulated = {}  # each phase once: every warm_forward repetition is predicted alike
     for name, labels in _phase_labels(config):
@@ -888,7 +898,7 @@ def predict_memory(config, allocator=DEFAULT_ALLOCATOR):
         "tensor_bytes": tensor_bytes,
         "allocator_rounding_bytes": ALLOCATOR_ROUNDING_BYTES,
         "large_block_slack_bytes": ALLOCATOR_SMALL_BLOCK_BYTES,
-        "allocator_settings": allocator,
+        "allocator_settings": None if allocator is None else dict(allocator),
         "blas_workspace_allowance_bytes": BLAS_WORKSPACE_ALLOWANCE_BYTES,
         "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
         "phases": phases,
@@ -1411,7 +1421,6 @@ def measure(config, tool):
     from datetime import datetime, timezone  # here only: the estimate's start-up does not pay for it
 
     model_summary = synthetic_model(config)
-    plan = predict_memory(config)
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
@@ -1419,10 +1428,10 @@ def measure(config, tool):
     set_up = _set_up_step(config["device"])
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     environment = collect_environment(config["device"])
-    index = _refuse_what_cannot_run(torch, set_up, config, plan, environment)
-    allocator = environment["allocator_settings"]
-    if "allocator_settings" in environment["field_errors"]:
+    if ALLOCATOR_REFUSED in environment["field_errors"].values():
         raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
+    plan = predict_memory(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
+    index = _refuse_what_cannot_run(torch, set_up, config, plan, environment)
     device = torch.device("cuda", index)
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
@@ -1433,7 +1442,7 @@ def measure(config, tool):
         phases, output_summary = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
-    phases, prediction_check, workspace = check_prediction(phases, predict_memory(config, allocator))
+    phases, prediction_check, workspace = check_prediction(phases, plan)
     fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
@@ -1896,6 +1905,31 @@ def forward_flop(batch, context, width):
 ENVIRONMENT_LABELS = {"gpu": "GPU", "torch": "PyTorch", "cuda_build": "CUDA build", "hip_build": "HIP build"}
 
 
+def _row_flags(item, first):
+    """What makes a checked result's row less comparable, or not a true measurement."""
+    flags = []
+    if item["not_fresh"]:
+        flags.append("not a fresh process")
+    if item.get("disagreed"):
+        flags.append("prediction disagreed")
+    if item.get("not_checked"):
+        flags.append("prediction not checked (each such phase's verdict_reason says why)")
+    if item.get("all_finite") is False:
+        flags.append("non-finite output")
+    if item["peak_allocated_bytes"] > item["peak_reserved_bytes"]:  # allocated is part of reserved: not true
+        flags.append("peak allocated above peak reserved")
+    if item["outside_impossible"]:
+        flags.append("device used below reserved: impossible reading, outside allocator not shown")
+    if item["device_readings_missing"]:
+        flags.append("device readings not recorded")
+    if item["allocator_flag"]:
+        flags.append(item["allocator_flag"])
+    differing = [label for key, label in ENVIRONMENT_LABELS.items() if item["identity"][key] != first[key]]
+    if differing:
+        flags.append("environment differs from row 1: " + ", ".join(differing))
+    return flags
+
+
 def report_rows(named_results):
     """One row per (file as given, parsed result), in order; pure: reads and writes nothing.
 
@@ -1911,26 +1945,7 @@ def report_rows(named_results):
         with exact_context():
             per_second = None if median_ns == 0 else Decimal(10**9) / median_ns
             warm_median_ms = median_ns / 10**6
-        flags = []
-        if item["not_fresh"]:
-            flags.append("not a fresh process")
-        if item.get("disagreed"):
-            flags.append("prediction disagreed")
-        if item.get("not_checked"):
-            flags.append("prediction not checked (each such phase's verdict_reason says why)")
-        if item.get("all_finite") is False:
-            flags.append("non-finite output")
-        if item["peak_allocated_bytes"] > item["peak_reserved_bytes"]:  # allocated is part of reserved: not true
-            flags.append("peak allocated above peak reserved")
-        if item["outside_impossible"]:
-            flags.append("device used below reserved: impossible reading, outside allocator not shown")
-        if item["device_readings_missing"]:
-            flags.append("device readings not recorded")
-        if item["allocator_flag"]:
-            flags.append(item["allocator_flag"])
-        differing = [label for key, label in ENVIRONMENT_LABELS.items() if item["identity"][key] != first[key]]
-        if differing:
-            flags.append("environment differs from row 1: " + ", ".join(differing))
+        flags = _row_flags(item, first)
         with exact_context():
             rows.append(
                 {

@@ -797,6 +797,10 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
         ("", {}),
         ("backend:native,unknown_key:7", {}),  # only the known keys' values are kept
         ("expandable_segments:True", {"expandable_segments": True}),
+        (
+            "expandable_segments: True, max_split_size_mb: 300",
+            {"expandable_segments": True, "max_split_size_bytes": 300 * MIB},
+        ),
         ("expandable_segments:False,max_split_size_mb:300", {"max_split_size_bytes": 300 * MIB}),
         ("roundup_power2_divisions:4", {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}),
         ("roundup_power2_divisions:1", {}),  # one division changes no block
@@ -833,6 +837,37 @@ def test_settings_this_pytorch_cannot_tell_are_null(stand_in_gpu, monkeypatch):
     monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "", raising=False)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: 1 / 0)
     assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] is None  # no backend: no settings
+
+
+@pytest.mark.parametrize("query", ["get_allocator_backend", "mem_get_info"])
+def test_a_refusal_of_the_settings_in_any_query_echoes_no_key(stand_in_gpu, monkeypatch, capsys, query):
+    """On a GPU, PyTorch parses its allocator settings when CUDA starts: the first query raises (a stand-in)."""
+
+    def refusing(*args):
+        raise RuntimeError("Unrecognized CachingAllocator option: secret_key_42")
+
+    monkeypatch.setattr(torch.cuda.memory if query == "get_allocator_backend" else torch.cuda, query, refusing)
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "secret_key_42" not in out
+    assert mesure_memoire.ALLOCATOR_REFUSED in json.loads(out)["field_errors"].values()
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "never.json"]) == 2
+    err = capsys.readouterr().err
+    assert "secret_key_42" not in err
+    assert mesure_memoire.ALLOCATOR_REFUSED in err
+
+
+def test_a_snapshot_that_cannot_answer_falls_back_to_the_getter(stand_in_gpu, monkeypatch):
+    def failing():  # a stand-in: a private API that fails for another reason than the settings
+        raise RuntimeError("snapshot is not supported on this build")
+
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", failing)
+    monkeypatch.setattr(
+        torch._C, "_accelerator_getAllocatorSettings", lambda: "expandable_segments:True", raising=False
+    )
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True}
+    assert "allocator_settings" not in environment["field_errors"]
 
 
 def test_settings_pytorch_refuses_leave_null_and_a_line_that_names_no_key(stand_in_gpu, monkeypatch, capsys):

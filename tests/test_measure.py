@@ -780,6 +780,9 @@ def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}))
     result = mesure_memoire.measure(settings, tool="t")
     assert result["environment"]["allocator_settings"]["backend"] == backend
+    # One plan, under the settings recorded: the peak the file states is the one the phases were checked by.
+    modelled = mesure_memoire.predict_memory(settings, result["environment"]["allocator_settings"])
+    assert result["predicted_peak_allocated_bytes"] == modelled["predicted_peak_allocated_bytes"]
     assert {phase["verdict"] for phase in result["phases"]} == {verdict}
 
 

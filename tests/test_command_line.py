@@ -128,7 +128,8 @@ def test_sigterm_is_one_line_and_143_and_its_handler_is_put_back(name, capsys, m
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number(capsys):
+@pytest.mark.parametrize("module", [mesure_memoire, calcul_forfaits])  # the kit's and the calculator's copy
+def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number(capsys, module):
     """run_command_line as the tools use it: its default Ctrl-C line; a SystemExit without a number is 2."""
 
     def interrupted(argv):
@@ -137,10 +138,10 @@ def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number
     def exits(argv):
         raise SystemExit("not a number")
 
-    assert mesure_memoire.run_command_line("tool.py", interrupted, []) == 130
+    assert module.run_command_line("tool.py", interrupted, []) == 130
     assert capsys.readouterr().err == "tool.py: interrupted (Ctrl-C)\n"
-    assert mesure_memoire.run_command_line("tool.py", exits, []) == 2
-    assert mesure_memoire.run_command_line("tool.py", lambda argv: 7, []) == 7
+    assert module.run_command_line("tool.py", exits, []) == 2
+    assert module.run_command_line("tool.py", lambda argv: 7, []) == 7
 
 
 def test_abbreviations_are_off_and_so_is_colour_where_argparse_has_it(monkeypatch):

@@ -108,3 +108,18 @@ def test_the_calculator_holds_the_kits_command_line_contract_unchanged():
     assert not difference, difference
     for name in CONTRACT_HELPERS_ALIKE:
         assert _definition("mesure_memoire.py", name) == _definition("calcul_forfaits.py", name)
+
+
+def test_contributing_s_map_names_every_tracked_file_or_its_folder():
+    """Every file git tracks is named in CONTRIBUTING.md (in backquotes), or its own folder is."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files are git's list")
+    completed = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    missing = []
+    for path in completed.stdout.splitlines():
+        folder = path.rpartition("/")[0]
+        if f"`{path}`" not in contributing and f"`{folder}/`" not in contributing:
+            missing.append(path)
+    assert not missing, f"CONTRIBUTING.md's map names neither these files nor their folders: {missing}"

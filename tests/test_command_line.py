@@ -10,6 +10,7 @@ what needs the interpreter: ``-OO``, a full disk, a closed pipe, a closed descri
 
 import ast
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -288,3 +289,31 @@ def test_ctrl_c_during_the_script_s_imports_is_one_line_and_130(name, raised, fu
         assert said in completed.stderr and completed.stderr.endswith("RuntimeError: stand-in\n")
     elif said is not None:
         assert completed.stderr == f"{name}: {said}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--sizex", "1"], "unrecognized arguments: --sizex"),
+        (["--sizex=1", "-1"], "unrecognized arguments: --sizex"),  # a negative number is a value, not an option
+        (["-", "--", "--sizex"], "the following arguments are required: --size"),  # "-" and after "--": no options
+    ],
+)
+def test_the_calculator_s_copy_names_a_typo_of_a_required_option_as_typed(argv, said):
+    """The calculator's own options are never required (its modes are checked after parsing), so its copy
+    of the contract's ArgumentParser is called here directly, as a tool with a required option would."""
+    parser = calcul_forfaits.ArgumentParser(prog="tool.py")
+    parser.add_argument("--size", required=True, action=calcul_forfaits.Once)
+    parser.add_argument("rest", nargs="*")
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        parser.parse_args(argv)
+    assert str(refusal.value) == said
+
+
+@pytest.mark.parametrize("module", [mesure_memoire, calcul_forfaits])  # the kit's and the calculator's copy
+def test_the_guarded_stdout_answers_for_the_stream_it_guards(module, monkeypatch):
+    """A command under the contract still sees its stdout's encoding (text is escaped to fit it)."""
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="latin-1"))
+    seen = []
+    assert module.run_command_line("tool.py", lambda argv: seen.append(sys.stdout.encoding), []) == 0
+    assert seen == ["latin-1"]

@@ -60,7 +60,19 @@ MAX_DIGITS = 30  # mesure_memoire.py's bound too: one for every whole number the
 
 
 class PricingError(Exception):
-    """An expected failure: one line for the user, exit status 2."""
+    """An expected failure: one line for the user, and the exit status to use."""
+
+    exit_code = 2
+
+
+def one_line(text):
+    """``text`` on one line: newlines, tabs and other unprintable characters are escaped."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
+
+
+def describe_error(exc):
+    # mesure_memoire.py's also removes file-system paths: the only errors told here, writing stdout, name none.
+    return f"{type(exc).__name__}: {one_line(exc)}".rstrip(": ")
 
 
 def fail(name, reason, line_number=None):
@@ -626,11 +638,11 @@ def format_rentals(data):
 
 
 # --- command line: argparse under the kit's contract ---------------------------------------------------
-# A small copy of mesure_memoire.py's ArgumentParser, Once, say, GuardedStdout, stdout_failed and
-# run_command_line, with the same names and behaviour, so that this script runs alone: misuse is one
-# line and exit 2, --help exits 0, an unwritable stdout exits 1 (a closed pipe silently), Ctrl-C 130.
+# This script runs alone, so it holds a copy of mesure_memoire.py's command-line contract (the block
+# between the markers below, error class renamed; tests/test_repository.py checks that it is identical):
+# misuse is one line and exit 2, --help exits 0, an unwritable stdout exits 1 (a closed pipe silently),
+# Ctrl-C 130, SIGTERM 143.
 
-HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
 SUMMARY = "IteraGPU Lab v1: the price of a whole IteraGPU package, and the cost of one accepted result."
 USAGE = (f"%(prog)s (--gpu SLUG --days N [--lots N] [--accepted-results N]\n{' ' * (len(PROG) + 8)}"
          f"| --list [--days N] | --results FILE\n{' ' * (len(PROG) + 8)}"
@@ -653,33 +665,6 @@ MODES = {  # each mode, and the options that go with it
     "--results": ("--results", "--catalog", "--json"),
     "--for-plan": ("--for-plan", "--days", "--catalog", "--json"),
 }
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse under the kit's contract: no abbreviations, a fixed help width, no colour, and any
-    misuse raised as one PricingError line (exit 2) instead of a usage block."""
-
-    def __init__(self, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH))
-        if sys.version_info >= (3, 14):
-            kwargs.setdefault("color", False)  # argparse would read NO_COLOR and FORCE_COLOR
-        super().__init__(**kwargs)
-
-    def error(self, message):
-        raise PricingError(message)
-
-
-class Once(argparse.Action):
-    """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
-    argparse alone would keep the last one silently.  The options given are kept in order."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        given = getattr(namespace, "_given_options", ())
-        if self.dest in given:
-            parser.error(f"argument {option_string}: given twice")
-        namespace._given_options = (*given, self.dest)
-        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
 def parse_command_line(argv):
@@ -738,13 +723,63 @@ def print_answer(argv):
     sys.stdout.write(run(argv) + "\n")  # one write: an output that fails fails before any of it is shown
 
 
+# >>> command-line contract
+HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse under the kit's contract: no abbreviations, a fixed help width, no colour, and any
+    misuse raised as one PricingError line (exit 2) instead of a usage block."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH))
+        if sys.version_info >= (3, 14):
+            kwargs.setdefault("color", False)  # argparse would read NO_COLOR and FORCE_COLOR
+        super().__init__(**kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._arguments = list(sys.argv[1:] if args is None else args)  # for error(): what was typed
+        return super().parse_known_args(self._arguments, namespace)
+
+    def error(self, message):
+        # argparse checks the required arguments before it reports the unknown ones: a typo of a
+        # required option would read as that option missing.  Name the option typed instead.
+        unknown = self._unknown_options() if message.startswith("the following arguments are required") else []
+        if unknown:
+            message = f"unrecognized arguments: {' '.join(unknown)}"
+        command = self.prog.partition(" ")[2]  # a subcommand's parser: name the command
+        raise PricingError(f"{command}: {message}" if command else message)
+
+    def _unknown_options(self):
+        """The options typed (before any ``--``) that this parser does not know, as typed."""
+        arguments = getattr(self, "_arguments", [])
+        typed = arguments[: arguments.index("--")] if "--" in arguments else arguments
+        options = [argument.partition("=")[0] for argument in typed if argument.startswith("-") and argument != "-"]
+        known = self._option_string_actions
+        return [option for option in options if option not in known and not self._negative_number_matcher.match(option)]
+
+
+class Once(argparse.Action):
+    """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
+    argparse alone would keep the last one silently.  The options given are kept in order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_given_options", ())
+        if self.dest in given:
+            parser.error(f"argument {option_string}: given twice")
+        namespace._given_options = (*given, self.dest)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
 class StdoutFailed(Exception):
     """Standard output could not be written: a closed pipe, a full disk, a closed descriptor."""
 
 
 class GuardedStdout:
-    """sys.stdout while the command runs: a failed write raises StdoutFailed, so that it is told apart
-    from the command's own errors (argparse would swallow an OSError while printing the help)."""
+    """sys.stdout while a command runs: a failed write raises StdoutFailed, so that the command line
+    tells it apart from the command's own errors (print() writes the results and the help here;
+    argparse would swallow an OSError while printing the help)."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -764,12 +799,14 @@ class GuardedStdout:
         if self.stream is not None:  # descriptor 1 closed: only a write fails (--check writes nothing)
             self._call("flush")
 
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
 
 def say(prog, message, prefix="error: "):
     """One line on stderr, starting with the program's name; a closed stderr is not an error."""
-    line = "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(message))
     try:
-        sys.stderr.write(f"{prog}: {prefix}{line}\n")
+        sys.stderr.write(f"{prog}: {prefix}{one_line(message)}\n")
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
         to_devnull(sys.stderr)  # else the interpreter's last flush of the line fails, and exits 120
@@ -780,10 +817,9 @@ def stdout_failed(prog, failure, stream):
 
     The interpreter flushes stdout again at exit: to_devnull keeps that flush from printing a second error.
     """
-    error = failure.args[0]
+    error = failure.args[0] if failure.args else None
     if not isinstance(error, BrokenPipeError):
-        reason = "standard output is closed" if error is None else getattr(error, "strerror", None)
-        say(prog, f"cannot write the output ({reason or type(error).__name__})")
+        say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
     to_devnull(stream)
     return 1
 
@@ -808,11 +844,11 @@ def _terminated(signal_number, frame):
     raise Terminated
 
 
-def run_command_line(prog, command, argv, interrupted):
+def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
 
-    PricingError: its one line and 2; argparse's own exit (--help): its status; an unwritable stdout:
-    1; Ctrl-C: 130; SIGTERM: 143.
+    ``command`` parses and runs; it returns None (success) or a status.  PricingError: its one line and
+    its exit_code; argparse's own exit (--help): its status; an unwritable stdout: 1; Ctrl-C: 130; SIGTERM: 143.
     """
     import signal
 
@@ -822,11 +858,11 @@ def run_command_line(prog, command, argv, interrupted):
         try:
             status = command(argv) or 0
         except SystemExit as exit_:  # argparse after --help; its errors are PricingError (ArgumentParser.error)
-            status = exit_.code
+            status = exit_.code if isinstance(exit_.code, int) else 2
         sys.stdout.flush()
     except PricingError as error:
         say(prog, error)
-        return 2
+        return error.exit_code
     except StdoutFailed as failure:
         return stdout_failed(prog, failure, stdout)
     except Terminated:
@@ -839,6 +875,9 @@ def run_command_line(prog, command, argv, interrupted):
         sys.stdout = stdout
         signal.signal(signal.SIGTERM, sigterm)
     return status
+
+
+# <<< command-line contract
 
 
 def main(argv=None) -> int:

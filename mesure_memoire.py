@@ -2159,6 +2159,9 @@ def draw_sizes(rows):
 
 # The command-line contract, shared by the kit's tools (they import these): one line on stderr and
 # exit 2 for any misuse, --help exits 0, 1 for an unwritable stdout, 130 for Ctrl-C, 143 for SIGTERM.
+# calcul_forfaits.py runs alone, so it holds a copy of the block between the markers, error class renamed;
+# tests/test_repository.py checks that the two stay identical.
+# >>> command-line contract
 HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environment
 
 
@@ -2197,13 +2200,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
 class Once(argparse.Action):
     """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
-    argparse alone would keep the last one silently."""
+    argparse alone would keep the last one silently.  The options given are kept in order."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        given = getattr(namespace, "_given_options", frozenset())
+        given = getattr(namespace, "_given_options", ())
         if self.dest in given:
             parser.error(f"argument {option_string}: given twice")
-        namespace._given_options = given | {self.dest}
+        namespace._given_options = (*given, self.dest)
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
@@ -2224,7 +2227,7 @@ class GuardedStdout:
             raise StdoutFailed(None)
         try:
             return getattr(self.stream, name)(*args)
-        except (OSError, ValueError) as error:  # ValueError: the stream was closed
+        except (OSError, ValueError) as error:  # ValueError: a closed stream, or a character it cannot encode
             raise StdoutFailed(error) from None
 
     def write(self, text):
@@ -2310,6 +2313,9 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         sys.stdout = stdout
         signal.signal(signal.SIGTERM, sigterm)
     return status
+
+
+# <<< command-line contract
 
 
 def _emit(args, data, formatter):

@@ -288,9 +288,11 @@ def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
     ("stdout", "line"),
     [
         (UnwritableStdout(OSError(28, "No space left on device")),
-         "error: cannot write the output (No space left on device)"),
-        (UnwritableStdout(ValueError("I/O operation on closed file.")), "error: cannot write the output (ValueError)"),
-        (None, "error: cannot write the output (standard output is closed)"),
+         "error: cannot write the output: OSError: [Errno 28] No space left on device"),
+        (UnwritableStdout(ValueError("I/O operation on closed file.")),
+         "error: cannot write the output: ValueError: I/O operation on closed file."),
+        (UnwritableStdout(ValueError("")), "error: cannot write the output: ValueError"),  # no message: its type
+        (None, "error: cannot write the output: standard output is closed"),
         (UnwritableStdout(BrokenPipeError(32, "Broken pipe")), None),  # the reader left: nothing to say
     ],
 )  # fmt: skip

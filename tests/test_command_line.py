@@ -10,6 +10,7 @@ what needs the interpreter: ``-OO``, a full disk, a closed pipe, a closed descri
 
 import ast
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -128,7 +129,8 @@ def test_sigterm_is_one_line_and_143_and_its_handler_is_put_back(name, capsys, m
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number(capsys):
+@pytest.mark.parametrize("module", [mesure_memoire, calcul_forfaits])  # the kit's and the calculator's copy
+def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number(capsys, module):
     """run_command_line as the tools use it: its default Ctrl-C line; a SystemExit without a number is 2."""
 
     def interrupted(argv):
@@ -137,10 +139,10 @@ def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number
     def exits(argv):
         raise SystemExit("not a number")
 
-    assert mesure_memoire.run_command_line("tool.py", interrupted, []) == 130
+    assert module.run_command_line("tool.py", interrupted, []) == 130
     assert capsys.readouterr().err == "tool.py: interrupted (Ctrl-C)\n"
-    assert mesure_memoire.run_command_line("tool.py", exits, []) == 2
-    assert mesure_memoire.run_command_line("tool.py", lambda argv: 7, []) == 7
+    assert module.run_command_line("tool.py", exits, []) == 2
+    assert module.run_command_line("tool.py", lambda argv: 7, []) == 7
 
 
 def test_abbreviations_are_off_and_so_is_colour_where_argparse_has_it(monkeypatch):
@@ -287,3 +289,31 @@ def test_ctrl_c_during_the_script_s_imports_is_one_line_and_130(name, raised, fu
         assert said in completed.stderr and completed.stderr.endswith("RuntimeError: stand-in\n")
     elif said is not None:
         assert completed.stderr == f"{name}: {said}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--sizex", "1"], "unrecognized arguments: --sizex"),
+        (["--sizex=1", "-1"], "unrecognized arguments: --sizex"),  # a negative number is a value, not an option
+        (["-", "--", "--sizex"], "the following arguments are required: --size"),  # "-" and after "--": no options
+    ],
+)
+def test_the_calculator_s_copy_names_a_typo_of_a_required_option_as_typed(argv, said):
+    """The calculator's own options are never required (its modes are checked after parsing), so its copy
+    of the contract's ArgumentParser is called here directly, as a tool with a required option would."""
+    parser = calcul_forfaits.ArgumentParser(prog="tool.py")
+    parser.add_argument("--size", required=True, action=calcul_forfaits.Once)
+    parser.add_argument("rest", nargs="*")
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        parser.parse_args(argv)
+    assert str(refusal.value) == said
+
+
+@pytest.mark.parametrize("module", [mesure_memoire, calcul_forfaits])  # the kit's and the calculator's copy
+def test_the_guarded_stdout_answers_for_the_stream_it_guards(module, monkeypatch):
+    """A command under the contract still sees its stdout's encoding (text is escaped to fit it)."""
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="latin-1"))
+    seen = []
+    assert module.run_command_line("tool.py", lambda argv: seen.append(sys.stdout.encoding), []) == 0
+    assert seen == ["latin-1"]

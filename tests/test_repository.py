@@ -65,3 +65,61 @@ def test_git_checks_out_every_shipped_text_file_with_lf():
         assert attributes[name, "text"] in {"set", "auto"}, name
     for name in members:
         assert b"\r" not in (ROOT / name).read_bytes(), name
+
+
+# calcul_forfaits.py runs alone, so it holds a copy of mesure_memoire.py's command-line contract: the
+# block between these markers, with these names substituted (kit's name -> the calculator's), and nothing else.
+CONTRACT_MARKERS = ("# >>> command-line contract\n", "# <<< command-line contract\n")
+CONTRACT_RENAMED = {"KitError": "PricingError"}
+# Helpers the block calls, defined outside it in both scripts: one_line is the same text in both;
+# describe_error differs on purpose (the kit's also removes paths; an error writing stdout names none).
+CONTRACT_HELPERS_ALIKE = ("one_line",)
+
+
+def _contract_block(script):
+    text = (ROOT / script).read_text(encoding="utf-8")
+    begin, end = CONTRACT_MARKERS
+    assert text.count(begin) == 1 and text.count(end) == 1, f"{script}: each contract marker exactly once"
+    return text[text.index(begin) : text.index(end)]
+
+
+def _kit_contract_renamed():
+    block = _contract_block("mesure_memoire.py")
+    for kit_name, calculator_name in CONTRACT_RENAMED.items():
+        assert kit_name in block and calculator_name not in block, (kit_name, calculator_name)
+        block = block.replace(kit_name, calculator_name)
+    return block
+
+
+def _definition(script, name):
+    import ast
+
+    text = (ROOT / script).read_text(encoding="utf-8")
+    (node,) = [node for node in ast.parse(text).body if getattr(node, "name", None) == name]
+    return ast.get_source_segment(text, node)
+
+
+def test_the_calculator_holds_the_kits_command_line_contract_unchanged():
+    import difflib
+
+    kit = _kit_contract_renamed().splitlines(keepends=True)
+    calculator = _contract_block("calcul_forfaits.py").splitlines(keepends=True)
+    difference = "".join(difflib.unified_diff(kit, calculator, "mesure_memoire.py, renamed", "calcul_forfaits.py"))
+    assert not difference, difference
+    for name in CONTRACT_HELPERS_ALIKE:
+        assert _definition("mesure_memoire.py", name) == _definition("calcul_forfaits.py", name)
+
+
+def test_contributing_s_map_names_every_tracked_file_or_its_folder():
+    """Every file git tracks is named in CONTRIBUTING.md (in backquotes), or its own folder is."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files are git's list")
+    completed = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    missing = []
+    for path in completed.stdout.splitlines():
+        folder = path.rpartition("/")[0]
+        if f"`{path}`" not in contributing and f"`{folder}/`" not in contributing:
+            missing.append(path)
+    assert not missing, f"CONTRIBUTING.md's map names neither these files nor their folders: {missing}"

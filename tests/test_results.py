@@ -493,6 +493,9 @@ def test_a_table_the_terminal_cannot_encode_gives_one_line_and_nothing_half_writ
     ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
     monkeypatch.setattr(sys, "stdout", ascii_out)
     status = calcul_forfaits.main(["--results", str(path)])
-    assert (status, capsys.readouterr().err) == (1, "calcul_forfaits.py: error: cannot write the output "
-                                                    "(UnicodeEncodeError)\n")  # fmt: skip
+    refusal = (
+        "calcul_forfaits.py: error: cannot write the output: UnicodeEncodeError: 'ascii' codec can't encode "
+        "character '\\xe9' in position 188: ordinal not in range(128)\n"
+    )
+    assert (status, capsys.readouterr().err) == (1, refusal)
     assert ascii_out.buffer.getvalue() == b""

@@ -13,8 +13,10 @@ PROG = "build_notebook.py"
 SCRIPT = ROOT / "mesure_memoire.py"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
 DESCRIPTION = "Generate mesure-memoire.ipynb from mesure_memoire.py's '# >>> notebook: TITLE' blocks, verbatim."
+CHECK_HELP = "write nothing; exit 1 if the notebook is not what this tool generates"
 _BLOCK = re.compile(r"^# >>> notebook: (?P<title>.+?)\n(?P<code>.*?)^# <<< notebook$", re.MULTILINE | re.DOTALL)
-_STEP = re.compile(r"(?P<number>[0-9]+)\. ")
+_STEP = re.compile(r"(?P<number>[0-9]+)\. ")  # "3. TITLE": the block that opens step 3
+_PART = re.compile(r"(?P<number>[0-9]+)\.(?P<part>[0-9]+) ")  # "3.2 TITLE": its next block, under its own heading
 
 INTRODUCTION = """\
 # IteraGPU Lab v1: memory notebook
@@ -162,17 +164,57 @@ def cell(kind, cell_id, text, **metadata):
     return {"cell_type": kind, "id": cell_id, "metadata": metadata, "source": text.splitlines(keepends=True), **extra}
 
 
+def grouped(blocks):
+    """The shared code, each step's blocks (its own, then its parts N.2, N.3, ... right after it), misplaced parts."""
+    shared = []
+    steps = {}
+    misplaced = []
+    current = None  # the step whose next part may follow
+    for title, code in blocks:
+        step = _STEP.match(title)
+        part = _PART.match(title)
+        if step:
+            current = step["number"]
+            steps[current] = [(title, code)]
+        elif part and part["number"] == current and part["part"] == str(len(steps[current]) + 1):
+            steps[current].append((title, code))
+        elif part:
+            misplaced.append(title)
+        else:
+            shared.append(code)
+            current = None
+    return shared, steps, misplaced
+
+
+def step_cells(number, text, blocks):
+    """A step's heading and text, then each of its blocks collapsed, each part under its own heading."""
+    (title, code), *parts = blocks
+    cells = [
+        cell("markdown", f"step-{number}-title", f"## {title}\n\n{text}"),
+        cell("code", f"step-{number}-code", code, jupyter=HIDDEN),
+    ]
+    for part_title, part_code in parts:
+        part = _PART.match(part_title)["part"]
+        cells.append(cell("markdown", f"step-{number}-{part}-title", f"### {part_title}"))
+        cells.append(cell("code", f"step-{number}-{part}-code", part_code, jupyter=HIDDEN))
+    return cells
+
+
 def build(source):
     """The notebook, as a dict, from the script's source text: the definitions collapsed, the rest open."""
     (_, version_check), *blocks = script_blocks(source)  # the first, the Python version check, opens the notebook
     version_check = version_check.replace(SCRIPT.name, NOTEBOOK.name)  # naming the notebook, not the script
-    steps = {found["number"]: (title, code) for title, code in blocks if (found := _STEP.match(title))}
+    shared, steps, misplaced = grouped(blocks)
     if sorted(steps) != sorted(STEPS):
         raise KitError(
             f"{SCRIPT.name}'s numbered notebook blocks are steps {', '.join(sorted(steps)) or 'none'}; "
             f"{PROG} has run cells for steps {', '.join(STEPS)}"
         )
-    shared = [code for title, code in blocks if not _STEP.match(title)]
+    if misplaced:
+        raise KitError(
+            f"{SCRIPT.name}'s notebook block '{misplaced[0]}' is not the next part of the step above it "
+            "(block N., then N.2, N.3, ...)"
+        )
     cells = [
         cell("markdown", "introduction", INTRODUCTION),
         cell("code", "python-version", version_check),
@@ -182,12 +224,8 @@ def build(source):
     ]
     cells += [cell("code", f"shared-code-{index}", code, jupyter=HIDDEN) for index, code in enumerate(shared, 1)]
     for number, (text, run_id, run) in STEPS.items():
-        title, code = steps[number]
-        cells += [
-            cell("markdown", f"step-{number}-title", f"## {title}\n\n{text}"),
-            cell("code", f"step-{number}-code", code, jupyter=HIDDEN),
-            cell("code", run_id, run),
-        ]
+        cells += step_cells(number, text, steps[number])
+        cells.append(cell("code", run_id, run))
     return {"cells": cells, "metadata": METADATA, "nbformat": 4, "nbformat_minor": 5}
 
 
@@ -209,14 +247,7 @@ def read(path):
 
 def command(argv):
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
-    parser.add_argument(
-        "--check",
-        action=Once,
-        nargs=0,
-        const=True,
-        default=False,
-        help="write nothing; exit 1 if the notebook is not what this tool generates",
-    )
+    parser.add_argument("--check", action=Once, nargs=0, const=True, default=False, help=CHECK_HELP)
     args = parser.parse_args(argv)
     expected = notebook_bytes(read(SCRIPT))
     up_to_date = NOTEBOOK.exists() and read(NOTEBOOK) == expected

@@ -570,7 +570,7 @@ class Validation:
         except kit.KitError as error:  # a notebook's failure is its row's, not the whole validation's
             rows = [("", "result", False, str(error))]
         failed = [check for _, check, ok, _ in rows if not ok]
-        passed = count == 1 and record["exit_status"] == 0 and rows and not failed
+        passed = count == 1 and record["exit_status"] == 0 and bool(rows) and not failed
         detail = f"exit {record['exit_status']}, {len(written)} result(s), failed: {failed or 'none'}"
         self.row("notebook's code cells as plain python3", passed, detail)
 
@@ -602,7 +602,7 @@ def validate(device, folder, archive, runner):
         validation.refusal(environment)
         validation.notebook()
         validation.vendor("after")
-        same = vendor["name"] == gpu.get("name") and vendor["driver_version"]
+        same = vendor["name"] == gpu.get("name") and bool(vendor["driver_version"])
         validation.row("vendor tool: the GPU PyTorch names", same, f"{vendor['name']}, {vendor['driver_version']}")
         validation.judge_configurations(results, cross or {}, environment)
         validation.judge_allocator_settings(allocator_results, environment)

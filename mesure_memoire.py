@@ -15,7 +15,9 @@ Usage::
 failures print one line on stderr and exit 2 (3 when the GPU runs out of memory).
 
 The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim into
-``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.
+``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.  A block
+titled ``N. `` opens step N, ``N.2 ``, ``N.3 `` ... right after it continue that step, and the others
+are the shared code before the steps (each block at most 200 lines, one concern).
 """
 
 import sys  # first: a Ctrl-C from here on is one line (below), not a traceback; the notebook imports it below
@@ -56,7 +58,7 @@ import time
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 # <<< notebook
 
-# >>> notebook: Constants, validation and the error type
+# >>> notebook: Constants and the error type
 KIT_NAME = "iteragpu-lab-v1"
 RESULT_SCHEMA_VERSION = 4  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory;
 # 4 the matmul arithmetic asked (matmul_arithmetic, in the environment and the result) and the
@@ -116,6 +118,10 @@ class MeasurementFailed(KitError):
     exit_code = 3
 
 
+# <<< notebook
+
+
+# >>> notebook: Validation of what users give, redaction of what is shown, exact arithmetic
 def one_line(text):
     """``text`` on one line: newlines, tabs and other unprintable characters are escaped."""
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
@@ -505,6 +511,10 @@ def _read_settings(torch, query, settings):
     )
 
 
+# <<< notebook
+
+
+# >>> notebook: 2.2 The allocator settings PyTorch parsed, the GPU's fields, the environment's text
 ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
 DEFAULT_ALLOCATOR = {
     "backend": "native",
@@ -847,6 +857,10 @@ def _card_and_host_needs(peak, model):
     }
 
 
+# <<< notebook
+
+
+# >>> notebook: 3.2 The plan: each phase's predicted memory, and its verdict on a card
 def _tensor_bytes(config, model):
     """The bytes of each tensor the phases allocate, by name: weights, inputs, activations, output."""
     element_bytes = DTYPE_BYTES[config["dtype"]]
@@ -1044,6 +1058,10 @@ def format_plan_and_fit(plan):
     return format_plan(plan) + ("\n" + format_fit(plan) if "fits" in plan else "")
 
 
+# <<< notebook
+
+
+# >>> notebook: 3.3 The protocol: each phase on the GPU, counted and timed
 def _requested(stats, which):
     # "requested_bytes.*" is in memory_stats in PyTorch 2.11, 2.13 and 2.15 (as read); None where it is not.
     value = stats.get(f"requested_bytes.all.{which}") if isinstance(stats, dict) else None
@@ -1179,6 +1197,10 @@ def summarize_output(torch, output):
     return {"all_finite": finite, "checksum_float64": checksum, "elements": int(output.numel())}
 
 
+# <<< notebook
+
+
+# >>> notebook: 3.4 The prediction check: the measured counters against the plan
 def check_prediction(records, plan):
     """Put each phase's prediction, verdict and disagreements beside its measurement.
 
@@ -1300,6 +1322,10 @@ def _disagreements(record, measured, low, high):
     return found
 
 
+# <<< notebook
+
+
+# >>> notebook: 3.5 Result files: a new name, written whole or not at all
 def _name_limits(folder):
     """The longest file name and path this folder's file system takes (POSIX; 255 and 4096 elsewhere)."""
     try:
@@ -1370,6 +1396,63 @@ def _write_exclusively(path, data):
         raise
 
 
+def to_json(data):
+    """Serialize a result as indented JSON.  An exact Decimal becomes a number rounded half-up to
+    exactly 6 decimals and written with its own digits (through a float, 10**21 would print as
+    1e+21); everything else is what json.dumps writes."""
+    import json
+
+    def encode(value, indent):
+        if isinstance(value, Decimal) and value.is_finite():
+            return format(rounded(value, 6), "f")
+        inner = indent + "  "
+        if isinstance(value, dict) and value:
+            items = [f"{inner}{json.dumps(str(key))}: {encode(item, inner)}" for key, item in value.items()]
+            return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+        if isinstance(value, (list, tuple)) and value:
+            return "[\n" + ",\n".join(inner + encode(item, inner) for item in value) + "\n" + indent + "]"
+        return json.dumps(value)  # str, int, float, bool, None, {} or []; anything else: TypeError
+
+    return encode(data, "") + "\n"
+
+
+def write_new_file(path, text):
+    """Write ``text`` to ``path`` atomically, never replacing an existing file.
+
+    The data goes to a temporary file in the same folder first, then is hard-linked
+    under its name (which fails if the name appeared meanwhile): a crash leaves either
+    no result or a whole one.  Where the file system has no hard links (EPERM and the
+    like), the file is created exclusively instead and removed again if writing fails.
+    The file gets the mode the user's umask gives.  Raises KitError when the name is
+    taken, OSError when the data cannot be written.
+    """
+    data = text.encode("utf-8")
+    temporary, descriptor = _create_temporary(os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
+        except OSError:  # no hard links here: an exclusive create still never overwrites
+            try:
+                _write_exclusively(path, data)
+            except FileExistsError:
+                raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
+    finally:
+        try:  # noqa: SIM105 -- contextlib would be imported for this one line
+            os.unlink(temporary)
+        except FileNotFoundError:  # removed by someone else: nothing left to clean
+            pass
+
+
+# <<< notebook
+
+
+# >>> notebook: 3.6 The measurement: refusals first, then the run, then its file
 def _dtype_problem(torch, index, dtype):
     if dtype == "bfloat16":
         with torch.cuda.device(index):
@@ -1527,59 +1610,6 @@ def _measurement_failed(torch, config, failure):
     return MeasurementFailed(f"phase {failure.phase} failed ({dimensions}): {describe_error(error)}; nothing written")
 
 
-def to_json(data):
-    """Serialize a result as indented JSON.  An exact Decimal becomes a number rounded half-up to
-    exactly 6 decimals and written with its own digits (through a float, 10**21 would print as
-    1e+21); everything else is what json.dumps writes."""
-    import json
-
-    def encode(value, indent):
-        if isinstance(value, Decimal) and value.is_finite():
-            return format(rounded(value, 6), "f")
-        inner = indent + "  "
-        if isinstance(value, dict) and value:
-            items = [f"{inner}{json.dumps(str(key))}: {encode(item, inner)}" for key, item in value.items()]
-            return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-        if isinstance(value, (list, tuple)) and value:
-            return "[\n" + ",\n".join(inner + encode(item, inner) for item in value) + "\n" + indent + "]"
-        return json.dumps(value)  # str, int, float, bool, None, {} or []; anything else: TypeError
-
-    return encode(data, "") + "\n"
-
-
-def write_new_file(path, text):
-    """Write ``text`` to ``path`` atomically, never replacing an existing file.
-
-    The data goes to a temporary file in the same folder first, then is hard-linked
-    under its name (which fails if the name appeared meanwhile): a crash leaves either
-    no result or a whole one.  Where the file system has no hard links (EPERM and the
-    like), the file is created exclusively instead and removed again if writing fails.
-    The file gets the mode the user's umask gives.  Raises KitError when the name is
-    taken, OSError when the data cannot be written.
-    """
-    data = text.encode("utf-8")
-    temporary, descriptor = _create_temporary(os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
-        except OSError:  # no hard links here: an exclusive create still never overwrites
-            try:
-                _write_exclusively(path, data)
-            except FileExistsError:
-                raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
-    finally:
-        try:  # noqa: SIM105 -- contextlib would be imported for this one line
-            os.unlink(temporary)
-        except FileNotFoundError:  # removed by someone else: nothing left to clean
-            pass
-
-
 def measure_to_file(config, output_path, tool):
     """The whole measurement: refuse an unusable output first, measure, then write atomically.
 
@@ -1601,6 +1631,10 @@ def measure_to_file(config, output_path, tool):
     return result
 
 
+# <<< notebook
+
+
+# >>> notebook: 3.7 The phase table
 def _phase_label(record):
     label = record["phase"]
     if record.get("repetition") is not None:
@@ -1821,6 +1855,10 @@ def _checked_result(path, result):
     }
 
 
+# <<< notebook
+
+
+# >>> notebook: 4.2 Each result checked, and the report's rows
 def _allocator_flag(path, environment):
     """The allocator settings a schema-4 result records that differ from PyTorch's defaults, as one flag."""
     allocator = environment.get("allocator_settings")
@@ -1984,6 +2022,10 @@ def report(paths):
     }
 
 
+# <<< notebook
+
+
+# >>> notebook: 4.3 The report's text
 def _cell(value):
     """Text as it is when printable, else its repr: one table line per file, always."""
     text = "none" if value is None else str(value)

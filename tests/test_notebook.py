@@ -21,6 +21,7 @@ REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
 SCRIPT = (ROOT / "mesure_memoire.py").read_text(encoding="utf-8")
 STEP = re.compile(r"[0-9]+\. ")
+PART = re.compile(r"[0-9]+\.(?P<part>[0-9]+) ")
 RUNS = {"1": "run-estimate", "2": "run-environment", "3": "run-measure", "4": "run-results", "5": "run-figure"}
 
 
@@ -62,41 +63,78 @@ def test_self_contained_no_companion_import_no_magic_no_exit():
                 assert module.group(1) in {*sys.stdlib_module_names, "torch", "matplotlib"}, line
 
 
+def step_blocks():
+    """{step number: [(title, code)] of its blocks, its own then its parts N.2, N.3, ...}, in the script's order."""
+    steps = {}
+    for title, code in build_notebook.script_blocks(SCRIPT):
+        if STEP.match(title) or PART.match(title):
+            steps.setdefault(re.match("[0-9]+", title).group(), []).append((title, code))
+    return steps
+
+
+def step_cell_ids(number, blocks):
+    """The ids of a step's collapsed code cells: step-N-code, then step-N-P-code for each part P."""
+    return [f"step-{number}-code"] + [f"step-{number}-{PART.match(title)['part']}-code" for title, _ in blocks[1:]]
+
+
 @pytest.mark.whole_kit
 def test_each_block_of_the_script_is_one_collapsed_cell_verbatim():
     """The proof that the notebook's code is the script's: the cells, in order, are the blocks, exactly."""
     (version_title, version_check), *blocks = build_notebook.script_blocks(SCRIPT)
-    shared = [code for title, code in blocks if not STEP.match(title)]
-    steps = {title.split(".")[0]: code for title, code in blocks if STEP.match(title)}
+    shared = [code for title, code in blocks if not (STEP.match(title) or PART.match(title))]
+    steps = step_blocks()
     cells = {cell["id"]: cell for cell in committed()["cells"]}
     assert version_title == "Python version"
     assert "".join(cells["python-version"]["source"]) == version_check.replace(
         "mesure_memoire.py", "mesure-memoire.ipynb"
     )
     definitions = [cell for cell in committed()["cells"] if cell["metadata"].get("jupyter") == {"source_hidden": True}]
-    assert [cell["id"] for cell in definitions] == [f"shared-code-{index}" for index in range(1, len(shared) + 1)] + [
-        f"step-{number}-code" for number in RUNS
-    ]
+    step_ids = [cell_id for number in RUNS for cell_id in step_cell_ids(number, steps[number])]
+    assert [cell["id"] for cell in definitions] == [f"shared-code-{index}" for index in range(1, len(shared) + 1)] + (
+        step_ids
+    )
     assert ["".join(cells[f"shared-code-{index}"]["source"]) for index in range(1, len(shared) + 1)] == shared
-    assert {number: "".join(cells[f"step-{number}-code"]["source"]) for number in RUNS} == steps
+    for number in RUNS:
+        codes = ["".join(cells[cell_id]["source"]) for cell_id in step_cell_ids(number, steps[number])]
+        assert codes == [code for _, code in steps[number]]
     assert len(shared) >= 2 and sorted(steps) == sorted(RUNS)
+    assert any(len(blocks) > 1 for blocks in steps.values())  # the parts are exercised
+
+
+def test_every_code_cell_is_at_most_200_lines():
+    """Each block holds one concern, small enough to read as one cell."""
+    for cell in committed()["cells"]:
+        if cell["cell_type"] == "code":
+            assert len("".join(cell["source"]).splitlines()) <= 200, cell["id"]
 
 
 @pytest.mark.whole_kit
 def test_each_step_is_its_heading_then_its_collapsed_code_then_its_run_cell():
-    titles = [title for title, _ in build_notebook.script_blocks(SCRIPT) if STEP.match(title)]
+    """Each part of a step follows under its own smaller heading, before the step's run cell."""
     layout = [(cell["cell_type"], cell["id"]) for cell in committed()["cells"]]
     shared = [("code", cell_id) for kind, cell_id in layout if cell_id.startswith("shared-code-")]
-    expected = [("markdown", "introduction"), ("code", "python-version"), ("markdown", "parameters-title"),
-                ("code", "parameters"),
-                ("markdown", "shared-title"), *shared]  # fmt: skip
-    for title in titles:
-        number = title.split(".")[0]
-        expected += [("markdown", f"step-{number}-title"), ("code", f"step-{number}-code"), ("code", RUNS[number])]
+    expected = [
+        ("markdown", "introduction"),
+        ("code", "python-version"),
+        ("markdown", "parameters-title"),
+        ("code", "parameters"),
+        ("markdown", "shared-title"),
+        *shared,
+    ]
+    steps = step_blocks()
+    for number in RUNS:
+        expected += [("markdown", f"step-{number}-title"), ("code", f"step-{number}-code")]
+        for title, _ in steps[number][1:]:
+            part = PART.match(title)["part"]
+            expected += [("markdown", f"step-{number}-{part}-title"), ("code", f"step-{number}-{part}-code")]
+        expected.append(("code", RUNS[number]))
     assert layout == expected
     headings = {cell["id"]: "".join(cell["source"]) for cell in committed()["cells"] if cell["cell_type"] == "markdown"}
-    for title in titles:
-        assert headings[f"step-{title.split('.')[0]}-title"].startswith(f"## {title}\n\n")
+    for number in RUNS:
+        (title, _), *parts = steps[number]
+        assert headings[f"step-{number}-title"].startswith(f"## {title}\n\n")
+        for part_title, _ in parts:
+            assert headings[f"step-{number}-{PART.match(part_title)['part']}-title"] == f"### {part_title}"
 
 
 def test_the_notebook_opens_on_at_most_80_lines_of_code():
@@ -122,7 +160,11 @@ def test_headings_appear_once_and_code_cells_do_not_repeat_them():
         "# IteraGPU Lab v1: memory notebook",
         "## Parameters",
         "## Shared code, from `mesure_memoire.py`",
-    ] + [f"## {title}" for title in titles if STEP.match(title)]
+    ] + [
+        f"## {title}" if STEP.match(title) else f"### {title}"
+        for title in titles
+        if STEP.match(title) or PART.match(title)
+    ]
     for source in code_sources(committed()):
         for title in titles:
             assert title not in source
@@ -236,6 +278,10 @@ REFUSALS = {
         _script(lambda old: old.replace(b"# >>> notebook: 2. ", b"# >>> notebook: ")),
         "mesure_memoire.py's numbered notebook blocks are steps 1, 3, 4, 5; build_notebook.py has run cells for "
         "steps 1, 2, 3, 4, 5"),
+    "a part out of place": (
+        _script(lambda old: old.replace(b"# >>> notebook: 3.3 ", b"# >>> notebook: 3.4 ")),
+        "mesure_memoire.py's notebook block '3.4 The protocol: each phase on the GPU, counted and timed' is not the "
+        "next part of the step above it (block N., then N.2, N.3, ...)"),
     "the script is missing": (lambda f: (f / "mesure_memoire.py").unlink(),
                               "cannot read mesure_memoire.py (No such file or directory)"),
     "the notebook is a folder": (_folder_for("mesure-memoire.ipynb"),

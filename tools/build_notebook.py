@@ -13,8 +13,10 @@ PROG = "build_notebook.py"
 SCRIPT = ROOT / "mesure_memoire.py"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
 DESCRIPTION = "Generate mesure-memoire.ipynb from mesure_memoire.py's '# >>> notebook: TITLE' blocks, verbatim."
+CHECK_HELP = "write nothing; exit 1 if the notebook is not what this tool generates"
 _BLOCK = re.compile(r"^# >>> notebook: (?P<title>.+?)\n(?P<code>.*?)^# <<< notebook$", re.MULTILINE | re.DOTALL)
-_STEP = re.compile(r"(?P<number>[0-9]+)\. ")
+_STEP = re.compile(r"(?P<number>[0-9]+)\. ")  # "3. TITLE": the block that opens step 3
+_PART = re.compile(r"(?P<number>[0-9]+)\.(?P<part>[0-9]+) ")  # "3.2 TITLE": its next block, under its own heading
 
 INTRODUCTION = """\
 # IteraGPU Lab v1: memory notebook
@@ -34,7 +36,9 @@ states, libraries and the CUDA/ROCm context, and does not say whether a real mod
 hypothesis. Without PyTorch or a usable GPU nothing is measured and nothing is written (no CPU fallback). The counters
 cover PyTorch's allocator in this kernel on the chosen GPU only, not the CUDA context, the driver or other processes;
 `allocated` is part of `reserved`, the two peaks are distinct maxima, never subtracted. Times include Python's
-overhead and the synchronizations."""
+overhead and the synchronizations. The CUDA or HIP runtime built into PyTorch, which step 2 shows, is not the driver:
+record the driver with the vendor's tool, `nvidia-smi --query-gpu=name,driver_version --format=csv` or
+`amd-smi version`."""
 
 PARAMETERS_TEXT = """\
 ## Parameters
@@ -65,19 +69,29 @@ SHARED_TEXT = """\
 Imports and definitions every step uses (collapsed). Nothing is measured until step 3."""
 
 STEPS = {  # step number: (the text under the step's heading, the id of its run cell, that cell's code)
-    "1": ("Bits are rounded up to whole bytes per parameter; GiB are `2**30` bytes, GB `10**9`.", "run-estimate", """\
+    "1": (
+        "Bits are rounded up to whole bytes per parameter; GiB are `2**30` bytes, GB `10**9`.",
+        "run-estimate",
+        """\
 try:
     print(format_estimate(estimate_weights(PARAMETERS, BITS, RESERVE_GIB)))
 except KitError as error:
-    print(f"Estimate refused: {as_parameters(error)}")"""),
-    "2": ('Keep this output with your results. Each query degrades alone ("none", or a "query failed" line).',
-          "run-environment", """\
+    print(f"Estimate refused: {as_parameters(error)}")""",
+    ),
+    "2": (
+        'Keep this output with your results. Each query degrades alone ("none", or a "query failed" line).',
+        "run-environment",
+        """\
 try:
     print(format_environment(collect_environment(DEVICE)))
 except KitError as error:
-    print(f"Environment refused: {as_parameters(error)}")"""),
-    "3": ("With `MEMORY_GIB`, first the plan's verdict on that card. Refuses an existing output file; writes "
-          "nothing when it cannot measure (no GPU or PyTorch, out of memory). One per new kernel.", "run-measure", """\
+    print(f"Environment refused: {as_parameters(error)}")""",
+    ),
+    "3": (
+        "With `MEMORY_GIB`, first the plan's verdict on that card. Refuses an existing output file; writes "
+        "nothing when it cannot measure (no GPU or PyTorch, out of memory). One per new kernel.",
+        "run-measure",
+        """\
 measurement = None
 try:
     config = measure_config(DEVICE, BATCH, CONTEXT, WIDTH, DTYPE, WARMUP, REPEATS, SEED)
@@ -93,33 +107,48 @@ else:
     elif settings["cuda_initialized_before_measure"]:
         print(CUDA_INITIALIZED_NOTE)
     print(format_phase_table(measurement))
-    print(f"Result written to {OUTPUT}")"""),
-    "4": ("Reads back the file step 3 wrote, as `mesure_memoire.py report` does: peaks are maxima over the phases, "
-          "the warm median is over the `warm_forward` lines, throughput is derived, not measured. Several results: "
-          '`print(format_report(report(["a.json", "b.json"])))` in a new cell.', "run-results", """\
+    print(f"Result written to {OUTPUT}")""",
+    ),
+    "4": (
+        "Reads back the file step 3 wrote, as `mesure_memoire.py report` does: peaks are maxima over the phases, "
+        "the warm median is over the `warm_forward` lines, throughput is derived, not measured. Several results: "
+        '`print(format_report(report(["a.json", "b.json"])))` in a new cell.',
+        "run-results",
+        """\
 if measurement is None:
     print("Nothing to show: this kernel wrote no measurement.")
 else:
     try:
         print(format_report(report([OUTPUT])))
     except KitError as error:
-        print(f"The result cannot be read back: {error}")"""),
-    "5": ("Where matplotlib is importable: the measured peaks per phase beside the plan's. Several results (a sweep's):"
-          ' `draw_sizes(report(["a.json", "b.json"])["results"])` in a new cell.', "run-figure", """\
+        print(f"The result cannot be read back: {error}")""",
+    ),
+    "5": (
+        "Where matplotlib is importable: the measured peaks per phase beside the plan's. Several results (a sweep's):"
+        ' `draw_sizes(report(["a.json", "b.json"])["results"])` in a new cell.',
+        "run-figure",
+        """\
 if measurement is None:
     print("Nothing to draw: this kernel wrote no measurement.")
 else:
     try:
         figure = draw_phases(measurement)
     except KitError as error:
-        print(f"No figure: {error}")"""),
-}  # fmt: skip
+        print(f"No figure: {error}")""",
+    ),
+}
 HIDDEN = {"source_hidden": True}  # JupyterLab and VS Code open such a cell collapsed
 METADATA = {
     "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
-    "language_info": {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py", "mimetype":
-                      "text/x-python", "name": "python", "nbconvert_exporter": "python", "pygments_lexer": "ipython3"},
-}  # fmt: skip
+    "language_info": {
+        "codemirror_mode": {"name": "ipython", "version": 3},
+        "file_extension": ".py",
+        "mimetype": "text/x-python",
+        "name": "python",
+        "nbconvert_exporter": "python",
+        "pygments_lexer": "ipython3",
+    },
+}
 
 
 def script_blocks(source):
@@ -135,24 +164,68 @@ def cell(kind, cell_id, text, **metadata):
     return {"cell_type": kind, "id": cell_id, "metadata": metadata, "source": text.splitlines(keepends=True), **extra}
 
 
+def grouped(blocks):
+    """The shared code, each step's blocks (its own, then its parts N.2, N.3, ... right after it), misplaced parts."""
+    shared = []
+    steps = {}
+    misplaced = []
+    current = None  # the step whose next part may follow
+    for title, code in blocks:
+        step = _STEP.match(title)
+        part = _PART.match(title)
+        if step:
+            current = step["number"]
+            steps[current] = [(title, code)]
+        elif part and part["number"] == current and part["part"] == str(len(steps[current]) + 1):
+            steps[current].append((title, code))
+        elif part:
+            misplaced.append(title)
+        else:
+            shared.append(code)
+            current = None
+    return shared, steps, misplaced
+
+
+def step_cells(number, text, blocks):
+    """A step's heading and text, then each of its blocks collapsed, each part under its own heading."""
+    (title, code), *parts = blocks
+    cells = [
+        cell("markdown", f"step-{number}-title", f"## {title}\n\n{text}"),
+        cell("code", f"step-{number}-code", code, jupyter=HIDDEN),
+    ]
+    for part_title, part_code in parts:
+        part = _PART.match(part_title)["part"]
+        cells.append(cell("markdown", f"step-{number}-{part}-title", f"### {part_title}"))
+        cells.append(cell("code", f"step-{number}-{part}-code", part_code, jupyter=HIDDEN))
+    return cells
+
+
 def build(source):
     """The notebook, as a dict, from the script's source text: the definitions collapsed, the rest open."""
     (_, version_check), *blocks = script_blocks(source)  # the first, the Python version check, opens the notebook
     version_check = version_check.replace(SCRIPT.name, NOTEBOOK.name)  # naming the notebook, not the script
-    steps = {found["number"]: (title, code) for title, code in blocks if (found := _STEP.match(title))}
+    shared, steps, misplaced = grouped(blocks)
     if sorted(steps) != sorted(STEPS):
-        raise KitError(f"{SCRIPT.name}'s numbered notebook blocks are steps {', '.join(sorted(steps)) or 'none'}; "
-                       f"{PROG} has run cells for steps {', '.join(STEPS)}")  # fmt: skip
-    shared = [code for title, code in blocks if not _STEP.match(title)]
-    cells = [cell("markdown", "introduction", INTRODUCTION), cell("code", "python-version", version_check),
-             cell("markdown", "parameters-title", PARAMETERS_TEXT),
-             cell("code", "parameters", PARAMETERS, tags=["parameters"]),
-             cell("markdown", "shared-title", SHARED_TEXT)]  # fmt: skip
+        raise KitError(
+            f"{SCRIPT.name}'s numbered notebook blocks are steps {', '.join(sorted(steps)) or 'none'}; "
+            f"{PROG} has run cells for steps {', '.join(STEPS)}"
+        )
+    if misplaced:
+        raise KitError(
+            f"{SCRIPT.name}'s notebook block '{misplaced[0]}' is not the next part of the step above it "
+            "(block N., then N.2, N.3, ...)"
+        )
+    cells = [
+        cell("markdown", "introduction", INTRODUCTION),
+        cell("code", "python-version", version_check),
+        cell("markdown", "parameters-title", PARAMETERS_TEXT),
+        cell("code", "parameters", PARAMETERS, tags=["parameters"]),
+        cell("markdown", "shared-title", SHARED_TEXT),
+    ]
     cells += [cell("code", f"shared-code-{index}", code, jupyter=HIDDEN) for index, code in enumerate(shared, 1)]
     for number, (text, run_id, run) in STEPS.items():
-        title, code = steps[number]
-        cells += [cell("markdown", f"step-{number}-title", f"## {title}\n\n{text}"),
-                  cell("code", f"step-{number}-code", code, jupyter=HIDDEN), cell("code", run_id, run)]  # fmt: skip
+        cells += step_cells(number, text, steps[number])
+        cells.append(cell("code", run_id, run))
     return {"cells": cells, "metadata": METADATA, "nbformat": 4, "nbformat_minor": 5}
 
 
@@ -174,8 +247,7 @@ def read(path):
 
 def command(argv):
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
-    parser.add_argument("--check", action=Once, nargs=0, const=True, default=False,
-                        help="write nothing; exit 1 if the notebook is not what this tool generates")  # fmt: skip
+    parser.add_argument("--check", action=Once, nargs=0, const=True, default=False, help=CHECK_HELP)
     args = parser.parse_args(argv)
     expected = notebook_bytes(read(SCRIPT))
     up_to_date = NOTEBOOK.exists() and read(NOTEBOOK) == expected

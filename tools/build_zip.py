@@ -1,4 +1,4 @@
-"""Build the release: MANIFEST.json, then a byte-reproducible dist/iteragpu-lab-v1.zip (a maintainer's tool)."""
+"""Build the release: a byte-reproducible dist/iteragpu-lab-v1.zip, then MANIFEST.json (a maintainer's tool)."""
 
 import hashlib
 import io
@@ -19,20 +19,31 @@ PROG = "build_zip.py"
 NAME = "iteragpu-lab-v1"
 MANIFEST = "MANIFEST.json"
 NOTEBOOK = "mesure-memoire.ipynb"
-MEMBERS = tuple(sorted((
-    "README.md", "LICENSE.txt", MANIFEST, "mesure_memoire.py", NOTEBOOK, "calcul_forfaits.py",
-    "tarifs-forfaits.csv", "protocole-qualite.md", "resultats-bruts.csv",
-)))  # fmt: skip
+MEMBERS = tuple(
+    sorted(
+        (
+            "README.md",
+            "LICENSE.txt",
+            MANIFEST,
+            "mesure_memoire.py",
+            NOTEBOOK,
+            "calcul_forfaits.py",
+            "tarifs-forfaits.csv",
+            "protocole-qualite.md",
+            "resultats-bruts.csv",
+        )
+    )
+)
 # Every member carries the release date: no clock, time zone or SOURCE_DATE_EPOCH can change the bytes.
 RELEASE_DATE = (2026, 9, 24, 0, 0, 0)
 UNIX = 3  # zip's "version made by" system: the permission bits below are Unix ones
 REGULAR_FILE_0644 = 0o100644
 MEMBER_LIMIT_BYTES = 2**20  # the members are text files of a few KiB: a bigger one is a mistake
 DESCRIPTION = (
-    f"Write {MANIFEST}, then dist/{NAME}.zip: the nine members under {NAME}/, sorted, dated 2026-09-24 00:00:00, "
-    "mode 0644, so that every build gives the same bytes. Refuses (exit 2, nothing written) a member that is "
-    "missing or unfit, a notebook that tools/build_notebook.py did not generate, and any existing output but "
-    "its own archive at dist/."
+    f"Write dist/{NAME}.zip, then {MANIFEST} if it changed: the nine members under {NAME}/, sorted, "
+    "dated 2026-09-24 00:00:00, mode 0644, so that every build gives the same bytes. Refuses (exit 2, "
+    "nothing written) a member that is missing or unfit, a notebook that tools/build_notebook.py did not "
+    "generate, and any existing output but its own archive at dist/."
 )
 
 
@@ -71,8 +82,10 @@ def check_members(contents):
     """Refuse what must never ship, with the kit's own generator and validation rather than a copy of them."""
     # Byte for byte: a notebook saved by Jupyter (outputs, language_info.version, ...) is not the generated one.
     if contents[NOTEBOOK] != build_notebook.notebook_bytes(contents["mesure_memoire.py"]):
-        raise KitError(f"{NOTEBOOK} is not what tools/build_notebook.py generates from mesure_memoire.py (saved "
-                       "from Jupyter, or edited?): run python tools/build_notebook.py")  # fmt: skip
+        raise KitError(
+            f"{NOTEBOOK} is not what tools/build_notebook.py generates from mesure_memoire.py (saved "
+            "from Jupyter, or edited?): run python tools/build_notebook.py"
+        )
     try:
         rows = contents["resultats-bruts.csv"].decode("utf-8").splitlines()
     except UnicodeDecodeError as error:
@@ -87,9 +100,12 @@ def check_members(contents):
 
 def manifest_text(contents):
     """MANIFEST.json's text for these member bytes; it lists itself without size or hash."""
-    members = [{"path": name, "bytes": None, "sha256": None} if name == MANIFEST else
-               {"path": name, "bytes": len(contents[name]), "sha256": hashlib.sha256(contents[name]).hexdigest()}
-               for name in MEMBERS]  # fmt: skip
+    members = [
+        {"path": name, "bytes": None, "sha256": None}
+        if name == MANIFEST
+        else {"path": name, "bytes": len(contents[name]), "sha256": hashlib.sha256(contents[name]).hexdigest()}
+        for name in MEMBERS
+    ]
     note = f"{MANIFEST} lists itself without size or hash: a file cannot contain its own hash."
     return json.dumps({"name": NAME, "folder": f"{NAME}/", "note": note, "members": members}, indent=2) + "\n"
 
@@ -104,7 +120,10 @@ def stale_members(committed, expected):
     except (ValueError, RecursionError, TypeError, KeyError):
         return [MANIFEST]
     differing = [entry["path"] for entry in json.loads(expected)["members"] if entries.get(entry["path"]) != entry]
-    return differing + sorted(set(entries) - set(MEMBERS)) or [MANIFEST]
+    differing += sorted(set(entries) - set(MEMBERS))  # entries for files that are no member
+    if not differing:
+        return [MANIFEST]
+    return differing
 
 
 def archive_bytes(contents, manifest):
@@ -113,7 +132,8 @@ def archive_bytes(contents, manifest):
     with zipfile.ZipFile(buffer, "w") as archive:
         for name in MEMBERS:
             info = zipfile.ZipInfo(f"{NAME}/{name}", RELEASE_DATE)
-            info.create_system, info.external_attr = UNIX, REGULAR_FILE_0644 << 16
+            info.create_system = UNIX
+            info.external_attr = REGULAR_FILE_0644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, manifest.encode("utf-8") if name == MANIFEST else contents[name], compresslevel=9)
     return buffer.getvalue()
@@ -155,12 +175,29 @@ def shown(path, root):
 
 def command(argv):
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
-    parser.add_argument("--output", action=Once, type=Path, metavar="FILE",
-                        help=f"write the archive to this new file instead of dist/{NAME}.zip")  # fmt: skip
-    parser.add_argument("--check", action=Once, nargs=0, const=True, default=False,
-                        help=f"write nothing; exit 1 if {MANIFEST} is stale, 2 if a member is unfit")  # fmt: skip
-    parser.add_argument("--source", action=Once, type=Path, default=ROOT, metavar="FOLDER",
-                        help="the folder holding the members (default: this repository)")  # fmt: skip
+    parser.add_argument(
+        "--output",
+        action=Once,
+        type=Path,
+        metavar="FILE",
+        help=f"write the archive to this new file instead of dist/{NAME}.zip",
+    )
+    parser.add_argument(
+        "--check",
+        action=Once,
+        nargs=0,
+        const=True,
+        default=False,
+        help=f"write nothing; exit 1 if {MANIFEST} is stale, 2 if a member is unfit",
+    )
+    parser.add_argument(
+        "--source",
+        action=Once,
+        type=Path,
+        default=ROOT,
+        metavar="FOLDER",
+        help="the folder holding the members (default: this repository)",
+    )
     args = parser.parse_args(argv)
     if args.check and args.output is not None:
         raise KitError("--output does not apply to --check, which writes nothing")
@@ -168,7 +205,8 @@ def command(argv):
     if (args.source / MANIFEST).is_symlink():  # written below: through a link, it would be someone else's file
         raise KitError(f"{MANIFEST} is a link: this tool writes over nothing but its own outputs")
     check_members(contents)  # --check too: what must never ship fails CI as well
-    manifest, committed = manifest_text(contents), read_member(args.source, MANIFEST)
+    manifest = manifest_text(contents)
+    committed = read_member(args.source, MANIFEST)
     if args.check:
         stale = stale_members(committed, manifest)
         if stale:
@@ -189,8 +227,10 @@ def command(argv):
     updated = committed != manifest.encode("utf-8")
     if updated:
         write(args.source / MANIFEST, manifest.encode("utf-8"), "wb")
-    print(f"wrote {shown(output, args.source)}: {len(MEMBERS)} members under {NAME}/, dated 2026-09-24 00:00:00"
-          + (f"; {MANIFEST} updated" if updated else ""))  # fmt: skip
+    summary = f"wrote {shown(output, args.source)}: {len(MEMBERS)} members under {NAME}/, dated 2026-09-24 00:00:00"
+    if updated:
+        summary += f"; {MANIFEST} updated"
+    print(summary)
     return 0
 
 

@@ -87,7 +87,8 @@ TIMER_MIN_RUN_SECONDS = 1.0
 # A failure with the flags as recorded is a finding about the GPU's libraries (a split-K into more chunks
 # reduced in the dtype, say), not a reason to loosen the bound.
 UNIT_ROUNDOFF = {"float32": 2**-24, "float16": 2**-11, "bfloat16": 2**-8}
-FLOAT32_ROUNDOFF, FLOAT64_ROUNDOFF = 2**-24, 2**-53
+FLOAT32_ROUNDOFF = 2**-24
+FLOAT64_ROUNDOFF = 2**-53
 SPLIT_K_CHUNKS = 4
 FLOAT32_INPUT_ROUNDOFF = {"high": 2**-11, "tf32": 2**-11, "medium": 2**-8}  # both APIs' names (TF32, bfloat16)
 # The child's checksum against measure's: one output summed in float64, perhaps in another order, moves
@@ -110,8 +111,17 @@ ALLOCATOR_RUNS = {
     "backend:cudaMallocAsync": ("not checked", {"backend": "cudaMallocAsync"}),
 }
 # What nvidia-smi is asked: never a UUID, a serial number or a PCI address.
-VENDOR_FIELDS = ("index", "name", "driver_version", "mig.mode.current", "clocks.sm", "clocks.mem", "clocks.max.sm",
-                 "clocks.max.mem", "power.limit")  # fmt: skip
+VENDOR_FIELDS = (
+    "index",
+    "name",
+    "driver_version",
+    "mig.mode.current",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "power.limit",
+)
 UUID_LIKE = r"(?i)\b(?:GPU|MIG)-[0-9a-f-]{8,}|\b[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}\b"
 
 
@@ -160,7 +170,8 @@ def relative_error_bound(dtype, width, terms, flags):
 
 def judge_numerics(name, options, answer, flags):
     """The row of one configuration's relative L2 error against its bound under the recorded flags."""
-    error, terms = answer.get("relative_l2_error"), answer.get("error_terms")
+    error = answer.get("relative_l2_error")
+    terms = answer.get("error_terms")
     try:
         bound = relative_error_bound(options["dtype"], options["width"], terms, flags)
     except (KeyError, TypeError, ZeroDivisionError):  # terms missing or malformed: never within a bound
@@ -236,7 +247,10 @@ def command_for(kind, arguments):
 
 
 def anonymous(member):  # an archive member without this machine's user and group
-    member.uid, member.gid, member.uname, member.gname = 0, 0, "", ""
+    member.uid = 0
+    member.gid = 0
+    member.uname = ""
+    member.gname = ""
     return member
 
 
@@ -246,7 +260,9 @@ def text(data):
 
 class Runner:  # children one at a time, each in its own session, within a per-child limit and a total budget
     def __init__(self, timeout_seconds, budget_seconds):
-        self.timeout_seconds, self.deadline, self.records = timeout_seconds, time.monotonic() + budget_seconds, []
+        self.timeout_seconds = timeout_seconds
+        self.deadline = time.monotonic() + budget_seconds
+        self.records = []
 
     def run(self, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
         argv, shown = command_for(kind, arguments)
@@ -299,7 +315,8 @@ def check_result(result, requested=None):
         [line] = kit.report_rows([("result", result)])
     except kit.KitError as error:
         return [("report", "read by report", False, str(error))]
-    config, phases = result["configuration"], result["phases"]
+    config = result["configuration"]
+    phases = result["phases"]
     rows = [("report", "read by report, no flag", not line["flags"], "; ".join(line["flags"]))]
     if requested:
         got = {key: config.get(key) for key in CONFIG_KEYS}
@@ -313,7 +330,8 @@ def check_result(result, requested=None):
     rows.append(("prediction", "every phase's verdict agrees", set(verdicts) == {"agrees"}, verdicts))
     rows.append(recheck(result))
     workspace = result.get("workspace") if isinstance(result.get("workspace"), dict) else {}
-    measured, allowance = workspace.get("measured_bytes"), workspace.get("allowance_bytes")
+    measured = workspace.get("measured_bytes")
+    allowance = workspace.get("allowance_bytes")
     within = isinstance(measured, int) and isinstance(allowance, int) and 0 <= measured <= allowance
     rows.append(("workspace", "measured workspace within the plan's allowance", within, f"{measured} <= {allowance}"))
     return rows
@@ -322,7 +340,8 @@ def check_result(result, requested=None):
 def recheck(result):
     """The kit's check_prediction again, on the recorded counters and under the allocator settings the
     result records (schema 4; the defaults before): its verdicts must be the recorded ones."""
-    phases, check = result["phases"], result.get("prediction_check")
+    phases = result["phases"]
+    check = result.get("prediction_check")
     environment = result.get("environment") if isinstance(result.get("environment"), dict) else {}
     try:
         allocator = environment.get("allocator_settings") if result["schema_version"] >= 4 else kit.DEFAULT_ALLOCATOR
@@ -334,7 +353,8 @@ def recheck(result):
         same = verdicts == [phase.get("verdict") for phase in phases] and kit_check == check
         detail = f"PyTorch {environment.get('torch')}" + ("" if same else f": check_prediction gives {verdicts}")
     except (kit.KitError, KeyError, TypeError, ValueError) as error:
-        same, detail = False, kit.describe_error(error)
+        same = False
+        detail = kit.describe_error(error)
     return ("prediction", "verdicts are check_prediction's on the recorded counters", same, detail)
 
 
@@ -363,14 +383,21 @@ def compare_runs(first, second):
     counters = (*kit.PHASE_MEMORY_FIELDS, "baseline_requested_bytes", "end_requested_bytes", "peak_requested_bytes")
     pairs = zip(first["phases"], second["phases"], strict=False)  # a length difference is named below
     found = [f"{a['phase']} {c}: {a.get(c)} vs {b.get(c)}" for a, b in pairs for c in counters if a.get(c) != b.get(c)]
-    found += ["not the same phase lines"] * (len(first["phases"]) != len(second["phases"]))
+    if len(first["phases"]) != len(second["phases"]):
+        found.append("not the same phase lines")
     sums = [run["output_summary"]["checksum_float64"] for run in (first, second)]
-    return found + [f"checksums {sums}"] * (sums[0] is None or sums[0] != sums[1])
+    if sums[0] is None or sums[0] != sums[1]:
+        found.append(f"checksums {sums}")
+    return found
 
 
 class Validation:
     def __init__(self, device, folder, runner):
-        self.device, self.folder, self.runner, self.rows, self.logged = device, Path(folder), runner, [], 0
+        self.device = device
+        self.folder = Path(folder)
+        self.runner = runner
+        self.rows = []
+        self.logged = 0
         found = (str(ROOT), sys.prefix, sys.executable, str(Path.home()), str(self.folder.resolve()))
         self.secrets = sorted((p for p in found if len(p) > 1), key=len, reverse=True)  # the longest first
 
@@ -463,12 +490,16 @@ class Validation:
                 rows = check_result(result, options) if isinstance(result, dict) else [("", "a result", False, result)]
                 failed = [f"{check} ({detail})" if detail else check for _, check, ok, detail in rows if not ok]
                 self.row(f"{name} run {number}: the kit's checks", not failed, "; ".join(failed) or len(rows))
-            reproduced = all(isinstance(r, dict) for r in runs) and compare_runs(*runs)
-            detail = "; ".join(reproduced or ["two results are needed"])[:400]
-            self.row(f"{name}: two fresh runs, same counters and checksum", reproduced == [], detail)
-            answer, first = cross.get(name) or {}, runs[0] if isinstance(runs[0], dict) else {}
+            differences = ["two results are needed"]
+            if all(isinstance(r, dict) for r in runs):
+                differences = compare_runs(*runs)
+            detail = "; ".join(differences)[:400]
+            self.row(f"{name}: two fresh runs, same counters and checksum", not differences, detail)
+            answer = cross.get(name) or {}
+            first = runs[0] if isinstance(runs[0], dict) else {}
             measured = (first.get("output_summary") or {}).get("checksum_float64")
-            child, scale = answer.get("checksum_float64"), answer.get("absolute_sum_float64")
+            child = answer.get("checksum_float64")
+            scale = answer.get("absolute_sum_float64")
             numbers = all(isinstance(v, float) for v in (measured, child, scale))
             elements = answer.get("elements") or 0
             tolerance = 2 * elements * FLOAT64_ROUNDOFF / (1 - elements * FLOAT64_ROUNDOFF) * scale if numbers else None
@@ -481,11 +512,13 @@ class Validation:
 
     def judge_timing(self, results, cross):
         for dtype in DTYPES:
-            name, answer = f"{TIMED_SIZE}-{dtype}", cross.get(f"{TIMED_SIZE}-{dtype}") or {}
+            name = f"{TIMED_SIZE}-{dtype}"
+            answer = cross.get(f"{TIMED_SIZE}-{dtype}") or {}
             result = results.get(f"results/{name}-run1.json")
             try:
                 [line] = kit.report_rows([(name, result)])
-                wall_ms, device_ms = float(line["warm_median_ms"]), line["warm_median_device_ms"]
+                wall_ms = float(line["warm_median_ms"])
+                device_ms = line["warm_median_device_ms"]
             except (kit.KitError, TypeError):
                 wall_ms = device_ms = None
             timer_ms = answer["timer_median_seconds"] * 1000 if "timer_median_seconds" in answer else None
@@ -503,9 +536,11 @@ class Validation:
         try:
             text = kit.format_report(kit.report(paths)).replace(str(self.folder) + os.sep, "")
             self.write("report.txt", text)
-            passed, detail = len(paths) == len(results), f"{len(paths)} of {len(results)}"
+            passed = len(paths) == len(results)
+            detail = f"{len(paths)} of {len(results)}"
         except kit.KitError as error:
-            passed, detail = False, error
+            passed = False
+            detail = error
         self.row("report reads every result together", passed, detail)
 
     def refusal(self, environment):
@@ -535,7 +570,7 @@ class Validation:
         except kit.KitError as error:  # a notebook's failure is its row's, not the whole validation's
             rows = [("", "result", False, str(error))]
         failed = [check for _, check, ok, _ in rows if not ok]
-        passed = count == 1 and record["exit_status"] == 0 and rows and not failed
+        passed = count == 1 and record["exit_status"] == 0 and bool(rows) and not failed
         detail = f"exit {record['exit_status']}, {len(written)} result(s), failed: {failed or 'none'}"
         self.row("notebook's code cells as plain python3", passed, detail)
 
@@ -548,7 +583,8 @@ def validate(device, folder, archive, runner):
     if environment is None or environment.get("gpu_available") is not True:
         raise kit.KitError(f"no usable GPU for {device}: {why or environment.get('gpu_unavailable_reason')}")
     try:
-        os.makedirs(Path(folder, "logs")), os.mkdir(Path(folder, "results"))
+        os.makedirs(Path(folder, "logs"))
+        os.mkdir(Path(folder, "results"))
     except OSError as error:
         why = f"cannot create {kit.shown_name(folder)}: {kit.describe_error(error)}"
         raise kit.KitError(f"--output-dir: {why}") from None
@@ -566,7 +602,7 @@ def validate(device, folder, archive, runner):
         validation.refusal(environment)
         validation.notebook()
         validation.vendor("after")
-        same = vendor["name"] == gpu.get("name") and vendor["driver_version"]
+        same = vendor["name"] == gpu.get("name") and bool(vendor["driver_version"])
         validation.row("vendor tool: the GPU PyTorch names", same, f"{vendor['name']}, {vendor['driver_version']}")
         validation.judge_configurations(results, cross or {}, environment)
         validation.judge_allocator_settings(allocator_results, environment)
@@ -584,8 +620,10 @@ def build_parser():
     parser = kit.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--device", required=True, action=kit.Once, metavar="cuda:N", help="the GPU to validate")
     parser.add_argument("--output-dir", required=True, action=kit.Once, metavar="DIR", help=OUTPUT_HELP)
-    timeouts = (("--timeout-seconds", CHILD_TIMEOUT_SECONDS, "kill a child running longer"),
-                ("--budget-seconds", BUDGET_SECONDS, "time for all children; then none starts"))  # fmt: skip
+    timeouts = (
+        ("--timeout-seconds", CHILD_TIMEOUT_SECONDS, "kill a child running longer"),
+        ("--budget-seconds", BUDGET_SECONDS, "time for all children; then none starts"),
+    )
     for option, default, text in timeouts:
         parser.add_argument(option, action=kit.Once, default=str(default), metavar="S", help=f"{text} ({default})")
     return parser

@@ -720,7 +720,10 @@ def run(argv):
 
 
 def print_answer(argv):
-    sys.stdout.write(run(argv) + "\n")  # one write: an output that fails fails before any of it is shown
+    # One write: an output that fails fails before any of it is shown.  The text is escaped where stdout
+    # cannot encode it (PYTHONIOENCODING=ascii, a C locale): a GPU name in a catalog is data, not an error.
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    sys.stdout.write((run(argv) + "\n").encode(encoding, "backslashreplace").decode(encoding))
 
 
 # >>> command-line contract
@@ -853,7 +856,10 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     import signal
 
     stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
-    sigterm = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        sigterm = signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread, which alone handles signals: SIGTERM stays as it was
+        sigterm = None
     try:
         try:
             status = command(argv) or 0
@@ -873,7 +879,8 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         return 130
     finally:
         sys.stdout = stdout
-        signal.signal(signal.SIGTERM, sigterm)
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     return status
 
 

@@ -516,6 +516,7 @@ def _read_settings(torch, query, settings):
 
 # >>> notebook: 2.2 The allocator settings PyTorch parsed, the GPU's fields, the environment's text
 ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
+ALLOCATOR_INTERVAL_KEYS = tuple(str(2**index) for index in range(ALLOCATOR_INTERVALS))  # each interval's MiB
 DEFAULT_ALLOCATOR = {
     "backend": "native",
     "max_split_size_bytes": None,
@@ -1859,12 +1860,29 @@ def _checked_result(path, result):
 
 
 # >>> notebook: 4.2 Each result checked, and the report's rows
+def _as_measure_writes(allocator):
+    """Whether ``allocator`` has the keys and the value types measure writes (its text is then shown)."""
+    if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
+        return False
+    limit, divisions = allocator["max_split_size_bytes"], allocator["roundup_power2_divisions"]
+    return (
+        allocator["backend"] in ("native", "cudaMallocAsync")
+        and (limit is None or _count(limit) is not None)
+        and isinstance(allocator["expandable_segments"], bool)
+        and isinstance(divisions, dict)
+        and all(
+            key in ALLOCATOR_INTERVAL_KEYS and _count(count) is not None and count > 1
+            for key, count in divisions.items()
+        )
+    )
+
+
 def _allocator_flag(path, environment):
     """The allocator settings a schema-4 result records that differ from PyTorch's defaults, as one flag."""
     allocator = environment.get("allocator_settings")
     if allocator is None:
         return "allocator settings not recorded: prediction not checked"
-    if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
+    if not _as_measure_writes(allocator):
         raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
     differing = allocator_differences(allocator)
     return "allocator " + ", ".join(differing) if differing else None
@@ -2333,7 +2351,10 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     import signal
 
     stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
-    sigterm = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        sigterm = signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread, which alone handles signals: SIGTERM stays as it was
+        sigterm = None
     try:
         try:
             status = command(argv) or 0
@@ -2353,7 +2374,8 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         return 130
     finally:
         sys.stdout = stdout
-        signal.signal(signal.SIGTERM, sigterm)
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     return status
 
 

@@ -830,3 +830,14 @@ def test_the_answers_need_no_site_packages(tmp_path):
     refused = run_script("calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python,
                          python_flags=("-S",), cwd=tmp_path)  # fmt: skip
     assert_one_line_refusal(refused, "'basic.csv': line 2: snapshot_date must be a date written YYYY-MM-DD")
+
+
+@pytest.mark.whole_kit
+def test_an_ascii_only_stdout_gets_a_non_ascii_catalog_name_escaped(tmp_path):
+    """PYTHONIOENCODING=ascii (or a C locale) is stdout's encoding, a real one: a new process."""
+    catalog = (ROOT / "tarifs-forfaits.csv").read_text(encoding="utf-8").replace("NVIDIA H200", "NVIDIA H200 é")
+    (tmp_path / "c.csv").write_text(catalog, encoding="utf-8")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    completed = run_script("calcul_forfaits.py", "--catalog", "c.csv", "--list", cwd=tmp_path, env=env)
+    assert (completed.returncode, completed.stderr) == (0, "")
+    assert "NVIDIA H200 \\xe9" in completed.stdout

@@ -129,6 +129,19 @@ def test_sigterm_is_one_line_and_143_and_its_handler_is_put_back(name, capsys, m
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_main_runs_in_a_thread_that_cannot_handle_signals(name, capsys):
+    """Only the main thread may set a signal handler: from another, SIGTERM is left as it was."""
+    import threading
+
+    statuses = []
+    thread = threading.Thread(target=lambda: statuses.append(_main(name)(["--help"])))
+    thread.start()
+    thread.join()
+    assert statuses == [0]
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("module", [mesure_memoire, calcul_forfaits])  # the kit's and the calculator's copy
 def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number(capsys, module):
     """run_command_line as the tools use it: its default Ctrl-C line; a SystemExit without a number is 2."""

@@ -880,7 +880,19 @@ def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypa
 
 
 @pytest.mark.parametrize(
-    "settings", ["native", [], {"backend": "native"}, {**mesure_memoire.DEFAULT_ALLOCATOR, "x": 1}]
+    "settings",
+    [
+        "native",
+        [],
+        {"backend": "native"},
+        {**mesure_memoire.DEFAULT_ALLOCATOR, "x": 1},
+        {**mesure_memoire.DEFAULT_ALLOCATOR, "backend": "native\n\x1b[31m"},
+        {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": -5},
+        {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": 1},
+        {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": "xxx"},
+        {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": {"3": 4}},
+        {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": {"1": 1}},
+    ],
 )
 def test_schema_4_allocator_settings_not_as_measure_writes_them_are_refused(settings):
     result = load("schema4.json")

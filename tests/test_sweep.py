@@ -153,13 +153,17 @@ def test_a_child_that_hangs_is_stopped_and_reported_and_leaves_nothing(stand_in,
     monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 5)
     stand_in({"256": "write", "512": "hang", "1024": "write"})
     started = time.monotonic()
-    # 3 s: time for the stand-in child to set its handlers first, even on a loaded machine (with 1 s, a
-    # child on Python 3.10 was once interrupted before that, and logged nothing).
-    assert mesure_memoire.main([*SWEEP, "--values", "256,512,1024", "--timeout-s", "3"]) == 0
+    # As from a terminal: a suite started in the background (with &) has SIGINT ignored, which its children
+    # would inherit, and the stand-in would then set no handler to log the interrupt with.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert mesure_memoire.main([*SWEEP, "--values", "256,512,1024", "--timeout-s", "1"]) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 20
     out = capsys.readouterr().out.splitlines()
     assert (
-        out[1] == "Sweep stopped: width 512: the child did not finish within 3 s and was stopped; nothing kept for it"
+        out[1] == "Sweep stopped: width 512: the child did not finish within 1 s and was stopped; nothing kept for it"
     )
     assert stand_in.calls() == [PROBE, measure_call(256), measure_call(512)]
     assert os.listdir("out") == ["mesures-width-256.json"]  # the hanging child's partial file is gone

@@ -231,8 +231,13 @@ def as_parameters(error):
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 
 
+# How PyTorch words a refusal of its allocator settings (c10's allocator-config parsers), which echoes the
+# text it was given; an out-of-memory message, which names PYTORCH_CUDA_ALLOC_CONF, is not one.
+_ALLOCATOR_REFUSALS = ("cachingallocator option", "allocator config", "allocator option")
+
+
 def describe_error(exc):
-    if "allocator" in str(exc).lower():  # PyTorch's refusal of its allocator settings echoes their text
+    if any(wording in str(exc).lower() for wording in _ALLOCATOR_REFUSALS):
         return ALLOCATOR_REFUSED
     return f"{type(exc).__name__}: {redact(exc)}".rstrip(": ")
 

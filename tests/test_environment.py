@@ -857,6 +857,24 @@ def test_a_refusal_of_the_settings_in_any_query_echoes_no_key(stand_in_gpu, monk
     assert mesure_memoire.ALLOCATOR_REFUSED in err
 
 
+@pytest.mark.parametrize(
+    ("message", "refused"),
+    [
+        ("Unrecognized CachingAllocator option: secret_key_42", True),
+        ("Unrecognized key 'secret_key_42' in Accelerator allocator config.", True),
+        (
+            "CUDA out of memory. Tried to allocate 2.00 MiB. If reserved but unallocated memory is large try "
+            "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+            False,
+        ),
+    ],
+)
+def test_only_a_refusal_of_the_allocator_settings_is_worded_as_one(message, refused):
+    described = mesure_memoire.describe_error(RuntimeError(message))
+    assert (described == mesure_memoire.ALLOCATOR_REFUSED) is refused
+    assert ("secret_key_42" in described) is False
+
+
 def test_a_snapshot_that_cannot_answer_falls_back_to_the_getter(stand_in_gpu, monkeypatch):
     def failing():  # a stand-in: a private API that fails for another reason than the settings
         raise RuntimeError("snapshot is not supported on this build")

@@ -436,6 +436,7 @@ def ranked(rentals):
 PLAN_KIT = "iteragpu-lab-v1"
 PLAN_SCHEMA_VERSIONS = (1,)  # the plan_schema_version values this calculator reads
 PLAN_DTYPES = ("float32", "float16", "bfloat16")
+FIT_SIZES = ("batch", "context", "width")
 GIB_BYTES, GB_BYTES = 2**30, 10**9
 MEMORY_NOTE = (
     "The catalog's memory is nominal (memory_gb x 10**9 bytes); environment on the rented box gives the card's "
@@ -481,9 +482,6 @@ def parse_plan(data, name):
     if not sizes_valid or config.get("dtype") not in PLAN_DTYPES or not all(map(is_positive_int, needs.values())):
         fail(name, "a plan with a missing or invalid configuration or needs figure")
     return {"configuration": {key: config[key] for key in (*FIT_SIZES, "dtype")}, **needs}
-
-
-FIT_SIZES = ("batch", "context", "width")
 
 
 def cards_for_plan(catalog, plan, days):

@@ -100,6 +100,8 @@ MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
 MAX_DEVICE_DIGITS = 4
 MAX_PASSES = 1000  # --warmup and --repeats each: a measurement is a short, bounded trial
 PASSES_REASON = "a measurement is a short, bounded trial"
+# measure and sweep refuse an older PyTorch (README: "PyTorch 2.4 or later"); the other commands need no gate.
+OLDEST_TORCH = (2, 4)
 PYTORCH_WARNINGS_FIELD = "pytorch_warnings"  # the field_errors key for warnings PyTorch raised
 # Warnings PyTorch raised in this process: redacted, one line each, no repeats.  PyTorch warns on its first
 # import only: a second Run All of the notebook re-runs this cell, and must keep them.
@@ -762,6 +764,12 @@ FIT_MARGIN_BYTES = GIB_BYTES
 CONTEXT_ALLOWANCE_BYTES = GIB_BYTES
 PLAN_SCHEMA_VERSION = 1  # the plan's JSON is read by calcul_forfaits.py --for-plan
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
+FORWARD_PHASES = PHASES[2:]  # cold_forward, warmup, warm_forward: the phases that run the matrix products
+PER_CALL_HOW = (
+    "each matrix product of the forward run once more after the phases, alone: its peak above its end, what one "
+    "call takes and gives back (a BLAS workspace allocated per call); a forward's peaks may exceed their "
+    "prediction by up to this"
+)
 
 
 def allocated_block_bytes(requested_bytes):
@@ -1141,10 +1149,11 @@ class PhaseFailed(Exception):
 
 
 def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
-    """Run the phases of the spec's table in order; returns (their records, the output summary).
+    """Run the phases of the spec's table in order; returns (their records, the output summary, the
+    per-call workspace).
 
     ``cuda`` is ``torch.cuda`` for a real measurement (tests pass a recording stand-in).  The
-    summary of the last output is computed after the phases, outside any timing.
+    summary of the last output and the per-call workspace are measured after the phases, outside any timing.
     """
     dtype = getattr(torch, config["dtype"])
     records = []
@@ -1193,7 +1202,49 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
             summary = summarize_output(torch, output)
         except Exception as exc:
             raise PhaseFailed("output_summary", exc) from exc
-    return records, summary
+        output = None  # the last output goes before the products run again
+        try:
+            per_call = measure_per_call_workspace(cuda, device, model, inputs)
+        except Exception as exc:
+            raise PhaseFailed("per_call_workspace", exc) from exc
+    return records, summary, per_call
+
+
+# The BLAS workspaces of a forward's products, by PyTorch release, as read in each release's CUDA wheel (the
+# symbols and strings of libtorch_cuda.so, the ATen/cuda headers; the evidence is in the source repository's
+# validation/blas-workspaces.md).  cuBLASLt's (1 MiB unless CUBLASLT_WORKSPACE_SIZE says otherwise) is taken
+# per call in 2.4 to 2.8 (gemm_and_bias in aten/src/ATen/cuda/CUDABlas.cpp allocates it and frees it on return),
+# kept per handle and stream from 2.9 (getCUDABlasLtWorkspace), shared with cuBLAS's from 2.12
+# (unified_cublas_and_lt_workspaces), and per call again in 2.15, cuBLAS's too (TORCH_CUBLAS_WORKSPACE_CACHE,
+# off by default).  cuBLAS's is kept per handle and stream in 2.4 to 2.14 (cublas_handle_stream_to_workspace).
+# Not established: the patch releases not read (2.9.0 among them), ROCm's hipBLAS and hipBLASLt.  So the
+# kit assumes neither: cold_forward's end shows what is kept, measure_per_call_workspace what a call takes.
+def _product_transient(cuda, device, product):
+    """(product's output, the allocated bytes and the requested bytes it took and gave back within the call):
+    its peak above its end, the output alive.  Requested bytes are None where memory_stats lacks them."""
+    cuda.synchronize(device)
+    cuda.reset_peak_memory_stats(device)
+    output = product()
+    cuda.synchronize(device)
+    allocated_bytes = cuda.max_memory_allocated(device) - cuda.memory_allocated(device)
+    stats = cuda.memory_stats(device)
+    peak, current = _requested(stats, "peak"), _requested(stats, "current")
+    return output, allocated_bytes, None if peak is None or current is None else peak - current
+
+
+def measure_per_call_workspace(cuda, device, model, inputs):
+    """Each matrix product of the forward once more, alone: the most one call took and gave back, as
+    {"allocated_bytes", "requested_bytes"}.  That is a BLAS workspace allocated per call (PyTorch 2.4's
+    cuBLASLt one is, sized by CUBLASLT_WORKSPACE_SIZE, which the kit cannot read); 0 where they are kept."""
+    fc1_output, first_allocated, first_requested = _product_transient(cuda, device, lambda: model[0](inputs))
+    gelu_output = model[1](fc1_output)
+    fc1_output = None
+    _, second_allocated, second_requested = _product_transient(cuda, device, lambda: model[2](gelu_output))
+    both_requested = first_requested is not None and second_requested is not None
+    return {
+        "allocated_bytes": max(first_allocated, second_allocated),
+        "requested_bytes": max(first_requested, second_requested) if both_requested else None,
+    }
 
 
 def summarize_output(torch, output):
@@ -1207,19 +1258,24 @@ def summarize_output(torch, output):
 
 
 # >>> notebook: 3.4 The prediction check: the measured counters against the plan
-def check_prediction(records, plan):
+def check_prediction(records, plan, per_call=None):
     """Put each phase's prediction, verdict and disagreements beside its measurement.
 
     Requested bytes must match exactly; allocated bytes must lie between the 512-byte rounded
     prediction and that plus the large blocks' slack.  The first forward's BLAS workspace is
-    measured: what it leaves allocated beyond the predicted output.  Returns
+    measured: what it leaves allocated beyond the predicted output.  ``per_call`` (from
+    measure_per_call_workspace; None: not measured, nothing allowed) is what one matrix product takes and
+    gives back: a forward's peaks may exceed their prediction by up to that.  Returns
     (records, prediction_check, workspace).
     """
     disagreements, not_checked = [], []
     workspace = {"measured_bytes": None, "requested_bytes": None,
                  "how": "cold_forward's end level above its baseline, less its predicted output: what the first "
                  "forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
-                 "allowance_bytes": plan["blas_workspace_allowance_bytes"]}  # fmt: skip
+                 "allowance_bytes": plan["blas_workspace_allowance_bytes"],
+                 "per_call_allocated_bytes": None if per_call is None else per_call["allocated_bytes"],
+                 "per_call_requested_bytes": None if per_call is None else per_call["requested_bytes"],
+                 "per_call_how": PER_CALL_HOW}  # fmt: skip
     checked = []
     for record, predicted in zip(records, plan["phases"], strict=True):
         expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
@@ -1283,11 +1339,17 @@ def _above_baseline(record):
 def _accepted_range(record, predicted, expected, measured, workspace):
     """(low, high): the bounds each measured counter must lie within (high None: no upper bound).
 
-    On the first cold_forward, records the measured workspace in ``workspace`` and widens the bounds by it."""
+    On the first cold_forward, records the measured workspace in ``workspace`` and widens the bounds by it.
+    A forward's peaks may also hold one per-call workspace, where it was measured."""
     low = {counter: expected[counter] for counter in measured}
     high = dict(low)
     high["end_allocated_bytes"] += predicted["end_allocated_slack_bytes"]
     high["peak_allocated_bytes"] += predicted["peak_allocated_slack_bytes"]
+    if record["phase"] in FORWARD_PHASES:
+        for counter in ("allocated", "requested"):
+            per_call_bytes = workspace[f"per_call_{counter}_bytes"]
+            if per_call_bytes is not None and f"peak_{counter}_bytes" in measured:
+                high[f"peak_{counter}_bytes"] += per_call_bytes
     if record["phase"] == "cold_forward" and workspace["measured_bytes"] is None:
         # The workspace stays allocated: it sits in the end level and, from the first
         # product on, in the peak.  The end only has to hold at least the output.
@@ -1470,6 +1532,23 @@ def _dtype_problem(torch, index, dtype):
     return None
 
 
+def torch_release_warning(version):
+    """Refuse (KitError) a PyTorch release older than OLDEST_TORCH.  Returns a warning line when ``version``
+    does not start with MAJOR.MINOR (the run is measured all the same), else None.  Only the leading digits
+    count, so vendor builds ("2.4.0a0+git…", "2.8.0+rocm6.3") are the release they name."""
+    import re
+
+    found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
+    oldest = ".".join(map(str, OLDEST_TORCH))
+    if found is None:
+        return f"PyTorch's version {shown(version)} is not MAJOR.MINOR...: measured as if it were {oldest} or later"
+    if tuple(map(int, found.groups())) < OLDEST_TORCH:
+        raise KitError(
+            f"PyTorch {oldest} or later is needed to measure; this is PyTorch {shown(version)}: nothing measured"
+        )
+    return None
+
+
 def _host_memory_bytes():
     try:  # POSIX only; where unknown, the check is skipped
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -1503,8 +1582,8 @@ def fit_problem(plan, environment):
 def measure(config, tool):
     """Measure the synthetic MLP on the chosen GPU; returns the result (writes nothing).
 
-    Refuses (KitError, exit 2) without PyTorch, without a usable GPU, with an unsupported
-    dtype, sizes whose predicted peak cannot fit, or a failed set-up step; raises
+    Refuses (KitError, exit 2) without PyTorch, with one older than OLDEST_TORCH, without a usable GPU,
+    with an unsupported dtype, sizes whose predicted peak cannot fit, or a failed set-up step; raises
     MeasurementFailed (exit 3) when a phase fails.
     """
     from datetime import datetime, timezone  # here only: the estimate's start-up does not pay for it
@@ -1517,6 +1596,7 @@ def measure(config, tool):
     set_up = _set_up_step(config["device"])
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     environment = collect_environment(config["device"])
+    torch_version_warning = torch_release_warning(environment["torch"])
     if ALLOCATOR_REFUSED in environment["field_errors"].values():
         raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
     plan = predict_memory(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
@@ -1528,10 +1608,10 @@ def measure(config, tool):
     reserved_before = set_up("torch.cuda.memory_reserved", lambda: cuda.memory_reserved(device))
     device_used_before = device_used_bytes(cuda, index)  # CUDA is initialised: its context is counted
     try:
-        phases, output_summary = measure_phases(torch, cuda, device, config)
+        phases, output_summary, per_call = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
-    phases, prediction_check, workspace = check_prediction(phases, plan)
+    phases, prediction_check, workspace = check_prediction(phases, plan, per_call)
     fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
@@ -1539,6 +1619,7 @@ def measure(config, tool):
         "tool": tool,
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "environment": environment,
+        "torch_version_warning": torch_version_warning,
         "configuration": {
             **config,
             "cuda_initialized_before_measure": cuda_initialized_before,
@@ -1666,6 +1747,13 @@ CUDA_INITIALIZED_NOTE = (
 )
 
 
+def result_warnings(result):
+    """What makes a measurement less trustworthy, one line each: a process that was not fresh, a PyTorch
+    version the kit cannot read."""
+    warnings = [result["configuration"]["fresh_process_warning"], result["torch_version_warning"]]
+    return [warning for warning in warnings if warning]
+
+
 def format_phase_table(result):
     """The measurement as a table; a prediction that disagrees is marked, and each difference listed."""
 
@@ -1699,6 +1787,11 @@ def format_phase_table(result):
         lines.append(
             f"BLAS workspace measured: {workspace['measured_bytes']} bytes allocated by the first forward "
             "beyond the prediction"
+        )
+    if workspace and workspace.get("per_call_allocated_bytes"):
+        lines.append(
+            f"BLAS workspace per call: {workspace['per_call_allocated_bytes']} bytes taken and given back by one "
+            "matrix product, allowed at each forward's peak"
         )
     summary = result.get("output_summary")
     if summary:
@@ -2428,8 +2521,7 @@ def _command_measure(args):
     if output_path is None:
         raise KitError("--output: a new file name is required (or --plan, which measures nothing and writes nothing)")
     result = measure_to_file(config, output_path, tool="mesure_memoire.py")
-    warning = result["configuration"]["fresh_process_warning"]
-    if warning:
+    for warning in result_warnings(result):
         say("mesure_memoire.py", warning, prefix="warning: ")
     print(format_phase_table(result))
     # As typed, however long (the user needs the whole name); repr only when it would break the line.
@@ -2621,6 +2713,7 @@ def _command_sweep(args):
     timeout_s = whole_number("--timeout-s", args.timeout_s, 1, SWEEP_MAX_TIMEOUT_S)
     folder = check_new_folder(args.output_dir)
     environment = probe_device(args.device)
+    torch_release_warning(environment.get("torch"))  # a refusal; each child's result keeps the warning
     written, stop = sweep_children(dimension, configs, environment, folder, timeout_s)
     if not written:
         raise stop

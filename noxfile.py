@@ -1,11 +1,13 @@
 """The version matrix: the test suite on each CPython 3.10-3.13 found on PATH, with the oldest PyTorch the
-kit supports and the newest the package index serves, plus CI's own stack.
+kit supports (2.4.1), a release in the middle of the range (2.8.0), the one validated on a GPU (2.11.0) and
+the newest the package index serves, plus CI's own stack.
 
 Run from the repository root (nox is in requirements-dev.txt):
 
     nox -l                                         # the sessions
     nox --envdir ../nox-envs                       # the whole matrix; a missing interpreter is skipped
     nox -s "tests-3.12(torch='newest')" -- -x      # one cell; what follows -- goes to pytest
+    nox -s "tests-3.10(torch='2.4.1')"             # the oldest release the README supports
 
 nox looks for ``python3.X`` on PATH. With pyenv, put every version there for the run, e.g.
 ``PYENV_VERSION=3.10.13:3.11.7:3.12.1:3.13.0 nox ...``.  Each cell builds a fresh virtual environment
@@ -23,9 +25,12 @@ from pathlib import Path
 import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
-OLDEST_TORCH = "2.11.0"  # the oldest release the README supports; the validation GPU box runs it
-NEWEST_TORCH = "2.15.0"  # the newest on PyPI when the matrix was last changed (`pip index versions torch`)
+# The releases each Python is tested with: the oldest the README supports, one in the middle, the one the
+# validation GPU box runs, and the newest on PyPI when the matrix was last changed (`pip index versions torch`).
+TORCH_RELEASES = ("2.4.1", "2.8.0", "2.11.0", "newest")
+NEWEST_TORCH = "2.15.0"
 NEWEST_TORCH_FOR = {"3.10": "2.14.1"}  # 2.15 has no wheel for Python 3.10: the newest one that has
+NO_WHEEL = {("2.4.1", "3.13")}  # PyPI's 2.4.1 has wheels for Python 3.8 to 3.12 only
 CI_TORCH = "2.13.0"  # CI's stack: the CPU build on this machine's disk, for Python 3.11 only
 REQUIREMENTS = Path(__file__).parent / "requirements-dev.txt"
 
@@ -50,9 +55,13 @@ def run_tests(session):
 
 
 @nox.session(python=PYTHONS)
-@nox.parametrize("torch", ["oldest", "newest"])
+@nox.parametrize("torch", TORCH_RELEASES)
 def tests(session, torch):
-    install(session, OLDEST_TORCH if torch == "oldest" else NEWEST_TORCH_FOR.get(session.python, NEWEST_TORCH))
+    if (torch, session.python) in NO_WHEEL:
+        session.skip(f"PyTorch {torch} has no wheel for Python {session.python}")
+    if torch == "newest":
+        torch = NEWEST_TORCH_FOR.get(session.python, NEWEST_TORCH)
+    install(session, torch)
     run_tests(session)
 
 

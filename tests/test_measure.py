@@ -49,6 +49,9 @@ from conftest import (
 SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
                "--warmup", "1", "--repeats", "2"]  # fmt: skip
 
+# What measure_phases measures after the phases on a GPU whose BLAS workspaces are kept: no per-call workspace.
+NO_PER_CALL = {"allocated_bytes": 0, "requested_bytes": 0}
+
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
 
@@ -258,7 +261,7 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     recorder = RecordingCudaStandIn(
         observe=lambda: sum(ref() is not None for ref in outputs), device=torch.device("cpu")
     )
-    records, summary = mesure_memoire.measure_phases(
+    records, summary, _ = mesure_memoire.measure_phases(
         torch, recorder, torch.device("cpu"), config(warmup=warmup, repeats=repeats)
     )
 
@@ -280,7 +283,11 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     # The recorder sees 17 calls per phase (the clock and the work are not cuda calls): call 0 is
     # the start synchronize, call 12 the end memory_allocated reading.
     calls_per_phase = 17
-    assert len(recorder.calls) == calls_per_phase * len(records)
+    phase_calls = calls_per_phase * len(records)
+    # Then the per-call workspace: each of the two products alone, once the last output is released.
+    product = ["synchronize", "reset_peak_memory_stats", "synchronize", "max_memory_allocated"]
+    product += ["memory_allocated", "memory_stats"]
+    assert recorder.calls[phase_calls:] == [(name, 0) for name in product * 2]
     for index, record in enumerate(records):
         calls = recorder.calls[index * calls_per_phase : (index + 1) * calls_per_phase]
         assert calls[0] == ("synchronize", 0)  # no forward output alive when a phase starts
@@ -319,8 +326,10 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     result = json.loads(output.read_text(encoding="utf-8"))
     assert set(result) == {"kit", "schema_version", "tool", "created_utc", "environment", "configuration",
                            "synthetic_model", "phases", "prediction_check", "workspace", "output_summary",
-                           "predicted_peak_allocated_bytes", "fit_margin_bytes", "matmul_arithmetic"}  # fmt: skip
+                           "predicted_peak_allocated_bytes", "fit_margin_bytes", "matmul_arithmetic",
+                           "torch_version_warning"}  # fmt: skip
     assert result["schema_version"] == 4 and result["tool"] == "mesure_memoire.py"
+    assert result["torch_version_warning"] is None  # this PyTorch's version reads as MAJOR.MINOR
     assert result["created_utc"].endswith("Z")
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
     assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
@@ -484,6 +493,7 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
     calls = []
     result = {
         "configuration": {"fresh_process_warning": "not a fresh\nprocess"},
+        "torch_version_warning": None,
         "phases": [{"phase": "inputs", "nanoseconds": 10**6, "device_ms": None, "end_allocated_bytes": 0,
                     "peak_allocated_bytes": 0, "peak_reserved_bytes": 0, "verdict": "agrees"}],
     }  # fmt: skip
@@ -499,7 +509,12 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
     assert calls == [(config(device="cuda:2", batch=4), "out\tname.json", "mesure_memoire.py")]
     assert captured.err == "mesure_memoire.py: warning: not a fresh\\nprocess\n"
     assert captured.out == mesure_memoire.format_phase_table(result) + "\nResult written to 'out\\tname.json'\n"
-    result["configuration"]["fresh_process_warning"] = None
+    result["torch_version_warning"] = "an unreadable version"
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "both.json"]) == 0
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: warning: not a fresh\\nprocess\nmesure_memoire.py: warning: an unreadable version\n"
+    )
+    result["configuration"]["fresh_process_warning"] = result["torch_version_warning"] = None
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "plain name.json"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out.endswith("\nResult written to plain name.json\n")
@@ -522,7 +537,7 @@ PHASE_TABLE_RESULT = {
         {"phase": "warm_forward", "repetition": 2, "counter": "end_requested_bytes", "measured_bytes": 0,
          "predicted_bytes": 4, "difference_bytes": -4},
     ]},
-    "workspace": {"measured_bytes": 8519680},
+    "workspace": {"measured_bytes": 8519680, "per_call_allocated_bytes": MIB},
     "output_summary": {"elements": 1024, "all_finite": True, "checksum_float64": -1.25},
 }  # fmt: skip
 
@@ -535,6 +550,7 @@ warm_forward #2  0.001     12.346           0.00            0.00               1
 DISAGREES warmup: peak_allocated_bytes above baseline measured 1536, predicted 1024 (difference +512 bytes)
 DISAGREES warm_forward #2: end_requested_bytes above baseline measured 0, predicted 4 (difference -4 bytes)
 BLAS workspace measured: 8519680 bytes allocated by the first forward beyond the prediction
+BLAS workspace per call: 1048576 bytes taken and given back by one matrix product, allowed at each forward's peak
 Last output: 1024 elements, all finite, float64 checksum -1.25"""
 
 
@@ -704,12 +720,13 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     set_up = SetUpCalls(monkeypatch)
     settings = config(device="cuda:2", batch=2, context=3, width=8, warmup=2, repeats=1)
     seen = []
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", False)  # put back after the test
+    # Put back after the test; a flag every supported PyTorch has.
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", False)
 
     def measure_phases(torch_module, cuda, device, configuration):
         seen.append((torch_module, cuda, device, configuration))
-        torch.backends.cuda.matmul.allow_fp16_accumulation = True  # changed while the forwards run
-        return agreeing_records(settings), {"all_finite": True, "checksum_float64": 0.5, "elements": 48}
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True  # changed while the forwards run
+        return agreeing_records(settings), {"all_finite": True, "checksum_float64": 0.5, "elements": 48}, NO_PER_CALL
 
     monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
     result = mesure_memoire.measure(settings, tool="a tool")
@@ -723,7 +740,7 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     plan = mesure_memoire.predict_memory(settings)
     assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
-        "kit": "iteragpu-lab-v1", "schema_version": 4, "tool": "a tool",
+        "kit": "iteragpu-lab-v1", "schema_version": 4, "tool": "a tool", "torch_version_warning": None,
         "matmul_arithmetic": mesure_memoire.matmul_arithmetic(torch),
         "configuration": {**settings, "cuda_initialized_before_measure": True, "allocated_bytes_before_measure": 0,
                           "reserved_bytes_before_measure": 0, "device_used_bytes_before_measure": GIB,
@@ -733,14 +750,17 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
         "workspace": {"measured_bytes": 0, "requested_bytes": 0,
                       "how": "cold_forward's end level above its baseline, less its predicted output: what the "
                       "first forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
-                      "allowance_bytes": 256 * MIB},
+                      "allowance_bytes": 256 * MIB, "per_call_allocated_bytes": 0, "per_call_requested_bytes": 0,
+                      "per_call_how": "each matrix product of the forward run once more after the phases, alone: "
+                      "its peak above its end, what one call takes and gives back (a BLAS workspace allocated per "
+                      "call); a forward's peaks may exceed their prediction by up to this"},
         "output_summary": {"all_finite": True, "checksum_float64": 0.5, "elements": 48},
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"], "fit_margin_bytes": GIB,
     }  # fmt: skip
     assert [record["verdict"] for record in result["phases"]] == ["agrees"] * 5
     # The result's flags are read once the forwards ran, the environment's before.
-    assert result["matmul_arithmetic"]["allow_fp16_accumulation"] is True
-    assert result["environment"]["matmul_arithmetic"]["allow_fp16_accumulation"] is False
+    assert result["matmul_arithmetic"]["allow_fp16_reduced_precision_reduction"] is True
+    assert result["environment"]["matmul_arithmetic"]["allow_fp16_reduced_precision_reduction"] is False
 
 
 @pytest.mark.parametrize(("allocated", "reserved"), [(512, 0), (0, 2**21), (1, 1)])
@@ -748,7 +768,7 @@ def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, mo
     stand_in_gpu()
     SetUpCalls(monkeypatch, allocated=allocated, reserved=reserved)
     settings = config()
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}))
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}, NO_PER_CALL))
     configuration = mesure_memoire.measure(settings, tool="t")["configuration"]
     assert (configuration["allocated_bytes_before_measure"], configuration["reserved_bytes_before_measure"]) == (
         allocated, reserved
@@ -777,13 +797,63 @@ def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
     monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text, raising=False)
     settings = config(batch=5, context=77, width=3000)  # no tensor a power of two: 4 divisions round each up
     records = agreeing_records(settings)  # the default rounding's figures: too small for every phase under 4
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}))
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}, NO_PER_CALL))
     result = mesure_memoire.measure(settings, tool="t")
     assert result["environment"]["allocator_settings"]["backend"] == backend
     # One plan, under the settings recorded: the peak the file states is the one the phases were checked by.
     modelled = mesure_memoire.predict_memory(settings, result["environment"]["allocator_settings"])
     assert result["predicted_peak_allocated_bytes"] == modelled["predicted_peak_allocated_bytes"]
     assert {phase["verdict"] for phase in result["phases"]} == {verdict}
+
+
+# --- the PyTorch release: 2.4 or later, read from the version's leading digits --------------------------
+
+UNREADABLE = "is not MAJOR.MINOR...: measured as if it were 2.4 or later"
+
+
+@pytest.mark.parametrize(
+    ("version", "warning"),
+    [
+        ("2.4.1", None),
+        ("2.4.0a0+git1234567", None),  # a vendor build (NVIDIA's containers read like this)
+        ("2.8.0+rocm6.3", None),
+        ("2.10.0", None),  # two digits: 2.10 is newer than 2.4, as numbers
+        ("3.0", None),
+        ("nightly", f"PyTorch's version 'nightly' {UNREADABLE}"),
+        ("2", f"PyTorch's version '2' {UNREADABLE}"),
+        ("v2.4.1", f"PyTorch's version 'v2.4.1' {UNREADABLE}"),
+        (None, f"PyTorch's version None {UNREADABLE}"),  # the version query failed
+    ],
+)
+def test_a_pytorch_release_is_read_from_its_leading_digits(version, warning):
+    assert mesure_memoire.torch_release_warning(version) == warning
+
+
+@pytest.mark.parametrize("version", ["2.3.1", "2.3.0a0+81ea7a4", "1.13.1+cu117", "0.4.1"])
+def test_a_pytorch_below_2_4_is_refused_naming_both_versions(version):
+    assert kit_error_of(mesure_memoire.torch_release_warning, version) == (
+        f"PyTorch 2.4 or later is needed to measure; this is PyTorch {version!r}: nothing measured"
+    )
+
+
+def test_measure_refuses_an_old_pytorch_before_any_gpu_work(stand_in_gpu, monkeypatch, folder, capsys):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(torch, "__version__", "2.3.1")
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: pytest.fail("the phases ran"))
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 2
+    assert_one_line(captured.err, "PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1'")
+
+
+def test_an_unreadable_pytorch_version_is_measured_with_a_warning_in_the_result(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(torch, "__version__", "custom-build")
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL))
+    result = mesure_memoire.measure(config(), tool="t")
+    assert result["torch_version_warning"] == f"PyTorch's version 'custom-build' {UNREADABLE}"
+    assert mesure_memoire.result_warnings(result) == [result["torch_version_warning"]]
 
 
 def measure_refusal(settings):
@@ -818,7 +888,7 @@ def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
         "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB of RAM: shrink --width"
     )
     monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4)
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}))
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL))
     assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"  # exactly enough RAM
     monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: None)  # unknown: not checked
     assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"
@@ -936,7 +1006,7 @@ def test_measure_phases_puts_the_model_and_inputs_on_the_measured_device(monkeyp
     settings = config(batch=2, context=3, width=4, dtype="bfloat16", warmup=2, repeats=3, seed=5)
     recorder = RecordingCudaStandIn(device="cuda:7 stand-in")
     ticks = iter(range(0, 10**6, 7))  # each phase reads the clock twice: 7 ns apart
-    records, summary = mesure_memoire.measure_phases(
+    records, summary, _ = mesure_memoire.measure_phases(
         DeviceRecordingTorch(seen), recorder, "cuda:7 stand-in", settings, clock=lambda: next(ticks)
     )
     assert [r["nanoseconds"] for r in records] == [7] * 7
@@ -1546,12 +1616,13 @@ def stand_in_measure(monkeypatch):
     def fake_measure(config, tool):
         calls.append(config)
         cpu = torch.device("cpu")
-        phases, output_summary = mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=cpu), cpu, config)
+        phases, output_summary, _ = mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=cpu), cpu, config)
         return {
             "kit": mesure_memoire.KIT_NAME,
             "tool": tool,
             "environment": {"field_errors": {}, "gpu": {"total_memory_gib": Decimal(80)}},
             "configuration": {**config, "fresh_process_warning": None},
+            "torch_version_warning": None,
             "synthetic_model": mesure_memoire.synthetic_model(config),
             "phases": phases,
             "output_summary": output_summary,
@@ -1934,7 +2005,7 @@ def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stan
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {
-        "all_finite": True, "checksum_float64": 0.5, "elements": 1024}))  # fmt: skip
+        "all_finite": True, "checksum_float64": 0.5, "elements": 1024}, NO_PER_CALL))  # fmt: skip
     result = mesure_memoire.measure(settings, tool="a tool")
     assert result["schema_version"] == 4
     assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB

@@ -1,5 +1,6 @@
 """`measure --plan`: the prediction by hand, the command without PyTorch, and the fit check it feeds."""
 
+import copy
 import importlib.util
 import itertools
 import json
@@ -561,8 +562,8 @@ def run_on_the_cpu(settings):
     """measure_phases with the real model on the CPU, its counters taken from the live storages."""
     tracker = LiveTensorBytes("cpu")
     with tracker:
-        records, summary = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
-    return mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(settings))
+        records, summary, per_call = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
+    return mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(settings), per_call)
 
 
 CONFIGURATIONS = [
@@ -609,6 +610,54 @@ def test_the_transfer_allocates_one_tensor_per_parameter_on_the_target_device():
         assert tracker.peak_requested == predicted["peak_requested_bytes"]  # no transient copy on the target
         assert tracker.peak_allocated == predicted["peak_allocated_bytes"]
         assert len(tracker.live_sizes()) == 4 == len(list(model.parameters()))
+
+
+class LinearWithPerCallWorkspace(torch.nn.Linear):
+    """A Linear that takes a workspace for each call and gives it back before it returns, as PyTorch 2.4's
+    cuBLASLt path does on a GPU (gemm_and_bias in aten/src/ATen/cuda/CUDABlas.cpp: 1 MiB by default)."""
+
+    def forward(self, inputs):
+        workspace = torch.empty(2**20, dtype=torch.uint8)
+        output = super().forward(inputs)
+        del workspace
+        return output
+
+
+def test_a_workspace_taken_per_call_is_measured_and_allowed_at_each_forward_s_peaks_only(monkeypatch):
+    def build_model(torch_module, width):
+        return torch.nn.Sequential(
+            LinearWithPerCallWorkspace(width, 4 * width), torch.nn.GELU(), LinearWithPerCallWorkspace(4 * width, width)
+        )
+
+    monkeypatch.setattr(mesure_memoire, "build_model", build_model)
+    settings = config()  # the spec's first size: the workspace is far above its activations
+    tracker = LiveTensorBytes("cpu")
+    with tracker:
+        records, _, per_call = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
+    assert per_call == {"allocated_bytes": 2**20, "requested_bytes": 2**20}
+    plan = mesure_memoire.predict_memory(settings)
+    checked, check, workspace = mesure_memoire.check_prediction(copy.deepcopy(records), plan, per_call)
+    assert check == {"agrees": True, "disagreements": [], "not_checked": []}
+    assert (workspace["per_call_allocated_bytes"], workspace["per_call_requested_bytes"]) == (2**20, 2**20)
+    # Not measured, nothing is allowed: each forward's peaks disagree, and only those.
+    _, check, _ = mesure_memoire.check_prediction(copy.deepcopy(records), plan)
+    forwards = {"cold_forward", "warmup", "warm_forward"}
+    peaks = {"peak_requested_bytes", "peak_allocated_bytes"}
+    assert {(d["phase"], d["counter"]) for d in check["disagreements"]} == set(itertools.product(forwards, peaks))
+    # The allowance is a bound, not a tolerance: one block (or byte) less than what the peaks exceed is too little.
+    excess = {d["counter"]: d["difference_bytes"] for d in check["disagreements"] if d["phase"] == "cold_forward"}
+    assert 0 < excess["peak_allocated_bytes"] <= 2**20  # the workspace, less what the peak held without it
+    smaller = {
+        "allocated_bytes": excess["peak_allocated_bytes"] - 512,
+        "requested_bytes": excess["peak_requested_bytes"] - 1,
+    }
+    _, check, _ = mesure_memoire.check_prediction(copy.deepcopy(records), plan, smaller)
+    assert {d["phase"] for d in check["disagreements"]} == forwards
+    # A per-call workspace never excuses the phases that run no product.
+    doctored = copy.deepcopy(records)
+    doctored[1]["peak_allocated_bytes"] += 512
+    _, check, _ = mesure_memoire.check_prediction(doctored, plan, per_call)
+    assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "peak_allocated_bytes")]
 
 
 def test_a_wrong_liveness_model_is_caught_by_the_real_run(monkeypatch):

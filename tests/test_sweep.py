@@ -265,6 +265,16 @@ def test_without_a_gpu_one_line_exit_2_and_no_folder(stand_in, capsys):
     assert stand_in.calls() == [PROBE] and os.listdir(".") == []
 
 
+def test_a_pytorch_below_2_4_is_refused_after_the_probe_and_no_folder_stays(stand_in, capsys):
+    stand_in({"256": "write"}, env={**environment(), "torch": "2.3.1+cu121"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: error: PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1+cu121': "
+        "nothing measured\n"
+    )
+    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+
+
 @pytest.mark.whole_kit
 def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
     completed = subprocess.run([sys.executable, MESURE_SCRIPT, *SWEEP, "--values", "256"], capture_output=True,

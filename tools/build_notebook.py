@@ -102,9 +102,9 @@ except KitError as error:
     print(f"Measurement refused: {as_parameters(error)}")
 else:
     settings = measurement["configuration"]
-    if settings["fresh_process_warning"]:
-        print(f"Warning: {settings['fresh_process_warning']}")
-    elif settings["cuda_initialized_before_measure"]:
+    for warning in result_warnings(measurement):
+        print(f"Warning: {warning}")
+    if settings["cuda_initialized_before_measure"] and not settings["fresh_process_warning"]:
         print(CUDA_INITIALIZED_NOTE)
     print(format_phase_table(measurement))
     print(f"Result written to {OUTPUT}")""",

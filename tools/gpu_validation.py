@@ -348,7 +348,14 @@ def recheck(result):
         config = kit.measure_config(*(result["configuration"][key] for key in ("device", *CONFIG_KEYS)))
         recorded = ("predicted", "disagreements", "verdict", "verdict_reason")
         records = [{k: v for k, v in phase.items() if k not in recorded} for phase in phases]
-        checked, kit_check, _ = kit.check_prediction(records, kit.predict_memory(config, allocator))
+        workspace = result.get("workspace") if isinstance(result.get("workspace"), dict) else {}
+        per_call = None  # results written before the per-call workspace was measured allow none
+        if workspace.get("per_call_allocated_bytes") is not None:
+            per_call = {
+                "allocated_bytes": workspace["per_call_allocated_bytes"],
+                "requested_bytes": workspace.get("per_call_requested_bytes"),
+            }
+        checked, kit_check, _ = kit.check_prediction(records, kit.predict_memory(config, allocator), per_call)
         verdicts = [phase["verdict"] for phase in checked]
         same = verdicts == [phase.get("verdict") for phase in phases] and kit_check == check
         detail = f"PyTorch {environment.get('torch')}" + ("" if same else f": check_prediction gives {verdicts}")

@@ -37,8 +37,8 @@ if __name__ == "__main__":
 # Below 3.10, one line says so.  (Python parses a whole file before running it: this one keeps to the
 # grammar of 3.8, which a test checks, so that this line is what an older Python prints.)
 if sys.version_info < (3, 10):  # noqa: UP036 -- the check is the point
-    found = ".".join(map(str, sys.version_info[:3]))
-    sys.stderr.write(f"calcul_forfaits.py: error: Python 3.10 or later is needed; this is Python {found}\n")
+    this_python = ".".join(map(str, sys.version_info[:3]))
+    sys.stderr.write(f"calcul_forfaits.py: error: Python 3.10 or later is needed; this is Python {this_python}\n")
     raise SystemExit(2)
 
 import argparse  # noqa: E402 -- after the version check, as every import

@@ -44,8 +44,8 @@ import sys
 # Below 3.10, one line says so.  (Python parses a whole file before running it: this one keeps to the
 # grammar of 3.8, which a test checks, so that this line is what an older Python prints.)
 if sys.version_info < (3, 10):  # noqa: UP036 -- the check is the point
-    found = ".".join(map(str, sys.version_info[:3]))
-    sys.stderr.write(f"mesure_memoire.py: error: Python 3.10 or later is needed; this is Python {found}\n")
+    this_python = ".".join(map(str, sys.version_info[:3]))
+    sys.stderr.write(f"mesure_memoire.py: error: Python 3.10 or later is needed; this is Python {this_python}\n")
     raise SystemExit(2)
 # <<< notebook
 
@@ -129,17 +129,17 @@ def one_line(text):
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
 
 
-def shown(value, limit=80):
+def quoted(value, limit=80):
     """A user's value for a message: its repr (quoted, escaped, one line), shortened when long."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-12:]} ({len(str(value))} characters)"
 
 
-def shown_name(path):
+def name_as_typed(path):
     """A file name the user gave, as typed when printable, else as its repr; shortened when long."""
     if isinstance(path, str) and path.isprintable() and path.strip() == path and len(path) <= 80:
         return path
-    return shown(path)
+    return quoted(path)
 
 
 def ascii_digits(text):
@@ -147,7 +147,7 @@ def ascii_digits(text):
     return text.isascii() and text.isdigit()
 
 
-def written_whole(text):
+def is_whole_number_text(text):
     """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0."""
     return ascii_digits(text) and (text == "0" or not text.startswith("0"))
 
@@ -157,7 +157,7 @@ def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
     ``why``: the reason for the bounds, named in the refusal."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and len(value) <= MAX_DIGITS and written_whole(value):
+    elif isinstance(value, str) and len(value) <= MAX_DIGITS and is_whole_number_text(value):
         number = int(value)
     else:
         number = None
@@ -167,21 +167,21 @@ def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
         else:
             wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
             wanted += f" of at most {MAX_DIGITS} ASCII digits, no leading zero"
-        raise KitError(f"{option}: expected {wanted}{f' ({why})' if why else ''}, got {shown(value)}")
+        raise KitError(f"{option}: expected {wanted}{f' ({why})' if why else ''}, got {quoted(value)}")
     return number
 
 
 def non_negative_decimal(option, value):
-    """Return ``value`` as an exact Decimal >= 0: a whole number (written_whole), then optionally "."
+    """Return ``value`` as an exact Decimal >= 0: a whole number (is_whole_number_text), then optionally "."
     and ASCII digits, at most MAX_DIGITS digits on each side (a string, an int, or a float whose repr
     is written so)."""
     text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
     whole, point, fraction = text.partition(".")
-    written = written_whole(whole) and (ascii_digits(fraction) or not point)  # a second point is not a digit
+    written = is_whole_number_text(whole) and (ascii_digits(fraction) or not point)  # a second point is not a digit
     if not written or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
         raise KitError(
             f"{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one "
-            f"decimal point between digits (at most {MAX_DIGITS} digits on each side), got {shown(value)}"
+            f"decimal point between digits (at most {MAX_DIGITS} digits on each side), got {quoted(value)}"
         )
     return Decimal(f"{whole}.{fraction or 0}")
 
@@ -189,8 +189,8 @@ def non_negative_decimal(option, value):
 def device_index(device):
     """Return N for a device written ``cuda:N``; anything else is refused."""
     number = device.removeprefix("cuda:") if isinstance(device, str) and device.startswith("cuda:") else ""
-    if not (written_whole(number) and len(number) <= MAX_DEVICE_DIGITS):
-        raise KitError(f"--device: expected cuda:N (for example cuda:0), got {shown(device)}")
+    if not (is_whole_number_text(number) and len(number) <= MAX_DEVICE_DIGITS):
+        raise KitError(f"--device: expected cuda:N (for example cuda:0), got {quoted(device)}")
     return int(number)
 
 
@@ -222,7 +222,7 @@ def redact(text):
     return one_line(lines[0].strip()) if lines else ""
 
 
-def as_parameters(error):
+def as_notebook_message(error):
     """A refusal as the notebook shows it: the option it starts with (``--reserve-gib``) named as the
     notebook's parameter (``RESERVE_GIB``), which is what its user typed."""
     import re  # only refusals need it
@@ -607,7 +607,7 @@ def _divisions_from_text(value):
 
 def allocator_differences(allocator):
     """The allocator settings that differ from PyTorch's defaults, each as "name value"."""
-    return [f"{key} {shown(value)}" for key, value in allocator.items() if value != DEFAULT_ALLOCATOR[key]]
+    return [f"{key} {quoted(value)}" for key, value in allocator.items() if value != DEFAULT_ALLOCATOR[key]]
 
 
 def allocator_settings_text(allocator):
@@ -693,7 +693,7 @@ def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
     if device is not None:
         device_index(device)
     if dtype not in DTYPE_BYTES:
-        raise KitError(f"--dtype: expected one of {', '.join(DTYPE_BYTES)}, got {shown(dtype)}")
+        raise KitError(f"--dtype: expected one of {', '.join(DTYPE_BYTES)}, got {quoted(dtype)}")
     return {
         "device": device,
         "batch": whole_number("--batch", batch, 1),
@@ -885,9 +885,9 @@ def _tensor_bytes(config, model):
     return tensor_bytes
 
 
-def predict_memory(config, allocator=DEFAULT_ALLOCATOR):
+def memory_plan(config, allocator=DEFAULT_ALLOCATOR):
     """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under
-    ``allocator``'s settings (None: unknown, modelled as the defaults; check_prediction checks nothing).
+    ``allocator``'s settings (None: unknown, modelled as the defaults; check_against_plan checks nothing).
     Requested bytes are exact; allocated bytes use the allocator's 512-byte rounding, a block above 1 MiB may
     hold up to 1 MiB more (``*_slack_bytes``); figures are relative to each phase's baseline.  The first
     forward's BLAS workspace is measured, not predicted: ``predicted_peak_allocated_bytes`` counts a named
@@ -991,7 +991,7 @@ def card_memory_bytes(memory_gib):
     if not gib:
         raise KitError(
             "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most "
-            f"one decimal point between digits (80, 0.5), got {shown(memory_gib)}"
+            f"one decimal point between digits (80, 0.5), got {quoted(memory_gib)}"
         )
     with exact_context():
         return gib, int(gib * GIB_BYTES)
@@ -1002,7 +1002,7 @@ def planned_needs_card_memory_bytes(config):
     costs the same whatever the counts: every pass after the first repeats the same tensors from the same
     baseline, so the peak, and what the run needs, do not change with them."""
     bounded = {**config, "warmup": min(config["warmup"], 2), "repeats": min(config["repeats"], 2)}
-    return predict_memory(bounded)["needs_card_memory_bytes"]
+    return memory_plan(bounded)["needs_card_memory_bytes"]
 
 
 def largest_that_fits(config, memory_bytes, dimension):
@@ -1044,9 +1044,9 @@ def fit_on_card(plan, memory_gib):
     }
 
 
-def plan_for(config, memory_gib=None):
+def plan_with_fit(config, memory_gib=None):
     """The plan of a measurement; with a card's memory, also fit_on_card's verdict and largest sizes."""
-    plan = predict_memory(config)
+    plan = memory_plan(config)
     return plan if memory_gib is None else {**plan, **fit_on_card(plan, memory_gib)}
 
 
@@ -1258,7 +1258,7 @@ def summarize_output(torch, output):
 
 
 # >>> notebook: 3.4 The prediction check: the measured counters against the plan
-def check_prediction(records, plan, per_call=None):
+def check_against_plan(records, plan, per_call=None):
     """Put each phase's prediction, verdict and disagreements beside its measurement.
 
     Requested bytes must match exactly; allocated bytes must lie between the 512-byte rounded
@@ -1429,16 +1429,18 @@ def check_new_output(path):
         if "\0" in path:
             raise ValueError("embedded null character")
         if not name or name in (".", ".."):
-            raise KitError(f"--output: {shown_name(path)} names a folder, not a new file")
+            raise KitError(f"--output: {name_as_typed(path)} names a folder, not a new file")
         if os.path.lexists(path):
             raise KitError(
-                f"--output: {shown_name(path)} already exists; choose a new name (results are never overwritten)"
+                f"--output: {name_as_typed(path)} already exists; choose a new name (results are never overwritten)"
             )
         if not os.path.isdir(folder):
-            raise KitError(f"--output: the folder of {shown_name(path)} does not exist")
+            raise KitError(f"--output: the folder of {name_as_typed(path)} does not exist")
         name_max, path_max = _name_limits(folder)
         if len(os.fsencode(name)) > name_max or len(os.fsencode(path)) >= path_max:
-            raise KitError(f"--output: {shown_name(path)} is too long for this file system (names: {name_max} bytes)")
+            raise KitError(
+                f"--output: {name_as_typed(path)} is too long for this file system (names: {name_max} bytes)"
+            )
         temporary, descriptor = _create_temporary(folder)
         try:
             os.close(descriptor)
@@ -1446,7 +1448,7 @@ def check_new_output(path):
             os.unlink(temporary)
     except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
         raise KitError(
-            f"--output: cannot create {shown_name(path)}: {describe_error(error)}; nothing measured"
+            f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
         ) from None
     return path
 
@@ -1504,12 +1506,12 @@ def write_new_file(path, text):
         try:
             os.link(temporary, path)
         except FileExistsError:
-            raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
+            raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
         except OSError:  # no hard links here: an exclusive create still never overwrites
             try:
                 _write_exclusively(path, data)
             except FileExistsError:
-                raise KitError(f"--output: {shown_name(path)} appeared meanwhile; nothing overwritten") from None
+                raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
     finally:
         try:  # noqa: SIM105 -- contextlib would be imported for this one line
             os.unlink(temporary)
@@ -1541,10 +1543,10 @@ def torch_release_warning(version):
     found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
     oldest = ".".join(map(str, OLDEST_TORCH))
     if found is None:
-        return f"PyTorch's version {shown(version)} is not MAJOR.MINOR...: measured as if it were {oldest} or later"
+        return f"PyTorch's version {quoted(version)} is not MAJOR.MINOR...: measured as if it were {oldest} or later"
     if tuple(map(int, found.groups())) < OLDEST_TORCH:
         raise KitError(
-            f"PyTorch {oldest} or later is needed to measure; this is PyTorch {shown(version)}: nothing measured"
+            f"PyTorch {oldest} or later is needed to measure; this is PyTorch {quoted(version)}: nothing measured"
         )
     return None
 
@@ -1599,7 +1601,7 @@ def measure(config, tool):
     torch_version_warning = torch_release_warning(environment["torch"])
     if ALLOCATOR_REFUSED in environment["field_errors"].values():
         raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
-    plan = predict_memory(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
+    plan = memory_plan(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
     index = _refuse_what_cannot_run(torch, set_up, config, plan, environment)
     device = torch.device("cuda", index)
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
@@ -1611,7 +1613,7 @@ def measure(config, tool):
         phases, output_summary, per_call = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
-    phases, prediction_check, workspace = check_prediction(phases, plan, per_call)
+    phases, prediction_check, workspace = check_against_plan(phases, plan, per_call)
     fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
@@ -1713,7 +1715,7 @@ def measure_to_file(config, output_path, tool):
         write_new_file(output_path, to_json(result))
     except OSError as error:
         raise KitError(
-            f"--output: cannot write {shown_name(output_path)}: {describe_error(error)}; nothing written"
+            f"--output: cannot write {name_as_typed(output_path)}: {describe_error(error)}; nothing written"
         ) from None
     return result
 
@@ -1811,7 +1813,7 @@ def format_phase_table(result):
 RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3, 4)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
 MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
-SHOWN_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
+QUOTED_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
 REPORT_FLOP_CONVENTION = (
     "FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, "
     "= 16*N*width**2 + 5*N*width for N = batch*context positions"
@@ -1822,12 +1824,12 @@ REPORT_DERIVED_NOTE = (
 )
 
 
-def _shown_path(path):
-    return shown(path, SHOWN_PATH_LIMIT)
+def _quoted_path(path):
+    return quoted(path, QUOTED_PATH_LIMIT)
 
 
 def _result_problem(path, why):
-    return KitError(f"report: {_shown_path(path)} is not a kit result: {why}")
+    return KitError(f"report: {_quoted_path(path)} is not a kit result: {why}")
 
 
 def _read_at_most(handle, limit):
@@ -1853,15 +1855,15 @@ def read_result_file(path):
     try:
         handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
-        raise KitError(f"report: {_shown_path(path)} does not exist") from None
+        raise KitError(f"report: {_quoted_path(path)} does not exist") from None
     except (OSError, ValueError) as exc:
-        raise KitError(f"report: {_shown_path(path)} cannot be opened ({type(exc).__name__})") from None
+        raise KitError(f"report: {_quoted_path(path)} cannot be opened ({type(exc).__name__})") from None
     try:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise _result_problem(path, "not a regular file")
         data = _read_at_most(handle, MAX_RESULT_BYTES + 1)
     except OSError as exc:
-        raise KitError(f"report: {_shown_path(path)} cannot be read ({type(exc).__name__})") from None
+        raise KitError(f"report: {_quoted_path(path)} cannot be read ({type(exc).__name__})") from None
     finally:
         os.close(handle)
     if len(data) > MAX_RESULT_BYTES:
@@ -1880,7 +1882,7 @@ def read_result_file(path):
         ) from None
 
 
-def _count(value):
+def _count_or_none(value):
     """A whole number the kit could have written (0 <= value < 10**MAX_DIGITS), else None."""
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**MAX_DIGITS
     return value if ok else None
@@ -1900,24 +1902,24 @@ def _median(values):
         return (Decimal(ordered[middle - 1]) + Decimal(ordered[middle])) / 2
 
 
-def _checked_result(path, result):
+def _result_summary(path, result):
     """Return what the report reads from one result, or raise KitError naming the file and the field."""
     if not isinstance(result, dict):
         raise _result_problem(path, f"a JSON {type(result).__name__}, not an object")
     if result.get("kit") != KIT_NAME:
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
-    if _count(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {shown(version)} is not one this version reads (1 to 4)")
+    if _count_or_none(version) not in RESULT_SCHEMA_VERSIONS_READ:
+        raise _result_problem(path, f"schema_version {quoted(version)} is not one this version reads (1 to 4)")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
-    dimensions = {key: _count(config.get(key)) for key in ("batch", "context", "width")}
+    dimensions = {key: _count_or_none(config.get(key)) for key in ("batch", "context", "width")}
     if (
         not all(dimensions.values())
         or not isinstance(config.get("dtype"), str)  # a list or an object is not hashable
         or config.get("dtype") not in DTYPE_BYTES
-        or _count(model.get("parameters")) is None
+        or _count_or_none(model.get("parameters")) is None
     ):
         raise _result_problem(path, "its configuration or parameter count is not one measure writes")
     gpu = environment.get("gpu")
@@ -1949,7 +1951,7 @@ def _checked_result(path, result):
         "not_fresh": config.get("fresh_process_warning") is not None,
         **checks,
         **_device_wide(phases[-1]),
-        "device_readings_missing": version >= 3 and _count(phases[-1].get("end_device_used_bytes")) is None,
+        "device_readings_missing": version >= 3 and _count_or_none(phases[-1].get("end_device_used_bytes")) is None,
         "allocator_flag": _allocator_flag(path, environment) if version >= 4 else None,
     }
 
@@ -1965,11 +1967,11 @@ def _as_measure_writes(allocator):
     limit, divisions = allocator["max_split_size_bytes"], allocator["roundup_power2_divisions"]
     return (
         allocator["backend"] in ("native", "cudaMallocAsync")
-        and (limit is None or _count(limit) is not None)
+        and (limit is None or _count_or_none(limit) is not None)
         and isinstance(allocator["expandable_segments"], bool)
         and isinstance(divisions, dict)
         and all(
-            key in ALLOCATOR_INTERVAL_KEYS and _count(count) is not None and count > 1
+            key in ALLOCATOR_INTERVAL_KEYS and _count_or_none(count) is not None and count > 1
             for key, count in divisions.items()
         )
     )
@@ -1989,8 +1991,8 @@ def _allocator_flag(path, environment):
 def _device_wide(last_phase):
     """The device-wide memory in use at the end of a run (schema 3), and the part of it outside PyTorch's
     allocator in that process (device used - reserved); None for both where the result has no reading."""
-    used = _count(last_phase.get("end_device_used_bytes"))
-    reserved = _count(last_phase.get("end_reserved_bytes"))
+    used = _count_or_none(last_phase.get("end_device_used_bytes"))
+    reserved = _count_or_none(last_phase.get("end_reserved_bytes"))
     if used is None or reserved is None:
         return {"device_used_end_bytes": None, "outside_allocator_bytes": None, "outside_impossible": False}
     # The two readings are taken apart: a device figure below the allocator's own one is no figure.
@@ -2003,7 +2005,9 @@ def _checked_phases(path, phases):
     """(phase lines, the cold_forward line in a list, the warm_forward lines), each line checked."""
     fields = ("nanoseconds", "peak_allocated_bytes", "peak_reserved_bytes")
     if not isinstance(phases, list) or not all(
-        isinstance(line, dict) and line.get("phase") in PHASES and all(_count(line.get(f)) is not None for f in fields)
+        isinstance(line, dict)
+        and line.get("phase") in PHASES
+        and all(_count_or_none(line.get(f)) is not None for f in fields)
         for line in phases
     ):
         raise _result_problem(path, "a phase line is missing its name, time or peak counters")
@@ -2016,7 +2020,7 @@ def _checked_phases(path, phases):
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if value is not None and not (number and 0 <= value < 10**MAX_DIGITS):  # NaN compares false
             raise _result_problem(
-                path, f"a warm_forward line's device_ms, {shown(value)}, is neither null nor a time >= 0"
+                path, f"a warm_forward line's device_ms, {quoted(value)}, is neither null nor a time >= 0"
             )
     return phases, cold, warm
 
@@ -2089,7 +2093,7 @@ def report_rows(named_results):
 
     ``named_results`` may be a generator: each result is checked, summarized and dropped in turn.
     """
-    checked = [(path, _checked_result(path, result)) for path, result in named_results]
+    checked = [(path, _result_summary(path, result)) for path, result in named_results]
     first = checked[0][1]["identity"] if checked else {}
     rows = []
     for path, item in checked:
@@ -2241,14 +2245,14 @@ def import_pyplot():
     version = str(getattr(matplotlib, "__version__", ""))
     found = re.match(r"([0-9]+)\.([0-9]+)", version)
     if not found or tuple(map(int, found.groups())) < MATPLOTLIB_OLDEST:
-        raise KitError(f"matplotlib {shown(version)} cannot draw: 3.5 or later is needed (the tables stay)")
+        raise KitError(f"matplotlib {quoted(version)} cannot draw: 3.5 or later is needed (the tables stay)")
     return pyplot
 
 
-def phase_bars(result):
+def phase_bar_data(result):
     """Per phase of a result this kernel measured: (labels, {series: bytes}), its measured peaks beside the
     plan's level at that phase's peak, for the same configuration.  A phase that disagrees is labelled so."""
-    plan = predict_memory(result["configuration"])
+    plan = memory_plan(result["configuration"])
     labels = [_phase_label(record) + (" DISAGREES" if record.get("verdict") == "disagrees" else "")
               for record in result["phases"]]  # fmt: skip
     return labels, {
@@ -2258,7 +2262,7 @@ def phase_bars(result):
     }
 
 
-def size_bars(rows):
+def size_bar_data(rows):
     """Per row of report: (labels, what the labels name, {series: bytes}, warm median ms).  A label gives the
     dimensions (and dtype) that differ between the rows, with the row's number where labels would repeat,
     and "*" for a row report flags."""
@@ -2287,7 +2291,7 @@ def _bars(axes, labels, series, unit, places):
 
 def draw_phases(result):
     """One measurement's figure: per phase, its measured peaks beside the plan's, in MiB."""
-    labels, series = phase_bars(result)
+    labels, series = phase_bar_data(result)
     figure, axes = import_pyplot().subplots(figsize=(10, 4.5), layout="constrained")
     _bars(axes, labels, series, MIB_BYTES, 2)
     config = result["configuration"]
@@ -2300,7 +2304,7 @@ def draw_phases(result):
 
 def draw_sizes(rows):
     """Several results' figure, from report's rows: peak memory (MiB) and warm median time (ms) per size."""
-    labels, named, memory, warm_ms = size_bars(rows)
+    labels, named, memory, warm_ms = size_bar_data(rows)
     figure, (left, right) = import_pyplot().subplots(1, 2, figsize=(11, 4.5), layout="constrained")
     _bars(left, labels, memory, MIB_BYTES, 2)
     _bars(right, labels, {"warm median": warm_ms}, 1, 3)
@@ -2507,7 +2511,7 @@ def _command_measure(args):
     if args.plan:
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
-        plan = plan_for(config, args.memory_gib)
+        plan = plan_with_fit(config, args.memory_gib)
         _emit(args, plan, format_plan_and_fit)
         if not plan.get("fits", True):
             sys.stdout.flush()  # the plan first, then the one line on stderr
@@ -2548,18 +2552,18 @@ def sweep_values(text):
     """--values as ints: whole numbers >= 1, separated by commas, strictly increasing."""
     values = [whole_number("--values", item, 1) for item in text.split(",")]
     if any(later <= earlier for earlier, later in zip(values, values[1:], strict=False)):
-        raise KitError(f"--values: expected strictly increasing whole numbers separated by commas, got {shown(text)}")
+        raise KitError(f"--values: expected strictly increasing whole numbers separated by commas, got {quoted(text)}")
     return values
 
 
 def check_new_folder(path):
     """Refuse, before anything runs, a folder that exists or whose parent does not."""
     if not path.strip() or "\0" in path:
-        raise KitError(f"--output-dir: expected the name of a new folder, got {shown(path)}")
+        raise KitError(f"--output-dir: expected the name of a new folder, got {quoted(path)}")
     if os.path.lexists(path):
-        raise KitError(f"--output-dir: {shown_name(path)} already exists; the sweep writes only into a new folder")
+        raise KitError(f"--output-dir: {name_as_typed(path)} already exists; the sweep writes only into a new folder")
     if not os.path.isdir(os.path.dirname(os.path.normpath(path)) or "."):
-        raise KitError(f"--output-dir: the folder that would hold {shown_name(path)} does not exist")
+        raise KitError(f"--output-dir: the folder that would hold {name_as_typed(path)} does not exist")
     return path
 
 
@@ -2634,7 +2638,7 @@ def sweep_configs(args):
     """(the dimension varied, [(value, its measure configuration)]), every value checked before anything runs."""
     dimension = args.vary
     if dimension not in FIT_DIMENSIONS:
-        raise KitError(f"--vary: expected one of {', '.join(FIT_DIMENSIONS)}, got {shown(dimension)}")
+        raise KitError(f"--vary: expected one of {', '.join(FIT_DIMENSIONS)}, got {quoted(dimension)}")
     if dimension in getattr(args, "_given_options", ()):
         raise KitError(f"--{dimension}: --vary {dimension} takes its values from --values; drop --{dimension}")
     fixed = {key: getattr(args, key) for key in MEASURE_OPTIONS}
@@ -2678,7 +2682,7 @@ def sweep_children(dimension, configs, environment, folder, timeout_s):
     written, created = [], False
     try:
         for index, (value, config) in enumerate(configs):
-            where, plan = f"{dimension} {value}", predict_memory(config)
+            where, plan = f"{dimension} {value}", memory_plan(config)
             problem = fit_problem(plan, environment)
             if problem:
                 larger = len(configs) - index - 1  # larger values need more: none of them is launched either
@@ -2692,7 +2696,7 @@ def sweep_children(dimension, configs, environment, folder, timeout_s):
             if status != 0 or not os.path.isfile(output):
                 return written, child_stopped(where, status, err, plan, timeout_s)
             written.append((value, output))
-            print(f"{where}: measured, {shown_name(output)}", flush=True)
+            print(f"{where}: measured, {name_as_typed(output)}", flush=True)
         return written, None
     finally:
         if created and not written:  # nothing measured: no folder left behind (its leftovers are gone)
@@ -2703,9 +2707,9 @@ def make_new_folder(folder):
     try:
         os.mkdir(folder)
     except FileExistsError:
-        raise KitError(f"--output-dir: {shown_name(folder)} appeared meanwhile; nothing measured") from None
+        raise KitError(f"--output-dir: {name_as_typed(folder)} appeared meanwhile; nothing measured") from None
     except (OSError, ValueError) as error:
-        raise KitError(f"--output-dir: cannot create {shown_name(folder)}: {describe_error(error)}") from None
+        raise KitError(f"--output-dir: cannot create {name_as_typed(folder)}: {describe_error(error)}") from None
 
 
 def _command_sweep(args):

@@ -312,13 +312,13 @@ def test_non_negative_decimal_message_and_value():
 
 def test_shown_shortens_past_the_limit_only():
     assert (
-        mesure_memoire.shown("y" * 79) == "'" + "y" * 59 + "..." + "y" * 11 + "' (79 characters)"
+        mesure_memoire.quoted("y" * 79) == "'" + "y" * 59 + "..." + "y" * 11 + "' (79 characters)"
     )  # 81 with the quotes
-    assert mesure_memoire.shown("abcdefghij", limit=12) == "'abcdefghij'"
-    assert mesure_memoire.shown(12345) == "12345"
-    assert mesure_memoire.shown_name("z" * 80) == "z" * 80
-    assert mesure_memoire.shown_name(b"x.json") == "b'x.json'"
-    assert mesure_memoire.shown_name("bad\n.json") == "'bad\\n.json'"
+    assert mesure_memoire.quoted("abcdefghij", limit=12) == "'abcdefghij'"
+    assert mesure_memoire.quoted(12345) == "12345"
+    assert mesure_memoire.name_as_typed("z" * 80) == "z" * 80
+    assert mesure_memoire.name_as_typed(b"x.json") == "b'x.json'"
+    assert mesure_memoire.name_as_typed("bad\n.json") == "'bad\\n.json'"
 
 
 # --- the estimate, in-process ---------------------------------------------------------------------------------
@@ -408,15 +408,15 @@ def test_to_json_indents_nested_containers_and_decimals():
 
 
 def test_shown_quotes_escapes_and_shortens_user_values():
-    assert mesure_memoire.shown("a\nb") == "'a\\nb'"
+    assert mesure_memoire.quoted("a\nb") == "'a\\nb'"
     long_value = "x" * 200 + "END"
-    text = mesure_memoire.shown(long_value)
+    text = mesure_memoire.quoted(long_value)
     assert text == "'" + "x" * 59 + "..." + "x" * 8 + "END' (203 characters)"
-    assert mesure_memoire.shown("y" * 78) == "'" + "y" * 78 + "'"  # 80 characters with the quotes: kept whole
-    assert mesure_memoire.shown_name("mesures.json") == "mesures.json"
-    assert mesure_memoire.shown_name("a b.json") == "a b.json"
+    assert mesure_memoire.quoted("y" * 78) == "'" + "y" * 78 + "'"  # 80 characters with the quotes: kept whole
+    assert mesure_memoire.name_as_typed("mesures.json") == "mesures.json"
+    assert mesure_memoire.name_as_typed("a b.json") == "a b.json"
     for odd in (" lead.json", "trail.json ", "tab\t.json", "z" * 81, "\u202egnp.json"):
-        assert mesure_memoire.shown_name(odd).startswith("'"), odd
+        assert mesure_memoire.name_as_typed(odd).startswith("'"), odd
     assert mesure_memoire.one_line("a\nb\r\tc\x1b\u2028é") == "a\\nb\\r\\tc\\x1b\\u2028é"
 
 

@@ -64,7 +64,7 @@ def tick_labels(axes):
 
 def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(closes_figures):
     result = load(DATA / "schema3.json")
-    plan = mesure_memoire.predict_memory(result["configuration"])
+    plan = mesure_memoire.memory_plan(result["configuration"])
     (axes,) = mesure_memoire.draw_phases(result).axes
     phases = result["phases"]
     assert tick_labels(axes) == [mesure_memoire._phase_label(record) for record in phases]
@@ -122,21 +122,21 @@ def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_pe
     """Hand-checked for batch 4, context 256, width 512, bfloat16: weights 4,199,424 bytes, inputs 1 MiB,
     the first forward's two 4 MiB hidden tensors and the 256 MiB allowance."""
     result = load(DATA / "schema3.json")
-    _, series = mesure_memoire.phase_bars(result)
+    _, series = mesure_memoire.phase_bar_data(result)
     weights, inputs, hidden = 4199424, 2**20, 4 * 2**20
     assert series["plan's peak allocated"][:3] == [
         weights,
         weights + inputs,
         weights + inputs + 256 * 2**20 + 2 * hidden,
     ]
-    plan = mesure_memoire.predict_memory(result["configuration"])
+    plan = mesure_memoire.memory_plan(result["configuration"])
     assert max(series["plan's peak allocated"]) == plan["predicted_peak_allocated_bytes"] == 282072064
 
 
 def test_a_phase_that_disagrees_is_labelled_so():
     result = load(DATA / "schema3.json")
     result["phases"][2]["verdict"] = "disagrees"
-    labels, _ = mesure_memoire.phase_bars(result)
+    labels, _ = mesure_memoire.phase_bar_data(result)
     assert [label.endswith(" DISAGREES") for label in labels] == [index == 2 for index in range(len(labels))]
 
 
@@ -144,7 +144,7 @@ def test_the_values_on_the_bars_are_the_tables_figures():
     """A figure's value text is what the phase table prints for the same counter (MiB, 2 places)."""
     result = load(DATA / "schema3.json")
     table = mesure_memoire.format_phase_table(result)
-    labels, series = mesure_memoire.phase_bars(result)
+    labels, series = mesure_memoire.phase_bar_data(result)
     for label, allocated in zip(labels, series["measured peak allocated"], strict=True):
         line = next(line for line in table.splitlines() if line.startswith(label + " "))
         assert mesure_memoire.in_units(allocated, 2**20) in line.split()
@@ -193,7 +193,7 @@ FLAGGED = "(*: flagged in report's table)"
          "one sweep on two cards: numbered", "a flagged row is starred", "flagged and numbered"],
 )  # fmt: skip
 def test_a_size_is_labelled_by_what_differs_between_the_results(rows, labels, named):
-    found_labels, found_named, memory, warm_ms = mesure_memoire.size_bars(rows)
+    found_labels, found_named, memory, warm_ms = mesure_memoire.size_bar_data(rows)
     assert (found_labels, found_named) == (labels, named)
     assert memory == {"peak allocated": [2**20] * len(rows), "peak reserved": [2**21] * len(rows)}
     assert warm_ms == [Decimal("0.5")] * len(rows)

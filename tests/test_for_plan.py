@@ -103,7 +103,7 @@ def test_the_smallest_run_fits_every_card_and_the_cheapest_comes_first(tmp_path,
 
 
 def plan_text(**changes):
-    plan = mesure_memoire.predict_memory(mesure_memoire.measure_config(None, 1, 16, 64, "float32", 1, 2, 0))
+    plan = mesure_memoire.memory_plan(mesure_memoire.measure_config(None, 1, 16, 64, "float32", 1, 2, 0))
     plan.update(changes)
     return json.dumps({key: value for key, value in plan.items() if value != "DROP"})
 

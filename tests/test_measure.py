@@ -343,7 +343,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert [p["phase"] for p in result["phases"]] == [
         "model_load", "inputs", "cold_forward", "warmup", "warm_forward", "warm_forward"
     ]  # fmt: skip
-    plan = mesure_memoire.predict_memory(config())
+    plan = mesure_memoire.memory_plan(config())
     for record, predicted in zip(result["phases"], plan["phases"], strict=True):
         assert record["device_ms"] == 0.25
         assert (record["baseline_requested_bytes"], record["end_requested_bytes"], record["peak_requested_bytes"]) == (
@@ -689,7 +689,7 @@ class SetUpCalls:
 def agreeing_records(settings):
     """Records whose counters equal the prediction (as a real GPU without a BLAS workspace would)."""
     records, level = [], 0
-    for predicted in mesure_memoire.predict_memory(settings)["phases"]:
+    for predicted in mesure_memoire.memory_plan(settings)["phases"]:
         record = {"phase": predicted["phase"], "nanoseconds": 1000, "seconds": 1e-6, "device_ms": 0.001}
         record.update({key: predicted[key] for key in ("passes", "repetition") if key in predicted})
         record["baseline_allocated_bytes"] = record["baseline_requested_bytes"] = level
@@ -737,7 +737,7 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z", result["created_utc"])
     created = datetime.strptime(result["created_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     assert before <= created <= datetime.now(timezone.utc)  # UTC, not the local time five hours ahead
-    plan = mesure_memoire.predict_memory(settings)
+    plan = mesure_memoire.memory_plan(settings)
     assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
         "kit": "iteragpu-lab-v1", "schema_version": 4, "tool": "a tool", "torch_version_warning": None,
@@ -801,7 +801,7 @@ def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
     result = mesure_memoire.measure(settings, tool="t")
     assert result["environment"]["allocator_settings"]["backend"] == backend
     # One plan, under the settings recorded: the peak the file states is the one the phases were checked by.
-    modelled = mesure_memoire.predict_memory(settings, result["environment"]["allocator_settings"])
+    modelled = mesure_memoire.memory_plan(settings, result["environment"]["allocator_settings"])
     assert result["predicted_peak_allocated_bytes"] == modelled["predicted_peak_allocated_bytes"]
     assert {phase["verdict"] for phase in result["phases"]} == {verdict}
 
@@ -880,7 +880,7 @@ def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
     )
     stand_in_gpu(total_memory=GIB)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (GIB, GIB))
-    plan = mesure_memoire.predict_memory(config())
+    plan = mesure_memoire.memory_plan(config())
     assert str(measure_refusal(config())) == mesure_memoire.fit_problem(plan, {"gpu": {"mem_get_info_free_bytes": GIB}})
     stand_in_gpu()
     monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4 - 1)
@@ -1886,7 +1886,7 @@ def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsy
 def test_the_options_and_their_defaults_reach_measure_config(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(mesure_memoire, "measure_config", lambda *args: seen.append(args) or {})
-    monkeypatch.setattr(mesure_memoire, "predict_memory", lambda config: {"plan": 1})
+    monkeypatch.setattr(mesure_memoire, "memory_plan", lambda config: {"plan": 1})
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--plan", "--json"]) == 0
     arguments = ["--device", "cuda:2", "--batch", "3", "--context", "4", "--width", "5", "--dtype", "float16",
                  "--warmup", "6", "--repeats", "7", "--seed", "8", "--plan", "--json"]  # fmt: skip

@@ -475,18 +475,18 @@ def test_with_memory_gib_the_measure_cell_first_gives_the_plans_verdict_on_that_
         assert out == "Measurement refused: stand-in: not measured\n"
         return
     config = mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0)  # the parameters' defaults
-    fit = mesure_memoire.format_fit(mesure_memoire.plan_for(config, memory_gib))
+    fit = mesure_memoire.format_fit(mesure_memoire.plan_with_fit(config, memory_gib))
     assert out == fit + "\nMeasurement refused: stand-in: not measured\n"
     assert fit.startswith("On a card of ") and verdict in fit
 
 
-def test_as_parameters_renames_the_leading_option_only():
-    assert mesure_memoire.as_parameters(mesure_memoire.KitError("--reserve-gib: expected x, not --y")) == (
+def test_as_notebook_message_renames_the_leading_option_only():
+    assert mesure_memoire.as_notebook_message(mesure_memoire.KitError("--reserve-gib: expected x, not --y")) == (
         "RESERVE_GIB: expected x, not --y"
     )
-    assert mesure_memoire.as_parameters("--dtype bfloat16: not supported") == "DTYPE bfloat16: not supported"
-    assert mesure_memoire.as_parameters("no usable GPU for cuda:0") == "no usable GPU for cuda:0"
-    assert mesure_memoire.as_parameters("--plan writes nothing") == "--plan writes nothing"
+    assert mesure_memoire.as_notebook_message("--dtype bfloat16: not supported") == "DTYPE bfloat16: not supported"
+    assert mesure_memoire.as_notebook_message("no usable GPU for cuda:0") == "no usable GPU for cuda:0"
+    assert mesure_memoire.as_notebook_message("--plan writes nothing") == "--plan writes nothing"
 
 
 def test_every_parameter_is_annotated_with_its_type_for_papermill():

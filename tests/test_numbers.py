@@ -54,7 +54,7 @@ IDS = [f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.]+", "_", text) for number, (text
 
 @pytest.mark.parametrize(("text", "whole", "decimal"), NUMBERS, ids=IDS)
 def test_each_script_checks_the_grammar_alike(text, whole, decimal):
-    assert mesure_memoire.written_whole(text) is whole
+    assert mesure_memoire.is_whole_number_text(text) is whole
     assert calcul_forfaits.is_whole(text, zero=True) is whole
     assert (mesure_memoire.device_index(f"cuda:{text}") == int(text)) if whole else True
     if not whole:

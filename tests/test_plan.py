@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
 
 
 def plan(batch, context, width, dtype, warmup=1, repeats=2):
-    return mesure_memoire.predict_memory(
+    return mesure_memoire.memory_plan(
         mesure_memoire.measure_config("cuda:0", batch, context, width, dtype, warmup, repeats, 0)
     )
 
@@ -131,7 +131,7 @@ def test_plan_json_in_process_writes_nothing(tmp_path, monkeypatch, capsys):
 def test_plan_text_comes_from_the_same_data(capsys):
     assert mesure_memoire.main([*SMALL_TRIAL, "--plan"]) == 0
     text = capsys.readouterr().out
-    assert text == mesure_memoire.format_plan(mesure_memoire.predict_memory(
+    assert text == mesure_memoire.format_plan(mesure_memoire.memory_plan(
         mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0)
     )) + "\n"  # fmt: skip
     lines = text.splitlines()
@@ -197,7 +197,7 @@ def test_counts_are_bounded_with_their_reason_before_any_prediction(tmp_path, mo
     """A 30-digit count gave an OverflowError traceback, also from measure --output (the prediction runs
     before PyTorch is checked), and --warmup 1000000000 a MemoryError."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(mesure_memoire, "predict_memory", lambda config: pytest.fail("predicted an unbounded count"))
+    monkeypatch.setattr(mesure_memoire, "memory_plan", lambda config: pytest.fail("predicted an unbounded count"))
     assert mesure_memoire.main([*SMALL_TRIAL[:3], *arguments, *mode]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith(f"mesure_memoire.py: error: {message}")
@@ -213,7 +213,7 @@ def test_the_prediction_costs_the_same_whatever_the_counts(monkeypatch):
         return simulate(events, tensor_bytes, allocator)
 
     monkeypatch.setattr(mesure_memoire, "_simulate", counted)
-    largest = mesure_memoire.predict_memory(config(warmup=1000, repeats=1000))
+    largest = mesure_memoire.memory_plan(config(warmup=1000, repeats=1000))
     assert calls == [4, 1, 5, 11, 5]  # model_load, inputs, cold_forward, warmup (two passes), warm_forward
     assert len(largest["phases"]) == 3 + 1 + 1000
     assert [record["repetition"] for record in largest["phases"][4:]] == list(range(1, 1001))
@@ -223,8 +223,8 @@ def test_the_prediction_costs_the_same_whatever_the_counts(monkeypatch):
 @pytest.mark.parametrize("warmup", [1, 2, 3, 1000])
 def test_two_warm_up_passes_predict_any_count_exactly(warmup):
     small = config(batch=2, context=128, width=256, warmup=warmup)  # activations above 1 MiB: slack too
-    predicted = next(r for r in mesure_memoire.predict_memory(small)["phases"] if r["phase"] == "warmup")
-    plan_ = mesure_memoire.predict_memory(small)
+    predicted = next(r for r in mesure_memoire.memory_plan(small)["phases"] if r["phase"] == "warmup")
+    plan_ = mesure_memoire.memory_plan(small)
     every_pass = mesure_memoire._forward_pass() + ([("free", "output")] + mesure_memoire._forward_pass()) * (warmup - 1)
     expected = mesure_memoire._simulate(every_pass, plan_["tensor_bytes"], mesure_memoire.DEFAULT_ALLOCATOR)
     assert {key: predicted[key] for key in expected} == expected
@@ -339,7 +339,7 @@ reserved memory above allocated (the allocator's segments)."""
 
 
 def test_the_plan_text_exactly():
-    assert mesure_memoire.format_plan(mesure_memoire.predict_memory(config(warmup=3))) == PLAN_TEXT
+    assert mesure_memoire.format_plan(mesure_memoire.memory_plan(config(warmup=3))) == PLAN_TEXT
 
 
 def test_the_plan_command_passes_each_option_to_its_place(capsys):
@@ -376,7 +376,7 @@ def fit_environment(free, total=80 * GIB):
 
 
 def test_the_fit_message_exactly():
-    plan = mesure_memoire.predict_memory(config(batch=8, context=1024, width=4096, dtype="bfloat16"))
+    plan = mesure_memoire.memory_plan(config(batch=8, context=1024, width=4096, dtype="bfloat16"))
     peak = plan["predicted_peak_allocated_bytes"]
     assert mesure_memoire.fit_problem(plan, fit_environment(peak + GIB)) is None  # exactly enough
     assert mesure_memoire.fit_problem(plan, fit_environment(peak + GIB - 1)) == (
@@ -434,7 +434,7 @@ def test_the_synthetic_model_description_exactly():
 
 
 def test_the_plan_document_exactly():
-    plan = mesure_memoire.predict_memory(config(batch=1, context=2, width=3, warmup=0, repeats=1))
+    plan = mesure_memoire.memory_plan(config(batch=1, context=2, width=3, warmup=0, repeats=1))
     phases = plan.pop("phases")
     assert plan == {
         "kit": "iteragpu-lab-v1",
@@ -563,7 +563,7 @@ def run_on_the_cpu(settings):
     tracker = LiveTensorBytes("cpu")
     with tracker:
         records, summary, per_call = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
-    return mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(settings), per_call)
+    return mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(settings), per_call)
 
 
 CONFIGURATIONS = [
@@ -601,7 +601,7 @@ def test_the_transfer_allocates_one_tensor_per_parameter_on_the_target_device():
     """Module.to(device, dtype), as model_load runs it, watched on the meta device."""
     for dtype in mesure_memoire.DTYPE_BYTES:
         settings = config(width=48, dtype=dtype)
-        predicted = mesure_memoire.predict_memory(settings)["phases"][0]
+        predicted = mesure_memoire.memory_plan(settings)["phases"][0]
         tracker = LiveTensorBytes("meta")
         with tracker, torch.inference_mode():
             model = mesure_memoire.build_model(torch, 48).to(device="meta", dtype=getattr(torch, dtype)).eval()
@@ -635,12 +635,12 @@ def test_a_workspace_taken_per_call_is_measured_and_allowed_at_each_forward_s_pe
     with tracker:
         records, _, per_call = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
     assert per_call == {"allocated_bytes": 2**20, "requested_bytes": 2**20}
-    plan = mesure_memoire.predict_memory(settings)
-    checked, check, workspace = mesure_memoire.check_prediction(copy.deepcopy(records), plan, per_call)
+    plan = mesure_memoire.memory_plan(settings)
+    checked, check, workspace = mesure_memoire.check_against_plan(copy.deepcopy(records), plan, per_call)
     assert check == {"agrees": True, "disagreements": [], "not_checked": []}
     assert (workspace["per_call_allocated_bytes"], workspace["per_call_requested_bytes"]) == (2**20, 2**20)
     # Not measured, nothing is allowed: each forward's peaks disagree, and only those.
-    _, check, _ = mesure_memoire.check_prediction(copy.deepcopy(records), plan)
+    _, check, _ = mesure_memoire.check_against_plan(copy.deepcopy(records), plan)
     forwards = {"cold_forward", "warmup", "warm_forward"}
     peaks = {"peak_requested_bytes", "peak_allocated_bytes"}
     assert {(d["phase"], d["counter"]) for d in check["disagreements"]} == set(itertools.product(forwards, peaks))
@@ -651,12 +651,12 @@ def test_a_workspace_taken_per_call_is_measured_and_allowed_at_each_forward_s_pe
         "allocated_bytes": excess["peak_allocated_bytes"] - 512,
         "requested_bytes": excess["peak_requested_bytes"] - 1,
     }
-    _, check, _ = mesure_memoire.check_prediction(copy.deepcopy(records), plan, smaller)
+    _, check, _ = mesure_memoire.check_against_plan(copy.deepcopy(records), plan, smaller)
     assert {d["phase"] for d in check["disagreements"]} == forwards
     # A per-call workspace never excuses the phases that run no product.
     doctored = copy.deepcopy(records)
     doctored[1]["peak_allocated_bytes"] += 512
-    _, check, _ = mesure_memoire.check_prediction(doctored, plan, per_call)
+    _, check, _ = mesure_memoire.check_against_plan(doctored, plan, per_call)
     assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "peak_allocated_bytes")]
 
 
@@ -702,7 +702,7 @@ def test_a_model_that_keeps_its_activations_is_caught(monkeypatch):
 
 def hand_made_records(settings, workspace=0, extra=None):
     """Records whose counters equal the prediction (plus a workspace after the first forward)."""
-    plan = mesure_memoire.predict_memory(settings)
+    plan = mesure_memoire.memory_plan(settings)
     records, allocated, requested = [], 0, 0
     for predicted in plan["phases"]:
         record = {"phase": predicted["phase"], "baseline_allocated_bytes": allocated,
@@ -727,7 +727,7 @@ def hand_made_records(settings, workspace=0, extra=None):
 
 def test_a_workspace_is_measured_not_assumed():
     records, plan = hand_made_records(config(), workspace=8 * 2**20 + 128 * 2**10)
-    checked, check, workspace = mesure_memoire.check_prediction(records, plan)
+    checked, check, workspace = mesure_memoire.check_against_plan(records, plan)
     assert check["agrees"] is True
     assert workspace["measured_bytes"] == workspace["requested_bytes"] == 8 * 2**20 + 128 * 2**10
     assert checked[2]["predicted"]["peaks_checked_plus_measured_workspace"] == {
@@ -750,7 +750,7 @@ def test_a_workspace_is_measured_not_assumed():
 )
 def test_each_counter_is_checked(phase, counter, change, agrees):
     records, plan = hand_made_records(config(), extra={phase: {counter: change}})
-    checked, check, _ = mesure_memoire.check_prediction(records, plan)
+    checked, check, _ = mesure_memoire.check_against_plan(records, plan)
     assert check["agrees"] is agrees
     (disagreement,) = check["disagreements"]
     assert disagreement["phase"] == checked[phase]["phase"] and disagreement["counter"] == counter
@@ -761,7 +761,7 @@ def test_each_counter_is_checked(phase, counter, change, agrees):
 
 def test_each_record_gets_its_prediction_and_a_verdict_with_its_reason():
     records, plan = hand_made_records(config(), extra={1: {"end_requested_bytes": 1}})
-    checked, _, _ = mesure_memoire.check_prediction(records, plan)
+    checked, _, _ = mesure_memoire.check_against_plan(records, plan)
     inputs = plan["phases"][1]
     assert checked[1]["predicted"] == {
         "end_requested_bytes": inputs["end_requested_bytes"], "peak_requested_bytes": inputs["peak_requested_bytes"],
@@ -774,7 +774,7 @@ def test_each_record_gets_its_prediction_and_a_verdict_with_its_reason():
     ]  # fmt: skip
     for record in records:
         record["baseline_requested_bytes"] = None
-    checked, _, _ = mesure_memoire.check_prediction(records, plan)
+    checked, _, _ = mesure_memoire.check_against_plan(records, plan)
     assert (checked[0]["verdict"], checked[0]["verdict_reason"]) == (
         "not checked",
         "this PyTorch's memory_stats has no requested-bytes counters",
@@ -786,14 +786,14 @@ def test_a_large_block_may_hold_up_to_one_mebibyte_more():
     for extra, agrees in ((2**20, True), (2 * 2**20, True), (2 * 2**20 + 1, False)):
         records, plan = hand_made_records(settings, extra={0: {"end_allocated_bytes": extra}})
         records[0]["peak_allocated_bytes"] = records[0]["end_allocated_bytes"]
-        assert mesure_memoire.check_prediction(records, plan)[1]["agrees"] is agrees, extra
+        assert mesure_memoire.check_against_plan(records, plan)[1]["agrees"] is agrees, extra
 
 
 def test_without_requested_counters_the_verdict_is_not_checked():
     records, plan = hand_made_records(config())
     for record in records:
         record["baseline_requested_bytes"] = record["end_requested_bytes"] = record["peak_requested_bytes"] = None
-    checked, check, workspace = mesure_memoire.check_prediction(records, plan)
+    checked, check, workspace = mesure_memoire.check_against_plan(records, plan)
     assert {r["verdict"] for r in checked} == {"not checked"}
     assert all("requested-bytes" in r["verdict_reason"] for r in checked)
     assert check["agrees"] is False and check["disagreements"] == [] and len(check["not_checked"]) == len(checked)
@@ -833,7 +833,7 @@ def test_a_disagreement_names_its_repetition_and_the_closest_bound():
     records, plan = hand_made_records(
         config(), extra={4: {"end_requested_bytes": -4}, 5: {"peak_allocated_bytes": 512}}
     )
-    _, check, _ = mesure_memoire.check_prediction(records, plan)
+    _, check, _ = mesure_memoire.check_against_plan(records, plan)
     base = {"phase": "warm_forward", "relative_to": "the phase's baseline"}
     assert check["disagreements"] == [
         {**base, "repetition": 1, "counter": "end_requested_bytes", "predicted_bytes": 4096, "measured_bytes": 4092,
@@ -843,7 +843,7 @@ def test_a_disagreement_names_its_repetition_and_the_closest_bound():
     ]  # fmt: skip
     # Below its lower bound, the first forward's end is compared with the output it must hold.
     records, plan = hand_made_records(config(), extra={2: {"end_allocated_bytes": -512}})
-    disagreement = mesure_memoire.check_prediction(records, plan)[1]["disagreements"][0]
+    disagreement = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"][0]
     assert (disagreement["counter"], disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (
         "end_allocated_bytes", 4096, -512
     )  # fmt: skip
@@ -853,7 +853,7 @@ def test_above_a_large_block_s_slack_the_closest_bound_is_the_upper_one():
     settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks: 2 MiB of slack
     records, plan = hand_made_records(settings, extra={0: {"end_allocated_bytes": 2 * 2**20 + 512}})
     records[0]["peak_allocated_bytes"] = records[0]["end_allocated_bytes"] - 2 * 2**20 - 512
-    (disagreement,) = mesure_memoire.check_prediction(records, plan)[1]["disagreements"]
+    (disagreement,) = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"]
     expected = plan["phases"][0]["end_allocated_bytes"]
     assert (disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (expected + 2 * 2**20, 512)
 
@@ -861,17 +861,17 @@ def test_above_a_large_block_s_slack_the_closest_bound_is_the_upper_one():
 def test_the_first_forward_s_peaks_are_checked_with_the_measured_workspace():
     workspace = 8 * 2**20 + 128 * 2**10
     records, plan = hand_made_records(config(), workspace=workspace, extra={2: {"peak_requested_bytes": -4}})
-    (disagreement,) = mesure_memoire.check_prediction(records, plan)[1]["disagreements"]
+    (disagreement,) = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"]
     assert (disagreement["counter"], disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (
         "peak_requested_bytes", 32768 + workspace, -4
     )  # fmt: skip
     # A 2 MiB output (one large block, 1 MiB of slack): the peak may sit up to that slack below.
     settings = config(batch=4, context=128, width=1024)
-    slack = mesure_memoire.predict_memory(settings)["phases"][2]["end_allocated_slack_bytes"]
+    slack = mesure_memoire.memory_plan(settings)["phases"][2]["end_allocated_slack_bytes"]
     assert slack == 2**20
     for change, agrees in ((-slack, True), (-slack - 512, False)):
         records, plan = hand_made_records(settings, workspace=workspace, extra={2: {"peak_allocated_bytes": change}})
-        check = mesure_memoire.check_prediction(records, plan)[1]
+        check = mesure_memoire.check_against_plan(records, plan)[1]
         assert check["agrees"] is agrees, change
         if not agrees:
             assert check["disagreements"][0]["difference_bytes"] == -512
@@ -881,7 +881,7 @@ def test_without_requested_counters_the_allocated_ones_are_still_checked():
     records, plan = hand_made_records(config(), extra={1: {"end_allocated_bytes": 512}})
     for record in records:
         record["baseline_requested_bytes"] = record["end_requested_bytes"] = record["peak_requested_bytes"] = None
-    checked, check, _ = mesure_memoire.check_prediction(records, plan)
+    checked, check, _ = mesure_memoire.check_against_plan(records, plan)
     assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
     assert checked[1]["verdict"] == "disagrees" and check["not_checked"] == [
         "model_load", "cold_forward", "warmup x1", "warm_forward #1", "warm_forward #2"
@@ -891,7 +891,7 @@ def test_without_requested_counters_the_allocated_ones_are_still_checked():
 def test_records_and_prediction_must_have_the_same_phases():
     records, plan = hand_made_records(config())
     with pytest.raises(ValueError):
-        mesure_memoire.check_prediction(records[:-1], plan)
+        mesure_memoire.check_against_plan(records[:-1], plan)
 
 
 # --- --plan --memory-gib: the verdict on a card and the largest size per dimension (part "fit") ------------
@@ -901,7 +901,7 @@ LARGEST_ACCEPTED = 10**30 - 1
 
 def needs(**overrides):
     """needs_card_memory_bytes of the whole plan, its counts as given: what the search is checked against."""
-    return mesure_memoire.predict_memory(config(**overrides))["needs_card_memory_bytes"]
+    return mesure_memoire.memory_plan(config(**overrides))["needs_card_memory_bytes"]
 
 
 FIT_CASES = [
@@ -914,7 +914,7 @@ FIT_CASES = [
 
 @pytest.mark.parametrize(("sizes", "memory_gib"), FIT_CASES)
 def test_each_largest_value_fits_and_the_next_one_does_not(sizes, memory_gib):
-    plan_ = mesure_memoire.predict_memory(config(**sizes))
+    plan_ = mesure_memoire.memory_plan(config(**sizes))
     fit = mesure_memoire.fit_on_card(plan_, memory_gib)
     memory_bytes = int(mesure_memoire.Decimal(memory_gib) * GIB)
     assert fit["memory_bytes"] == memory_bytes
@@ -924,7 +924,7 @@ def test_each_largest_value_fits_and_the_next_one_does_not(sizes, memory_gib):
 
 
 def test_the_verdict_is_the_needed_free_memory_against_the_card_at_the_byte():
-    plan_ = mesure_memoire.predict_memory(config())
+    plan_ = mesure_memoire.memory_plan(config())
     needed = plan_["needs_card_memory_bytes"]
     exactly, one_byte_less = (str(mesure_memoire.decimal_ratio(value, GIB)) for value in (needed, needed - 1))
     assert mesure_memoire.fit_on_card(plan_, exactly)["memory_bytes"] == needed
@@ -937,7 +937,7 @@ def test_the_verdict_is_the_needed_free_memory_against_the_card_at_the_byte():
 
 
 def test_none_when_even_one_does_not_fit_and_the_accepted_maximum_when_everything_does():
-    plan_ = mesure_memoire.predict_memory(config())
+    plan_ = mesure_memoire.memory_plan(config())
     assert mesure_memoire.fit_on_card(plan_, "1")["largest"] == {"batch": None, "context": None, "width": None}
     assert mesure_memoire.fit_on_card(plan_, "1")["fits"] is False
     huge = mesure_memoire.fit_on_card(plan_, "1" + "0" * 29)["largest"]
@@ -955,7 +955,7 @@ def test_the_largest_may_be_one():
 
 def test_only_one_dimension_does_not_fit_at_one():
     # A context so large that batch 1 does not fit at width 64, while a smaller width does.
-    plan_ = mesure_memoire.predict_memory(config(context=2 * 10**7))
+    plan_ = mesure_memoire.memory_plan(config(context=2 * 10**7))
     largest = mesure_memoire.fit_on_card(plan_, "4")["largest"]
     assert largest["batch"] is None
     assert needs(context=largest["context"]) <= 4 * GIB < needs(context=largest["context"] + 1)
@@ -969,13 +969,13 @@ def test_the_search_plans_at_most_two_passes_of_each_kind_and_finds_the_same_nee
     for counts in (dict(warmup=0, repeats=1), dict(warmup=1, repeats=2), dict(warmup=9, repeats=13)):
         assert mesure_memoire.planned_needs_card_memory_bytes(config(**counts)) == needs(**counts)
     seen = []
-    real = mesure_memoire.predict_memory
+    real = mesure_memoire.memory_plan
 
     def spy(config_):
         seen.append((config_["warmup"], config_["repeats"]))
         return real(config_)
 
-    monkeypatch.setattr(mesure_memoire, "predict_memory", spy)
+    monkeypatch.setattr(mesure_memoire, "memory_plan", spy)
     mesure_memoire.largest_that_fits(config(warmup=1000, repeats=1000), 80 * GIB, "width")
     assert set(seen) == {(2, 2)} and 2 < len(seen) < 80  # a bounded search, at no cost per repetition
 
@@ -1015,7 +1015,7 @@ process: a measurement on the card is the proof.
 def test_the_fit_text_and_json_come_from_the_same_data(capsys):
     assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "3"]) == 0
     text = capsys.readouterr().out
-    plan_ = mesure_memoire.predict_memory(config())
+    plan_ = mesure_memoire.memory_plan(config())
     assert text == mesure_memoire.format_plan(plan_) + "\n" + FIT_TEXT
     assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -1027,7 +1027,7 @@ def test_the_fit_text_and_json_come_from_the_same_data(capsys):
 
 
 def test_the_fit_text_when_it_does_not_fit():
-    plan_ = mesure_memoire.predict_memory(config())
+    plan_ = mesure_memoire.memory_plan(config())
     plan_.update(mesure_memoire.fit_on_card(plan_, "1"))
     assert mesure_memoire.format_fit(plan_).splitlines()[:2] == [
         "On a card of 1.0 GiB (1073741824 bytes): does NOT fit (1342346752 bytes short), needing 2416088576 bytes "
@@ -1038,7 +1038,7 @@ def test_the_fit_text_when_it_does_not_fit():
 
 
 def test_the_card_memory_is_written_in_plain_digits_however_small():
-    plan_ = mesure_memoire.plan_for(config(), "0.000000001")  # Decimal's str would write 1E-9
+    plan_ = mesure_memoire.plan_with_fit(config(), "0.000000001")  # Decimal's str would write 1E-9
     assert mesure_memoire.format_fit(plan_).startswith("On a card of 0.000000001 GiB (1 bytes): does NOT fit")
 
 
@@ -1052,7 +1052,7 @@ def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
 
 
 def test_the_fit_says_what_largest_means():
-    fit = mesure_memoire.fit_on_card(mesure_memoire.predict_memory(config()), "80")
+    fit = mesure_memoire.fit_on_card(mesure_memoire.memory_plan(config()), "80")
     assert fit["largest_is"] == (
         "per dimension, the others as given: the largest whole value whose needs_card_memory_bytes fits "
         "(null: even 1 does not)"
@@ -1098,14 +1098,14 @@ def test_the_issue_s_card_and_context(capsys):
     assert fit["largest"] == {"batch": 31293, "context": 2002761, "width": 67792}
     free = fit["memory_bytes"] - 500 * MIB
     for dimension in ("batch", "width"):
-        largest = mesure_memoire.predict_memory(config(**{**ISSUE_SIZES, dimension: fit["largest"][dimension]}))
+        largest = mesure_memoire.memory_plan(config(**{**ISSUE_SIZES, dimension: fit["largest"][dimension]}))
         assert largest["needs_free_bytes"] <= free
 
 
 def test_a_run_that_does_not_fit_exits_3_with_the_plan_and_its_verdict_printed(capsys):
     assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2"]) == 3
     captured = capsys.readouterr()
-    plan_ = mesure_memoire.plan_for(config(), "2")
+    plan_ = mesure_memoire.plan_with_fit(config(), "2")
     assert captured.out == mesure_memoire.format_plan_and_fit(plan_) + "\n"
     assert "does NOT fit (268604928 bytes short)" in captured.out
     assert captured.err == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)\n"
@@ -1122,7 +1122,7 @@ def test_the_plan_needs_no_device(capsys):
     assert data["configuration"]["device"] is None
     assert data["blas_workspace_allowance_is"] == "the largest default of any backend: the plan knows no backend"
     assert {key: value for key, value in data.items() if key != "configuration"} == {
-        key: value for key, value in mesure_memoire.predict_memory(config()).items() if key != "configuration"
+        key: value for key, value in mesure_memoire.memory_plan(config()).items() if key != "configuration"
     }
     assert mesure_memoire.main([*without, "--plan"]) == 0
     assert "(the largest default of any backend; " in capsys.readouterr().out
@@ -1177,7 +1177,7 @@ WIDE = dict(batch=5, context=77, width=3000, dtype="float32", warmup=1, repeats=
 def records_as_modelled(settings, allocator):
     """Counter records equal to the model under ``allocator`` (stand-in counters: no GPU here)."""
     records, level = [], 0
-    for predicted in mesure_memoire.predict_memory(settings, allocator)["phases"]:
+    for predicted in mesure_memoire.memory_plan(settings, allocator)["phases"]:
         record = {"phase": predicted["phase"], **{k: predicted[k] for k in ("passes", "repetition") if k in predicted}}
         record["baseline_allocated_bytes"] = record["baseline_requested_bytes"] = level
         for counter in mesure_memoire.PREDICTED_COUNTERS:
@@ -1203,8 +1203,8 @@ def test_roundup_power2_divisions_rounds_as_pytorchs_round_size():
 @pytest.mark.parametrize("name", ALLOCATORS)
 def test_each_modelled_setting_agrees_when_exact_and_disagrees_one_block_off(name):
     allocator = ALLOCATORS[name]
-    plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
-    checked, check, _ = mesure_memoire.check_prediction(records_as_modelled(config(**WIDE), allocator), plan)
+    plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
+    checked, check, _ = mesure_memoire.check_against_plan(records_as_modelled(config(**WIDE), allocator), plan)
     assert check == {"agrees": True, "disagreements": [], "not_checked": []}
     assert {record["verdict"] for record in checked} == {"agrees"}
     # One 512-byte block below the model disagrees under both; above it too where no slack is allowed.
@@ -1214,14 +1214,14 @@ def test_each_modelled_setting_agrees_when_exact_and_disagrees_one_block_off(nam
         records[index]["peak_allocated_bytes"] += offset
         if records[index]["phase"] != "cold_forward":  # its end is only a floor (the BLAS workspace)
             records[index]["end_allocated_bytes"] += offset
-        checked, _, _ = mesure_memoire.check_prediction(records, plan)
+        checked, _, _ = mesure_memoire.check_against_plan(records, plan)
         # cold_forward's peak floor leaves out the large blocks' slack (its workspace is measured from the end).
         if offsets == (-512,) and records[index]["phase"] == "cold_forward":
             continue
         assert checked[index]["verdict"] == "disagrees", (name, index, offset)
     # Under the default model, the setting's own figures disagree: its effect is real, not absorbed.
     records = records_as_modelled(config(**WIDE), allocator)
-    _, check, _ = mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(config(**WIDE)))
+    _, check, _ = mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE)))
     assert check["agrees"] is (name == "expandable_segments:True")
 
 
@@ -1229,13 +1229,13 @@ def test_a_block_at_or_above_max_split_size_is_not_checked_with_the_reason():
     limit = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": 21 * MIB}
     records = records_as_modelled(config(**WIDE), limit)
     records[0]["end_allocated_bytes"] += 2 * MIB - 512  # what a block never split may hold
-    checked, check, _ = mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(config(**WIDE), limit))
+    checked, check, _ = mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE), limit))
     reason = "a block at or above max_split_size is never split: its size cannot be predicted"
     # model_load's weights (137 MiB) are such blocks; the inputs (4.4 MiB) and activations (17.6 MiB) are not.
     assert [(r["verdict"], r["verdict_reason"]) for r in checked] == [("not checked", reason)] + [("agrees", None)] * 4
     assert check == {"agrees": False, "disagreements": [], "not_checked": ["model_load"]}
     records[1]["end_allocated_bytes"] -= 512  # the phases below the limit are still checked
-    assert mesure_memoire.check_prediction(records, mesure_memoire.predict_memory(config(**WIDE), limit))[1][
+    assert mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE), limit))[1][
         "disagreements"
     ]
 
@@ -1251,8 +1251,8 @@ def test_cuda_malloc_async_and_unreadable_settings_are_not_checked_never_disagre
         records = records_as_modelled(config(**WIDE), mesure_memoire.DEFAULT_ALLOCATOR)
         for record in records:  # PyTorch keeps the requested-bytes counters at zero under cudaMallocAsync
             record.update(baseline_requested_bytes=0, end_requested_bytes=0, peak_requested_bytes=0)
-        plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
-        checked, check, _ = mesure_memoire.check_prediction(records, plan)
+        plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
+        checked, check, _ = mesure_memoire.check_against_plan(records, plan)
         assert {(r["verdict"], r["verdict_reason"]) for r in checked} == {("not checked", reason)}
         assert check["disagreements"] == [] and check["agrees"] is False and len(check["not_checked"]) == 5
 
@@ -1261,6 +1261,6 @@ def test_max_split_size_leaves_unchecked_a_block_at_the_limit_not_one_below():
     inputs_block = mesure_memoire.modelled_block_bytes(5 * 77 * 3000 * 4, mesure_memoire.DEFAULT_ALLOCATOR)
     for limit, verdict in ((inputs_block, "not checked"), (inputs_block + 1, "agrees")):
         allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": limit}
-        plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
-        checked, _, _ = mesure_memoire.check_prediction(records_as_modelled(config(**WIDE), allocator), plan)
+        plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
+        checked, _, _ = mesure_memoire.check_against_plan(records_as_modelled(config(**WIDE), allocator), plan)
         assert checked[1]["phase"] == "inputs" and checked[1]["verdict"] == verdict

@@ -581,9 +581,9 @@ def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
 
 
 def test_counts_milliseconds_and_medians_are_exact():
-    assert mesure_memoire._count(0) == 0 and mesure_memoire._count(10**30 - 1) == 10**30 - 1
+    assert mesure_memoire._count_or_none(0) == 0 and mesure_memoire._count_or_none(10**30 - 1) == 10**30 - 1
     for value in (-1, 10**30, True, 1.0, "1", None):
-        assert mesure_memoire._count(value) is None, value
+        assert mesure_memoire._count_or_none(value) is None, value
     assert mesure_memoire._milliseconds(1234567) == Decimal("1.234567")
     assert mesure_memoire._median([3, 1, 2]) == 2 and isinstance(mesure_memoire._median([5]), Decimal)
     assert mesure_memoire._median([4, 1, 3, 2]) == Decimal("2.5")
@@ -591,9 +591,9 @@ def test_counts_milliseconds_and_medians_are_exact():
     assert str(mesure_memoire._median([1, 10**40])) == "5" + "0" * 38 + "0.5"  # exact beyond 28 digits
 
 
-def test_checked_result_messages_name_the_file_and_the_field():
+def test_result_summary_messages_name_the_file_and_the_field():
     def problem(result):
-        return kit_error_of(mesure_memoire._checked_result, "r.json", result)
+        return kit_error_of(mesure_memoire._result_summary, "r.json", result)
 
     prefix = "report: 'r.json' is not a kit result: "
     assert problem([]) == prefix + "a JSON list, not an object"
@@ -654,10 +654,10 @@ def _schema2():
         ),
     ],
 )
-def test_checked_result_refuses_each_missing_part_by_name(change, why):
+def test_result_summary_refuses_each_missing_part_by_name(change, why):
     result = _schema2()
     change(result)
-    message = kit_error_of(mesure_memoire._checked_result, "r.json", result)
+    message = kit_error_of(mesure_memoire._result_summary, "r.json", result)
     assert message.startswith("report: 'r.json' is not a kit result: " + why), message
 
 
@@ -687,7 +687,7 @@ def test_device_times_must_be_finite_numbers_and_not_booleans():
         message = kit_error_of(mesure_memoire.report_rows, [("r", result)])
         assert message == (
             "report: 'r' is not a kit result: a warm_forward line's device_ms, "
-            f"{mesure_memoire.shown(bad)}, is neither null nor a time >= 0"
+            f"{mesure_memoire.quoted(bad)}, is neither null nor a time >= 0"
         ), bad
 
 
@@ -715,7 +715,7 @@ def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond
     assert kit_error_of(mesure_memoire.read_result_file, whole) == f"report: {whole!r} does not exist"
     longer = "x" * 10_000_000
     message = kit_error_of(mesure_memoire.read_result_file, longer)
-    assert message == f"report: {mesure_memoire.shown(longer, 4200)} cannot be opened (OSError)"
+    assert message == f"report: {mesure_memoire.quoted(longer, 4200)} cannot be opened (OSError)"
     assert len(message) < 4300
 
 

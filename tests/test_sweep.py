@@ -65,12 +65,12 @@ def measure_call(width, folder="out"):
 PROBE = [MESURE_SCRIPT, "environment", "--device", "cuda:0", "--json"]
 
 
-def plan_for(width):
-    return mesure_memoire.predict_memory(config(batch=2, context=128, width=width, warmup=3, repeats=5))
+def sweep_plan(width):
+    return mesure_memoire.memory_plan(config(batch=2, context=128, width=width, warmup=3, repeats=5))
 
 
 def test_the_free_memory_chosen_for_the_stand_in_fits_up_to_4096():
-    fits = [mesure_memoire.fit_problem(plan_for(w), environment()) is None for w in (256, 4096, 8192)]
+    fits = [mesure_memoire.fit_problem(sweep_plan(w), environment()) is None for w in (256, 4096, 8192)]
     assert fits == [True, True, False]
 
 
@@ -97,7 +97,7 @@ def test_a_value_predicted_not_to_fit_is_not_launched_nor_any_larger(stand_in, c
     assert mesure_memoire.main([*SWEEP, "--values", "1024,8192,16384"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert stand_in.calls() == [PROBE, measure_call(1024)]
-    problem = mesure_memoire.fit_problem(plan_for(8192), environment())
+    problem = mesure_memoire.fit_problem(sweep_plan(8192), environment())
     assert (
         out[1]
         == f"Sweep stopped: width 8192: predicted not to fit, not launched (nor the 1 larger value(s)): {problem}"
@@ -110,7 +110,7 @@ def test_when_the_first_value_is_predicted_not_to_fit_nothing_runs_and_no_folder
     stand_in({"8192": "write"})
     assert mesure_memoire.main([*SWEEP, "--values", "8192"]) == 2
     captured = capsys.readouterr()
-    problem = mesure_memoire.fit_problem(plan_for(8192), environment())
+    problem = mesure_memoire.fit_problem(sweep_plan(8192), environment())
     assert captured.out == ""
     assert captured.err == f"mesure_memoire.py: error: width 8192: predicted not to fit, not launched: {problem}\n"
     assert stand_in.calls() == [PROBE] and os.listdir(".") == []
@@ -121,7 +121,7 @@ def test_the_first_exit_3_stops_the_sweep_with_the_plan_s_figure(stand_in, capsy
     assert mesure_memoire.main([*SWEEP, "--values", "1024,2048,4096"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert stand_in.calls() == [PROBE, measure_call(1024), measure_call(2048)]
-    plan = plan_for(2048)
+    plan = sweep_plan(2048)
     peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
     assert (peak, needs) == (421568512, 1495310336)  # weights 134258688, inputs 2 MiB, allowance, 16 MiB
     assert out[1] == (

@@ -200,7 +200,7 @@ def test_a_verdict_edited_to_agree_is_not_the_kit_s_own(tmp_path):
     assert [row for row in gpu_validation.check_result(result) if not row[2]] == []
     result["phases"][2]["peak_requested_bytes"] += 512  # the counter changed, the recorded verdict kept
     assert [row[1] for row in gpu_validation.check_result(result) if not row[2]] == [
-        "verdicts are check_prediction's on the recorded counters"
+        "verdicts are check_against_plan's on the recorded counters"
     ]
 
 

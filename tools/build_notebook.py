@@ -76,7 +76,7 @@ STEPS = {  # step number: (the text under the step's heading, the id of its run 
 try:
     print(format_estimate(estimate_weights(PARAMETERS, BITS, RESERVE_GIB)))
 except KitError as error:
-    print(f"Estimate refused: {as_parameters(error)}")""",
+    print(f"Estimate refused: {as_notebook_message(error)}")""",
     ),
     "2": (
         'Keep this output with your results. Each query degrades alone ("none", or a "query failed" line).',
@@ -85,7 +85,7 @@ except KitError as error:
 try:
     print(format_environment(collect_environment(DEVICE)))
 except KitError as error:
-    print(f"Environment refused: {as_parameters(error)}")""",
+    print(f"Environment refused: {as_notebook_message(error)}")""",
     ),
     "3": (
         "With `MEMORY_GIB`, first the plan's verdict on that card. Refuses an existing output file; writes "
@@ -96,10 +96,10 @@ measurement = None
 try:
     config = measure_config(DEVICE, BATCH, CONTEXT, WIDTH, DTYPE, WARMUP, REPEATS, SEED)
     if MEMORY_GIB not in ("", None):
-        print(format_fit(plan_for(config, MEMORY_GIB)))
+        print(format_fit(plan_with_fit(config, MEMORY_GIB)))
     measurement = measure_to_file(config, OUTPUT, tool="mesure-memoire.ipynb")
 except KitError as error:
-    print(f"Measurement refused: {as_parameters(error)}")
+    print(f"Measurement refused: {as_notebook_message(error)}")
 else:
     settings = measurement["configuration"]
     for warning in result_warnings(measurement):

@@ -163,7 +163,7 @@ def write(path, data, mode):
         raise KitError(f"cannot write {path} ({reason(error)})") from None
 
 
-def shown(path, root):
+def relative_name(path, root):
     """``path`` relative to the repository when it lies inside it, in characters stdout can encode."""
     try:
         text = str(path.resolve().relative_to(root.resolve()))
@@ -227,7 +227,8 @@ def command(argv):
     updated = committed != manifest.encode("utf-8")
     if updated:
         write(args.source / MANIFEST, manifest.encode("utf-8"), "wb")
-    summary = f"wrote {shown(output, args.source)}: {len(MEMBERS)} members under {NAME}/, dated 2026-09-24 00:00:00"
+    written = relative_name(output, args.source)
+    summary = f"wrote {written}: {len(MEMBERS)} members under {NAME}/, dated 2026-09-24 00:00:00"
     if updated:
         summary += f"; {MANIFEST} updated"
     print(summary)

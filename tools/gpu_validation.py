@@ -2,7 +2,7 @@
 
 Each GPU step runs in a fresh child with a time limit (this process never imports PyTorch); the results
 are judged with the kit's own code (read_result_file, report_rows, the verdicts measure records and
-check_prediction, fit_problem), the numerics against a float64 reference within a bound derived below.
+check_against_plan, fit_problem), the numerics against a float64 reference within a bound derived below.
 """
 
 import json
@@ -246,7 +246,7 @@ def command_for(kind, arguments):
     return [*argv, *arguments], " ".join([shown, *arguments]) if kind in ("kit", "vendor") else shown
 
 
-def anonymous(member):  # an archive member without this machine's user and group
+def without_owner(member):  # an archive member without this machine's user and group
     member.uid = 0
     member.gid = 0
     member.uname = ""
@@ -254,7 +254,7 @@ def anonymous(member):  # an archive member without this machine's user and grou
     return member
 
 
-def text(data):
+def decoded(data):
     return (data or b"").decode("utf-8", errors="replace")
 
 
@@ -285,11 +285,13 @@ class Runner:  # children one at a time, each in its own session, within a per-c
             return record
         try:
             stdout, stderr = process.communicate(timeout=limit)
-            record.update(outcome="exited", exit_status=process.returncode, stdout=text(stdout), stderr=text(stderr))
+            record.update(
+                outcome="exited", exit_status=process.returncode, stdout=decoded(stdout), stderr=decoded(stderr)
+            )
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)  # the child leads its session: its own children die too
             stdout, _ = process.communicate()
-            record.update(outcome="timed out", stdout=text(stdout), stderr=f"killed after {limit:.0f} s")
+            record.update(outcome="timed out", stdout=decoded(stdout), stderr=f"killed after {limit:.0f} s")
         except BaseException:  # Ctrl-C above all: no child outlives the validation
             os.killpg(process.pid, signal.SIGKILL)
             raise
@@ -297,7 +299,7 @@ class Runner:  # children one at a time, each in its own session, within a per-c
         return record
 
 
-def parsed(record):
+def child_json(record):
     """(JSON object of a child's stdout, None) or (None, why)."""
     try:
         data = json.loads(record["stdout"])
@@ -338,7 +340,7 @@ def check_result(result, requested=None):
 
 
 def recheck(result):
-    """The kit's check_prediction again, on the recorded counters and under the allocator settings the
+    """The kit's check_against_plan again, on the recorded counters and under the allocator settings the
     result records (schema 4; the defaults before): its verdicts must be the recorded ones."""
     phases = result["phases"]
     check = result.get("prediction_check")
@@ -355,14 +357,14 @@ def recheck(result):
                 "allocated_bytes": workspace["per_call_allocated_bytes"],
                 "requested_bytes": workspace.get("per_call_requested_bytes"),
             }
-        checked, kit_check, _ = kit.check_prediction(records, kit.predict_memory(config, allocator), per_call)
+        checked, kit_check, _ = kit.check_against_plan(records, kit.memory_plan(config, allocator), per_call)
         verdicts = [phase["verdict"] for phase in checked]
         same = verdicts == [phase.get("verdict") for phase in phases] and kit_check == check
-        detail = f"PyTorch {environment.get('torch')}" + ("" if same else f": check_prediction gives {verdicts}")
+        detail = f"PyTorch {environment.get('torch')}" + ("" if same else f": check_against_plan gives {verdicts}")
     except (kit.KitError, KeyError, TypeError, ValueError) as error:
         same = False
         detail = kit.describe_error(error)
-    return ("prediction", "verdicts are check_prediction's on the recorded counters", same, detail)
+    return ("prediction", "verdicts are check_against_plan's on the recorded counters", same, detail)
 
 
 def check_allocator_run(result, setting, environment):
@@ -452,7 +454,7 @@ class Validation:
         verdict = "\n".join([*lines, f"{len(lines) - failed} passed, {failed} failed"])
         self.write("verdict.txt", verdict)
         with tarfile.open(archive, "x:gz") as tar:  # x: never over an existing file
-            tar.add(self.folder, ARCHIVE_TOP, filter=anonymous)
+            tar.add(self.folder, ARCHIVE_TOP, filter=without_owner)
         return verdict, failed == 0
 
     def measure_arguments(self, options, output):
@@ -467,7 +469,7 @@ class Validation:
                 try:
                     results[output] = kit.read_result_file(str(self.folder / output))
                 except kit.KitError as error:
-                    results[output] = f"{parsed(record)[1]}; {error}"
+                    results[output] = f"{child_json(record)[1]}; {error}"
         return results
 
     def run_allocator_settings(self):
@@ -480,7 +482,7 @@ class Validation:
             try:
                 results[setting] = kit.read_result_file(str(self.folder / output))
             except kit.KitError as error:
-                results[setting] = f"{parsed(record)[1]}; {error}"
+                results[setting] = f"{child_json(record)[1]}; {error}"
         return results
 
     def judge_allocator_settings(self, results, environment):
@@ -556,7 +558,7 @@ class Validation:
         batch = -(-total // (1024 * 64 * 4))  # the input alone as large as the GPU
         options = {**CONFIGURATIONS["small-float32"], "batch": batch, "context": 1024, "warmup": 0, "repeats": 1}
         config = kit.measure_config(self.device, *(options[key] for key in CONFIG_KEYS))
-        problem = kit.fit_problem(kit.predict_memory(config), environment)
+        problem = kit.fit_problem(kit.memory_plan(config), environment)
         record = self.child("refusal", "kit", self.measure_arguments(options, "results/refused.json"))
         lines = record["stderr"].splitlines()
         refused = record["exit_status"] == 2 and len(lines) == 1 and not (self.folder / "results/refused.json").exists()
@@ -586,14 +588,14 @@ def validate(device, folder, archive, runner):
     """The whole validation; returns (verdict text, all passed).  Refuses (KitError) before any evidence."""
     validation = Validation(device, folder, runner)
     record = runner.run("environment", "kit", ["environment", "--device", device, "--json"])
-    environment, why = parsed(record)
+    environment, why = child_json(record)
     if environment is None or environment.get("gpu_available") is not True:
         raise kit.KitError(f"no usable GPU for {device}: {why or environment.get('gpu_unavailable_reason')}")
     try:
         os.makedirs(Path(folder, "logs"))
         os.mkdir(Path(folder, "results"))
     except OSError as error:
-        why = f"cannot create {kit.shown_name(folder)}: {kit.describe_error(error)}"
+        why = f"cannot create {kit.name_as_typed(folder)}: {kit.describe_error(error)}"
         raise kit.KitError(f"--output-dir: {why}") from None
     validation.write("environment.json", environment)
     gpu = environment["gpu"]
@@ -603,7 +605,7 @@ def validate(device, folder, archive, runner):
         allocator_results = validation.run_allocator_settings()
         specs = [{**o, "name": name, "timer": name.startswith(TIMED_SIZE)} for name, o in CONFIGURATIONS.items()]
         record = validation.child("cross-check", "cross-check", [device, json.dumps(specs)])
-        cross, why = parsed(record)
+        cross, why = child_json(record)
         validation.write("cross-check.json", cross or {"error": why})
         validation.row("cross-check child ran", cross is not None, why or json.dumps(cross["settings"]))
         validation.refusal(environment)
@@ -642,12 +644,12 @@ def command(argv):
     timeout = kit.whole_number("--timeout-seconds", args.timeout_seconds, 1, 10**6)
     budget = kit.whole_number("--budget-seconds", args.budget_seconds, 1, 10**6)
     if not args.output_dir.strip():  # "" would put the evidence in the current folder
-        raise kit.KitError(f"--output-dir: expected the name of a new folder, got {kit.shown(args.output_dir)}")
+        raise kit.KitError(f"--output-dir: expected the name of a new folder, got {kit.quoted(args.output_dir)}")
     folder = args.output_dir.rstrip("/") or args.output_dir
     archive = folder + ".tar.gz"
     for path in (folder, archive):
         if os.path.lexists(path):
-            raise kit.KitError(f"--output-dir: {kit.shown_name(path)} already exists (nothing is overwritten)")
+            raise kit.KitError(f"--output-dir: {kit.name_as_typed(path)} already exists (nothing is overwritten)")
     verdict, passed = validate(args.device, folder, archive, Runner(timeout, budget))
     print(verdict)
     return 0 if passed else 1

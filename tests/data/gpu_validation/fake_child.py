@@ -5,7 +5,7 @@
 KIND is "kit" (mesure_memoire.py environment / measure), "cross-check", "notebook" or "vendor"
 (nvidia-smi).  It answers as the real children would on a healthy GPU, with crafted figures (not
 measurements): counters laid out from the kit's own prediction, verdicts from the kit's own
-check_prediction.  ``--doctor`` changes one thing, to prove the validator notices it:
+check_against_plan.  ``--doctor`` changes one thing, to prove the validator notices it:
 ``disagree`` (cold_forward's requested peak 512 bytes off), ``nondeterministic`` (run 2 reserves
 2 MiB more), ``far-output`` (float16 twice its numerics bound), ``strict-flags`` (the
 reduced-precision reductions recorded as off, the errors those of the default arithmetic),
@@ -62,7 +62,7 @@ def crafted_result(options, doctors=(), output=""):
     text = "" if "ignored-setting" in doctors else text
     backend = "cudaMallocAsync" if "backend:cudaMallocAsync" in text else "native"
     allocator = {"backend": backend, **mesure_memoire._settings_from_text(text)}
-    plan = mesure_memoire.predict_memory(config, allocator)
+    plan = mesure_memoire.memory_plan(config, allocator)
     no_requested = backend != "native"  # cudaMallocAsync keeps the requested-bytes counters at zero
     reserved = 4 * plan["predicted_peak_allocated_bytes"]
     more = 2 * MIB if "nondeterministic" in doctors and "run2" in output else 0
@@ -85,7 +85,7 @@ def crafted_result(options, doctors=(), output=""):
         allocated += extra + (predicted["end_allocated_bytes"] if predicted["phase"] in ("model_load", "inputs") else 0)
         requested += extra + (predicted["end_requested_bytes"] if predicted["phase"] in ("model_load", "inputs") else 0)
         records.append(record)
-    phases, prediction_check, workspace = mesure_memoire.check_prediction(records, plan)
+    phases, prediction_check, workspace = mesure_memoire.check_against_plan(records, plan)
     recorded = {"environment": {**environment(), "allocator_settings": allocator}, "schema_version": 4}
     if gpu_validation.ALLOCATOR_VARIABLE not in os.environ:
         recorded = {"environment": environment(), "schema_version": 2}
@@ -105,7 +105,7 @@ def kit(arguments, doctors):
     options = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in arguments if "=" in a)}
     options = {k: v if k == "dtype" else int(v) for k, v in options.items()}
     config = mesure_memoire.measure_config("cuda:0", *(options[k] for k in gpu_validation.CONFIG_KEYS))
-    problem = mesure_memoire.fit_problem(mesure_memoire.predict_memory(config), environment())
+    problem = mesure_memoire.fit_problem(mesure_memoire.memory_plan(config), environment())
     if problem and "no-refusal" not in doctors:
         print(f"mesure_memoire.py: error: {problem}", file=sys.stderr)
         return 2

@@ -60,9 +60,10 @@ from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
 # >>> notebook: Constants and the error type
 KIT_NAME = "iteragpu-lab-v1"
-RESULT_SCHEMA_VERSION = 4  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory;
+RESULT_SCHEMA_VERSION = 5  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory;
 # 4 the matmul arithmetic asked (matmul_arithmetic, in the environment and the result) and the
-# allocator settings PyTorch parsed (allocator_settings, in the environment)
+# allocator settings PyTorch parsed (allocator_settings, in the environment); 5 the BLAS workspace each
+# product takes per call (workspace.per_call), held in the forwards' predictions, and torch_version_warning
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
@@ -369,6 +370,24 @@ def import_torch():
         # Its message may quote an environment variable's value (TORCH_LOGS) or a path: not recorded.
         return None, f'{type(exc).__name__} at import; python -c "import torch" shows PyTorch\'s message'
     return torch, None
+
+
+def torch_release_warning(version):
+    """Refuse (KitError) a PyTorch release older than OLDEST_TORCH.  Returns a warning line when ``version``
+    does not start with MAJOR.MINOR (the run is measured all the same), else None.  Only the leading digits
+    count, so vendor builds ("2.4.0a0+git…", "2.8.0+rocm6.3") are the release they name."""
+    import re
+
+    found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
+    oldest = ".".join(map(str, OLDEST_TORCH))
+    if found is None:
+        return f"PyTorch's version {quoted(version)} is not MAJOR.MINOR...: measured as if it were {oldest} or later"
+    if tuple(map(int, found.groups())) < OLDEST_TORCH:
+        raise KitError(
+            f"PyTorch {oldest} or later is needed to measure; this is PyTorch {quoted(version)}: "
+            "nothing measured, nothing written"
+        )
+    return None
 
 
 SETTINGS = (
@@ -766,9 +785,9 @@ PLAN_SCHEMA_VERSION = 1  # the plan's JSON is read by calcul_forfaits.py --for-p
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
 FORWARD_PHASES = PHASES[2:]  # cold_forward, warmup, warm_forward: the phases that run the matrix products
 PER_CALL_HOW = (
-    "each matrix product of the forward run once more after the phases, alone: its peak above its end, what one "
-    "call takes and gives back (a BLAS workspace allocated per call); a forward's peaks may exceed their "
-    "prediction by up to this"
+    "each matrix product of the forward (fc1, fc2) run once more after the phases, alone: its peak above its end, "
+    "what its call takes and gives back (a BLAS workspace allocated per call); the forwards' predictions hold it "
+    "while that product runs"
 )
 
 
@@ -789,16 +808,26 @@ def modelled_block_bytes(requested_bytes, allocator):
     return allocated_block_bytes(size)
 
 
-def _forward_pass():
+def _forward_pass(workspaces=()):
     # Sequential runs Linear, GELU, Linear: the first Linear's output is still alive while GELU
     # writes its own, and is released when GELU returns; GELU's output is released when the
-    # second Linear returns.  In inference mode nothing is kept for a backward pass.
-    return [("alloc", "fc1_output"), ("alloc", "gelu_output"), ("free", "fc1_output"), ("alloc", "output"),
-            ("free", "gelu_output")]  # fmt: skip
+    # second Linear returns.  In inference mode nothing is kept for a backward pass.  A product that
+    # takes a BLAS workspace per call (its name in ``workspaces``) holds it once its output exists.
+    def product(output, workspace):
+        held = [("alloc", workspace), ("free", workspace)] if workspace in workspaces else []
+        return [("alloc", output), *held]
+
+    return [
+        *product("fc1_output", "fc1_workspace"),
+        ("alloc", "gelu_output"),
+        ("free", "fc1_output"),
+        *product("output", "fc2_workspace"),
+        ("free", "gelu_output"),
+    ]
 
 
-def _phase_events(name, config):
-    """The GPU tensors a phase allocates and releases, in order."""
+def _phase_events(name, config, workspaces=()):
+    """The GPU tensors a phase allocates and releases, in order (``workspaces``: see _forward_pass)."""
     if name == "model_load":
         # Module.to(device, dtype) converts each float32 CPU parameter on the CPU, then copies
         # it into one new GPU tensor of the requested dtype: nothing else is allocated on the GPU.
@@ -808,8 +837,9 @@ def _phase_events(name, config):
     if name == "warmup":
         # Each pass after the first releases the previous pass's output before it starts; every pass
         # after the second repeats the second's states exactly, so two stand for any count.
-        return _forward_pass() + ([("free", "output")] + _forward_pass()) * (min(config["warmup"], 2) - 1)
-    return _forward_pass()
+        passes = min(config["warmup"], 2)
+        return _forward_pass(workspaces) + ([("free", "output")] + _forward_pass(workspaces)) * (passes - 1)
+    return _forward_pass(workspaces)
 
 
 def _simulate(events, tensor_bytes, allocator):
@@ -1233,18 +1263,17 @@ def _product_transient(cuda, device, product):
 
 
 def measure_per_call_workspace(cuda, device, model, inputs):
-    """Each matrix product of the forward once more, alone: the most one call took and gave back, as
-    {"allocated_bytes", "requested_bytes"}.  That is a BLAS workspace allocated per call (PyTorch 2.4's
-    cuBLASLt one is, sized by CUBLASLT_WORKSPACE_SIZE, which the kit cannot read); 0 where they are kept."""
-    fc1_output, first_allocated, first_requested = _product_transient(cuda, device, lambda: model[0](inputs))
+    """Each matrix product of the forward once more, alone: what its call took and gave back, as
+    {"fc1": {"allocated_bytes", "requested_bytes"}, "fc2": ...}.  That is a BLAS workspace allocated per call
+    (PyTorch 2.4's cuBLASLt one is, sized by CUBLASLT_WORKSPACE_SIZE, which the kit cannot read); 0 where the
+    workspaces are kept."""
+    fc1_output, allocated_bytes, requested_bytes = _product_transient(cuda, device, lambda: model[0](inputs))
+    taken = {"fc1": {"allocated_bytes": allocated_bytes, "requested_bytes": requested_bytes}}
     gelu_output = model[1](fc1_output)
     fc1_output = None
-    _, second_allocated, second_requested = _product_transient(cuda, device, lambda: model[2](gelu_output))
-    both_requested = first_requested is not None and second_requested is not None
-    return {
-        "allocated_bytes": max(first_allocated, second_allocated),
-        "requested_bytes": max(first_requested, second_requested) if both_requested else None,
-    }
+    _, allocated_bytes, requested_bytes = _product_transient(cuda, device, lambda: model[2](gelu_output))
+    taken["fc2"] = {"allocated_bytes": allocated_bytes, "requested_bytes": requested_bytes}
+    return taken
 
 
 def summarize_output(torch, output):
@@ -1264,8 +1293,8 @@ def check_against_plan(records, plan, per_call=None):
     Requested bytes must match exactly; allocated bytes must lie between the 512-byte rounded
     prediction and that plus the large blocks' slack.  The first forward's BLAS workspace is
     measured: what it leaves allocated beyond the predicted output.  ``per_call`` (from
-    measure_per_call_workspace; None: not measured, nothing allowed) is what one matrix product takes and
-    gives back: a forward's peaks may exceed their prediction by up to that.  Returns
+    measure_per_call_workspace; None: not measured) is what each matrix product takes and gives back:
+    the forwards are predicted again with it held during each product's call.  Returns
     (records, prediction_check, workspace).
     """
     disagreements, not_checked = [], []
@@ -1273,11 +1302,11 @@ def check_against_plan(records, plan, per_call=None):
                  "how": "cold_forward's end level above its baseline, less its predicted output: what the first "
                  "forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
                  "allowance_bytes": plan["blas_workspace_allowance_bytes"],
-                 "per_call_allocated_bytes": None if per_call is None else per_call["allocated_bytes"],
-                 "per_call_requested_bytes": None if per_call is None else per_call["requested_bytes"],
-                 "per_call_how": PER_CALL_HOW}  # fmt: skip
+                 "per_call": per_call, "per_call_how": PER_CALL_HOW}  # fmt: skip
+    forwards = forwards_with_workspaces(plan, per_call)
     checked = []
-    for record, predicted in zip(records, plan["phases"], strict=True):
+    for record, planned in zip(records, plan["phases"], strict=True):
+        predicted = forwards.get(record["phase"], planned)
         expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
         measured = _above_baseline(record)
         reason = _not_modelled(record["phase"], plan)
@@ -1310,6 +1339,23 @@ def check_against_plan(records, plan, per_call=None):
     return checked, prediction_check, workspace
 
 
+def forwards_with_workspaces(plan, per_call):
+    """The forward phases' predictions, as memory_plan's, with the BLAS workspace each product took per call
+    (measure_per_call_workspace's figures) held while that product runs; {} when none took one."""
+    sizes = {}
+    for product, taken in (per_call or {}).items():
+        # The request where PyTorch counts requests; else the block, which the model rounds to itself.
+        size = taken["allocated_bytes"] if taken["requested_bytes"] is None else taken["requested_bytes"]
+        if size:
+            sizes[f"{product}_workspace"] = size
+    if not sizes:
+        return {}
+    tensor_bytes = {**plan["tensor_bytes"], **sizes}
+    allocator = plan["allocator_settings"] or DEFAULT_ALLOCATOR
+    config = plan["configuration"]
+    return {name: _simulate(_phase_events(name, config, sizes), tensor_bytes, allocator) for name in FORWARD_PHASES}
+
+
 def _not_modelled(phase, plan):
     """Why the allocator model cannot predict this phase under the plan's allocator settings, or None."""
     allocator = plan["allocator_settings"]
@@ -1339,17 +1385,11 @@ def _above_baseline(record):
 def _accepted_range(record, predicted, expected, measured, workspace):
     """(low, high): the bounds each measured counter must lie within (high None: no upper bound).
 
-    On the first cold_forward, records the measured workspace in ``workspace`` and widens the bounds by it.
-    A forward's peaks may also hold one per-call workspace, where it was measured."""
+    On the first cold_forward, records the measured workspace in ``workspace`` and widens the bounds by it."""
     low = {counter: expected[counter] for counter in measured}
     high = dict(low)
     high["end_allocated_bytes"] += predicted["end_allocated_slack_bytes"]
     high["peak_allocated_bytes"] += predicted["peak_allocated_slack_bytes"]
-    if record["phase"] in FORWARD_PHASES:
-        for counter in ("allocated", "requested"):
-            per_call_bytes = workspace[f"per_call_{counter}_bytes"]
-            if per_call_bytes is not None and f"peak_{counter}_bytes" in measured:
-                high[f"peak_{counter}_bytes"] += per_call_bytes
     if record["phase"] == "cold_forward" and workspace["measured_bytes"] is None:
         # The workspace stays allocated: it sits in the end level and, from the first
         # product on, in the peak.  The end only has to hold at least the output.
@@ -1534,23 +1574,6 @@ def _dtype_problem(torch, index, dtype):
     return None
 
 
-def torch_release_warning(version):
-    """Refuse (KitError) a PyTorch release older than OLDEST_TORCH.  Returns a warning line when ``version``
-    does not start with MAJOR.MINOR (the run is measured all the same), else None.  Only the leading digits
-    count, so vendor builds ("2.4.0a0+git…", "2.8.0+rocm6.3") are the release they name."""
-    import re
-
-    found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
-    oldest = ".".join(map(str, OLDEST_TORCH))
-    if found is None:
-        return f"PyTorch's version {quoted(version)} is not MAJOR.MINOR...: measured as if it were {oldest} or later"
-    if tuple(map(int, found.groups())) < OLDEST_TORCH:
-        raise KitError(
-            f"PyTorch {oldest} or later is needed to measure; this is PyTorch {quoted(version)}: nothing measured"
-        )
-    return None
-
-
 def _host_memory_bytes():
     try:  # POSIX only; where unknown, the check is skipped
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -1591,14 +1614,11 @@ def measure(config, tool):
     from datetime import datetime, timezone  # here only: the estimate's start-up does not pay for it
 
     model_summary = synthetic_model(config)
-    torch, torch_error = import_torch()
-    if torch is None:
-        raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
+    torch, torch_version_warning = _torch_to_measure_with()
     cuda = torch.cuda
     set_up = _set_up_step(config["device"])
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     environment = collect_environment(config["device"])
-    torch_version_warning = torch_release_warning(environment["torch"])
     if ALLOCATOR_REFUSED in environment["field_errors"].values():
         raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
     plan = memory_plan(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
@@ -1628,10 +1648,7 @@ def measure(config, tool):
             "allocated_bytes_before_measure": allocated_before,
             "reserved_bytes_before_measure": reserved_before,
             "device_used_bytes_before_measure": device_used_before,
-            "fresh_process_warning": None
-            if fresh
-            else "PyTorch already held GPU memory in this process before the measurement: "
-            "this is not a fresh process and the figures are not comparable; restart it",
+            "fresh_process_warning": None if fresh else FRESH_PROCESS_WARNING,
         },
         "synthetic_model": model_summary,
         "phases": phases,
@@ -1642,6 +1659,21 @@ def measure(config, tool):
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
+
+
+FRESH_PROCESS_WARNING = (
+    "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and the "
+    "figures are not comparable; restart it"
+)
+
+
+def _torch_to_measure_with():
+    """(torch, a warning or None): PyTorch, imported, of a release the kit measures with; else a refusal.
+    Asked before any query that could start CUDA."""
+    torch, torch_error = import_torch()
+    if torch is None:
+        raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
+    return torch, torch_release_warning(_guarded(lambda: str(torch.__version__)))
 
 
 def _set_up_step(device):
@@ -1751,9 +1783,22 @@ CUDA_INITIALIZED_NOTE = (
 
 def result_warnings(result):
     """What makes a measurement less trustworthy, one line each: a process that was not fresh, a PyTorch
-    version the kit cannot read."""
+    version the kit cannot read, BLAS workspaces beyond what the plan allowed for them."""
     warnings = [result["configuration"]["fresh_process_warning"], result["torch_version_warning"]]
-    return [warning for warning in warnings if warning]
+    return [warning for warning in [*warnings, _workspace_warning(result["workspace"])] if warning]
+
+
+def _workspace_warning(workspace):
+    """A line when the workspaces kept and taken per call exceed the plan's allowance (its peak then
+    understates this run), else None."""
+    kept_bytes = workspace["measured_bytes"] or 0
+    per_call_bytes = max((taken["allocated_bytes"] for taken in (workspace["per_call"] or {}).values()), default=0)
+    if kept_bytes + per_call_bytes <= workspace["allowance_bytes"]:
+        return None
+    return (
+        f"the BLAS workspaces measured ({kept_bytes} bytes kept, {per_call_bytes} per call) exceed the plan's "
+        f"{workspace['allowance_bytes']}-byte allowance: --plan and its fit rule understate this run"
+    )
 
 
 def format_phase_table(result):
@@ -1790,11 +1835,14 @@ def format_phase_table(result):
             f"BLAS workspace measured: {workspace['measured_bytes']} bytes allocated by the first forward "
             "beyond the prediction"
         )
-    if workspace and workspace.get("per_call_allocated_bytes"):
-        lines.append(
-            f"BLAS workspace per call: {workspace['per_call_allocated_bytes']} bytes taken and given back by one "
-            "matrix product, allowed at each forward's peak"
-        )
+    taken = {
+        product: figures["allocated_bytes"]
+        for product, figures in ((workspace or {}).get("per_call") or {}).items()
+        if figures["allocated_bytes"]
+    }
+    if taken:
+        each = ", ".join(f"{product} {allocated_bytes} bytes" for product, allocated_bytes in taken.items())
+        lines.append(f"BLAS workspace per call: {each}, taken and given back within the product (predicted so)")
     summary = result.get("output_summary")
     if summary:
         checksum = summary["checksum_float64"]
@@ -1810,7 +1858,7 @@ def format_phase_table(result):
 
 
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
-RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3, 4)  # every schema the kit has written: old results stay readable
+RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3, 4, 5)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
 MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
 QUOTED_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
@@ -1910,7 +1958,7 @@ def _result_summary(path, result):
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
     if _count_or_none(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {quoted(version)} is not one this version reads (1 to 4)")
+        raise _result_problem(path, f"schema_version {quoted(version)} is not one this version reads (1 to 5)")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
@@ -2717,7 +2765,9 @@ def _command_sweep(args):
     timeout_s = whole_number("--timeout-s", args.timeout_s, 1, SWEEP_MAX_TIMEOUT_S)
     folder = check_new_folder(args.output_dir)
     environment = probe_device(args.device)
-    torch_release_warning(environment.get("torch"))  # a refusal; each child's result keeps the warning
+    warning = torch_release_warning(environment.get("torch"))  # a refusal, or a warning the results keep too
+    if warning:
+        say("mesure_memoire.py", warning, prefix="warning: ")
     written, stop = sweep_children(dimension, configs, environment, folder, timeout_s)
     if not written:
         raise stop

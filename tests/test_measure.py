@@ -50,7 +50,7 @@ SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width
                "--warmup", "1", "--repeats", "2"]  # fmt: skip
 
 # What measure_phases measures after the phases on a GPU whose BLAS workspaces are kept: no per-call workspace.
-NO_PER_CALL = {"allocated_bytes": 0, "requested_bytes": 0}
+NO_PER_CALL = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product in ("fc1", "fc2")}
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
@@ -328,7 +328,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
                            "synthetic_model", "phases", "prediction_check", "workspace", "output_summary",
                            "predicted_peak_allocated_bytes", "fit_margin_bytes", "matmul_arithmetic",
                            "torch_version_warning"}  # fmt: skip
-    assert result["schema_version"] == 4 and result["tool"] == "mesure_memoire.py"
+    assert result["schema_version"] == 5 and result["tool"] == "mesure_memoire.py"
     assert result["torch_version_warning"] is None  # this PyTorch's version reads as MAJOR.MINOR
     assert result["created_utc"].endswith("Z")
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
@@ -494,6 +494,7 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
     result = {
         "configuration": {"fresh_process_warning": "not a fresh\nprocess"},
         "torch_version_warning": None,
+        "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": None},
         "phases": [{"phase": "inputs", "nanoseconds": 10**6, "device_ms": None, "end_allocated_bytes": 0,
                     "peak_allocated_bytes": 0, "peak_reserved_bytes": 0, "verdict": "agrees"}],
     }  # fmt: skip
@@ -537,7 +538,8 @@ PHASE_TABLE_RESULT = {
         {"phase": "warm_forward", "repetition": 2, "counter": "end_requested_bytes", "measured_bytes": 0,
          "predicted_bytes": 4, "difference_bytes": -4},
     ]},
-    "workspace": {"measured_bytes": 8519680, "per_call_allocated_bytes": MIB},
+    "workspace": {"measured_bytes": 8519680,
+                  "per_call": {"fc1": {"allocated_bytes": MIB}, "fc2": {"allocated_bytes": 0}}},
     "output_summary": {"elements": 1024, "all_finite": True, "checksum_float64": -1.25},
 }  # fmt: skip
 
@@ -550,7 +552,7 @@ warm_forward #2  0.001     12.346           0.00            0.00               1
 DISAGREES warmup: peak_allocated_bytes above baseline measured 1536, predicted 1024 (difference +512 bytes)
 DISAGREES warm_forward #2: end_requested_bytes above baseline measured 0, predicted 4 (difference -4 bytes)
 BLAS workspace measured: 8519680 bytes allocated by the first forward beyond the prediction
-BLAS workspace per call: 1048576 bytes taken and given back by one matrix product, allowed at each forward's peak
+BLAS workspace per call: fc1 1048576 bytes, taken and given back within the product (predicted so)
 Last output: 1024 elements, all finite, float64 checksum -1.25"""
 
 
@@ -740,7 +742,7 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     plan = mesure_memoire.memory_plan(settings)
     assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
-        "kit": "iteragpu-lab-v1", "schema_version": 4, "tool": "a tool", "torch_version_warning": None,
+        "kit": "iteragpu-lab-v1", "schema_version": 5, "tool": "a tool", "torch_version_warning": None,
         "matmul_arithmetic": mesure_memoire.matmul_arithmetic(torch),
         "configuration": {**settings, "cuda_initialized_before_measure": True, "allocated_bytes_before_measure": 0,
                           "reserved_bytes_before_measure": 0, "device_used_bytes_before_measure": GIB,
@@ -750,10 +752,10 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
         "workspace": {"measured_bytes": 0, "requested_bytes": 0,
                       "how": "cold_forward's end level above its baseline, less its predicted output: what the "
                       "first forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
-                      "allowance_bytes": 256 * MIB, "per_call_allocated_bytes": 0, "per_call_requested_bytes": 0,
-                      "per_call_how": "each matrix product of the forward run once more after the phases, alone: "
-                      "its peak above its end, what one call takes and gives back (a BLAS workspace allocated per "
-                      "call); a forward's peaks may exceed their prediction by up to this"},
+                      "allowance_bytes": 256 * MIB, "per_call": NO_PER_CALL,
+                      "per_call_how": "each matrix product of the forward (fc1, fc2) run once more after the "
+                      "phases, alone: its peak above its end, what its call takes and gives back (a BLAS workspace "
+                      "allocated per call); the forwards' predictions hold it while that product runs"},
         "output_summary": {"all_finite": True, "checksum_float64": 0.5, "elements": 48},
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"], "fit_margin_bytes": GIB,
     }  # fmt: skip
@@ -832,7 +834,7 @@ def test_a_pytorch_release_is_read_from_its_leading_digits(version, warning):
 @pytest.mark.parametrize("version", ["2.3.1", "2.3.0a0+81ea7a4", "1.13.1+cu117", "0.4.1"])
 def test_a_pytorch_below_2_4_is_refused_naming_both_versions(version):
     assert kit_error_of(mesure_memoire.torch_release_warning, version) == (
-        f"PyTorch 2.4 or later is needed to measure; this is PyTorch {version!r}: nothing measured"
+        f"PyTorch 2.4 or later is needed to measure; this is PyTorch {version!r}: nothing measured, nothing written"
     )
 
 
@@ -840,7 +842,8 @@ def test_measure_refuses_an_old_pytorch_before_any_gpu_work(stand_in_gpu, monkey
     stand_in_gpu()
     SetUpCalls(monkeypatch)
     monkeypatch.setattr(torch, "__version__", "2.3.1")
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: pytest.fail("the phases ran"))
+    # Before any query that could start CUDA on the device (collect_environment's are the first).
+    monkeypatch.setattr(mesure_memoire, "collect_environment", lambda device: pytest.fail("the GPU was queried"))
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
     assert code == 2
     assert_one_line(captured.err, "PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1'")
@@ -854,6 +857,21 @@ def test_an_unreadable_pytorch_version_is_measured_with_a_warning_in_the_result(
     result = mesure_memoire.measure(config(), tool="t")
     assert result["torch_version_warning"] == f"PyTorch's version 'custom-build' {UNREADABLE}"
     assert mesure_memoire.result_warnings(result) == [result["torch_version_warning"]]
+
+
+def workspace(kept_bytes, fc1_bytes, fc2_bytes):
+    taken = {"fc1": {"allocated_bytes": fc1_bytes}, "fc2": {"allocated_bytes": fc2_bytes}}
+    return {"measured_bytes": kept_bytes, "allowance_bytes": 256 * MIB, "per_call": taken}
+
+
+def test_workspaces_beyond_the_plan_s_allowance_are_a_warning():
+    result = {"configuration": {"fresh_process_warning": None}, "torch_version_warning": None}
+    assert mesure_memoire.result_warnings({**result, "workspace": workspace(255 * MIB, MIB, 0)}) == []
+    assert mesure_memoire.result_warnings({**result, "workspace": workspace(0, 0, 256 * MIB + 1)}) == [
+        "the BLAS workspaces measured (0 bytes kept, 268435457 per call) exceed the plan's 268435456-byte "
+        "allowance: --plan and its fit rule understate this run"
+    ]
+    assert mesure_memoire.result_warnings({**result, "workspace": {**workspace(8, 0, 0), "per_call": None}}) == []
 
 
 def measure_refusal(settings):
@@ -1616,7 +1634,9 @@ def stand_in_measure(monkeypatch):
     def fake_measure(config, tool):
         calls.append(config)
         cpu = torch.device("cpu")
-        phases, output_summary, _ = mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=cpu), cpu, config)
+        phases, output_summary, per_call = mesure_memoire.measure_phases(
+            torch, RecordingCudaStandIn(device=cpu), cpu, config
+        )
         return {
             "kit": mesure_memoire.KIT_NAME,
             "tool": tool,
@@ -1625,6 +1645,7 @@ def stand_in_measure(monkeypatch):
             "torch_version_warning": None,
             "synthetic_model": mesure_memoire.synthetic_model(config),
             "phases": phases,
+            "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": per_call},
             "output_summary": output_summary,
         }
 
@@ -2007,7 +2028,7 @@ def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stan
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {
         "all_finite": True, "checksum_float64": 0.5, "elements": 1024}, NO_PER_CALL))  # fmt: skip
     result = mesure_memoire.measure(settings, tool="a tool")
-    assert result["schema_version"] == 4
+    assert result["schema_version"] == 5
     assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB
     names = [call[0] for call in set_up.calls]
     assert names.index("init") < len(names) - 1 - names[::-1].index("mem_get_info")  # read after init

@@ -350,7 +350,9 @@ def test_the_results_cell_prints_report_for_the_file_it_wrote(tmp_path, monkeypa
     def stand_in_measure_to_file(config, output, tool):
         assert (config["batch"], config["width"], tool) == (1, 64, "mesure-memoire.ipynb")
         (tmp_path / output).write_text(json.dumps(crafted), encoding="utf-8")
-        return {**crafted, "torch_version_warning": "an unreadable version"}  # as measure returns it
+        # Schema 5's fields, as measure returns them.
+        workspace = {**crafted["workspace"], "allowance_bytes": 256 * 2**20, "per_call": None}
+        return {**crafted, "torch_version_warning": "an unreadable version", "workspace": workspace}
 
     namespace["measure_to_file"] = stand_in_measure_to_file
     exec(compile(cells["run-measure"], "<notebook>", "exec"), namespace)

@@ -363,8 +363,8 @@ HOSTILE = {
         "GPU name, PyTorch or build is not text (at most 256 characters)",
     ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), "its 'kit' is not"),
-    "schema 5": (lambda folder: _write(folder, "s5.json", _valid_with(lambda r: r.update(schema_version=5))),
-                 "schema_version 5 is not one this version reads (1 to 4)"),
+    "schema 6": (lambda folder: _write(folder, "s6.json", _valid_with(lambda r: r.update(schema_version=6))),
+                 "schema_version 6 is not one this version reads (1 to 5)"),
     "schema true": (lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
                     "schema_version True is not one"),
     "no phases": (lambda folder: _write(folder, "np.json", _valid_with(lambda r: r.pop("phases"))),
@@ -600,10 +600,10 @@ def test_result_summary_messages_name_the_file_and_the_field():
     assert problem({"kit": "x"}) == prefix + "its 'kit' is not 'iteragpu-lab-v1'"
     assert (
         problem({"kit": mesure_memoire.KIT_NAME})
-        == prefix + "schema_version None is not one this version reads (1 to 4)"
+        == prefix + "schema_version None is not one this version reads (1 to 5)"
     )
     assert problem({"kit": mesure_memoire.KIT_NAME, "schema_version": 0}) == prefix + (
-        "schema_version 0 is not one this version reads (1 to 4)"
+        "schema_version 0 is not one this version reads (1 to 5)"
     )
 
 
@@ -877,6 +877,15 @@ def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypa
     monkeypatch.chdir(DATA)
     assert mesure_memoire.main(["report", "schema4.json"]) == 0
     assert "allocator expandable_segments True" in capsys.readouterr().out
+
+
+def test_schema_5_reads_as_its_schema_4_twin():
+    """Schema 5 adds the per-call BLAS workspace and the PyTorch version warning, which report does not show."""
+    row, twin = row_of(load("schema5.json")), row_of(load("schema4.json"))
+    assert row["schema_version"] == 5
+    assert {key: value for key, value in row.items() if key != "schema_version"} == {
+        key: value for key, value in twin.items() if key != "schema_version"
+    }
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,12 @@ OOM = "out of memory in phase cold_forward (batch 2, context 128, width 2048, dt
 def environment(free=FREE_BYTES, available=True):
     gpu = {"name": "Stand-in GPU", "mem_get_info_free_bytes": free, "total_memory_bytes": 80 * GIB}
     reason = None if available else "torch.cuda.is_available() is False (stand-in)"
-    return {"gpu_available": available, "gpu": gpu if available else None, "gpu_unavailable_reason": reason}
+    return {
+        "torch": "2.13.0",  # what the child's environment reads, a version the kit measures with
+        "gpu_available": available,
+        "gpu": gpu if available else None,
+        "gpu_unavailable_reason": reason,
+    }
 
 
 @pytest.fixture
@@ -270,9 +275,19 @@ def test_a_pytorch_below_2_4_is_refused_after_the_probe_and_no_folder_stays(stan
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
     assert capsys.readouterr().err == (
         "mesure_memoire.py: error: PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1+cu121': "
-        "nothing measured\n"
+        "nothing measured, nothing written\n"
     )
     assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+
+
+def test_a_pytorch_version_that_cannot_be_read_is_said_and_the_sweep_goes_on(stand_in, capsys):
+    stand_in({"256": "write"}, env={**environment(), "torch": "custom-build"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 0
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: warning: PyTorch's version 'custom-build' is not MAJOR.MINOR...: measured as if it "
+        "were 2.4 or later\n"
+    )
+    assert stand_in.calls() == [PROBE, measure_call(256)]
 
 
 @pytest.mark.whole_kit

@@ -207,7 +207,7 @@ def test_a_verdict_edited_to_agree_is_not_the_kit_s_own(tmp_path):
 def test_a_workspace_beyond_the_plan_s_allowance_fails(tmp_path):
     result = fake_child.crafted_result(gpu_validation.CONFIGURATIONS["small-float32"])
     result["workspace"]["measured_bytes"] = result["workspace"]["allowance_bytes"] + 1
-    assert "measured workspace within the plan's allowance" in [
+    assert "the workspaces kept and per call within the plan's allowance" in [
         r[1] for r in gpu_validation.check_result(result) if not r[2]
     ]
 

@@ -334,8 +334,10 @@ def check_result(result, requested=None):
     workspace = result.get("workspace") if isinstance(result.get("workspace"), dict) else {}
     measured = workspace.get("measured_bytes")
     allowance = workspace.get("allowance_bytes")
-    within = isinstance(measured, int) and isinstance(allowance, int) and 0 <= measured <= allowance
-    rows.append(("workspace", "measured workspace within the plan's allowance", within, f"{measured} <= {allowance}"))
+    per_call = max((taken["allocated_bytes"] for taken in (workspace.get("per_call") or {}).values()), default=0)
+    within = isinstance(measured, int) and isinstance(allowance, int) and 0 <= measured + per_call <= allowance
+    detail = f"{measured} kept + {per_call} per call <= {allowance}"
+    rows.append(("workspace", "the workspaces kept and per call within the plan's allowance", within, detail))
     return rows
 
 
@@ -350,13 +352,8 @@ def recheck(result):
         config = kit.measure_config(*(result["configuration"][key] for key in ("device", *CONFIG_KEYS)))
         recorded = ("predicted", "disagreements", "verdict", "verdict_reason")
         records = [{k: v for k, v in phase.items() if k not in recorded} for phase in phases]
-        workspace = result.get("workspace") if isinstance(result.get("workspace"), dict) else {}
-        per_call = None  # results written before the per-call workspace was measured allow none
-        if workspace.get("per_call_allocated_bytes") is not None:
-            per_call = {
-                "allocated_bytes": workspace["per_call_allocated_bytes"],
-                "requested_bytes": workspace.get("per_call_requested_bytes"),
-            }
+        # Schema 5 measures the workspace each product takes per call; older results hold none.
+        per_call = result["workspace"]["per_call"] if result["schema_version"] >= 5 else None
         checked, kit_check, _ = kit.check_against_plan(records, kit.memory_plan(config, allocator), per_call)
         verdicts = [phase["verdict"] for phase in checked]
         same = verdicts == [phase.get("verdict") for phase in phases] and kit_check == check

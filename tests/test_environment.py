@@ -363,10 +363,10 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
                      "preferred_blas_library": "Cublaslt", "allocator_backend": "cudaMallocAsync",
                      "cublas_workspace_size_bytes": 8 * MIB + 128 * 2**10, "cublaslt_workspace_size_bytes": MIB},
         "matmul_arithmetic": {"float32_matmul_precision": "high", "allow_tf32": True,
-                              "fp32_precision": "tf32" if NEWER_MATMUL_FLAGS else None,
+                              "fp32_precision": "tf32" if HAS_MATMUL_FLAG["fp32_precision"] else None,
                               "allow_fp16_reduced_precision_reduction": False,
                               "allow_bf16_reduced_precision_reduction": True,
-                              "allow_fp16_accumulation": False if NEWER_MATMUL_FLAGS else None},
+                              "allow_fp16_accumulation": False if HAS_MATMUL_FLAG["allow_fp16_accumulation"] else None},
         # Read from PyTorch's own parsed settings (this CPU build's getter: none set), never the environment.
         "allocator_settings": {"backend": "cudaMallocAsync", "max_split_size_bytes": None,
                                "expandable_segments": False, "roundup_power2_divisions": {}},
@@ -397,10 +397,12 @@ def test_attributes_an_older_pytorch_lacks_are_null_not_errors(recorded_indices,
         assert environment["settings"][name] is None
 
 
-# fp32_precision and allow_fp16_accumulation: 2.11 and later have both, 2.4.1 neither (the version matrix).
-NEWER_MATMUL_FLAGS = all(
-    hasattr(torch.backends.cuda.matmul, flag) for flag in ("fp32_precision", "allow_fp16_accumulation")
-)
+# fp32_precision and allow_fp16_accumulation: 2.11 and later have both, 2.8.0 only the second, 2.4.1 neither
+# (the version matrix).
+HAS_MATMUL_FLAG = {
+    flag: hasattr(torch.backends.cuda.matmul, flag) for flag in ("fp32_precision", "allow_fp16_accumulation")
+}
+NEWER_MATMUL_FLAGS = all(HAS_MATMUL_FLAG.values())
 
 
 @pytest.fixture
@@ -413,7 +415,7 @@ def matmul_flags_restored():
         setattr(matmul, flag, value)
 
 
-@pytest.mark.skipif(not NEWER_MATMUL_FLAGS, reason="this PyTorch has no fp32_precision nor allow_fp16_accumulation")
+@pytest.mark.skipif(not NEWER_MATMUL_FLAGS, reason="this PyTorch lacks fp32_precision or allow_fp16_accumulation")
 def test_the_matmul_arithmetic_is_read_from_pytorch_and_a_raising_read_is_null(matmul_flags_restored):
     matmul = matmul_flags_restored
     matmul.fp32_precision, matmul.allow_fp16_accumulation = "ieee", True

@@ -353,6 +353,15 @@ def assert_refused_before_any_work(folder, capsys, monkeypatch, argv, *fragments
     return assert_one_line(captured.err, "mesure_memoire.py: error: ", *fragments)
 
 
+def raising(error):
+    """A stand-in for a function that raises ``error`` whatever it is called with."""
+
+    def raise_it(*args, **kwargs):
+        raise error
+
+    return raise_it
+
+
 def plain_ids(cases):
     """Plain ASCII ids, unique by their number: the mutation pass selects tests by id, and ids holding
     quotes, brackets or escapes were not found again when it ran a second session in the same process."""

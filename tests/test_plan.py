@@ -888,12 +888,6 @@ def test_without_requested_counters_the_allocated_ones_are_still_checked():
     ]  # fmt: skip
 
 
-def test_records_and_prediction_must_have_the_same_phases():
-    records, plan = hand_made_records(config())
-    with pytest.raises(ValueError):
-        mesure_memoire.check_prediction(records[:-1], plan)
-
-
 # --- --plan --memory-gib: the verdict on a card and the largest size per dimension (part "fit") ------------
 
 LARGEST_ACCEPTED = 10**30 - 1

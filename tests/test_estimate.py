@@ -13,7 +13,6 @@ from conftest import (
     ROOT,
     assert_one_line_refusal,
     assert_refused_before_any_work,
-    imported_modules,
     kit_error_of,
     plain_ids,
     run_script,
@@ -207,14 +206,6 @@ def test_whole_numbers_take_ascii_digits_and_an_upper_bound():
             mesure_memoire.whole_number("--seed", value, 0, 2**64 - 1)
     with pytest.raises(mesure_memoire.KitError, match="from 0 to 18446744073709551615"):
         mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float32", 0, 1, 2**64)
-
-
-@pytest.mark.whole_kit
-def test_the_estimate_does_not_import_pytorch(tmp_path):
-    """The estimate needs no PyTorch ("no GPU", says its help): it never imports it."""
-    script = ROOT / "mesure_memoire.py"
-    imported = imported_modules(script, "estimate", "--parameters", "7000000000", "--bits", "16", cwd=tmp_path)
-    assert "torch" not in imported
 
 
 # --- rounding and exact decimals ---------------------------------------------------------------------------

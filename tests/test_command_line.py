@@ -22,7 +22,15 @@ import pytest
 
 import calcul_forfaits
 import mesure_memoire
-from conftest import ROOT, assert_one_line, code_cells_as_script, run_script
+from conftest import (
+    MEASURE,
+    ROOT,
+    assert_one_line,
+    assert_refused_before_any_work,
+    code_cells_as_script,
+    plain_ids,
+    run_script,
+)
 
 
 def _tool(name):
@@ -330,3 +338,114 @@ def test_the_guarded_stdout_answers_for_the_stream_it_guards(module, monkeypatch
     seen = []
     assert module.run_command_line("tool.py", lambda argv: seen.append(sys.stdout.encoding), []) == 0
     assert seen == ["latin-1"]
+
+
+# --- hostile values: one line naming the option, exit 2, before any work, nothing changed -------------
+# The one table of what mesure_memoire.py refuses on its command line: each case is run in-process through
+# main(argv) in a folder holding an existing result, a FIFO and a subfolder, which must stay as they were.
+
+ESTIMATE_REFUSALS = [
+    # newlines, escapes, stray values, and one number grammar (ASCII digits, one point)
+    (["estimate", "--parameters", "1\n2", "--bits", "16"], "--parameters", "'1\\n2'"),
+    (["estimate", "--parameters", "10", "--bits", "16\n"], "--bits", "'16\\n'"),
+    (["estimate", "--parameters", "\x1b[31m1", "--bits", "16"], "--parameters", "'\\x1b[31m1'"),
+    (["estimate", "--parameters", "٤", "--bits", "16"], "--parameters", "'٤'"),
+    (["estimate", "--parameters", "１", "--bits", "16"], "--parameters", "'１'"),
+    (["estimate", "--parameters", "+4", "--bits", "16"], "--parameters", "'+4'"),
+    (["estimate", "--parameters", "9" * 100_000, "--bits", "16"], "--parameters", "(100000 characters)"),
+    (["estimate", "--parameters", "1", "--bits", "-2"], "--bits: expected a positive whole number", "'-2'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "x\ny"], "error: unrecognized arguments: x\\ny", ""),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1_000"], "--reserve-gib", "'1_000'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "٤"], "--reserve-gib", "'٤'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", " +4 "], "--reserve-gib", "' +4 '"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "+4"], "--reserve-gib", "'+4'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0"], "--reserve-gib", "'-0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0.0"], "--reserve-gib", "'-0.0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4e0"], "--reserve-gib", "'4e0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1.2.3"], "--reserve-gib", "'1.2.3'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "."], "--reserve-gib", "'.'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", ""], "--reserve-gib", "''"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4\n"], "--reserve-gib", "'4\\n'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "Infinity"], "--reserve-gib", ""),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1" * 31], "--reserve-gib", "30 digits"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "0." + "1" * 31], "--reserve-gib", ""),
+    (["estimate", "--par=1\n", "--bits", "3"], "error: estimate: unrecognized arguments: --par", ""),
+    (["estimate", "--json=yes\n", "--parameters", "1", "--bits", "3"], "argument --json: ignored explicit", "yes\\n"),
+    (["estimate"], "error: estimate: the following arguments are required: --parameters, --bits", ""),
+    ([], "error: the following arguments are required: COMMAND", ""),
+    (["bad\ncmd"], "error: argument COMMAND: invalid choice: 'bad\\ncmd'", "'estimate', 'environment', 'measure'"),
+]
+
+ENVIRONMENT_REFUSALS = [
+    (["environment", "--device", "cuda:0\n"], "--device", "'cuda:0\\n'"),
+    (["environment", "--device", "cuda:٠"], "--device", "'cuda:٠'"),
+    (["environment", "--device", "cuda:0", "extra\n"], "error: unrecognized arguments: extra\\n", ""),
+    (["environment"], "error: environment: the following arguments are required: --device", ""),
+]
+
+LONG_NAME = "a" * 300 + ".json"
+
+MEASURE_REFUSALS = [
+    # options
+    ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "--seed", "18446744073709551615"),
+    ([*MEASURE, "--output", "o.json", "--seed", "-1"], "--seed", "'-1'"),
+    ([*MEASURE, "--output", "o.json", "--seed", "1e3"], "--seed", "'1e3'"),
+    ([*MEASURE, "--output", "o.json", "--batch", "1\n"], "--batch", "'1\\n'"),
+    ([*MEASURE, "--output", "o.json", "--width", "٦٤"], "--width", "'٦٤'"),
+    ([*MEASURE, "--output", "o.json", "--dtype", "float32\n"], "--dtype", "'float32\\n'"),
+    (["measure", "--device", "cuda:0\nx", "--output", "o.json"], "--device", "'cuda:0\\nx'"),
+    (["measure", "--output", "o.json"], "error: --device is required (unless --plan)", ""),
+    (["measure", "--device", "--plan"], "error: measure: argument --device: expected one argument", ""),
+    ([*MEASURE, "--plan=x"], "error: measure: argument --plan: ignored explicit argument 'x'", ""),
+    # outputs that exist or cannot be created
+    ([*MEASURE, "--output", "existing.json"], "existing.json already exists", "never overwritten"),
+    ([*MEASURE, "--output", "fifo"], "fifo already exists", ""),
+    ([*MEASURE, "--output", "/dev/full"], "/dev/full already exists", ""),
+    ([*MEASURE, "--output", "sub"], "sub already exists", ""),
+    ([*MEASURE, "--output", "sub/"], "names a folder", ""),
+    ([*MEASURE, "--output", "."], "names a folder", ""),
+    ([*MEASURE, "--output", ""], "a new file name is required", ""),
+    ([*MEASURE, "--output", "nowhere/o.json"], "does not exist", ""),
+    ([*MEASURE, "--output", "no\nwhere/o.json"], "'no\\nwhere/o.json' does not exist", ""),
+    ([*MEASURE, "--output", "fifo/o.json"], "does not exist", ""),
+    ([*MEASURE, "--output", LONG_NAME], "too long", "(305 characters)"),
+    ([*MEASURE, "--output", "sub/" + LONG_NAME], "too long", ""),
+    ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", "nothing measured"),
+    ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
+]
+
+# Each measure option's out-of-range or malformed value, in an otherwise valid run: the line names the option.
+SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
+               "--warmup", "1", "--repeats", "2", "--output", "out.json"]  # fmt: skip
+BAD_OPTION_VALUES = [
+        ("--batch", "0"), ("--batch", "-1"), ("--batch", "1.5"), ("--batch", "two"),
+        ("--context", "0"), ("--context", "nan"), ("--width", "0"), ("--width", "inf"),
+        ("--warmup", "-1"), ("--warmup", "0.5"), ("--repeats", "0"), ("--repeats", "-2"),
+        ("--seed", "-1"), ("--dtype", "float64"), ("--dtype", "int8"), ("--device", "cpu"), ("--device", "cuda"),
+]
+
+
+def _with(option, value):
+    """The small trial's argv with ``option`` set to ``value``."""
+    argv = ["measure", *SMALL_TRIAL]
+    if option in argv:
+        argv[argv.index(option) + 1] = value
+    else:
+        argv += [option, value]
+    return argv
+
+
+MEASURE_OPTION_REFUSALS = [(_with(option, value), option, "") for option, value in BAD_OPTION_VALUES]
+HOSTILE_VALUES = ESTIMATE_REFUSALS + ENVIRONMENT_REFUSALS + MEASURE_REFUSALS + MEASURE_OPTION_REFUSALS
+# Each part numbered as it was in its feature file, so that the mutation pass finds each case by its id.
+HOSTILE_IDS = (
+    plain_ids(ESTIMATE_REFUSALS)
+    + plain_ids(ENVIRONMENT_REFUSALS)
+    + plain_ids(MEASURE_REFUSALS)
+    + [f"option-{option}-{plain_ids([([value],)])[0][3:]}" for option, value in BAD_OPTION_VALUES]
+)
+
+
+@pytest.mark.parametrize(("argv", "first", "second"), HOSTILE_VALUES, ids=HOSTILE_IDS)
+def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
+    assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)

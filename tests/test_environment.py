@@ -23,8 +23,6 @@ from conftest import (
     MIB,
     ROOT,
     assert_one_line_refusal,
-    assert_refused_before_any_work,
-    plain_ids,
     run_script,
 )
 
@@ -754,19 +752,6 @@ def test_pytorch_import_warnings_never_reach_stderr(tmp_path, without_numpy):
         assert warnings.startswith("UserWarning: Failed to initialize NumPy")
     assert "site-packages" not in warnings and str(ROOT) not in warnings and "/__w/" not in warnings
     assert list(tmp_path.iterdir()) == []
-
-
-ENVIRONMENT_REFUSALS = [
-    (["environment", "--device", "cuda:0\n"], "--device", "'cuda:0\\n'"),
-    (["environment", "--device", "cuda:٠"], "--device", "'cuda:٠'"),
-    (["environment", "--device", "cuda:0", "extra\n"], "error: unrecognized arguments: extra\\n", ""),
-    (["environment"], "error: environment: the following arguments are required: --device", ""),
-]
-
-
-@pytest.mark.parametrize(("argv", "first", "second"), ENVIRONMENT_REFUSALS, ids=plain_ids(ENVIRONMENT_REFUSALS))
-def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
-    assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)
 
 
 # --- the allocator settings: PyTorch's parsed values only, never the environment, never raw text -------

@@ -36,10 +36,8 @@ from conftest import (
     RecordingCudaStandIn,
     assert_one_line,
     assert_one_line_refusal,
-    assert_refused_before_any_work,
     config,
     kit_error_of,
-    plain_ids,
     raising,
     run_in_process,
     run_script,
@@ -87,26 +85,6 @@ def test_an_existing_output_is_refused_first_and_stays_byte_identical(tmp_path):
 def test_a_missing_output_folder_is_refused(tmp_path):
     completed = run_script("mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "nowhere/out.json", cwd=tmp_path)
     assert_one_line_refusal(completed, "does not exist")
-    assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    ("option", "value"),
-    [
-        ("--batch", "0"), ("--batch", "-1"), ("--batch", "1.5"), ("--batch", "two"),
-        ("--context", "0"), ("--context", "nan"), ("--width", "0"), ("--width", "inf"),
-        ("--warmup", "-1"), ("--warmup", "0.5"), ("--repeats", "0"), ("--repeats", "-2"),
-        ("--seed", "-1"), ("--dtype", "float64"), ("--dtype", "int8"), ("--device", "cpu"), ("--device", "cuda"),
-    ],
-)  # fmt: skip
-def test_bad_options_are_refused_and_write_nothing(tmp_path, option, value):
-    args = ["measure", *SMALL_TRIAL, "--output", "out.json"]
-    if option in args:
-        args[args.index(option) + 1] = value
-    else:
-        args += [option, value]
-    completed = run_script("mesure_memoire.py", *args, cwd=tmp_path)
-    assert_one_line_refusal(completed, option)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1534,9 +1512,6 @@ def test_measure_to_file_adds_no_warning_field_when_none_was_raised(tmp_path, mo
     assert mesure_memoire.measure_to_file({}, "r.json", tool="t") == {"environment": {"field_errors": {}}}
 
 
-LONG_NAME = "a" * 300 + ".json"
-
-
 def test_no_gpu_is_a_one_line_refusal_that_writes_nothing(folder, capsys):
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
     assert code == 2 and captured.out == ""
@@ -1809,43 +1784,6 @@ def test_temporary_names_never_collide_and_limits_have_a_fallback(folder, monkey
     with pytest.raises(mesure_memoire.KitError, match="too long"):
         mesure_memoire.check_new_output("n" * 256)
     assert mesure_memoire.check_new_output("n" * 255) == "n" * 255
-
-
-# --- hostile values and outputs: one line, exit 2, before any GPU work, nothing changed -----------------
-
-MEASURE_REFUSALS = [
-    # options
-    ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "--seed", "18446744073709551615"),
-    ([*MEASURE, "--output", "o.json", "--seed", "-1"], "--seed", "'-1'"),
-    ([*MEASURE, "--output", "o.json", "--seed", "1e3"], "--seed", "'1e3'"),
-    ([*MEASURE, "--output", "o.json", "--batch", "1\n"], "--batch", "'1\\n'"),
-    ([*MEASURE, "--output", "o.json", "--width", "٦٤"], "--width", "'٦٤'"),
-    ([*MEASURE, "--output", "o.json", "--dtype", "float32\n"], "--dtype", "'float32\\n'"),
-    (["measure", "--device", "cuda:0\nx", "--output", "o.json"], "--device", "'cuda:0\\nx'"),
-    (["measure", "--output", "o.json"], "error: --device is required (unless --plan)", ""),
-    (["measure", "--device", "--plan"], "error: measure: argument --device: expected one argument", ""),
-    ([*MEASURE, "--plan=x"], "error: measure: argument --plan: ignored explicit argument 'x'", ""),
-    # outputs that exist or cannot be created
-    ([*MEASURE, "--output", "existing.json"], "existing.json already exists", "never overwritten"),
-    ([*MEASURE, "--output", "fifo"], "fifo already exists", ""),
-    ([*MEASURE, "--output", "/dev/full"], "/dev/full already exists", ""),
-    ([*MEASURE, "--output", "sub"], "sub already exists", ""),
-    ([*MEASURE, "--output", "sub/"], "names a folder", ""),
-    ([*MEASURE, "--output", "."], "names a folder", ""),
-    ([*MEASURE, "--output", ""], "a new file name is required", ""),
-    ([*MEASURE, "--output", "nowhere/o.json"], "does not exist", ""),
-    ([*MEASURE, "--output", "no\nwhere/o.json"], "'no\\nwhere/o.json' does not exist", ""),
-    ([*MEASURE, "--output", "fifo/o.json"], "does not exist", ""),
-    ([*MEASURE, "--output", LONG_NAME], "too long", "(305 characters)"),
-    ([*MEASURE, "--output", "sub/" + LONG_NAME], "too long", ""),
-    ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", "nothing measured"),
-    ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
-]
-
-
-@pytest.mark.parametrize(("argv", "first", "second"), MEASURE_REFUSALS, ids=plain_ids(MEASURE_REFUSALS))
-def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
-    assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)
 
 
 def test_the_options_and_their_defaults_reach_measure_config(monkeypatch, capsys):

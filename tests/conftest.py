@@ -332,6 +332,27 @@ def run_in_process(capsys, folder, argv):
 
 
 MEASURE = ["measure", "--device", "cuda:0"]
+SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
+               "--warmup", "1", "--repeats", "2"]  # fmt: skip
+
+
+def stand_in_measurement(monkeypatch, recorder):
+    """Route measure() through the real CPU model with a recording stand-in for the counters."""
+    import torch
+
+    real_measure_phases = mesure_memoire.measure_phases
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    assert recorder.device == torch.device("cpu")  # the real model runs on the CPU
+
+    def on_the_cpu(torch_module, cuda, device, config):
+        assert device == torch.device("cuda", mesure_memoire.device_index(config["device"]))
+        return real_measure_phases(torch_module, recorder, torch.device("cpu"), config)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
 
 
 BLOCK_NUMPY = (

@@ -25,6 +25,7 @@ import mesure_memoire
 from conftest import (
     MEASURE,
     ROOT,
+    SMALL_TRIAL,
     assert_one_line,
     assert_refused_before_any_work,
     code_cells_as_script,
@@ -415,8 +416,6 @@ MEASURE_REFUSALS = [
 ]
 
 # Each measure option's out-of-range or malformed value, in an otherwise valid run: the line names the option.
-SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
-               "--warmup", "1", "--repeats", "2", "--output", "out.json"]  # fmt: skip
 BAD_OPTION_VALUES = [
         ("--batch", "0"), ("--batch", "-1"), ("--batch", "1.5"), ("--batch", "two"),
         ("--context", "0"), ("--context", "nan"), ("--width", "0"), ("--width", "inf"),
@@ -427,7 +426,7 @@ BAD_OPTION_VALUES = [
 
 def _with(option, value):
     """The small trial's argv with ``option`` set to ``value``."""
-    argv = ["measure", *SMALL_TRIAL]
+    argv = ["measure", *SMALL_TRIAL, "--output", "out.json"]
     if option in argv:
         argv[argv.index(option) + 1] = value
     else:

@@ -42,8 +42,9 @@ def sigint_as_from_a_terminal():
 
 def imported_modules(*args, cwd):
     """The modules ``python -X importtime ARGS`` imports (a new process: start-up is what is tested)."""
-    completed = subprocess.run([sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True,
-                               cwd=cwd, timeout=60)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
     assert completed.returncode == 0, completed.stderr
     return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
 
@@ -175,8 +176,9 @@ class RecordingCudaStandIn:
     one without CUDA events.  Subclasses change the counters by overriding ``levels``.
     """
 
-    def __init__(self, observe=None, fail_on_synchronize=None, device="dev", requested=True, events=True,
-                 device_ms=0.25):  # fmt: skip
+    def __init__(
+        self, observe=None, fail_on_synchronize=None, device="dev", requested=True, events=True, device_ms=0.25
+    ):
         self.calls = []
         self.devices = []
         self.device = device
@@ -190,8 +192,14 @@ class RecordingCudaStandIn:
 
     def levels(self):
         """The counters: current and peak allocated, reserved and requested bytes."""
-        return {"allocated": 1000, "reserved": 2000, "peak_allocated": 1500, "peak_reserved": 2500,
-                "requested": 900, "peak_requested": 1400}  # fmt: skip
+        return {
+            "allocated": 1000,
+            "reserved": 2000,
+            "peak_allocated": 1500,
+            "peak_reserved": 2500,
+            "requested": 900,
+            "peak_requested": 1400,
+        }
 
     def reset_peaks(self):
         """What reset_peak_memory_stats does to the counters (nothing, for fixed ones)."""
@@ -226,8 +234,12 @@ class RecordingCudaStandIn:
         levels = self.levels()
         stats = {"allocated_bytes.all.current": levels["allocated"]}
         if self.requested:
-            stats.update({"requested_bytes.all.current": levels["requested"],
-                          "requested_bytes.all.peak": levels["peak_requested"]})  # fmt: skip
+            stats.update(
+                {
+                    "requested_bytes.all.current": levels["requested"],
+                    "requested_bytes.all.peak": levels["peak_requested"],
+                }
+            )
         return self._record("memory_stats", stats)
 
     def reset_peak_memory_stats(self, device):
@@ -332,8 +344,22 @@ def run_in_process(capsys, folder, argv):
 
 
 MEASURE = ["measure", "--device", "cuda:0"]
-SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
-               "--warmup", "1", "--repeats", "2"]  # fmt: skip
+SMALL_TRIAL = [
+    "--device",
+    "cuda:0",
+    "--batch",
+    "1",
+    "--context",
+    "16",
+    "--width",
+    "64",
+    "--dtype",
+    "float32",
+    "--warmup",
+    "1",
+    "--repeats",
+    "2",
+]
 
 
 def stand_in_measurement(monkeypatch, recorder):
@@ -388,8 +414,9 @@ def plain_ids(cases):
     quotes, brackets or escapes were not found again when it ran a second session in the same process."""
     import re
 
-    return [f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.-]+", "_", " ".join(case[0]))[:50] for number, case in
-            enumerate(cases)]  # fmt: skip
+    return [
+        f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.-]+", "_", " ".join(case[0]))[:50] for number, case in enumerate(cases)
+    ]
 
 
 # --- part "tools": the maintainer's tools importable by name (test_notebook.py, test_release.py) ---

@@ -39,8 +39,16 @@ def csv_rows():
 
 
 def tariff(price_cents, days=3, gpus_per_lot=1):
-    return {"gpu": "x", "model": "X", "memory_gb": 1, "gpus_per_lot": gpus_per_lot, "days": days,
-            "price_cents": price_cents, "currency": "USD", "snapshot_date": "2026-09-24"}  # fmt: skip
+    return {
+        "gpu": "x",
+        "model": "X",
+        "memory_gb": 1,
+        "gpus_per_lot": gpus_per_lot,
+        "days": days,
+        "price_cents": price_cents,
+        "currency": "USD",
+        "snapshot_date": "2026-09-24",
+    }
 
 
 # --- the price of a package ----------------------------------------------------------------------------
@@ -66,9 +74,18 @@ def test_the_api_prices_one_lot_without_a_cost_by_default():
 
 @pytest.mark.parametrize(
     ("total_cents", "accepted", "expected"),
-    [(100, 3, "0.33"), (200, 3, "0.67"), (1, 2, "0.01"), (5, 1000, "0.00"), (25, 10, "0.03"), (364800, 1, "3648.00"),
-     (5, 10, "0.01"), (15, 10, "0.02"), (4, 10, "0.00")],
-)  # fmt: skip
+    [
+        (100, 3, "0.33"),
+        (200, 3, "0.67"),
+        (1, 2, "0.01"),
+        (5, 1000, "0.00"),
+        (25, 10, "0.03"),
+        (364800, 1, "3648.00"),
+        (5, 10, "0.01"),
+        (15, 10, "0.02"),
+        (4, 10, "0.00"),
+    ],
+)
 def test_cost_rounds_half_up_to_the_cent(total_cents, accepted, expected):
     package = calcul_forfaits.price_package([tariff(total_cents)], "x", 3, 1, accepted)
     assert package["cost_per_accepted_result_usd"] == expected
@@ -79,8 +96,20 @@ def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
     biggest_cents = "9" * 30  # the most the catalog's validation accepts
     (tmp_path / "big.csv").write_bytes(with_cell(2, "price_cents", biggest_cents.encode()))
     lots = "9" * 30
-    status, out, err = call(capsys, "--catalog", tmp_path / "big.csv", "--gpu", GPU_LINE_2, "--days", "3",
-                            "--lots", lots, "--accepted-results", "7", "--json")  # fmt: skip
+    status, out, err = call(
+        capsys,
+        "--catalog",
+        tmp_path / "big.csv",
+        "--gpu",
+        GPU_LINE_2,
+        "--days",
+        "3",
+        "--lots",
+        lots,
+        "--accepted-results",
+        "7",
+        "--json",
+    )
     assert status == 0, err
     total = int(biggest_cents) * int(lots)
     assert json.loads(out)["total_price_cents"] == total
@@ -109,11 +138,21 @@ def test_json_output_and_null_cost_without_accepted_results(capsys):
     status, out, err = call(capsys, "--gpu", "B200", "--days", "7", "--lots", "2", "--json")
     assert status == 0, err
     assert json.loads(out) == {
-        "gpu": "b200", "model": "NVIDIA B200", "memory_gb": 180, "days": 7, "lots": 2, "gpus_per_lot": 2, "gpus": 4,
-        "lot_price_cents": 182400, "total_price_cents": 364800, "currency": "USD", "snapshot_date": "2026-09-24",
-        "accepted_results": None, "cost_per_accepted_result_usd": None,
+        "gpu": "b200",
+        "model": "NVIDIA B200",
+        "memory_gb": 180,
+        "days": 7,
+        "lots": 2,
+        "gpus_per_lot": 2,
+        "gpus": 4,
+        "lot_price_cents": 182400,
+        "total_price_cents": 364800,
+        "currency": "USD",
+        "snapshot_date": "2026-09-24",
+        "accepted_results": None,
+        "cost_per_accepted_result_usd": None,
         "cost_rounding": "total price / accepted results, rounded half-up to the cent",
-    }  # fmt: skip
+    }
     status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3", "--json")
     assert status == 0 and json.loads(out)["cost_per_accepted_result_usd"] == "1216.00"
     assert json.loads(out)["accepted_results"] == 3
@@ -193,7 +232,7 @@ def test_json_is_indented_by_two_spaces(capsys):
         (["--catalog=", "--list"], ["--catalog: expected a file name"]),
         (["--results", ""], ["--results: expected a file name, got ''"]),
     ],
-)  # fmt: skip
+)
 def test_bad_options_are_refused(capsys, args, fragments):
     line = calculator_refusal(capsys, *args)
     for fragment in fragments:
@@ -204,8 +243,10 @@ def test_bad_options_are_refused(capsys, args, fragments):
     ("args", "message"),
     [
         ([], "one of --gpu, --list, --results or --for-plan is required; see --help"),
-        (["--gpu", "h100", "--days", "7"],
-         "--gpu: unknown GPU 'h100'; closest: h200, h100-sxm, h100-pcie; see --list for every slug"),
+        (
+            ["--gpu", "h100", "--days", "7"],
+            "--gpu: unknown GPU 'h100'; closest: h200, h100-sxm, h100-pcie; see --list for every slug",
+        ),
         (["--gpu", "b200"], "--days is required with --gpu (3, 7 or 30)"),
         (["--gpu", "b200", "--days", "5"], "--days: expected 3, 7 or 30 (fixed durations, no proration), got '5'"),
         (["--list", "--lots", "2"], "--lots: not allowed with --list"),
@@ -213,7 +254,7 @@ def test_bad_options_are_refused(capsys, args, fragments):
         (["--gpu", "b200", "--days", "7", "--days", "3"], "argument --days: given twice"),
         (["--list", "--json", "--json"], "argument --json: given twice"),
     ],
-)  # fmt: skip
+)
 def test_whole_refusal_lines(capsys, args, message):
     assert calculator_refusal(capsys, *args) == f"calcul_forfaits.py: error: {message}\n"
 
@@ -226,9 +267,13 @@ def test_the_parsed_options():
     parse = calcul_forfaits.parse_command_line
     assert parse(["--list", "--json", "--days=7"]) == ("--list", {"--list": True, "--json": True, "--days": "7"})
     assert parse(["--catalog", "c.csv", "--gpu=b200", "--days", "3", "--lots", "-1"]) == (
-        "--gpu", {"--catalog": "c.csv", "--gpu": "b200", "--days": "3", "--lots": "-1"})  # fmt: skip
-    assert parse(["--catalog", "c.csv", "--results", "r.csv"]) == ("--results", {"--catalog": "c.csv",
-                                                                                 "--results": "r.csv"})  # fmt: skip
+        "--gpu",
+        {"--catalog": "c.csv", "--gpu": "b200", "--days": "3", "--lots": "-1"},
+    )
+    assert parse(["--catalog", "c.csv", "--results", "r.csv"]) == (
+        "--results",
+        {"--catalog": "c.csv", "--results": "r.csv"},
+    )
 
 
 HELP = """\
@@ -287,15 +332,19 @@ def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
 @pytest.mark.parametrize(
     ("stdout", "line"),
     [
-        (UnwritableStdout(OSError(28, "No space left on device")),
-         "error: cannot write the output: OSError: [Errno 28] No space left on device"),
-        (UnwritableStdout(ValueError("I/O operation on closed file.")),
-         "error: cannot write the output: ValueError: I/O operation on closed file."),
+        (
+            UnwritableStdout(OSError(28, "No space left on device")),
+            "error: cannot write the output: OSError: [Errno 28] No space left on device",
+        ),
+        (
+            UnwritableStdout(ValueError("I/O operation on closed file.")),
+            "error: cannot write the output: ValueError: I/O operation on closed file.",
+        ),
         (UnwritableStdout(ValueError("")), "error: cannot write the output: ValueError"),  # no message: its type
         (None, "error: cannot write the output: standard output is closed"),
         (UnwritableStdout(BrokenPipeError(32, "Broken pipe")), None),  # the reader left: nothing to say
     ],
-)  # fmt: skip
+)
 def test_the_calculators_lines_for_an_unwritable_output(capsys, monkeypatch, stdout, line):
     monkeypatch.setattr(sys, "stdout", stdout)
     status = calcul_forfaits.main(["--gpu", "b200", "--days", "7"])
@@ -382,8 +431,11 @@ def with_cell(number, column, value):
 
 SIXTEEN = "48 rows, expected 45 (15 models x 3 durations)"
 CORRUPTIONS = {
-    "duplicate row": (GOOD.replace(GOOD.split(b"\n")[2], GOOD.split(b"\n")[1]), "line 3",
-                      f"duplicate row for {GPU_LINE_2}, 3 days (first on line 2)"),
+    "duplicate row": (
+        GOOD.replace(GOOD.split(b"\n")[2], GOOD.split(b"\n")[1]),
+        "line 3",
+        f"duplicate row for {GPU_LINE_2}, 3 days (first on line 2)",
+    ),
     "missing row": (replace_line(3, b"").replace(b"\n\n", b"\n"), "", "has no row for 7 days"),
     "missing rows": (GOOD.replace(b"\n".join(GOOD.split(b"\n")[2:4]) + b"\n", b""), "", "has no row for 7, 30 days"),
     "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24\n" % d for d in (3, 7, 30)), "", SIXTEEN),
@@ -401,14 +453,20 @@ CORRUPTIONS = {
     "other currency on one row": (with_cell(5, "currency", b"EUR"), "line 5", "currency must be USD"),
     "lower-case currency": (with_cell(2, "currency", b"usd"), "line 2", "currency must be USD"),
     "other snapshot": (with_cell(5, "snapshot_date", b"2026-09-25"), "line 5", "snapshot_date differs"),
-    "other snapshot on line 3": (with_cell(3, "snapshot_date", b"2026-09-25"), "line 3",
-                                 "snapshot_date differs from the first row's (2026-09-24)"),
+    "other snapshot on line 3": (
+        with_cell(3, "snapshot_date", b"2026-09-25"),
+        "line 3",
+        "snapshot_date differs from the first row's (2026-09-24)",
+    ),
     "bad date": (with_cell(2, "snapshot_date", b"24/09/2026"), "line 2", "snapshot_date"),
     "basic ISO date": (with_cell(2, "snapshot_date", b"20260924"), "line 2", "snapshot_date"),
     "week date": (with_cell(2, "snapshot_date", b"2026-W39-4"), "line 2", "snapshot_date"),
     "no such day": (with_cell(2, "snapshot_date", b"2026-02-29"), "line 2", "snapshot_date"),
-    "bad header": (GOOD.replace(b"price_cents", b"price_usd", 1), "line 1",
-                   "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date"),
+    "bad header": (
+        GOOD.replace(b"price_cents", b"price_usd", 1),
+        "line 1",
+        "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date",
+    ),
     "missing field": (replace_line(2, b",".join(GOOD.split(b"\n")[1].split(b",")[:7])), "line 2", "fields"),
     "blank line": (replace_line(3, b""), "line 3", "fields"),
     "empty file": (b"", "", "empty file"),
@@ -418,7 +476,7 @@ CORRUPTIONS = {
     "slug with a double hyphen": (GOOD.replace(b"\nrtx-4090,", b"\nrtx--4090,"), "line", "slug"),
     "unclosed quote": (with_cell(2, "model", b'"NVIDIA'), "line 2", "malformed CSV"),
     "model with surrounding spaces": (with_cell(2, "model", b" NVIDIA X"), "line 2", "model must be"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
@@ -604,7 +662,7 @@ HOSTILE_CATALOGS = {  # case -> (argv, fragment of the one stderr line)
     "lots in superscript": (["--gpu", "h200", "--days", "7", "--lots", "²"], "--lots"),
     "accepted results with a newline": (["--gpu", "h200", "--days", "7", "--accepted-results", "1\n2"], "'1\\n2'"),
     "flag given a value with a newline": (["--list", "--json=a\nb"], "ignored explicit argument 'a\\nb'"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_CATALOGS))
@@ -620,7 +678,7 @@ BLOCKING_CATALOGS = {  # a regression would block (FIFO) or read without end (/d
     "a FIFO": (["--catalog", "fifo", "--list"], "'fifo': not a regular file"),
     "/dev/zero": (["--catalog", "/dev/zero", "--list"], "'/dev/zero': not a regular file"),
     "a link to /dev/zero": (["--catalog", "zero.csv", "--list"], "'zero.csv': not a regular file"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.whole_kit
@@ -630,8 +688,13 @@ def test_a_catalog_that_could_block_is_refused_unread(tmp_path, case, flags):
     argv, fragment = BLOCKING_CATALOGS[case]
     make_files(tmp_path, HOSTILE_FILES)
     before = tree_digest(tmp_path)
-    completed = subprocess.run([sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
-                               capture_output=True, text=True, cwd=tmp_path, timeout=30)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert_one_line_refusal(completed, "calcul_forfaits.py: error: ", fragment)
     assert tree_digest(tmp_path) == before
 
@@ -651,20 +714,60 @@ def test_argv_that_is_not_utf8_is_shown_escaped(tmp_path):
     ("rule", "accepted", "refused"),
     [
         ("is_whole", ["1", "9" * 30, "10", "402"], ["", "0", "01", "-1", "+1", "1.0", " 1", "1_0", "٢", "²", "9" * 31]),
-        ("is_number", ["0", "2", "2.5", "0.75", "10.0", "123"],
-         ["", ".5", "2.", "1.2.3", "-1", "1e3", "2,5", "٢.5", " 1"]),
-        ("is_date", ["2026-09-24", "2024-02-29", "2000-02-29", "0001-01-01", "2026-12-31", "2026-04-30"],
-         ["20260924", "2026-W39-4", "2026-9-24", "2026-09-24T00:00", "0000-01-01", "2026-13-01", "2026-00-10",
-          "2026-01-00", "2026-02-29", "1900-02-29", "2026-04-31", "２０２６-09-24", "2026/09/24", " 2026-09-24",
-          "2026-09-a4", "2026-09-+4", "2026-0+-24", "2026-+9-24", "+026-09-24"]),
-        ("is_utc_time", ["2026-10-05T09:00:00Z", "2026-12-31T23:59:59Z", "2026-01-01T00:00:00Z"],
-         ["2026-10-05T24:00:00Z", "2026-10-05T23:60:00Z", "2026-10-05T23:00:60Z", "2026-10-05T09:00:00",
-          "2026-10-05t09:00:00Z", "2026-10-05 09:00:00Z", "2026-10-05T09:00:00+00:00", "2026-02-30T09:00:00Z",
-          "2026-10-05T9:00:00Z", "2026-10-05T09-00-00Z", "2026-10-05T０9:00:00Z"]),
-        ("is_slug", ["b200", "rtx-pro-6000", "a-b-c", "4090"],
-         ["", "-a", "a-", "a--b", "B200", "a_b", "é", "a b", "-"]),
+        (
+            "is_number",
+            ["0", "2", "2.5", "0.75", "10.0", "123"],
+            ["", ".5", "2.", "1.2.3", "-1", "1e3", "2,5", "٢.5", " 1"],
+        ),
+        (
+            "is_date",
+            ["2026-09-24", "2024-02-29", "2000-02-29", "0001-01-01", "2026-12-31", "2026-04-30"],
+            [
+                "20260924",
+                "2026-W39-4",
+                "2026-9-24",
+                "2026-09-24T00:00",
+                "0000-01-01",
+                "2026-13-01",
+                "2026-00-10",
+                "2026-01-00",
+                "2026-02-29",
+                "1900-02-29",
+                "2026-04-31",
+                "２０２６-09-24",
+                "2026/09/24",
+                " 2026-09-24",
+                "2026-09-a4",
+                "2026-09-+4",
+                "2026-0+-24",
+                "2026-+9-24",
+                "+026-09-24",
+            ],
+        ),
+        (
+            "is_utc_time",
+            ["2026-10-05T09:00:00Z", "2026-12-31T23:59:59Z", "2026-01-01T00:00:00Z"],
+            [
+                "2026-10-05T24:00:00Z",
+                "2026-10-05T23:60:00Z",
+                "2026-10-05T23:00:60Z",
+                "2026-10-05T09:00:00",
+                "2026-10-05t09:00:00Z",
+                "2026-10-05 09:00:00Z",
+                "2026-10-05T09:00:00+00:00",
+                "2026-02-30T09:00:00Z",
+                "2026-10-05T9:00:00Z",
+                "2026-10-05T09-00-00Z",
+                "2026-10-05T０9:00:00Z",
+            ],
+        ),
+        (
+            "is_slug",
+            ["b200", "rtx-pro-6000", "a-b-c", "4090"],
+            ["", "-a", "a-", "a--b", "B200", "a_b", "é", "a b", "-"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_grammar_of_values(rule, accepted, refused):
     check = getattr(calcul_forfaits, rule)
     assert [value for value in accepted if not check(value)] == []
@@ -687,15 +790,39 @@ def test_every_month_has_its_length():
 
 # Typical on-demand USD per GPU-hour, 2025-2026 (public hourly rates, ranges only; no one provider's price).
 TYPICAL_ON_DEMAND = {
-    "a100-80gb": (1.2, 2.0), "a40": (0.35, 0.6), "b200": (4.0, 6.5), "b300": (5.5, 8.0), "h100-pcie": (1.9, 2.6),
-    "h100-sxm": (2.0, 3.5), "h200": (3.0, 4.5), "l4": (0.4, 0.8), "l40s": (0.8, 1.3), "mi300x": (1.5, 2.6),
-    "rtx-4090": (0.3, 0.7), "rtx-5090": (0.7, 1.1), "rtx-6000-ada": (0.7, 1.0), "rtx-a6000": (0.4, 0.8),
+    "a100-80gb": (1.2, 2.0),
+    "a40": (0.35, 0.6),
+    "b200": (4.0, 6.5),
+    "b300": (5.5, 8.0),
+    "h100-pcie": (1.9, 2.6),
+    "h100-sxm": (2.0, 3.5),
+    "h200": (3.0, 4.5),
+    "l4": (0.4, 0.8),
+    "l40s": (0.8, 1.3),
+    "mi300x": (1.5, 2.6),
+    "rtx-4090": (0.3, 0.7),
+    "rtx-5090": (0.7, 1.1),
+    "rtx-6000-ada": (0.7, 1.0),
+    "rtx-a6000": (0.4, 0.8),
     "rtx-pro-6000": (1.5, 2.0),
-}  # fmt: skip
+}
 MEMORY_GB = {
-    "a100-80gb": 80, "a40": 48, "b200": 180, "b300": 288, "h100-pcie": 80, "h100-sxm": 80, "h200": 141, "l4": 24,
-    "l40s": 48, "mi300x": 192, "rtx-4090": 24, "rtx-5090": 32, "rtx-6000-ada": 48, "rtx-a6000": 48, "rtx-pro-6000": 96,
-}  # fmt: skip
+    "a100-80gb": 80,
+    "a40": 48,
+    "b200": 180,
+    "b300": 288,
+    "h100-pcie": 80,
+    "h100-sxm": 80,
+    "h200": 141,
+    "l4": 24,
+    "l40s": 48,
+    "mi300x": 192,
+    "rtx-4090": 24,
+    "rtx-5090": 32,
+    "rtx-6000-ada": 48,
+    "rtx-a6000": 48,
+    "rtx-pro-6000": 96,
+}
 
 
 def per_gpu_hour():
@@ -787,13 +914,29 @@ def test_the_raw_results_template_is_header_only_and_documented():
 def test_the_protocol_holds_each_required_element():
     protocol = (ROOT / "protocole-qualite.md").read_text(encoding="utf-8")
     for element in (
-        "useful unit", "Corpus of distinct units", "Quality metric", "Numeric acceptance threshold",
-        "Evaluation method", "Number of runs", "before renting", "MLPerf", "DAWNBench",
-        "first touch of the data", "without pauses", "same code serves the quality check and the timed run",
-        "No best-of-many", "Seeds", "mesure_memoire.py environment", "nvidia-smi", "not new useful units",
-        "Deviations", "--accepted-results", "What that figure does not show",
-        "supplies no corpus and no quality measure", "rental_id",
-    ):  # fmt: skip
+        "useful unit",
+        "Corpus of distinct units",
+        "Quality metric",
+        "Numeric acceptance threshold",
+        "Evaluation method",
+        "Number of runs",
+        "before renting",
+        "MLPerf",
+        "DAWNBench",
+        "first touch of the data",
+        "without pauses",
+        "same code serves the quality check and the timed run",
+        "No best-of-many",
+        "Seeds",
+        "mesure_memoire.py environment",
+        "nvidia-smi",
+        "not new useful units",
+        "Deviations",
+        "--accepted-results",
+        "What that figure does not show",
+        "supplies no corpus and no quality measure",
+        "rental_id",
+    ):
         assert element in protocol, element
     assert protocol.count("____") >= 15  # blanks to fill, not answers
     assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```")
@@ -823,12 +966,25 @@ def test_the_answers_need_no_site_packages(tmp_path):
     """Standard library only, under -S; every CPython of the version matrix runs it (noxfile.py)."""
     python = sys.executable
     (tmp_path / "basic.csv").write_bytes(GOOD.replace(b"2026-09-24", b"20260924"))
-    ok = run_script("calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3",
-                    python=python, python_flags=("-S",), cwd=tmp_path)  # fmt: skip
+    ok = run_script(
+        "calcul_forfaits.py",
+        "--gpu",
+        "b200",
+        "--days",
+        "7",
+        "--lots",
+        "2",
+        "--accepted-results",
+        "3",
+        python=python,
+        python_flags=("-S",),
+        cwd=tmp_path,
+    )
     assert (ok.returncode, ok.stderr) == (0, "")
     assert "1216.00 USD = total price / 3 accepted results" in ok.stdout
-    refused = run_script("calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python,
-                         python_flags=("-S",), cwd=tmp_path)  # fmt: skip
+    refused = run_script(
+        "calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python, python_flags=("-S",), cwd=tmp_path
+    )
     assert_one_line_refusal(refused, "'basic.csv': line 2: snapshot_date must be a date written YYYY-MM-DD")
 
 

@@ -48,9 +48,14 @@ PROGRAMS = {
     "calcul_forfaits.py": ("calcul_forfaits.py", calcul_forfaits, ["--gpu", "b200"], "--days", "7"),
     "build_zip.py": ("tools/build_zip.py", _tool("build_zip"), ["--check"], "--output", "never.zip"),
     "build_notebook.py": ("tools/build_notebook.py", _tool("build_notebook"), [], "--check", None),
-    "gpu_validation.py": ("tools/gpu_validation.py", _tool("gpu_validation"), ["--output-dir", "never"],
-                          "--device", "cuda:0"),
-}  # fmt: skip
+    "gpu_validation.py": (
+        "tools/gpu_validation.py",
+        _tool("gpu_validation"),
+        ["--output-dir", "never"],
+        "--device",
+        "cuda:0",
+    ),
+}
 # Every help a user can ask for: each program's, and each of mesure_memoire.py's commands.
 HELPS = [(name, []) for name in PROGRAMS] + [
     ("mesure_memoire.py", [command]) for command in ("estimate", "environment", "measure", "report")
@@ -193,8 +198,14 @@ def test_help_works_under_python_OO(name):
 
 
 def _run_with_stdout(name, stdout, preexec_fn=None):
-    return subprocess.run([sys.executable, str(ROOT / PROGRAMS[name][0]), "--help"], stdout=stdout,
-                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=preexec_fn)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / PROGRAMS[name][0]), "--help"],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=preexec_fn,
+    )
 
 
 @pytest.mark.whole_kit
@@ -254,8 +265,14 @@ def test_below_python_3_10_one_line_says_so_and_exits_2(name, version, tmp_path)
         f"sys.version_info = {(*version, 'final', 0)!r}; "
         "exec(compile(source, sys.argv[0], 'exec'), {'__name__': '__main__'})"
     )
-    completed = subprocess.run([sys.executable, "-c", code, name], input=OLD_PYTHON_FILES[name](), cwd=tmp_path,
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-c", code, name],
+        input=OLD_PYTHON_FILES[name](),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = ".".join(map(str, version))
     assert completed.returncode == 2
     assert completed.stderr == f"{name}: error: Python 3.10 or later is needed; this is Python {found}\n"
@@ -275,16 +292,26 @@ def test_a_full_stderr_keeps_the_exit_status(name, how, status):
     path, _, valid, _, _ = PROGRAMS[name]
     argv = [*valid, "--no-such-option"] if how == "a misuse" else ["--help"]
     with open("/dev/full", "w") as full:
-        completed = subprocess.run([sys.executable, str(ROOT / path), *argv], stdout=full if status == 1 else None,
-                                   stderr=full, env=_buffered_env(), timeout=120)  # fmt: skip
+        completed = subprocess.run(
+            [sys.executable, str(ROOT / path), *argv],
+            stdout=full if status == 1 else None,
+            stderr=full,
+            env=_buffered_env(),
+            timeout=120,
+        )
     assert completed.returncode == status
 
 
 @pytest.mark.whole_kit
 @pytest.mark.parametrize("name", ["build_zip.py", "build_notebook.py"])
 def test_check_with_stdout_closed_exits_0_on_an_up_to_date_tree(name):
-    completed = subprocess.run([sys.executable, str(ROOT / PROGRAMS[name][0]), "--check"], stderr=subprocess.PIPE,
-                               text=True, preexec_fn=lambda: os.close(1), timeout=120)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / PROGRAMS[name][0]), "--check"],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(1),
+        timeout=120,
+    )
     assert (completed.returncode, completed.stderr) == (0, "")
 
 
@@ -303,9 +330,14 @@ def test_ctrl_c_during_the_script_s_imports_is_one_line_and_130(name, raised, fu
     (tmp_path / "argparse.py").write_text(f"raise {raised}\n")
     env = {**_buffered_env(), "PYTHONPATH": str(tmp_path)}
     with open("/dev/full", "w") as full:
-        completed = subprocess.run([sys.executable, str(ROOT / name), "--help"], stdout=subprocess.PIPE,
-                                   stderr=full if full_stderr else subprocess.PIPE, env=env, text=True,
-                                   timeout=120)  # fmt: skip
+        completed = subprocess.run(
+            [sys.executable, str(ROOT / name), "--help"],
+            stdout=subprocess.PIPE,
+            stderr=full if full_stderr else subprocess.PIPE,
+            env=env,
+            text=True,
+            timeout=120,
+        )
     assert (completed.returncode, completed.stdout) == (status, "")
     if said == "Traceback":
         assert said in completed.stderr and completed.stderr.endswith("RuntimeError: stand-in\n")
@@ -417,10 +449,23 @@ MEASURE_REFUSALS = [
 
 # Each measure option's out-of-range or malformed value, in an otherwise valid run: the line names the option.
 BAD_OPTION_VALUES = [
-        ("--batch", "0"), ("--batch", "-1"), ("--batch", "1.5"), ("--batch", "two"),
-        ("--context", "0"), ("--context", "nan"), ("--width", "0"), ("--width", "inf"),
-        ("--warmup", "-1"), ("--warmup", "0.5"), ("--repeats", "0"), ("--repeats", "-2"),
-        ("--seed", "-1"), ("--dtype", "float64"), ("--dtype", "int8"), ("--device", "cpu"), ("--device", "cuda"),
+    ("--batch", "0"),
+    ("--batch", "-1"),
+    ("--batch", "1.5"),
+    ("--batch", "two"),
+    ("--context", "0"),
+    ("--context", "nan"),
+    ("--width", "0"),
+    ("--width", "inf"),
+    ("--warmup", "-1"),
+    ("--warmup", "0.5"),
+    ("--repeats", "0"),
+    ("--repeats", "-2"),
+    ("--seed", "-1"),
+    ("--dtype", "float64"),
+    ("--dtype", "int8"),
+    ("--device", "cpu"),
+    ("--device", "cuda"),
 ]
 
 

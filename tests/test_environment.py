@@ -167,24 +167,32 @@ def test_redact_removes_paths():
 @pytest.mark.parametrize(
     ("message", "expected"),
     [
-        ("[Errno 13] Permission denied: '/home/Ana Maria/my results/out.json'",
-         "[Errno 13] Permission denied: '<path>'"),
-        ("/home/Ana Maria/venv 2/lib/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: cudaX",
-         "<path>"),  # where a bare path ends cannot be told: the rest of its line goes
-        (r'Error loading "C:\Program Files\Python311\Lib\site-packages\torch\lib\c10.dll" or one of its dependencies.',
-         'Error loading "<path>" or one of its dependencies.'),
+        (
+            "[Errno 13] Permission denied: '/home/Ana Maria/my results/out.json'",
+            "[Errno 13] Permission denied: '<path>'",
+        ),
+        (
+            "/home/Ana Maria/venv 2/lib/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: cudaX",
+            "<path>",
+        ),  # where a bare path ends cannot be told: the rest of its line goes
+        (
+            r'Error loading "C:\Program Files\Python311\Lib\site-packages\torch\lib\c10.dll"'
+            " or one of its dependencies.",
+            'Error loading "<path>" or one of its dependencies.',
+        ),
         (r"failed at C:\Users\Ana Maria\torch\lib\c10.dll: bad", "failed at <path>"),
         ("failed (/home/Ana Maria)", "failed (<path>"),  # not "<path> Maria)"
-        ("NumPy (Triggered internally at /__w/pytorch/pytorch/torch/csrc/utils/tensor_numpy.cpp:84.)",
-         "NumPy (Triggered internally at <path>"),
+        (
+            "NumPy (Triggered internally at /__w/pytorch/pytorch/torch/csrc/utils/tensor_numpy.cpp:84.)",
+            "NumPy (Triggered internally at <path>",
+        ),
         ("see ~/secret stuff/x.log", "see <path>"),
         ('File "/home/ana/my project/x.py", line 3', 'File "<path>", line 3'),
-        ("No such file: \"/home/o'brien/x\"", 'No such file: "<path>"'),
+        ('No such file: "/home/o\'brien/x"', 'No such file: "<path>"'),
         ("No such file: '/home/o\\'br\"ien/x'", "No such file: '<path>'"),
         (r"path \\server\share\ana\x.dll missing", "path <path>"),
         ("cannot open /usr/lib/a.so and also /opt/b.so", "cannot open <path>"),
-        ("cannot open /opt/x. Check that CUDA/ROCm is installed",
-         "cannot open <path>"),
+        ("cannot open /opt/x. Check that CUDA/ROCm is installed", "cannot open <path>"),
         ("float16/bfloat16 and CUDA/HIP stay", "float16/bfloat16 and CUDA/HIP stay"),
         ("relative torch/csrc/utils/x.cpp:84", "relative <path>"),
         ("\n\nCUDA error: out of memory\nCUDA kernel errors might be reported later", "CUDA error: out of memory"),
@@ -196,13 +204,17 @@ def test_redact_removes_paths():
         ("search /a/b:/c/d/e:/f failed", "search <path>"),
         ("see https://example.org", "see https://example.org"),  # "://" is a URL, not a list
         # One quoted character, as a UnicodeEncodeError writes it, is not a path.
-        ("'ascii' codec can't encode character '\\xe9' in position 3", "'ascii' codec can't encode character "
-         "'\\xe9' in position 3"),
-        ("can't encode characters '\\u00e9' and '\\U0001f600', '\\\\', '/'",
-         "can't encode characters '\\u00e9' and '\\U0001f600', '\\\\', '/'"),
+        (
+            "'ascii' codec can't encode character '\\xe9' in position 3",
+            "'ascii' codec can't encode character '\\xe9' in position 3",
+        ),
+        (
+            "can't encode characters '\\u00e9' and '\\U0001f600', '\\\\', '/'",
+            "can't encode characters '\\u00e9' and '\\U0001f600', '\\\\', '/'",
+        ),
         ("cannot open '/x'", "cannot open '<path>'"),  # two characters: a path
     ],
-)  # fmt: skip
+)
 def test_redact_removes_whole_paths_even_with_spaces(message, expected):
     assert mesure_memoire.redact(message) == expected
 
@@ -348,29 +360,56 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
     assert set(environment["os"]) == {"name", "release", "machine"}
     del environment["python"], environment["os"]
     assert environment == {
-        "torch": torch.__version__, "torch_error": None, "cuda_build": "13.0", "hip_build": None,
-        "cudnn_or_miopen_version": 91002, "device": "cuda:1", "device_count": 2, "gpu_available": True,
+        "torch": torch.__version__,
+        "torch_error": None,
+        "cuda_build": "13.0",
+        "hip_build": None,
+        "cudnn_or_miopen_version": 91002,
+        "device": "cuda:1",
+        "device_count": 2,
+        "gpu_available": True,
         "gpu_unavailable_reason": None,
-        "gpu": {"name": "Stand-in GPU", "compute_capability": "9.0", "gcn_arch_name": None,
-                "multi_processor_count": 132, "total_memory_bytes": 80 * GIB, "total_memory_gib": Decimal(80),
-                "mem_get_info_free_bytes": 79 * GIB, "mem_get_info_total_bytes": 80 * GIB,
-                "allocator_backend": "cudaMallocAsync"},
-        "settings": {"float32_matmul_precision": "high", "cuda_matmul_allow_tf32": True, "cudnn_allow_tf32": False,
-                     "cuda_matmul_allow_fp16_reduced_precision_reduction": False,
-                     "cuda_matmul_allow_bf16_reduced_precision_reduction": True,
-                     "preferred_blas_library": "Cublaslt", "allocator_backend": "cudaMallocAsync",
-                     "cublas_workspace_size_bytes": 8 * MIB + 128 * 2**10, "cublaslt_workspace_size_bytes": MIB},
-        "matmul_arithmetic": {"float32_matmul_precision": "high", "allow_tf32": True,
-                              "fp32_precision": "tf32" if NEWER_MATMUL_FLAGS else None,
-                              "allow_fp16_reduced_precision_reduction": False,
-                              "allow_bf16_reduced_precision_reduction": True,
-                              "allow_fp16_accumulation": False if NEWER_MATMUL_FLAGS else None},
+        "gpu": {
+            "name": "Stand-in GPU",
+            "compute_capability": "9.0",
+            "gcn_arch_name": None,
+            "multi_processor_count": 132,
+            "total_memory_bytes": 80 * GIB,
+            "total_memory_gib": Decimal(80),
+            "mem_get_info_free_bytes": 79 * GIB,
+            "mem_get_info_total_bytes": 80 * GIB,
+            "allocator_backend": "cudaMallocAsync",
+        },
+        "settings": {
+            "float32_matmul_precision": "high",
+            "cuda_matmul_allow_tf32": True,
+            "cudnn_allow_tf32": False,
+            "cuda_matmul_allow_fp16_reduced_precision_reduction": False,
+            "cuda_matmul_allow_bf16_reduced_precision_reduction": True,
+            "preferred_blas_library": "Cublaslt",
+            "allocator_backend": "cudaMallocAsync",
+            "cublas_workspace_size_bytes": 8 * MIB + 128 * 2**10,
+            "cublaslt_workspace_size_bytes": MIB,
+        },
+        "matmul_arithmetic": {
+            "float32_matmul_precision": "high",
+            "allow_tf32": True,
+            "fp32_precision": "tf32" if NEWER_MATMUL_FLAGS else None,
+            "allow_fp16_reduced_precision_reduction": False,
+            "allow_bf16_reduced_precision_reduction": True,
+            "allow_fp16_accumulation": False if NEWER_MATMUL_FLAGS else None,
+        },
         # Read from PyTorch's own parsed settings (this CPU build's getter: none set), never the environment.
-        "allocator_settings": {"backend": "cudaMallocAsync", "max_split_size_bytes": None,
-                               "expandable_segments": False, "roundup_power2_divisions": {}},
-        "field_errors": {}, "driver_note": mesure_memoire.DRIVER_NOTE,
+        "allocator_settings": {
+            "backend": "cudaMallocAsync",
+            "max_split_size_bytes": None,
+            "expandable_segments": False,
+            "roundup_power2_divisions": {},
+        },
+        "field_errors": {},
+        "driver_note": mesure_memoire.DRIVER_NOTE,
         "driver_commands": mesure_memoire.DRIVER_COMMANDS,
-    }  # fmt: skip
+    }
     # Every per-device query names device 1; the workspace sizes are read with device 1 current.
     assert recorded_indices.seen == [("get_device_properties", 1), ("mem_get_info", 1), ("device", 1), ("device", 1)]
     assert environment["driver_commands"] is not mesure_memoire.DRIVER_COMMANDS
@@ -515,16 +554,27 @@ def test_each_failing_query_leaves_null_and_names_itself(stand_in_gpu, monkeypat
     def broken(*args, **kwargs):
         raise RuntimeError("broken")
 
-    for owner, name in [(torch, "get_float32_matmul_precision"), (torch.backends.cuda, "preferred_blas_library"),
-                        (torch.backends.cudnn, "version"), (torch.cuda.memory, "get_allocator_backend"),
-                        (torch.backends.cuda, "cublas_workspace_size"),
-                        (torch.backends.cuda, "cublaslt_workspace_size")]:  # fmt: skip
+    for owner, name in [
+        (torch, "get_float32_matmul_precision"),
+        (torch.backends.cuda, "preferred_blas_library"),
+        (torch.backends.cudnn, "version"),
+        (torch.cuda.memory, "get_allocator_backend"),
+        (torch.backends.cuda, "cublas_workspace_size"),
+        (torch.backends.cuda, "cublaslt_workspace_size"),
+    ]:
         monkeypatch.setattr(owner, name, broken)
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["field_errors"] == dict.fromkeys(
-        ["float32_matmul_precision", "preferred_blas_library", "cudnn_or_miopen_version", "allocator_backend",
-         "cublas_workspace_size", "cublaslt_workspace_size"], "RuntimeError: broken"
-    )  # fmt: skip
+        [
+            "float32_matmul_precision",
+            "preferred_blas_library",
+            "cudnn_or_miopen_version",
+            "allocator_backend",
+            "cublas_workspace_size",
+            "cublaslt_workspace_size",
+        ],
+        "RuntimeError: broken",
+    )
     settings = environment["settings"]
     assert [
         settings[key]
@@ -575,17 +625,36 @@ def test_the_environment_text_exactly_with_a_gpu():
     environment = {
         "python": {"version": "3.12.1", "implementation": "CPython"},
         "os": {"name": "Linux", "release": "6.1", "machine": "x86_64"},
-        "torch": "2.13.0", "torch_error": None, "cuda_build": None, "hip_build": "7.0", "cudnn_or_miopen_version": 3,
-        "device": "cuda:1", "device_count": 2, "gpu_available": True, "gpu_unavailable_reason": None,
-        "gpu": {"name": "MI300X", "compute_capability": "9.4", "gcn_arch_name": "gfx942", "multi_processor_count": 304,
-                "total_memory_bytes": 2**27, "total_memory_gib": Decimal("0.125"), "mem_get_info_free_bytes": None,
-                "mem_get_info_total_bytes": 5, "allocator_backend": None},
+        "torch": "2.13.0",
+        "torch_error": None,
+        "cuda_build": None,
+        "hip_build": "7.0",
+        "cudnn_or_miopen_version": 3,
+        "device": "cuda:1",
+        "device_count": 2,
+        "gpu_available": True,
+        "gpu_unavailable_reason": None,
+        "gpu": {
+            "name": "MI300X",
+            "compute_capability": "9.4",
+            "gcn_arch_name": "gfx942",
+            "multi_processor_count": 304,
+            "total_memory_bytes": 2**27,
+            "total_memory_gib": Decimal("0.125"),
+            "mem_get_info_free_bytes": None,
+            "mem_get_info_total_bytes": 5,
+            "allocator_backend": None,
+        },
         "settings": {"cudnn_allow_tf32": False, "preferred_blas_library": None, "allocator_backend": "native"},
         "matmul_arithmetic": {"allow_tf32": None, "fp32_precision": "tf32"},
-        "field_errors": {"pytorch_warnings": "UserWarning: w", "mem_get_info": "RuntimeError: x",
-                         "zz": "RuntimeError: y"},
-        "driver_note": "Note.", "driver_commands": {"amd": "amd-smi version", "nvidia": "nvidia-smi"},
-    }  # fmt: skip
+        "field_errors": {
+            "pytorch_warnings": "UserWarning: w",
+            "mem_get_info": "RuntimeError: x",
+            "zz": "RuntimeError: y",
+        },
+        "driver_note": "Note.",
+        "driver_commands": {"amd": "amd-smi version", "nvidia": "nvidia-smi"},
+    }
     assert mesure_memoire.format_environment(environment) == "\n".join(
         [
             "Environment diagnosis (this process only)",
@@ -620,11 +689,21 @@ def test_the_environment_text_exactly_without_a_gpu():
     environment = {
         "python": {"version": "3.10.0", "implementation": "PyPy"},
         "os": {"name": "Darwin", "release": "23", "machine": "arm64"},
-        "torch": None, "torch_error": "ImportError: no torch", "cuda_build": "12.8", "hip_build": None,
-        "cudnn_or_miopen_version": None, "device": "cuda:0", "device_count": None, "gpu_available": False,
-        "gpu_unavailable_reason": "PyTorch is not importable", "gpu": None, "settings": None, "field_errors": {},
-        "driver_note": "N", "driver_commands": {},
-    }  # fmt: skip
+        "torch": None,
+        "torch_error": "ImportError: no torch",
+        "cuda_build": "12.8",
+        "hip_build": None,
+        "cudnn_or_miopen_version": None,
+        "device": "cuda:0",
+        "device_count": None,
+        "gpu_available": False,
+        "gpu_unavailable_reason": "PyTorch is not importable",
+        "gpu": None,
+        "settings": None,
+        "field_errors": {},
+        "driver_note": "N",
+        "driver_commands": {},
+    }
     assert mesure_memoire.format_environment(environment).splitlines() == [
         "Environment diagnosis (this process only)",
         "  Python                3.10.0 (PyPy)",
@@ -637,14 +716,24 @@ def test_the_environment_text_exactly_without_a_gpu():
         "  GPU usable            no: PyTorch is not importable",
         "N",
     ]
-    environment["gpu"] = {"name": "G", "compute_capability": "8.0", "gcn_arch_name": "", "total_memory_bytes": 0,
-                          "total_memory_gib": Decimal(0), "mem_get_info_free_bytes": 0,
-                          "mem_get_info_total_bytes": None, "allocator_backend": "native"}  # fmt: skip
+    environment["gpu"] = {
+        "name": "G",
+        "compute_capability": "8.0",
+        "gcn_arch_name": "",
+        "total_memory_bytes": 0,
+        "total_memory_gib": Decimal(0),
+        "mem_get_info_free_bytes": 0,
+        "mem_get_info_total_bytes": None,
+        "allocator_backend": "native",
+    }
     lines = mesure_memoire.format_environment(environment).splitlines()
-    assert lines[9:14] == ["  GPU name              G", "  compute capability    8.0",
-                           "  memory (runtime)      0 bytes = 0.00 GiB",
-                           "  mem_get_info          free 0 / total none bytes",
-                           "  allocator backend     native"]  # fmt: skip
+    assert lines[9:14] == [
+        "  GPU name              G",
+        "  compute capability    8.0",
+        "  memory (runtime)      0 bytes = 0.00 GiB",
+        "  mem_get_info          free 0 / total none bytes",
+        "  allocator backend     native",
+    ]
     assert lines[14] == "  allocator settings    unknown (the prediction is not checked)"
     environment["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
     assert (
@@ -741,8 +830,13 @@ def test_pytorch_s_import_error_quoting_an_environment_variable_is_not_recorded(
 def test_pytorch_import_warnings_never_reach_stderr(tmp_path, without_numpy):
     args = ["environment", "--device", "cuda:0", "--json"]
     if without_numpy == "numpy blocked":  # numpy unimportable for sure: PyTorch then warns at import
-        completed = subprocess.run([sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *args], capture_output=True,
-                                   text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+        completed = subprocess.run(
+            [sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
     else:
         completed = run_script("mesure_memoire.py", *args, cwd=tmp_path)
     assert completed.returncode == 0 and completed.stderr == ""

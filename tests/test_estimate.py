@@ -55,8 +55,9 @@ def test_gib_and_gb_are_exact_decimals():
 
 def test_the_largest_accepted_inputs_are_shown_exactly():
     parameters, bits = "9" * 30, "9" * 30
-    completed = run_script("mesure_memoire.py", "estimate", "--parameters", parameters, "--bits", bits,
-                           "--reserve-gib", "0.005")  # fmt: skip
+    completed = run_script(
+        "mesure_memoire.py", "estimate", "--parameters", parameters, "--bits", bits, "--reserve-gib", "0.005"
+    )
     assert completed.returncode == 0, completed.stderr
     weight_bytes = int(parameters) * -(-int(bits) // 8)
     total = Fraction(weight_bytes, 2**30) + Fraction(5, 1000)
@@ -148,8 +149,12 @@ def _half_up_six(fraction):
     ],
 )
 def test_json_gives_gib_and_gb_to_exactly_six_decimals_at_every_size(parameters, bits, reserve, capsys):
-    assert mesure_memoire.main(["estimate", "--parameters", parameters, "--bits", bits, "--reserve-gib", reserve,
-                                "--json"]) == 0  # fmt: skip
+    assert (
+        mesure_memoire.main(
+            ["estimate", "--parameters", parameters, "--bits", bits, "--reserve-gib", reserve, "--json"]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     data = json.loads(text)  # valid JSON
     weight_bytes = int(parameters) * -(-int(bits) // 8)
@@ -168,17 +173,54 @@ def test_json_gives_gib_and_gb_to_exactly_six_decimals_at_every_size(parameters,
 
 @pytest.mark.parametrize(
     ("reserve", "expected"),
-    [("4", "4"), ("0.5", "0.5"), ("10.05", "10.05"), ("0", "0"), ("0.0", "0"), (4, "4"),
-     (0.25, "0.25"), (Decimal("1.5"), "1.5"), ("0." + "1" * 30, "0." + "1" * 30), ("9" * 30, "9" * 30)],
-)  # fmt: skip
+    [
+        ("4", "4"),
+        ("0.5", "0.5"),
+        ("10.05", "10.05"),
+        ("0", "0"),
+        ("0.0", "0"),
+        (4, "4"),
+        (0.25, "0.25"),
+        (Decimal("1.5"), "1.5"),
+        ("0." + "1" * 30, "0." + "1" * 30),
+        ("9" * 30, "9" * 30),
+    ],
+)
 def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
     value = mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
     assert value == Decimal(expected) and not value.is_signed()
 
 
-@pytest.mark.parametrize("reserve", ["-0", "-0.0", "+1", " 1", "1 ", "1_0", "٤", "1e1", "0x1", "..5", "", ".", True,
-                                     "4.", ".5", "007", "00.5", "1.2.3",
-                                     -1, -0.0, float("nan"), 1e30, None, "0." + "1" * 31, "1" * 31])  # fmt: skip
+@pytest.mark.parametrize(
+    "reserve",
+    [
+        "-0",
+        "-0.0",
+        "+1",
+        " 1",
+        "1 ",
+        "1_0",
+        "٤",
+        "1e1",
+        "0x1",
+        "..5",
+        "",
+        ".",
+        True,
+        "4.",
+        ".5",
+        "007",
+        "00.5",
+        "1.2.3",
+        -1,
+        -0.0,
+        float("nan"),
+        1e30,
+        None,
+        "0." + "1" * 31,
+        "1" * 31,
+    ],
+)
 def test_one_number_grammar_refuses_the_rest(reserve):
     with pytest.raises(mesure_memoire.KitError, match="--reserve-gib: expected a number >= 0"):
         mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
@@ -211,9 +253,16 @@ def test_whole_numbers_take_ascii_digits_and_an_upper_bound():
 
 @pytest.mark.parametrize(
     ("number", "places", "expected"),
-    [("0.125", 2, "0.13"), ("0.135", 2, "0.14"), ("2.5", 0, "3"), ("0.0000005", 6, "0.000001"),
-     ("0.1249999", 2, "0.12"), ("7", 2, "7.00"), ("1.0000015", 6, "1.000002")],
-)  # fmt: skip
+    [
+        ("0.125", 2, "0.13"),
+        ("0.135", 2, "0.14"),
+        ("2.5", 0, "3"),
+        ("0.0000005", 6, "0.000001"),
+        ("0.1249999", 2, "0.12"),
+        ("7", 2, "7.00"),
+        ("1.0000015", 6, "1.000002"),
+    ],
+)
 def test_rounded_is_half_up_to_exactly_the_places(number, places, expected):
     result = mesure_memoire.rounded(Decimal(number), places)
     assert str(result) == expected  # the digits, the exponent: half-even would give 0.12, 2 and 1.000002
@@ -344,12 +393,25 @@ def test_estimate_text_of_the_readme_example(capsys):
 
 def test_estimate_weights_returns_every_field():
     assert mesure_memoire.estimate_weights(1, 1) == {
-        "parameters": 1, "bits": 1, "bytes_per_parameter": 1, "weight_bytes": 1,
-        "weight_gib": Decimal(1) / 2**30, "weight_gb": Decimal("1E-9"), "reserve_gib": Decimal(0),
-        "reserve_is": "a hypothesis chosen by the user, not a measured reserve", "total_gib": Decimal(1) / 2**30,
-        "not_included": ["activations", "KV cache", "quantization metadata", "gradients", "optimizer states",
-                         "libraries", "the CUDA/ROCm context"],
-    }  # fmt: skip
+        "parameters": 1,
+        "bits": 1,
+        "bytes_per_parameter": 1,
+        "weight_bytes": 1,
+        "weight_gib": Decimal(1) / 2**30,
+        "weight_gb": Decimal("1E-9"),
+        "reserve_gib": Decimal(0),
+        "reserve_is": "a hypothesis chosen by the user, not a measured reserve",
+        "total_gib": Decimal(1) / 2**30,
+        "not_included": [
+            "activations",
+            "KV cache",
+            "quantization metadata",
+            "gradients",
+            "optimizer states",
+            "libraries",
+            "the CUDA/ROCm context",
+        ],
+    }
     assert mesure_memoire.estimate_weights("3", "9", "0.5")["total_gib"] == Decimal("0.50000000558793544769287109375")
     assert kit_error_of(mesure_memoire.estimate_weights, 0, 8) == (
         "--parameters: expected a positive whole number of at most 30 ASCII digits, no leading zero, got 0"

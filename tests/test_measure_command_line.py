@@ -160,8 +160,15 @@ def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
     if step == "a phase":
         recorder = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, RuntimeError("bad")))
     stand_in_measurement(monkeypatch, recorder)
-    if step in ("is_initialized", "get_device_capability", "is_bf16_supported", "set_device", "init",
-                "memory_allocated", "memory_reserved"):  # fmt: skip
+    if step in (
+        "is_initialized",
+        "get_device_capability",
+        "is_bf16_supported",
+        "set_device",
+        "init",
+        "memory_allocated",
+        "memory_reserved",
+    ):
         monkeypatch.setattr(torch.cuda, step, _boom)
     elif step == "manual_seed":
         monkeypatch.setattr(torch, "manual_seed", _boom)
@@ -192,9 +199,18 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
     result = {
         "configuration": {"fresh_process_warning": "not a fresh\nprocess"},
         "torch_version_warning": None,
-        "phases": [{"phase": "inputs", "nanoseconds": 10**6, "device_ms": None, "end_allocated_bytes": 0,
-                    "peak_allocated_bytes": 0, "peak_reserved_bytes": 0, "verdict": "agrees"}],
-    }  # fmt: skip
+        "phases": [
+            {
+                "phase": "inputs",
+                "nanoseconds": 10**6,
+                "device_ms": None,
+                "end_allocated_bytes": 0,
+                "peak_allocated_bytes": 0,
+                "peak_reserved_bytes": 0,
+                "verdict": "agrees",
+            }
+        ],
+    }
 
     def measure_to_file(configuration, output, tool):
         calls.append((configuration, output, tool))
@@ -222,22 +238,58 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
 
 PHASE_TABLE_RESULT = {
     "phases": [
-        {"phase": "model_load", "nanoseconds": 1234500, "device_ms": None, "end_allocated_bytes": 9 * 2**17,
-         "peak_allocated_bytes": 3 * MIB, "peak_reserved_bytes": 2 * MIB, "verdict": "agrees"},
-        {"phase": "warmup", "passes": 3, "nanoseconds": 10**6, "device_ms": 0.25, "end_allocated_bytes": 0,
-         "peak_allocated_bytes": 5 * 2**18, "peak_reserved_bytes": GIB, "verdict": "disagrees"},
-        {"phase": "warm_forward", "repetition": 2, "nanoseconds": 999, "device_ms": 12.3456,
-         "end_allocated_bytes": 512, "peak_allocated_bytes": 512, "peak_reserved_bytes": MIB},
+        {
+            "phase": "model_load",
+            "nanoseconds": 1234500,
+            "device_ms": None,
+            "end_allocated_bytes": 9 * 2**17,
+            "peak_allocated_bytes": 3 * MIB,
+            "peak_reserved_bytes": 2 * MIB,
+            "verdict": "agrees",
+        },
+        {
+            "phase": "warmup",
+            "passes": 3,
+            "nanoseconds": 10**6,
+            "device_ms": 0.25,
+            "end_allocated_bytes": 0,
+            "peak_allocated_bytes": 5 * 2**18,
+            "peak_reserved_bytes": GIB,
+            "verdict": "disagrees",
+        },
+        {
+            "phase": "warm_forward",
+            "repetition": 2,
+            "nanoseconds": 999,
+            "device_ms": 12.3456,
+            "end_allocated_bytes": 512,
+            "peak_allocated_bytes": 512,
+            "peak_reserved_bytes": MIB,
+        },
     ],
-    "prediction_check": {"disagreements": [
-        {"phase": "warmup", "repetition": None, "counter": "peak_allocated_bytes", "measured_bytes": 1536,
-         "predicted_bytes": 1024, "difference_bytes": 512},
-        {"phase": "warm_forward", "repetition": 2, "counter": "end_requested_bytes", "measured_bytes": 0,
-         "predicted_bytes": 4, "difference_bytes": -4},
-    ]},
+    "prediction_check": {
+        "disagreements": [
+            {
+                "phase": "warmup",
+                "repetition": None,
+                "counter": "peak_allocated_bytes",
+                "measured_bytes": 1536,
+                "predicted_bytes": 1024,
+                "difference_bytes": 512,
+            },
+            {
+                "phase": "warm_forward",
+                "repetition": 2,
+                "counter": "end_requested_bytes",
+                "measured_bytes": 0,
+                "predicted_bytes": 4,
+                "difference_bytes": -4,
+            },
+        ]
+    },
     "workspace": {"measured_bytes": 8519680, "per_call_allocated_bytes": MIB},
     "output_summary": {"elements": 1024, "all_finite": True, "checksum_float64": -1.25},
-}  # fmt: skip
+}
 
 # Half-up everywhere: 1.2345 ms -> 1.235, 1.125 MiB -> 1.13 (half-even would write 1.234 and 1.12).
 PHASE_TABLE_TEXT = """\
@@ -268,8 +320,12 @@ def test_the_phase_table_names_each_reason_a_phase_was_not_checked_once():
 
 
 def test_the_phase_table_without_workspace_checksum_or_checks():
-    result = dict(PHASE_TABLE_RESULT, prediction_check=None, workspace={"measured_bytes": None},
-                  output_summary={"elements": 4, "all_finite": False, "checksum_float64": None})  # fmt: skip
+    result = dict(
+        PHASE_TABLE_RESULT,
+        prediction_check=None,
+        workspace={"measured_bytes": None},
+        output_summary={"elements": 4, "all_finite": False, "checksum_float64": None},
+    )
     lines = mesure_memoire.format_phase_table(result).splitlines()
     assert lines[:4] == PHASE_TABLE_TEXT.splitlines()[:4]
     assert lines[4:] == ["Last output: 4 elements, NOT ALL FINITE"]
@@ -492,8 +548,13 @@ def test_a_read_only_folder_for_real(folder, capsys):
 
 
 def test_measure_without_a_gpu_prints_exactly_one_stderr_line(tmp_path):
-    completed = subprocess.run([sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *MEASURE, "--output", "o.json"],
-                               capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *MEASURE, "--output", "o.json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert completed.returncode == 2
     assert_one_line(completed.stderr, "no usable GPU for cuda:0")
     assert list(tmp_path.iterdir()) == []
@@ -524,9 +585,12 @@ def test_sigint_exits_130_in_one_line_and_leaves_no_file(tmp_path, function, arg
     read_end, write_end = os.pipe()
     process = subprocess.Popen(
         [sys.executable, "-c", HOOKED.format(function=function), str(ROOT), str(write_end), *args],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(write_end,),
         preexec_fn=sigint_as_from_a_terminal,
-    )  # fmt: skip
+    )
     os.close(write_end)
     try:
         assert os.read(read_end, 1) == b"r"  # the child is inside the command
@@ -560,9 +624,14 @@ raise SystemExit(mesure_memoire.main(sys.argv[3:]))
 def test_a_signal_while_writing_removes_the_partial_file(tmp_path, sent, status, said):
     """SIGTERM (timeout, a scheduler, docker stop) is handled as Ctrl-C: the partial file goes, 128 + 15."""
     read_end, write_end = os.pipe()
-    process = subprocess.Popen([sys.executable, "-c", WRITING, str(ROOT), str(write_end), *MEASURE, "--output",
-                                "o.json"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               pass_fds=(write_end,), preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITING, str(ROOT), str(write_end), *MEASURE, "--output", "o.json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(write_end,),
+        preexec_fn=sigint_as_from_a_terminal,
+    )
     os.close(write_end)
     try:
         assert os.read(read_end, 1) == b"r"  # the partial file is there, being written
@@ -596,52 +665,87 @@ def test_the_options_and_their_defaults_reach_measure_config(monkeypatch, capsys
     monkeypatch.setattr(mesure_memoire, "measure_config", lambda *args: seen.append(args) or {})
     monkeypatch.setattr(mesure_memoire, "predict_memory", lambda config: {"plan": 1})
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--plan", "--json"]) == 0
-    arguments = ["--device", "cuda:2", "--batch", "3", "--context", "4", "--width", "5", "--dtype", "float16",
-                 "--warmup", "6", "--repeats", "7", "--seed", "8", "--plan", "--json"]  # fmt: skip
+    arguments = [
+        "--device",
+        "cuda:2",
+        "--batch",
+        "3",
+        "--context",
+        "4",
+        "--width",
+        "5",
+        "--dtype",
+        "float16",
+        "--warmup",
+        "6",
+        "--repeats",
+        "7",
+        "--seed",
+        "8",
+        "--plan",
+        "--json",
+    ]
     assert mesure_memoire.main(["measure", *arguments]) == 0
-    assert seen == [("cuda:0", "1", "16", "64", "float32", "1", "2", "0"),
-                    ("cuda:2", "3", "4", "5", "float16", "6", "7", "8")]  # fmt: skip
+    assert seen == [
+        ("cuda:0", "1", "16", "64", "float32", "1", "2", "0"),
+        ("cuda:2", "3", "4", "5", "float16", "6", "7", "8"),
+    ]
     assert capsys.readouterr().out == '{\n  "plan": 1\n}\n' * 2
 
 
 # Each command's help: its summary and every option's line, as the README documents them.
 HELP_LINES = {
-    "": ["usage: mesure_memoire.py [-h] COMMAND ...", "IteraGPU Lab v1: weight-memory estimate, environment",
-         "    estimate   weight memory from a parameter count, no GPU",
-         "               diagnose Python, PyTorch and the chosen GPU",
-         "    measure    measure the synthetic MLP phase by phase on a GPU",
-         "    sweep      measure one dimension at several values, each in a fresh process, then report",
-         "    report     compare result files side by side, one row each; reads them, writes nothing",
-         "mesure_memoire.py COMMAND --help prints a command's options."],
-    "estimate": ["usage: mesure_memoire.py estimate [-h] --parameters N --bits N [--reserve-gib GIB] [--json]",
-                 "  --parameters N     number of parameters, a positive integer",
-                 "  --bits N           storage width per parameter in bits (4, 8, 16, 32 ...)",
-                 "  --reserve-gib GIB  extra GiB you assume on top of the weights (a hypothesis; default 0)",
-                 "  --json             print one JSON object instead of text"],
-    "environment": ["usage: mesure_memoire.py environment [-h] --device cuda:N [--json]",
-                    "diagnose Python, PyTorch and the chosen GPU", "  --device cuda:N  the GPU to inspect"],
-    "measure": ["  --device cuda:N   the GPU to measure",
-                "  --output FILE     new JSON file for the result (never overwritten); required unless --plan",
-                "  --batch N         batch size (default 1)",
-                "  --context N       positions per input row (default 16)",
-                "  --width N         model width; the hidden layer is 4x (default 64)",
-                "  --dtype NAME      float32, float16 or bfloat16 (default float32)",
-                "  --warmup N        warm-up passes, 0 to 1000 (default 1)",
-                "  --repeats N       measured warm passes, 1 to 1000 (default 2)",
-                "  --seed N          seed of the weights and inputs (default 0)",
-                "  --plan            predict the memory per phase: arithmetic only, no GPU, writes nothing",
-                "  --json            with --plan: print one JSON object",
-                "  --memory-gib GIB  with --plan: a card's memory in GiB; whether the run fits, and the largest"],
-    "sweep": ["usage: mesure_memoire.py sweep [-h] --device cuda:N --vary DIMENSION --values V1,V2,... --output-dir",
-              "measure one dimension at several values, each in a fresh process, then report",
-              "  --vary DIMENSION      batch, context or width: the dimension that takes the values",
-              "  --values V1,V2,...    strictly increasing whole numbers, separated by commas",
-              "  --output-dir NEW_FOLDER", "                        a new folder (created; never an existing one)",
-              "  --timeout-s SECONDS   a child still running after this many seconds is stopped (default 1800)"],
-    "report": ["usage: mesure_memoire.py report [-h] [--json] FILE [FILE ...]",
-               "  FILE        measure result files, in the order to show (after --, a name may start with -)",
-               "  --json      print one JSON object instead of text"],
-}  # fmt: skip
+    "": [
+        "usage: mesure_memoire.py [-h] COMMAND ...",
+        "IteraGPU Lab v1: weight-memory estimate, environment",
+        "    estimate   weight memory from a parameter count, no GPU",
+        "               diagnose Python, PyTorch and the chosen GPU",
+        "    measure    measure the synthetic MLP phase by phase on a GPU",
+        "    sweep      measure one dimension at several values, each in a fresh process, then report",
+        "    report     compare result files side by side, one row each; reads them, writes nothing",
+        "mesure_memoire.py COMMAND --help prints a command's options.",
+    ],
+    "estimate": [
+        "usage: mesure_memoire.py estimate [-h] --parameters N --bits N [--reserve-gib GIB] [--json]",
+        "  --parameters N     number of parameters, a positive integer",
+        "  --bits N           storage width per parameter in bits (4, 8, 16, 32 ...)",
+        "  --reserve-gib GIB  extra GiB you assume on top of the weights (a hypothesis; default 0)",
+        "  --json             print one JSON object instead of text",
+    ],
+    "environment": [
+        "usage: mesure_memoire.py environment [-h] --device cuda:N [--json]",
+        "diagnose Python, PyTorch and the chosen GPU",
+        "  --device cuda:N  the GPU to inspect",
+    ],
+    "measure": [
+        "  --device cuda:N   the GPU to measure",
+        "  --output FILE     new JSON file for the result (never overwritten); required unless --plan",
+        "  --batch N         batch size (default 1)",
+        "  --context N       positions per input row (default 16)",
+        "  --width N         model width; the hidden layer is 4x (default 64)",
+        "  --dtype NAME      float32, float16 or bfloat16 (default float32)",
+        "  --warmup N        warm-up passes, 0 to 1000 (default 1)",
+        "  --repeats N       measured warm passes, 1 to 1000 (default 2)",
+        "  --seed N          seed of the weights and inputs (default 0)",
+        "  --plan            predict the memory per phase: arithmetic only, no GPU, writes nothing",
+        "  --json            with --plan: print one JSON object",
+        "  --memory-gib GIB  with --plan: a card's memory in GiB; whether the run fits, and the largest",
+    ],
+    "sweep": [
+        "usage: mesure_memoire.py sweep [-h] --device cuda:N --vary DIMENSION --values V1,V2,... --output-dir",
+        "measure one dimension at several values, each in a fresh process, then report",
+        "  --vary DIMENSION      batch, context or width: the dimension that takes the values",
+        "  --values V1,V2,...    strictly increasing whole numbers, separated by commas",
+        "  --output-dir NEW_FOLDER",
+        "                        a new folder (created; never an existing one)",
+        "  --timeout-s SECONDS   a child still running after this many seconds is stopped (default 1800)",
+    ],
+    "report": [
+        "usage: mesure_memoire.py report [-h] [--json] FILE [FILE ...]",
+        "  FILE        measure result files, in the order to show (after --, a name may start with -)",
+        "  --json      print one JSON object instead of text",
+    ],
+}
 
 
 @pytest.mark.parametrize("command", HELP_LINES)

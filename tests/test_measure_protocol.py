@@ -61,20 +61,46 @@ def test_run_phase_follows_the_protocol_order():
 
     record, output = mesure_memoire.run_phase(recorder, "dev", "inputs", work, clock)
     assert [name for name, _ in recorder.calls] == [
-        "synchronize", "memory_allocated", "memory_reserved", "memory_stats", "reset_peak_memory_stats",
-        "current_stream", "Event", "Event", "clock", "event.record", "work", "event.record", "synchronize", "clock",
-        "elapsed_time", "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
+        "synchronize",
+        "memory_allocated",
+        "memory_reserved",
         "memory_stats",
-    ]  # fmt: skip
+        "reset_peak_memory_stats",
+        "current_stream",
+        "Event",
+        "Event",
+        "clock",
+        "event.record",
+        "work",
+        "event.record",
+        "synchronize",
+        "clock",
+        "elapsed_time",
+        "memory_allocated",
+        "memory_reserved",
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "memory_stats",
+    ]
     assert {device for _, device in recorder.devices} == {"dev"}  # every call names the measured device
     assert output == "output"
     assert record == {
-        "phase": "inputs", "nanoseconds": 250, "seconds": 250e-9, "device_ms": 0.25,
-        "baseline_allocated_bytes": 1000, "baseline_reserved_bytes": 2000, "end_allocated_bytes": 1000,
-        "end_reserved_bytes": 2000, "peak_allocated_bytes": 1500, "peak_reserved_bytes": 2500,
-        "baseline_requested_bytes": 900, "end_requested_bytes": 900, "peak_requested_bytes": 1400,
-        "baseline_device_used_bytes": None, "end_device_used_bytes": None,  # this stand-in has no mem_get_info
-    }  # fmt: skip
+        "phase": "inputs",
+        "nanoseconds": 250,
+        "seconds": 250e-9,
+        "device_ms": 0.25,
+        "baseline_allocated_bytes": 1000,
+        "baseline_reserved_bytes": 2000,
+        "end_allocated_bytes": 1000,
+        "end_reserved_bytes": 2000,
+        "peak_allocated_bytes": 1500,
+        "peak_reserved_bytes": 2500,
+        "baseline_requested_bytes": 900,
+        "end_requested_bytes": 900,
+        "peak_requested_bytes": 1400,
+        "baseline_device_used_bytes": None,
+        "end_device_used_bytes": None,  # this stand-in has no mem_get_info
+    }
 
 
 def test_run_phase_without_requested_counters_or_events_says_null():
@@ -170,10 +196,23 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 0
     out = capsys.readouterr().out
     result = json.loads(output.read_text(encoding="utf-8"))
-    assert set(result) == {"kit", "schema_version", "tool", "created_utc", "environment", "configuration",
-                           "synthetic_model", "phases", "prediction_check", "workspace", "output_summary",
-                           "predicted_peak_allocated_bytes", "fit_margin_bytes", "matmul_arithmetic",
-                           "torch_version_warning"}  # fmt: skip
+    assert set(result) == {
+        "kit",
+        "schema_version",
+        "tool",
+        "created_utc",
+        "environment",
+        "configuration",
+        "synthetic_model",
+        "phases",
+        "prediction_check",
+        "workspace",
+        "output_summary",
+        "predicted_peak_allocated_bytes",
+        "fit_margin_bytes",
+        "matmul_arithmetic",
+        "torch_version_warning",
+    }
     assert result["schema_version"] == 4 and result["tool"] == "mesure_memoire.py"
     assert result["torch_version_warning"] is None  # this PyTorch's version reads as MAJOR.MINOR
     assert result["created_utc"].endswith("Z")
@@ -181,14 +220,29 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
     assert result["environment"]["settings"]["allocator_backend"] == "native"
     assert result["configuration"] == {
-        "device": "cuda:0", "batch": 1, "context": 16, "width": 64, "dtype": "float32", "warmup": 1,
-        "repeats": 2, "seed": 0, "cuda_initialized_before_measure": False, "allocated_bytes_before_measure": 0,
-        "reserved_bytes_before_measure": 0, "device_used_bytes_before_measure": 2**30, "fresh_process_warning": None,
-    }  # fmt: skip
+        "device": "cuda:0",
+        "batch": 1,
+        "context": 16,
+        "width": 64,
+        "dtype": "float32",
+        "warmup": 1,
+        "repeats": 2,
+        "seed": 0,
+        "cuda_initialized_before_measure": False,
+        "allocated_bytes_before_measure": 0,
+        "reserved_bytes_before_measure": 0,
+        "device_used_bytes_before_measure": 2**30,
+        "fresh_process_warning": None,
+    }
     assert result["synthetic_model"]["parameters"] == 8 * 64 * 64 + 5 * 64
     assert [p["phase"] for p in result["phases"]] == [
-        "model_load", "inputs", "cold_forward", "warmup", "warm_forward", "warm_forward"
-    ]  # fmt: skip
+        "model_load",
+        "inputs",
+        "cold_forward",
+        "warmup",
+        "warm_forward",
+        "warm_forward",
+    ]
     plan = mesure_memoire.predict_memory(config())
     for record, predicted in zip(result["phases"], plan["phases"], strict=True):
         assert record["device_ms"] == 0.25
@@ -206,17 +260,37 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["prediction_check"]["agrees"] is False
     assert disagreements == [d for record in result["phases"] for d in record["disagreements"]]
     inputs_end = next(d for d in disagreements if d["phase"] == "inputs" and d["counter"] == "end_requested_bytes")
-    assert inputs_end == {"phase": "inputs", "repetition": None, "counter": "end_requested_bytes",
-                          "predicted_bytes": 4096, "measured_bytes": 0, "difference_bytes": -4096,
-                          "relative_to": "the phase's baseline"}  # fmt: skip
+    assert inputs_end == {
+        "phase": "inputs",
+        "repetition": None,
+        "counter": "end_requested_bytes",
+        "predicted_bytes": 4096,
+        "measured_bytes": 0,
+        "difference_bytes": -4096,
+        "relative_to": "the phase's baseline",
+    }
     assert result["workspace"]["measured_bytes"] == 0 - 4096  # end minus baseline, less the predicted output
     assert result["output_summary"]["elements"] == 16 * 64 and result["output_summary"]["all_finite"] is True
     assert result["predicted_peak_allocated_bytes"] == plan["predicted_peak_allocated_bytes"]
     assert "STANDIN-UUID" not in output.read_text()
     assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporary file left
     lines = out.splitlines()
-    assert lines[0].split() == ["phase", "ms", "device", "ms", "end", "alloc", "MiB", "peak", "alloc", "MiB", "peak",
-                                "reserved", "MiB", "prediction"]  # fmt: skip
+    assert lines[0].split() == [
+        "phase",
+        "ms",
+        "device",
+        "ms",
+        "end",
+        "alloc",
+        "MiB",
+        "peak",
+        "alloc",
+        "MiB",
+        "peak",
+        "reserved",
+        "MiB",
+        "prediction",
+    ]
     assert (
         lines[1].startswith("model_load")
         and lines[4].startswith("warmup x1")
@@ -306,8 +380,11 @@ class SetUpCalls:
         self.calls = []
         for name, answer in [("is_initialized", lambda: True), ("init", lambda: None)]:
             monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=False))
-        for name, answer in [("set_device", lambda: None), ("memory_allocated", lambda: allocated),
-                             ("memory_reserved", lambda: reserved)]:  # fmt: skip
+        for name, answer in [
+            ("set_device", lambda: None),
+            ("memory_allocated", lambda: allocated),
+            ("memory_reserved", lambda: reserved),
+        ]:
             monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=True))
 
     def recording(self, name, answer, with_device):
@@ -365,31 +442,50 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     result = mesure_memoire.measure(settings, tool="a tool")
     device = torch.device("cuda", 2)
     assert seen == [(torch, torch.cuda, device, settings)]
-    assert set_up.calls == [("is_initialized",), ("set_device", device), ("init",), ("memory_allocated", device),
-                            ("memory_reserved", device)]  # fmt: skip
+    assert set_up.calls == [
+        ("is_initialized",),
+        ("set_device", device),
+        ("init",),
+        ("memory_allocated", device),
+        ("memory_reserved", device),
+    ]
     assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z", result["created_utc"])
     created = datetime.strptime(result["created_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     assert before <= created <= datetime.now(timezone.utc)  # UTC, not the local time five hours ahead
     plan = mesure_memoire.predict_memory(settings)
     assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
-        "kit": "iteragpu-lab-v1", "schema_version": 4, "tool": "a tool", "torch_version_warning": None,
+        "kit": "iteragpu-lab-v1",
+        "schema_version": 4,
+        "tool": "a tool",
+        "torch_version_warning": None,
         "matmul_arithmetic": mesure_memoire.matmul_arithmetic(torch),
-        "configuration": {**settings, "cuda_initialized_before_measure": True, "allocated_bytes_before_measure": 0,
-                          "reserved_bytes_before_measure": 0, "device_used_bytes_before_measure": GIB,
-                          "fresh_process_warning": None},
+        "configuration": {
+            **settings,
+            "cuda_initialized_before_measure": True,
+            "allocated_bytes_before_measure": 0,
+            "reserved_bytes_before_measure": 0,
+            "device_used_bytes_before_measure": GIB,
+            "fresh_process_warning": None,
+        },
         "synthetic_model": mesure_memoire.synthetic_model(settings),
         "prediction_check": {"agrees": True, "disagreements": [], "not_checked": []},
-        "workspace": {"measured_bytes": 0, "requested_bytes": 0,
-                      "how": "cold_forward's end level above its baseline, less its predicted output: what the "
-                      "first forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
-                      "allowance_bytes": 256 * MIB, "per_call_allocated_bytes": 0, "per_call_requested_bytes": 0,
-                      "per_call_how": "each matrix product of the forward run once more after the phases, alone: "
-                      "its peak above its end, what one call takes and gives back (a BLAS workspace allocated per "
-                      "call); a forward's peaks may exceed their prediction by up to this"},
+        "workspace": {
+            "measured_bytes": 0,
+            "requested_bytes": 0,
+            "how": "cold_forward's end level above its baseline, less its predicted output: what the "
+            "first forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
+            "allowance_bytes": 256 * MIB,
+            "per_call_allocated_bytes": 0,
+            "per_call_requested_bytes": 0,
+            "per_call_how": "each matrix product of the forward run once more after the phases, alone: "
+            "its peak above its end, what one call takes and gives back (a BLAS workspace allocated per "
+            "call); a forward's peaks may exceed their prediction by up to this",
+        },
         "output_summary": {"all_finite": True, "checksum_float64": 0.5, "elements": 48},
-        "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"], "fit_margin_bytes": GIB,
-    }  # fmt: skip
+        "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
+        "fit_margin_bytes": GIB,
+    }
     assert [record["verdict"] for record in result["phases"]] == ["agrees"] * 5
     # The result's flags are read once the forwards ran, the environment's before.
     assert result["matmul_arithmetic"]["allow_fp16_reduced_precision_reduction"] is True
@@ -404,8 +500,9 @@ def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, mo
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}, NO_PER_CALL))
     configuration = mesure_memoire.measure(settings, tool="t")["configuration"]
     assert (configuration["allocated_bytes_before_measure"], configuration["reserved_bytes_before_measure"]) == (
-        allocated, reserved
-    )  # fmt: skip
+        allocated,
+        reserved,
+    )
     assert configuration["fresh_process_warning"] == (
         "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
         "the figures are not comparable; restart it"
@@ -546,17 +643,23 @@ def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, 
 @pytest.mark.parametrize(
     ("error", "message"),
     [
-        (torch.OutOfMemoryError("CUDA out of memory. Tried"),
-         "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
-         "shrink one dimension and retry in a new process"),
-        (RuntimeError("HIP: Out Of Memory"),
-         "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
-         "shrink one dimension and retry in a new process"),
-        (RuntimeError("launch failure at /opt/x/y.so"),
-         "phase warmup failed (batch 1, context 16, width 64, dtype float32): RuntimeError: launch failure at "
-         "<path>; nothing written"),
+        (
+            torch.OutOfMemoryError("CUDA out of memory. Tried"),
+            "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
+            "shrink one dimension and retry in a new process",
+        ),
+        (
+            RuntimeError("HIP: Out Of Memory"),
+            "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
+            "shrink one dimension and retry in a new process",
+        ),
+        (
+            RuntimeError("launch failure at /opt/x/y.so"),
+            "phase warmup failed (batch 1, context 16, width 64, dtype float32): RuntimeError: launch failure at "
+            "<path>; nothing written",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_failed_phase_exits_3_with_its_words(stand_in_gpu, monkeypatch, error, message):
     stand_in_gpu()
     SetUpCalls(monkeypatch)
@@ -650,9 +753,14 @@ def test_measure_phases_puts_the_model_and_inputs_on_the_measured_device(monkeyp
     ]
     assert {device for _, device in recorder.devices} == {"cuda:7 stand-in"}
     assert [(r["phase"], r.get("passes"), r.get("repetition")) for r in records] == [
-        ("model_load", None, None), ("inputs", None, None), ("cold_forward", None, None), ("warmup", 2, None),
-        ("warm_forward", None, 1), ("warm_forward", None, 2), ("warm_forward", None, 3),
-    ]  # fmt: skip
+        ("model_load", None, None),
+        ("inputs", None, None),
+        ("cold_forward", None, None),
+        ("warmup", 2, None),
+        ("warm_forward", None, 1),
+        ("warm_forward", None, 2),
+        ("warm_forward", None, 3),
+    ]
     # The seeds: the weights from torch.manual_seed, the inputs from their own generator.
     torch.manual_seed(5)
     model = real_build_model(torch, 4).to(dtype=torch.bfloat16).eval()
@@ -682,8 +790,9 @@ def test_a_failing_seed_is_a_refusal_and_a_failing_phase_names_itself(monkeypatc
     summary_error = ValueError("no summary")
     monkeypatch.setattr(mesure_memoire, "summarize_output", raising(summary_error))
     with pytest.raises(mesure_memoire.PhaseFailed) as failure:
-        mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=torch.device("cpu")), torch.device("cpu"),
-                                      config())  # fmt: skip
+        mesure_memoire.measure_phases(
+            torch, RecordingCudaStandIn(device=torch.device("cpu")), torch.device("cpu"), config()
+        )
     assert (failure.value.phase, failure.value.error) == ("output_summary", summary_error)
 
 
@@ -729,8 +838,12 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
     assert environment["torch"] is environment["cuda_build"] is environment["hip_build"] is None
     assert environment["device_count"] is None and environment["gpu_available"] is False
     assert environment["gpu_unavailable_reason"] == "this PyTorch build has no CUDA or ROCm support"
-    for key in ("cuda_matmul_allow_tf32", "cudnn_allow_tf32", "cuda_matmul_allow_fp16_reduced_precision_reduction",
-                "cuda_matmul_allow_bf16_reduced_precision_reduction"):  # fmt: skip
+    for key in (
+        "cuda_matmul_allow_tf32",
+        "cudnn_allow_tf32",
+        "cuda_matmul_allow_fp16_reduced_precision_reduction",
+        "cuda_matmul_allow_bf16_reduced_precision_reduction",
+    ):
         assert environment["settings"][key] is None
 
 
@@ -787,9 +900,15 @@ def test_device_index_reads_the_number_after_cuda():
 def test_measure_config_validates_each_option_by_its_name():
     seed = str(mesure_memoire.MAX_SEED)
     assert mesure_memoire.measure_config("cuda:3", "2", "3", "4", "bfloat16", "0", "1", seed) == {
-        "device": "cuda:3", "batch": 2, "context": 3, "width": 4, "dtype": "bfloat16", "warmup": 0, "repeats": 1,
+        "device": "cuda:3",
+        "batch": 2,
+        "context": 3,
+        "width": 4,
+        "dtype": "bfloat16",
+        "warmup": 0,
+        "repeats": 1,
         "seed": 2**64 - 1,
-    }  # fmt: skip
+    }
     assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0)["seed"] == 0
     good = ["cuda:0", 1, 1, 1, "float32", 0, 1, 0]
     positive = "a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
@@ -880,8 +999,15 @@ def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stan
         return (70 * GIB, 80 * GIB) if index == 2 else (0, 80 * GIB)
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {
-        "all_finite": True, "checksum_float64": 0.5, "elements": 1024}, NO_PER_CALL))  # fmt: skip
+    monkeypatch.setattr(
+        mesure_memoire,
+        "measure_phases",
+        lambda *args: (
+            agreeing_records(settings),
+            {"all_finite": True, "checksum_float64": 0.5, "elements": 1024},
+            NO_PER_CALL,
+        ),
+    )
     result = mesure_memoire.measure(settings, tool="a tool")
     assert result["schema_version"] == 4
     assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB

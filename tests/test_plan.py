@@ -27,8 +27,23 @@ from conftest import (
 )
 
 ALLOWANCE = 256 * MIB
-SMALL_TRIAL = ["measure", "--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64",
-               "--dtype", "float32", "--warmup", "1", "--repeats", "2"]  # fmt: skip
+SMALL_TRIAL = [
+    "measure",
+    "--device",
+    "cuda:0",
+    "--batch",
+    "1",
+    "--context",
+    "16",
+    "--width",
+    "64",
+    "--dtype",
+    "float32",
+    "--warmup",
+    "1",
+    "--repeats",
+    "2",
+]
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
@@ -49,38 +64,83 @@ def counters(phase):
 # (end requested, peak requested, end allocated, peak allocated) per phase, then the whole run's peak.
 HAND_COUNTS = [
     # batch 1, context 16, width 64, 4 bytes: weights 65536 + 1024 + 65536 + 256 (-> 512)
-    ((1, 16, 64, "float32"), (132352, 132352, 132608, 132608), (4096,) * 4, (4096, 32768, 4096, 32768),
-     132608 + 4096 + ALLOWANCE + 32768),
+    (
+        (1, 16, 64, "float32"),
+        (132352, 132352, 132608, 132608),
+        (4096,) * 4,
+        (4096, 32768, 4096, 32768),
+        132608 + 4096 + ALLOWANCE + 32768,
+    ),
     # 2 bytes: weights 32768 + 512 + 32768 + 128 (-> 512); input 2048; hidden 8192 each
-    ((1, 16, 64, "float16"), (66176, 66176, 66560, 66560), (2048,) * 4, (2048, 16384, 2048, 16384),
-     66560 + 2048 + ALLOWANCE + 16384),
-    ((1, 16, 64, "bfloat16"), (66176, 66176, 66560, 66560), (2048,) * 4, (2048, 16384, 2048, 16384),
-     66560 + 2048 + ALLOWANCE + 16384),
+    (
+        (1, 16, 64, "float16"),
+        (66176, 66176, 66560, 66560),
+        (2048,) * 4,
+        (2048, 16384, 2048, 16384),
+        66560 + 2048 + ALLOWANCE + 16384,
+    ),
+    (
+        (1, 16, 64, "bfloat16"),
+        (66176, 66176, 66560, 66560),
+        (2048,) * 4,
+        (2048, 16384, 2048, 16384),
+        66560 + 2048 + ALLOWANCE + 16384,
+    ),
     # batch 3, context 5, width 3, 4 bytes: weights 144 + 48 + 144 + 12, each one 512-byte block;
     # input 180 (512); hidden 720 each (1024)
-    ((3, 5, 3, "float32"), (348, 348, 2048, 2048), (180, 180, 512, 512), (180, 1440, 512, 2048),
-     2048 + 512 + ALLOWANCE + 2048),
+    (
+        (3, 5, 3, "float32"),
+        (348, 348, 2048, 2048),
+        (180, 180, 512, 512),
+        (180, 1440, 512, 2048),
+        2048 + 512 + ALLOWANCE + 2048,
+    ),
     # 2 bytes: weights 72 + 24 + 72 + 6; input 90; hidden 360 each (512)
-    ((3, 5, 3, "bfloat16"), (174, 174, 2048, 2048), (90, 90, 512, 512), (90, 720, 512, 1024),
-     2048 + 512 + ALLOWANCE + 1024),
-    ((3, 5, 3, "float16"), (174, 174, 2048, 2048), (90, 90, 512, 512), (90, 720, 512, 1024),
-     2048 + 512 + ALLOWANCE + 1024),
+    (
+        (3, 5, 3, "bfloat16"),
+        (174, 174, 2048, 2048),
+        (90, 90, 512, 512),
+        (90, 720, 512, 1024),
+        2048 + 512 + ALLOWANCE + 1024,
+    ),
+    (
+        (3, 5, 3, "float16"),
+        (174, 174, 2048, 2048),
+        (90, 90, 512, 512),
+        (90, 720, 512, 1024),
+        2048 + 512 + ALLOWANCE + 1024,
+    ),
     # batch 8, context 1024, width 4096, 2 bytes: weights 128 MiB + 32768 + 128 MiB + 8192;
     # input 64 MiB; hidden 256 MiB each
-    ((8, 1024, 4096, "bfloat16"), (268476416,) * 4, (64 * MIB,) * 4, (64 * MIB, 512 * MIB, 64 * MIB, 512 * MIB),
-     268476416 + 64 * MIB + ALLOWANCE + 512 * MIB),
+    (
+        (8, 1024, 4096, "bfloat16"),
+        (268476416,) * 4,
+        (64 * MIB,) * 4,
+        (64 * MIB, 512 * MIB, 64 * MIB, 512 * MIB),
+        268476416 + 64 * MIB + ALLOWANCE + 512 * MIB,
+    ),
     # 4 bytes: weights 256 MiB + 65536 + 256 MiB + 16384; input 128 MiB; hidden 512 MiB each
-    ((8, 1024, 4096, "float32"), (536952832,) * 4, (128 * MIB,) * 4, (128 * MIB, 1024 * MIB, 128 * MIB, 1024 * MIB),
-     536952832 + 128 * MIB + ALLOWANCE + 1024 * MIB),
-]  # fmt: skip
+    (
+        (8, 1024, 4096, "float32"),
+        (536952832,) * 4,
+        (128 * MIB,) * 4,
+        (128 * MIB, 1024 * MIB, 128 * MIB, 1024 * MIB),
+        536952832 + 128 * MIB + ALLOWANCE + 1024 * MIB,
+    ),
+]
 
 
 @pytest.mark.parametrize(("sizes", "model_load", "inputs", "forward", "peak"), HAND_COUNTS)
 def test_the_prediction_matches_a_hand_count(sizes, model_load, inputs, forward, peak):
     predicted = plan(*sizes, warmup=3, repeats=2)
     assert [p["phase"] for p in predicted["phases"]] == [
-        "model_load", "inputs", "cold_forward", "warmup", "warm_forward", "warm_forward"
-    ]  # fmt: skip
+        "model_load",
+        "inputs",
+        "cold_forward",
+        "warmup",
+        "warm_forward",
+        "warm_forward",
+    ]
     assert counters(predicted["phases"][0]) == model_load
     assert counters(predicted["phases"][1]) == inputs
     # The first forward, three warm-up passes (each releasing the last output first) and each
@@ -101,17 +161,24 @@ def test_large_blocks_carry_their_slack():
     # Exactly 1 MiB is still the small pool (no slack); the 4 MiB hidden activations are not.
     boundary = plan(2, 128, 1024, "float32")["phases"]
     assert [(p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in boundary[1:3]] == [
-        (0, 0), (0, 2 * MIB)
-    ]  # fmt: skip
-    assert [(p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in plan(1, 16, 64, "float32")[
-        "phases"
-    ]] == [(0, 0)] * 6  # fmt: skip
+        (0, 0),
+        (0, 2 * MIB),
+    ]
+    assert [
+        (p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in plan(1, 16, 64, "float32")["phases"]
+    ] == [(0, 0)] * 6
 
 
 def test_the_allocator_block_rule():
     assert [mesure_memoire.allocated_block_bytes(n) for n in (1, 511, 512, 513, 1024, 1025, 2**20 + 1)] == [
-        512, 512, 512, 1024, 1024, 1536, 2**20 + 512
-    ]  # fmt: skip
+        512,
+        512,
+        512,
+        1024,
+        1024,
+        1536,
+        2**20 + 512,
+    ]
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -131,12 +198,29 @@ def test_plan_json_in_process_writes_nothing(tmp_path, monkeypatch, capsys):
 def test_plan_text_comes_from_the_same_data(capsys):
     assert mesure_memoire.main([*SMALL_TRIAL, "--plan"]) == 0
     text = capsys.readouterr().out
-    assert text == mesure_memoire.format_plan(mesure_memoire.predict_memory(
-        mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0)
-    )) + "\n"  # fmt: skip
+    assert (
+        text
+        == mesure_memoire.format_plan(
+            mesure_memoire.predict_memory(mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0))
+        )
+        + "\n"
+    )
     lines = text.splitlines()
-    assert lines[2].split() == ["phase", "end", "req", "MiB", "peak", "req", "MiB", "end", "alloc", "MiB", "peak",
-                                "alloc", "MiB"]  # fmt: skip
+    assert lines[2].split() == [
+        "phase",
+        "end",
+        "req",
+        "MiB",
+        "peak",
+        "req",
+        "MiB",
+        "end",
+        "alloc",
+        "MiB",
+        "peak",
+        "alloc",
+        "MiB",
+    ]
     assert lines[5].split() == ["cold_forward", "0.004", "0.031", "0.004", "0.031"]
     assert "Predicted peak allocated: 268604928 bytes = 0.25 GiB, in cold_forward" in text
     assert "1342346752 bytes = 1.25 GiB free" in text
@@ -192,8 +276,9 @@ HUGE_COUNTS = [
     "mode", [["--plan"], ["--plan", "--json"], ["--output", "new.json"]], ids=["plan", "json", "output"]
 )
 @pytest.mark.parametrize(("arguments", "message"), HUGE_COUNTS, ids=plain_ids(HUGE_COUNTS))
-def test_counts_are_bounded_with_their_reason_before_any_prediction(tmp_path, monkeypatch, capsys, mode, arguments,
-                                                                    message):  # fmt: skip
+def test_counts_are_bounded_with_their_reason_before_any_prediction(
+    tmp_path, monkeypatch, capsys, mode, arguments, message
+):
     """A 30-digit count gave an OverflowError traceback, also from measure --output (the prediction runs
     before PyTorch is checked), and --warmup 1000000000 a MemoryError."""
     monkeypatch.chdir(tmp_path)
@@ -243,8 +328,9 @@ def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatc
 
 @pytest.mark.whole_kit
 def test_plan_refuses_a_bad_dimension_like_measure_from_the_command_line(tmp_path):
-    completed = run_script("mesure_memoire.py", *SMALL_TRIAL[:7], "--width", "0", "--plan", python_flags=("-S",),
-                           cwd=tmp_path)  # fmt: skip
+    completed = run_script(
+        "mesure_memoire.py", *SMALL_TRIAL[:7], "--width", "0", "--plan", python_flags=("-S",), cwd=tmp_path
+    )
     assert_one_line_refusal(completed, "--width: expected a positive whole number")
     assert list(tmp_path.iterdir()) == []
 
@@ -269,8 +355,21 @@ def fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, free_bytes, *argume
 def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu, monkeypatch, tmp_path, capsys):
     predicted = plan(8, 1024, 4096, "bfloat16")
     needed = predicted["needs_free_bytes"]
-    code, err = fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, needed - 1, "--batch", "8", "--context",
-                            "1024", "--width", "4096", "--dtype", "bfloat16")  # fmt: skip
+    code, err = fit_refusal(
+        stand_in_gpu,
+        monkeypatch,
+        tmp_path,
+        capsys,
+        needed - 1,
+        "--batch",
+        "8",
+        "--context",
+        "1024",
+        "--width",
+        "4096",
+        "--dtype",
+        "bfloat16",
+    )
     assert code == 2 and len(err.splitlines()) == 1
     peak = predicted["predicted_peak_allocated_bytes"]
     assert f"the predicted peak, {peak} bytes" in err and f"exceeds the {needed - 1} bytes" in err
@@ -343,14 +442,41 @@ def test_the_plan_text_exactly():
 
 
 def test_the_plan_command_passes_each_option_to_its_place(capsys):
-    arguments = ["measure", "--device", "cuda:3", "--batch", "2", "--context", "3", "--width", "5", "--dtype",
-                 "bfloat16", "--warmup", "7", "--repeats", "11", "--seed", "13", "--plan", "--json"]  # fmt: skip
+    arguments = [
+        "measure",
+        "--device",
+        "cuda:3",
+        "--batch",
+        "2",
+        "--context",
+        "3",
+        "--width",
+        "5",
+        "--dtype",
+        "bfloat16",
+        "--warmup",
+        "7",
+        "--repeats",
+        "11",
+        "--seed",
+        "13",
+        "--plan",
+        "--json",
+    ]
     assert mesure_memoire.main(arguments) == 0
     import json
 
     data = json.loads(capsys.readouterr().out)
-    assert data["configuration"] == {"device": "cuda:3", "batch": 2, "context": 3, "width": 5, "dtype": "bfloat16",
-                                     "warmup": 7, "repeats": 11, "seed": 13}  # fmt: skip
+    assert data["configuration"] == {
+        "device": "cuda:3",
+        "batch": 2,
+        "context": 3,
+        "width": 5,
+        "dtype": "bfloat16",
+        "warmup": 7,
+        "repeats": 11,
+        "seed": 13,
+    }
 
 
 def test_the_plan_refusals_exactly(capsys):
@@ -392,8 +518,12 @@ def test_the_fit_message_exactly():
 
 def fit_plan(weights, peak, batch=1, context=1):
     tensors = {"0.weight": weights - 3, "0.bias": 1, "2.weight": 1, "2.bias": 1}
-    return {"predicted_peak_allocated_bytes": peak, "fit_margin_bytes": GIB, "tensor_bytes": tensors,
-            "configuration": {"batch": batch, "context": context}}  # fmt: skip
+    return {
+        "predicted_peak_allocated_bytes": peak,
+        "fit_margin_bytes": GIB,
+        "tensor_bytes": tensors,
+        "configuration": {"batch": batch, "context": context},
+    }
 
 
 @pytest.mark.parametrize(
@@ -412,25 +542,44 @@ def test_the_advice_names_what_dominates(weights, peak, batch, context, advice):
 
 def test_phase_labels_count_repetitions_from_one():
     assert mesure_memoire._phase_labels(config(warmup=4, repeats=3)) == [
-        ("model_load", {}), ("inputs", {}), ("cold_forward", {}), ("warmup", {"passes": 4}),
-        ("warm_forward", {"repetition": 1}), ("warm_forward", {"repetition": 2}), ("warm_forward", {"repetition": 3}),
-    ]  # fmt: skip
-    assert mesure_memoire.phase_names(config(warmup=0, repeats=1)) == ["model_load", "inputs", "cold_forward",
-                                                                     "warm_forward"]  # fmt: skip
+        ("model_load", {}),
+        ("inputs", {}),
+        ("cold_forward", {}),
+        ("warmup", {"passes": 4}),
+        ("warm_forward", {"repetition": 1}),
+        ("warm_forward", {"repetition": 2}),
+        ("warm_forward", {"repetition": 3}),
+    ]
+    assert mesure_memoire.phase_names(config(warmup=0, repeats=1)) == [
+        "model_load",
+        "inputs",
+        "cold_forward",
+        "warm_forward",
+    ]
 
 
 def test_the_synthetic_model_description_exactly():
     model = mesure_memoire.synthetic_model(config(batch=2, context=3, width=5, dtype="float16"))
     assert model == {
-        "architecture": "Linear(5 -> 20) -> GELU -> Linear(20 -> 5)", "width": 5, "hidden_width": 20, "bias": True,
-        "dtype": "float16", "execution": "eval mode, torch.inference_mode, no autocast, no gradients, no optimizer",
-        "parameters": 225, "parameter_bytes": 450,
-        "parameter_tensors": [{"name": "0.weight", "shape": [20, 5], "bytes": 200},
-                              {"name": "0.bias", "shape": [20], "bytes": 40},
-                              {"name": "2.weight", "shape": [5, 20], "bytes": 200},
-                              {"name": "2.bias", "shape": [5], "bytes": 10}],
-        "input_shape": [2, 3, 5], "input_bytes": 60, "output_shape": [2, 3, 5], "output_bytes": 60,
-    }  # fmt: skip
+        "architecture": "Linear(5 -> 20) -> GELU -> Linear(20 -> 5)",
+        "width": 5,
+        "hidden_width": 20,
+        "bias": True,
+        "dtype": "float16",
+        "execution": "eval mode, torch.inference_mode, no autocast, no gradients, no optimizer",
+        "parameters": 225,
+        "parameter_bytes": 450,
+        "parameter_tensors": [
+            {"name": "0.weight", "shape": [20, 5], "bytes": 200},
+            {"name": "0.bias", "shape": [20], "bytes": 40},
+            {"name": "2.weight", "shape": [5, 20], "bytes": 200},
+            {"name": "2.bias", "shape": [5], "bytes": 10},
+        ],
+        "input_shape": [2, 3, 5],
+        "input_bytes": 60,
+        "output_shape": [2, 3, 5],
+        "output_bytes": 60,
+    }
 
 
 def test_the_plan_document_exactly():
@@ -442,34 +591,67 @@ def test_the_plan_document_exactly():
         "what": "a prediction from arithmetic alone (no PyTorch, no GPU) of what each phase of measure should do to "
         "PyTorch's CUDA caching allocator",
         "configuration": config(batch=1, context=2, width=3, warmup=0, repeats=1),
-        "tensor_bytes": {"0.weight": 144, "0.bias": 48, "2.weight": 144, "2.bias": 12, "inputs": 24, "output": 24,
-                         "fc1_output": 96, "gelu_output": 96},
-        "allocator_rounding_bytes": 512, "large_block_slack_bytes": MIB, "blas_workspace_allowance_bytes": 256 * MIB,
+        "tensor_bytes": {
+            "0.weight": 144,
+            "0.bias": 48,
+            "2.weight": 144,
+            "2.bias": 12,
+            "inputs": 24,
+            "output": 24,
+            "fc1_output": 96,
+            "gelu_output": 96,
+        },
+        "allocator_rounding_bytes": 512,
+        "large_block_slack_bytes": MIB,
+        "blas_workspace_allowance_bytes": 256 * MIB,
         "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
-        "allocator_settings": {"backend": "native", "max_split_size_bytes": None, "expandable_segments": False,
-                               "roundup_power2_divisions": {}},
-        "predicted_peak_allocated_bytes": 2048 + 512 + 256 * MIB + 1024, "predicted_peak_phase": "cold_forward",
-        "fit_margin_bytes": GIB, "needs_free_bytes": 2048 + 512 + 256 * MIB + 1024 + GIB,
-        "context_allowance_bytes": GIB, "needs_card_memory_bytes": 2048 + 512 + 256 * MIB + 1024 + 2 * GIB,
+        "allocator_settings": {
+            "backend": "native",
+            "max_split_size_bytes": None,
+            "expandable_segments": False,
+            "roundup_power2_divisions": {},
+        },
+        "predicted_peak_allocated_bytes": 2048 + 512 + 256 * MIB + 1024,
+        "predicted_peak_phase": "cold_forward",
+        "fit_margin_bytes": GIB,
+        "needs_free_bytes": 2048 + 512 + 256 * MIB + 1024 + GIB,
+        "context_allowance_bytes": GIB,
+        "needs_card_memory_bytes": 2048 + 512 + 256 * MIB + 1024 + 2 * GIB,
         "needs_host_memory_bytes": 4 * (3 * 12 + 12 + 12 * 3 + 3),
-        "not_included": ["the CUDA/ROCm context",
-                         "the BLAS handles and kernel code, which the allocator's counters never see",
-                         "reserved memory above allocated (the allocator's segments)"],
-    }  # fmt: skip
+        "not_included": [
+            "the CUDA/ROCm context",
+            "the BLAS handles and kernel code, which the allocator's counters never see",
+            "reserved memory above allocated (the allocator's segments)",
+        ],
+    }
     base = {"relative_to": "the phase's baseline", "end_allocated_slack_bytes": 0, "peak_allocated_slack_bytes": 0}
-    assert phases[0] == {"phase": "model_load", **base, "end_requested_bytes": 348, "peak_requested_bytes": 348,
-                         "end_allocated_bytes": 2048, "peak_allocated_bytes": 2048,
-                         "alive_at_end": ["0.weight", "0.bias", "2.weight", "2.bias"],
-                         "alive_at_peak": ["0.weight", "0.bias", "2.weight", "2.bias"],
-                         "predicted_baseline_allocated_bytes": 0,
-                         "predicted_peak_level_allocated_bytes": 2048}  # fmt: skip
+    assert phases[0] == {
+        "phase": "model_load",
+        **base,
+        "end_requested_bytes": 348,
+        "peak_requested_bytes": 348,
+        "end_allocated_bytes": 2048,
+        "peak_allocated_bytes": 2048,
+        "alive_at_end": ["0.weight", "0.bias", "2.weight", "2.bias"],
+        "alive_at_peak": ["0.weight", "0.bias", "2.weight", "2.bias"],
+        "predicted_baseline_allocated_bytes": 0,
+        "predicted_peak_level_allocated_bytes": 2048,
+    }
     assert phases[1]["predicted_baseline_allocated_bytes"] == 2048 and phases[1]["alive_at_end"] == ["inputs"]
-    assert phases[2] == {"phase": "cold_forward", **base, "end_requested_bytes": 24, "peak_requested_bytes": 192,
-                         "end_allocated_bytes": 512, "peak_allocated_bytes": 1024, "alive_at_end": ["output"],
-                         "alive_at_peak": ["fc1_output", "gelu_output"], "predicted_baseline_allocated_bytes": 2560,
-                         "predicted_peak_level_allocated_bytes": 2560 + 256 * MIB + 1024,
-                         "blas_workspace": "allocated by the first matrix product and kept: measured by the run, not "
-                         "predicted here (the allowance counts it in the predicted peak)"}  # fmt: skip
+    assert phases[2] == {
+        "phase": "cold_forward",
+        **base,
+        "end_requested_bytes": 24,
+        "peak_requested_bytes": 192,
+        "end_allocated_bytes": 512,
+        "peak_allocated_bytes": 1024,
+        "alive_at_end": ["output"],
+        "alive_at_peak": ["fc1_output", "gelu_output"],
+        "predicted_baseline_allocated_bytes": 2560,
+        "predicted_peak_level_allocated_bytes": 2560 + 256 * MIB + 1024,
+        "blas_workspace": "allocated by the first matrix product and kept: measured by the run, not "
+        "predicted here (the allowance counts it in the predicted peak)",
+    }
     # After the first forward the workspace allowance stays in the baseline; the output does not.
     assert phases[3]["predicted_baseline_allocated_bytes"] == 2560 + 256 * MIB and "blas_workspace" not in phases[3]
     assert phases[3]["repetition"] == 1
@@ -546,9 +728,14 @@ class LiveTensorCounters(RecordingCudaStandIn):
     def levels(self):
         tracker = self.tracker
         allocated = tracker.allocated()
-        return {"allocated": allocated, "reserved": allocated, "peak_allocated": tracker.peak_allocated,
-                "peak_reserved": tracker.peak_allocated, "requested": tracker.requested(),
-                "peak_requested": tracker.peak_requested}  # fmt: skip
+        return {
+            "allocated": allocated,
+            "reserved": allocated,
+            "peak_allocated": tracker.peak_allocated,
+            "peak_reserved": tracker.peak_allocated,
+            "requested": tracker.requested(),
+            "peak_requested": tracker.peak_requested,
+        }
 
     def reset_peaks(self):
         self.tracker.reset_peaks()
@@ -586,8 +773,9 @@ def test_the_prediction_matches_the_live_tensors_of_the_real_model(sizes, dtype)
         # The CPU also counts the float32 build before the cast, which a GPU's counters never
         # see: only model_load's peak may differ (the transfer is checked on the meta device).
         assert {(d["phase"], d["counter"]) for d in check["disagreements"]} <= {
-            ("model_load", "peak_requested_bytes"), ("model_load", "peak_allocated_bytes")
-        }  # fmt: skip
+            ("model_load", "peak_requested_bytes"),
+            ("model_load", "peak_allocated_bytes"),
+        }
         assert all(r["verdict"] == "agrees" for r in records if r["phase"] != "model_load")
     assert workspace["measured_bytes"] == 0 and workspace["requested_bytes"] == 0  # no BLAS workspace on the CPU
     forward = next(r for r in records if r["phase"] == "cold_forward")
@@ -705,8 +893,11 @@ def hand_made_records(settings, workspace=0, extra=None):
     plan = mesure_memoire.predict_memory(settings)
     records, allocated, requested = [], 0, 0
     for predicted in plan["phases"]:
-        record = {"phase": predicted["phase"], "baseline_allocated_bytes": allocated,
-                  "baseline_requested_bytes": requested}  # fmt: skip
+        record = {
+            "phase": predicted["phase"],
+            "baseline_allocated_bytes": allocated,
+            "baseline_requested_bytes": requested,
+        }
         for key in ("passes", "repetition"):
             if key in predicted:
                 record[key] = predicted[key]
@@ -731,8 +922,9 @@ def test_a_workspace_is_measured_not_assumed():
     assert check["agrees"] is True
     assert workspace["measured_bytes"] == workspace["requested_bytes"] == 8 * 2**20 + 128 * 2**10
     assert checked[2]["predicted"]["peaks_checked_plus_measured_workspace"] == {
-        "allocated_bytes": 8 * 2**20 + 128 * 2**10, "requested_bytes": 8 * 2**20 + 128 * 2**10
-    }  # fmt: skip
+        "allocated_bytes": 8 * 2**20 + 128 * 2**10,
+        "requested_bytes": 8 * 2**20 + 128 * 2**10,
+    }
     assert checked[2]["predicted"]["peak_requested_bytes"] == 32768  # the prediction itself, without it
     assert workspace["allowance_bytes"] == mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES
 
@@ -764,14 +956,19 @@ def test_each_record_gets_its_prediction_and_a_verdict_with_its_reason():
     checked, _, _ = mesure_memoire.check_prediction(records, plan)
     inputs = plan["phases"][1]
     assert checked[1]["predicted"] == {
-        "end_requested_bytes": inputs["end_requested_bytes"], "peak_requested_bytes": inputs["peak_requested_bytes"],
-        "end_allocated_bytes": inputs["end_allocated_bytes"], "peak_allocated_bytes": inputs["peak_allocated_bytes"],
-        "relative_to": "the phase's baseline", "end_allocated_slack_bytes": inputs["end_allocated_slack_bytes"],
+        "end_requested_bytes": inputs["end_requested_bytes"],
+        "peak_requested_bytes": inputs["peak_requested_bytes"],
+        "end_allocated_bytes": inputs["end_allocated_bytes"],
+        "peak_allocated_bytes": inputs["peak_allocated_bytes"],
+        "relative_to": "the phase's baseline",
+        "end_allocated_slack_bytes": inputs["end_allocated_slack_bytes"],
         "peak_allocated_slack_bytes": inputs["peak_allocated_slack_bytes"],
-    }  # fmt: skip
+    }
     assert [(r["verdict"], r["verdict_reason"]) for r in checked[:3]] == [
-        ("agrees", None), ("disagrees", None), ("agrees", None)
-    ]  # fmt: skip
+        ("agrees", None),
+        ("disagrees", None),
+        ("agrees", None),
+    ]
     for record in records:
         record["baseline_requested_bytes"] = None
     checked, _, _ = mesure_memoire.check_prediction(records, plan)
@@ -810,9 +1007,13 @@ def test_a_result_from_the_real_measure_code_passes_the_validators_checker(stand
     settings = config(batch=2, context=8, width=32, warmup=2, repeats=3)
     tracker = LiveTensorBytes("cpu")
     real_measure_phases = mesure_memoire.measure_phases
-    for name, stand_in in [("is_initialized", lambda: False), ("set_device", lambda device: None),
-                           ("init", lambda: None), ("memory_allocated", lambda device: 0),
-                           ("memory_reserved", lambda device: 0)]:  # fmt: skip
+    for name, stand_in in [
+        ("is_initialized", lambda: False),
+        ("set_device", lambda device: None),
+        ("init", lambda: None),
+        ("memory_allocated", lambda device: 0),
+        ("memory_reserved", lambda device: 0),
+    ]:
         monkeypatch.setattr(torch.cuda, name, stand_in)
 
     def on_the_cpu(torch_module, cuda, device, configuration):
@@ -836,17 +1037,31 @@ def test_a_disagreement_names_its_repetition_and_the_closest_bound():
     _, check, _ = mesure_memoire.check_prediction(records, plan)
     base = {"phase": "warm_forward", "relative_to": "the phase's baseline"}
     assert check["disagreements"] == [
-        {**base, "repetition": 1, "counter": "end_requested_bytes", "predicted_bytes": 4096, "measured_bytes": 4092,
-         "difference_bytes": -4},
-        {**base, "repetition": 2, "counter": "peak_allocated_bytes", "predicted_bytes": 32768, "measured_bytes": 33280,
-         "difference_bytes": 512},
-    ]  # fmt: skip
+        {
+            **base,
+            "repetition": 1,
+            "counter": "end_requested_bytes",
+            "predicted_bytes": 4096,
+            "measured_bytes": 4092,
+            "difference_bytes": -4,
+        },
+        {
+            **base,
+            "repetition": 2,
+            "counter": "peak_allocated_bytes",
+            "predicted_bytes": 32768,
+            "measured_bytes": 33280,
+            "difference_bytes": 512,
+        },
+    ]
     # Below its lower bound, the first forward's end is compared with the output it must hold.
     records, plan = hand_made_records(config(), extra={2: {"end_allocated_bytes": -512}})
     disagreement = mesure_memoire.check_prediction(records, plan)[1]["disagreements"][0]
     assert (disagreement["counter"], disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (
-        "end_allocated_bytes", 4096, -512
-    )  # fmt: skip
+        "end_allocated_bytes",
+        4096,
+        -512,
+    )
 
 
 def test_above_a_large_block_s_slack_the_closest_bound_is_the_upper_one():
@@ -863,8 +1078,10 @@ def test_the_first_forward_s_peaks_are_checked_with_the_measured_workspace():
     records, plan = hand_made_records(config(), workspace=workspace, extra={2: {"peak_requested_bytes": -4}})
     (disagreement,) = mesure_memoire.check_prediction(records, plan)[1]["disagreements"]
     assert (disagreement["counter"], disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (
-        "peak_requested_bytes", 32768 + workspace, -4
-    )  # fmt: skip
+        "peak_requested_bytes",
+        32768 + workspace,
+        -4,
+    )
     # A 2 MiB output (one large block, 1 MiB of slack): the peak may sit up to that slack below.
     settings = config(batch=4, context=128, width=1024)
     slack = mesure_memoire.predict_memory(settings)["phases"][2]["end_allocated_slack_bytes"]
@@ -884,8 +1101,12 @@ def test_without_requested_counters_the_allocated_ones_are_still_checked():
     checked, check, _ = mesure_memoire.check_prediction(records, plan)
     assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
     assert checked[1]["verdict"] == "disagrees" and check["not_checked"] == [
-        "model_load", "cold_forward", "warmup x1", "warm_forward #1", "warm_forward #2"
-    ]  # fmt: skip
+        "model_load",
+        "cold_forward",
+        "warmup x1",
+        "warm_forward #1",
+        "warm_forward #2",
+    ]
 
 
 # --- --plan --memory-gib: the verdict on a card and the largest size per dimension (part "fit") ------------
@@ -1038,8 +1259,16 @@ def test_the_card_memory_is_written_in_plain_digits_however_small():
 
 @pytest.mark.whole_kit
 def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
-    completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", "--memory-gib", "3", "--json",
-                           python_flags=("-S", "-I"), cwd=tmp_path)  # fmt: skip
+    completed = run_script(
+        "mesure_memoire.py",
+        *SMALL_TRIAL,
+        "--plan",
+        "--memory-gib",
+        "3",
+        "--json",
+        python_flags=("-S", "-I"),
+        cwd=tmp_path,
+    )
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout)["largest"] == {"batch": 21841, "context": 349467, "width": 5007}
     assert list(tmp_path.iterdir()) == []

@@ -164,13 +164,26 @@ def test_each_flag_is_raised_by_its_own_cause_only():
     both = copy.deepcopy(not_checked)
     both["prediction_check"]["disagreements"] = [{"phase": "model_load"}]
     rows = mesure_memoire.report_rows(
-        [("a", base), ("b", not_fresh), ("c", disagrees), ("d", non_finite), ("e", empty_warning),
-         ("f", not_checked), ("g", both)]
-    )  # fmt: skip
+        [
+            ("a", base),
+            ("b", not_fresh),
+            ("c", disagrees),
+            ("d", non_finite),
+            ("e", empty_warning),
+            ("f", not_checked),
+            ("g", both),
+        ]
+    )
     unchecked = "prediction not checked (each such phase's verdict_reason says why)"
-    assert [row["flags"] for row in rows] == [[], ["not a fresh process"], ["prediction disagreed"],
-                                              ["non-finite output"], ["not a fresh process"],
-                                              [unchecked], ["prediction disagreed", unchecked]]  # fmt: skip
+    assert [row["flags"] for row in rows] == [
+        [],
+        ["not a fresh process"],
+        ["prediction disagreed"],
+        ["non-finite output"],
+        ["not a fresh process"],
+        [unchecked],
+        ["prediction disagreed", unchecked],
+    ]
 
 
 def test_schema_1_has_no_prediction_or_output_flags_even_with_stray_keys():
@@ -246,10 +259,20 @@ def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys)
     assert list(data) == ["results", "derived_figures", "flop_convention"]
     assert [row["file"] for row in data["results"]] == given
     first = data["results"][1]
-    for key, value in {"gpu": "Crafted GPU", "dtype": "float32", "batch": 2, "context": 128, "width": 1024,
-                       "peak_allocated_bytes": 48254976, "peak_reserved_bytes": 50331648, "warm_median_ms": 1.15,
-                       "cold_forward_ms": 5.4321, "flop_per_forward": 4296278016,
-                       "derived_positions_per_second": 222608.695652, "flags": []}.items():  # fmt: skip
+    for key, value in {
+        "gpu": "Crafted GPU",
+        "dtype": "float32",
+        "batch": 2,
+        "context": 128,
+        "width": 1024,
+        "peak_allocated_bytes": 48254976,
+        "peak_reserved_bytes": 50331648,
+        "warm_median_ms": 1.15,
+        "cold_forward_ms": 5.4321,
+        "flop_per_forward": 4296278016,
+        "derived_positions_per_second": 222608.695652,
+        "flags": [],
+    }.items():
         assert first[key] == value, key
     assert data["results"][0]["warm_median_device_ms"] == 0.75 and first["warm_median_device_ms"] is None
     assert data["derived_figures"].startswith("derived, not measured")
@@ -302,12 +325,16 @@ HOSTILE = {
     ),
     "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), "nested too deep to read"),
     # Valid JSON holding one unused field nested deeper than Python's json reader goes: refused, named so.
-    "a deep unused field": (lambda folder: _write(folder, "du.json", _valid_with(lambda r: None)[:-1]
-                                                  + ', "unused": ' + "[" * 100000 + "]" * 100000 + "}"),
-                            "nested too deep to read (RecursionError); a kit result nests a few levels"),
-    "a 5000-digit unused number": (lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1]
-                                                         + ', "unused": ' + "7" * 5000 + "}"),
-                                   "a number has too many digits to read (ValueError)"),
+    "a deep unused field": (
+        lambda folder: _write(
+            folder, "du.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "[" * 100000 + "]" * 100000 + "}"
+        ),
+        "nested too deep to read (RecursionError); a kit result nests a few levels",
+    ),
+    "a 5000-digit unused number": (
+        lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "7" * 5000 + "}"),
+        "a number has too many digits to read (ValueError)",
+    ),
     "device_ms a huge int": (
         lambda folder: _write(folder, "dh.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=10**309))),
         "a warm_forward line's device_ms, 1" + "0" * 59 + "..." + "0" * 12 + " (310 characters), is neither null",
@@ -345,8 +372,9 @@ HOSTILE = {
         "its configuration or parameter count is not one measure writes",
     ),
     "fresh warning a list": (
-        lambda folder: _write(folder, "fw.json",
-                              _valid_with(lambda r: r["configuration"].update(fresh_process_warning=["x"]))),
+        lambda folder: _write(
+            folder, "fw.json", _valid_with(lambda r: r["configuration"].update(fresh_process_warning=["x"]))
+        ),
         "its configuration.fresh_process_warning is neither null nor text",
     ),
     "disagreements not a list": (
@@ -354,8 +382,9 @@ HOSTILE = {
         "schema 2 needs prediction_check.disagreements as a list",
     ),
     "not_checked not a list": (
-        lambda folder: _write(folder, "nc.json",
-                              _valid_with(lambda r: r["prediction_check"].update(not_checked="model_load"))),
+        lambda folder: _write(
+            folder, "nc.json", _valid_with(lambda r: r["prediction_check"].update(not_checked="model_load"))
+        ),
         "schema 2 needs prediction_check.not_checked as a list",
     ),
     "GPU name 257 characters": (
@@ -363,12 +392,18 @@ HOSTILE = {
         "GPU name, PyTorch or build is not text (at most 256 characters)",
     ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), "its 'kit' is not"),
-    "schema 5": (lambda folder: _write(folder, "s5.json", _valid_with(lambda r: r.update(schema_version=5))),
-                 "schema_version 5 is not one this version reads (1 to 4)"),
-    "schema true": (lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
-                    "schema_version True is not one"),
-    "no phases": (lambda folder: _write(folder, "np.json", _valid_with(lambda r: r.pop("phases"))),
-                  "a phase line is missing"),
+    "schema 5": (
+        lambda folder: _write(folder, "s5.json", _valid_with(lambda r: r.update(schema_version=5))),
+        "schema_version 5 is not one this version reads (1 to 4)",
+    ),
+    "schema true": (
+        lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
+        "schema_version True is not one",
+    ),
+    "no phases": (
+        lambda folder: _write(folder, "np.json", _valid_with(lambda r: r.pop("phases"))),
+        "a phase line is missing",
+    ),
     "no warm line": (lambda folder: _write(folder, "nw.json", _valid_with(_no_warm)), "at least one warm_forward"),
     "two cold lines": (lambda folder: _write(folder, "tc.json", _valid_with(_two_cold)), "one cold_forward line"),
     "negative time": (
@@ -376,8 +411,7 @@ HOSTILE = {
         "a phase line is missing its name, time or peak counters",
     ),
     "text counter": (
-        lambda folder: _write(folder, "tx.json",
-                              _valid_with(lambda r: r["phases"][0].update(peak_reserved_bytes="1"))),
+        lambda folder: _write(folder, "tx.json", _valid_with(lambda r: r["phases"][0].update(peak_reserved_bytes="1"))),
         "a phase line is missing",
     ),
     "unknown phase": (
@@ -412,7 +446,7 @@ HOSTILE = {
         lambda folder: _write(folder, "s2f.json", _valid_with(lambda r: r["output_summary"].update(all_finite=0))),
         "schema 2 needs output_summary.all_finite",
     ),
-}  # fmt: skip
+}
 
 
 def test_a_gpu_name_of_256_characters_is_read_and_a_bad_warning_named_whole(tmp_path, monkeypatch, capsys):
@@ -482,8 +516,11 @@ def test_a_fifo_is_refused_at_once_in_a_real_process(tmp_path):
     before = tree_digest(tmp_path)
     completed = subprocess.run(
         [sys.executable, str(ROOT / "mesure_memoire.py"), "report", "pipe.json"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert_one_line_refusal(
         completed, "mesure_memoire.py: error: report: 'pipe.json' is not a kit result: not a regular file"
     )
@@ -763,9 +800,15 @@ def test_schema_3_row_adds_the_device_wide_memory_and_the_part_outside_the_alloc
     # Crafted: a 500 MiB context, 64 MiB of kernels and handles from the first forward, 20 MiB reserved.
     assert row["device_used_end_bytes"] == 500 * MIB + 64 * MIB + 20 * MIB == 612368384
     assert row["outside_allocator_bytes"] == 612368384 - 20971520 == 591396864
-    assert {key: value for key, value in row.items() if key not in ("device_used_end_bytes",
-            "outside_allocator_bytes", "schema_version")} == {key: value for key, value in old.items() if key not in (
-            "device_used_end_bytes", "outside_allocator_bytes", "schema_version")}  # fmt: skip
+    assert {
+        key: value
+        for key, value in row.items()
+        if key not in ("device_used_end_bytes", "outside_allocator_bytes", "schema_version")
+    } == {
+        key: value
+        for key, value in old.items()
+        if key not in ("device_used_end_bytes", "outside_allocator_bytes", "schema_version")
+    }
 
 
 DEVICE_WIDE_CHANGES = [
@@ -807,8 +850,12 @@ def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monke
     table_end = out.index("Device-wide")
     assert out[table_end:].startswith(DEVICE_WIDE_TEXT)
     assert out[table_end + len(DEVICE_WIDE_TEXT) :].startswith("Peaks: maxima over each run's phases")
-    assert [line.split()[0] for line in out[:table_end].splitlines()] == ["file", "schema1.json", "schema3.json",
-                                                                          "schema2.json"]  # fmt: skip
+    assert [line.split()[0] for line in out[:table_end].splitlines()] == [
+        "file",
+        "schema1.json",
+        "schema3.json",
+        "schema2.json",
+    ]
     assert mesure_memoire.main(["report", "schema1.json", "schema2.json"]) == 0
     assert "Device-wide" not in capsys.readouterr().out  # older results: no empty block
     assert mesure_memoire.main(["report", "--json", "schema3.json"]) == 0

@@ -26,8 +26,7 @@ build_zip = _tool("build_zip")
 
 def _ruff(*args):
     # ruff is in requirements-dev.txt: a missing ruff fails here rather than being skipped.
-    return subprocess.run([sys.executable, "-m", "ruff", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "ruff", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 def test_ruff_finds_no_lint_error():
@@ -53,8 +52,9 @@ def test_git_checks_out_every_shipped_text_file_with_lf():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: line endings are git's business only there")
     members = list(build_zip.MEMBERS)
-    completed = subprocess.run(["git", "check-attr", "text", "eol", "--", *members], capture_output=True, text=True,
-                               cwd=ROOT, timeout=60)  # fmt: skip
+    completed = subprocess.run(
+        ["git", "check-attr", "text", "eol", "--", *members], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert completed.returncode == 0, completed.stderr
     attributes = {}
     for line in completed.stdout.splitlines():

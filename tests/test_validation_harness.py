@@ -70,8 +70,13 @@ def test_healthy_children_pass_every_check_and_leave_one_archive_of_the_evidence
         assert {member.uname for member in members} == {""} and {member.uid for member in members} == {0}
         assert tar.extractfile("gpu-validation/verdict.txt").read().decode() == out
     assert {f"gpu-validation/results/{n}-run{r}.json" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)} < names
-    assert {"gpu-validation/report.txt", "gpu-validation/cross-check.json", "gpu-validation/vendor-tool-after.json",
-            "gpu-validation/notebook/mesures-notebook.json", "gpu-validation/environment.json"} < names  # fmt: skip
+    assert {
+        "gpu-validation/report.txt",
+        "gpu-validation/cross-check.json",
+        "gpu-validation/vendor-tool-after.json",
+        "gpu-validation/notebook/mesures-notebook.json",
+        "gpu-validation/environment.json",
+    } < names
     assert str(tmp_path) not in "".join(p.read_text() for p in folder.rglob("*") if p.is_file())
 
 
@@ -177,10 +182,13 @@ def test_an_existing_folder_or_archive_is_refused_and_left_as_it_was(tmp_path, c
 
 @pytest.mark.parametrize(
     ("argv", "fragment"),
-    [(["--device", "cpu"], "--device: expected cuda:N"), (["--timeout-seconds", "0"], "--timeout-seconds"),
-     (["--budget-seconds", "1e3"], "--budget-seconds"),
-     (["--output-dir", ""], "--output-dir: expected the name of a new folder, got ''")],  # not the current folder
-)  # fmt: skip
+    [
+        (["--device", "cpu"], "--device: expected cuda:N"),
+        (["--timeout-seconds", "0"], "--timeout-seconds"),
+        (["--budget-seconds", "1e3"], "--budget-seconds"),
+        (["--output-dir", ""], "--output-dir: expected the name of a new folder, got ''"),
+    ],  # not the current folder
+)
 def test_bad_values_are_one_line(tmp_path, capsys, argv, fragment):
     base = {"--device": "cuda:0", "--output-dir": str(tmp_path / "e")}
     base.update(zip(argv[::2], argv[1::2], strict=True))
@@ -216,8 +224,17 @@ def test_a_workspace_beyond_the_plan_s_allowance_fails(tmp_path):
 
 
 def spec(dtype, width=64, **changes):
-    return {"name": "x", "batch": 2, "context": 8, "width": width, "dtype": dtype, "warmup": 1, "repeats": 1,
-            "seed": 0, **changes}  # fmt: skip
+    return {
+        "name": "x",
+        "batch": 2,
+        "context": 8,
+        "width": width,
+        "dtype": dtype,
+        "warmup": 1,
+        "repeats": 1,
+        "seed": 0,
+        **changes,
+    }
 
 
 def test_the_cross_check_computes_measure_s_forward_exactly():

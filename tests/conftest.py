@@ -344,22 +344,18 @@ def run_in_process(capsys, folder, argv):
 
 
 MEASURE = ["measure", "--device", "cuda:0"]
-SMALL_TRIAL = [
-    "--device",
-    "cuda:0",
-    "--batch",
-    "1",
-    "--context",
-    "16",
-    "--width",
-    "64",
-    "--dtype",
-    "float32",
-    "--warmup",
-    "1",
-    "--repeats",
-    "2",
-]
+# A small run's options after "measure"; MEASURE_TRIAL with the command.  fmt: skip keeps each option beside its
+# value, as on a command line (ruff would give each its own line).
+SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
+               "--warmup", "1", "--repeats", "2"]  # fmt: skip
+MEASURE_TRIAL = ["measure", *SMALL_TRIAL]
+
+
+def plan(batch, context, width, dtype, warmup=1, repeats=2):
+    """The prediction (predict_memory) for a run of these sizes on cuda:0, seed 0."""
+    return mesure_memoire.predict_memory(
+        mesure_memoire.measure_config("cuda:0", batch, context, width, dtype, warmup, repeats, 0)
+    )
 
 
 def stand_in_measurement(monkeypatch, recorder):

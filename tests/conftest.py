@@ -274,8 +274,10 @@ class _StandInEvent:
         self.recorder._record("event.record")
 
     def elapsed_time(self, end):
-        assert self.enable_timing and end.enable_timing, "elapsed_time needs events created with enable_timing"
-        assert self.recorded is not None and end.recorded is not None, "elapsed_time of an event never recorded"
+        assert self.enable_timing, "elapsed_time needs events created with enable_timing"
+        assert end.enable_timing, "elapsed_time needs events created with enable_timing"
+        assert self.recorded is not None, "elapsed_time of an event never recorded"
+        assert end.recorded is not None, "elapsed_time of an event never recorded"
         assert self.recorded < end.recorded, "elapsed_time from an event to itself or to an earlier one"
         return self.recorder._record("elapsed_time", self.recorder.device_ms)
 
@@ -344,8 +346,8 @@ def run_in_process(capsys, folder, argv):
 
 
 MEASURE = ["measure", "--device", "cuda:0"]
-# A small run's options after "measure"; MEASURE_TRIAL with the command.  fmt: skip keeps each option beside its
-# value, as on a command line (ruff would give each its own line).
+# A small run's options after "measure"; MEASURE_TRIAL with the command.  Left unformatted: each option
+# beside its value, as on a command line (ruff would give each its own line).
 SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
                "--warmup", "1", "--repeats", "2"]  # fmt: skip
 MEASURE_TRIAL = ["measure", *SMALL_TRIAL]

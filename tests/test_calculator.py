@@ -154,14 +154,16 @@ def test_json_output_and_null_cost_without_accepted_results(capsys):
         "cost_rounding": "total price / accepted results, rounded half-up to the cent",
     }
     status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3", "--json")
-    assert status == 0 and json.loads(out)["cost_per_accepted_result_usd"] == "1216.00"
+    assert status == 0, err
+    assert json.loads(out)["cost_per_accepted_result_usd"] == "1216.00"
     assert json.loads(out)["accepted_results"] == 3
 
 
 def test_text_output_states_the_snapshot_limits(capsys):
     status, out, _ = call(capsys, "--gpu", "h200", "--days", "30", "--accepted-results", "120")
     assert status == 0
-    assert "snapshot of 2026-09-24" in out and "no hourly proration" in out
+    assert "snapshot of 2026-09-24" in out
+    assert "no hourly proration" in out
     assert "proves neither current availability nor a reservation" in out
     assert "check the offer shown before buying" in out
     assert "= total price / 120 accepted results (rounded half-up to the cent)" in out
@@ -169,7 +171,8 @@ def test_text_output_states_the_snapshot_limits(capsys):
 
 
 def test_positive_int_takes_positive_ints_and_their_digits_only():
-    assert calcul_forfaits.positive_int("--lots", 3) == 3 and calcul_forfaits.positive_int("--lots", "12") == 12
+    assert calcul_forfaits.positive_int("--lots", 3) == 3
+    assert calcul_forfaits.positive_int("--lots", "12") == 12
     for bad in (0, -1, True, 2.0, "0", None):
         with pytest.raises(calcul_forfaits.PricingError, match="^--lots: expected a positive whole number, got "):
             calcul_forfaits.positive_int("--lots", bad)
@@ -184,7 +187,8 @@ def test_the_pricing_functions_refuse_a_prorated_duration():
 
 def test_json_is_indented_by_two_spaces(capsys):
     status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--json")
-    assert status == 0 and out.startswith('{\n  "gpu": "b200",\n  "model": "NVIDIA B200",\n')
+    assert status == 0
+    assert out.startswith('{\n  "gpu": "b200",\n  "model": "NVIDIA B200",\n')
 
 
 # --- the calculator's command line -----------------------------------------------------------------------
@@ -398,7 +402,9 @@ def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
     assert all(not line.endswith(" ") for line in lines)
     status, out, _ = call(capsys, "--list", "--days", "7", "--json")
     rows = json.loads(out)
-    assert status == 0 and len(rows) == 15 and {row["days"] for row in rows} == {7}
+    assert status == 0
+    assert len(rows) == 15
+    assert {row["days"] for row in rows} == {7}
     assert [row["gpu"] for row in rows] == sorted(row["gpu"] for row in rows)
     assert next(row for row in rows if row["gpu"] == "b200")["usd_per_gpu_day"] == "130.29"
 
@@ -494,7 +500,8 @@ def test_the_shipped_catalog_parses_to_its_rows():
     assert [tuple(t) for t in catalog] == [calcul_forfaits.CATALOG_COLUMNS] * 45
     rows = csv_rows()
     assert [{k: str(v) for k, v in t.items()} for t in catalog] == rows
-    assert {type(t["price_cents"]) for t in catalog} == {int} and {type(t["model"]) for t in catalog} == {str}
+    assert {type(t["price_cents"]) for t in catalog} == {int}
+    assert {type(t["model"]) for t in catalog} == {str}
 
 
 def test_crlf_line_ends_and_a_missing_final_newline_are_accepted(tmp_path, capsys):
@@ -530,7 +537,8 @@ def test_a_missing_catalog_is_refused(tmp_path, capsys, monkeypatch):
 def test_the_default_catalog_is_found_from_another_working_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     status, out, _ = call(capsys, "--gpu", "l4", "--days", "3", "--json")
-    assert status == 0 and json.loads(out)["lot_price_cents"] == int(
+    assert status == 0
+    assert json.loads(out)["lot_price_cents"] == int(
         next(row for row in csv_rows() if (row["gpu"], row["days"]) == ("l4", "3"))["price_cents"]
     )
 
@@ -538,7 +546,8 @@ def test_the_default_catalog_is_found_from_another_working_folder(tmp_path, caps
 def test_a_refusal_of_the_default_catalog_names_it_without_its_path(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(calcul_forfaits, "__file__", str(tmp_path / "calcul_forfaits.py"))
     line = calculator_refusal(capsys, "--list")
-    assert "'tarifs-forfaits.csv': cannot be read" in line and str(tmp_path) not in line
+    assert "'tarifs-forfaits.csv': cannot be read" in line
+    assert str(tmp_path) not in line
 
 
 def test_the_reader_takes_exactly_the_bound_and_refuses_one_byte_more(tmp_path):
@@ -550,7 +559,8 @@ def test_the_reader_takes_exactly_the_bound_and_refuses_one_byte_more(tmp_path):
     with pytest.raises(calcul_forfaits.PricingError) as refusal:
         calcul_forfaits.read_bounded(tmp_path / "eleven", "'eleven'", limit=10)
     assert str(refusal.value) == "'eleven': larger than 10 bytes; nothing computed"
-    assert calcul_forfaits.MAX_TABLE_BYTES == 2**20 and calcul_forfaits.MAX_MEASUREMENT_BYTES == 64 * 2**20
+    assert calcul_forfaits.MAX_TABLE_BYTES == 2**20
+    assert calcul_forfaits.MAX_MEASUREMENT_BYTES == 64 * 2**20
 
 
 def test_the_reader_opens_without_blocking(tmp_path, monkeypatch):
@@ -671,7 +681,8 @@ def test_a_hostile_catalog_or_value_is_one_line(tmp_path, capsys, monkeypatch, c
     monkeypatch.chdir(make_files(tmp_path, HOSTILE_FILES))
     before, kit = tree_digest(tmp_path), kit_digest()
     assert fragment in calculator_refusal(capsys, *argv)
-    assert tree_digest(tmp_path) == before and kit_digest() == kit
+    assert tree_digest(tmp_path) == before
+    assert kit_digest() == kit
 
 
 BLOCKING_CATALOGS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
@@ -704,7 +715,8 @@ def test_argv_that_is_not_utf8_is_shown_escaped(tmp_path):
     completed = subprocess.run(argv, capture_output=True, cwd=tmp_path, timeout=30)
     assert (completed.returncode, completed.stdout) == (2, b"")
     line = completed.stderr.decode("ascii")  # escaped: an ASCII line whatever the terminal
-    assert line.startswith("calcul_forfaits.py: error: --gpu: unknown GPU 'h\\udcff'") and line.count("\n") == 1
+    assert line.startswith("calcul_forfaits.py: error: --gpu: unknown GPU 'h\\udcff'")
+    assert line.count("\n") == 1
 
 
 # --- the grammar of values, the bounded reader, the cross-version behaviour ------------------------------
@@ -775,8 +787,10 @@ def test_the_grammar_of_values(rule, accepted, refused):
 
 
 def test_zero_is_a_whole_number_only_where_counts_allow_it():
-    assert calcul_forfaits.is_whole("0", zero=True) and not calcul_forfaits.is_whole("0")
-    assert not calcul_forfaits.is_whole("00", zero=True) and calcul_forfaits.is_whole("10", zero=True)
+    assert calcul_forfaits.is_whole("0", zero=True)
+    assert not calcul_forfaits.is_whole("0")
+    assert not calcul_forfaits.is_whole("00", zero=True)
+    assert calcul_forfaits.is_whole("10", zero=True)
 
 
 def test_every_month_has_its_length():
@@ -836,9 +850,11 @@ def per_gpu_hour():
 
 def test_the_snapshot_is_a_plausible_line_up():
     rows = csv_rows()
-    assert len(rows) == 45 and {row["gpu"] for row in rows} == set(TYPICAL_ON_DEMAND)
+    assert len(rows) == 45
+    assert {row["gpu"] for row in rows} == set(TYPICAL_ON_DEMAND)
     assert {row["gpu"]: int(row["memory_gb"]) for row in rows} == MEMORY_GB
-    assert {row["snapshot_date"] for row in rows} == {"2026-09-24"} and {row["currency"] for row in rows} == {"USD"}
+    assert {row["snapshot_date"] for row in rows} == {"2026-09-24"}
+    assert {row["currency"] for row in rows} == {"USD"}
     assert all(int(row["price_cents"]) % 100 == 0 for row in rows)  # whole dollars, as a rate card shows them
     assert {row["gpu"]: row["gpus_per_lot"] for row in rows if row["gpus_per_lot"] != "1"} == {"b200": "2"}
     for gpu, hourly in per_gpu_hour().items():
@@ -864,7 +880,8 @@ def test_the_snapshot_answers_the_market_facts():
     assert len({round(d, 2) for d in discount_7.values()}) >= 4
     for blackwell in ("b200", "b300", "rtx-pro-6000"):
         for ampere in ("a100-80gb", "a40", "rtx-a6000"):
-            assert discount_30[blackwell] < discount_30[ampere] and discount_7[blackwell] < discount_7[ampere]
+            assert discount_30[blackwell] < discount_30[ampere]
+            assert discount_7[blackwell] < discount_7[ampere]
 
 
 DISCOUNT_GROUPS = {  # as the README states them: (7-day range, 30-day range) in % per GPU-hour, about
@@ -883,7 +900,8 @@ def test_the_discounts_are_those_the_readme_states():
                 discount = 100 * (1 - hourly[gpu][days] / hourly[gpu][3])
                 assert low - Fraction(1, 2) <= discount <= high + Fraction(1, 2), (gpu, days, float(discount))
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "2–5 % at 7 days, 6–12 % at 30 days" in readme and "(5–8 %, 14–20 %)" in readme
+    assert "2–5 % at 7 days, 6–12 % at 30 days" in readme
+    assert "(5–8 %, 14–20 %)" in readme
     assert "MI300X: 8–12 %, 20–30 %)" in readme
 
 
@@ -900,7 +918,8 @@ def test_the_readme_explains_the_pricing_and_the_b300_choice():
 def test_the_raw_results_template_is_header_only_and_documented():
     text = (ROOT / "resultats-bruts.csv").read_text(encoding="utf-8")
     lines = text.splitlines()
-    assert len(lines) == 1 and text.endswith("\n")
+    assert len(lines) == 1
+    assert text.endswith("\n")
     columns = lines[0].split(",")
     assert tuple(columns) == calcul_forfaits.RESULTS_COLUMNS
     for required in ("gpu", "days", "lots", "rental_id", "driver_version", "measurement_sha256", "units_accepted"):
@@ -958,7 +977,8 @@ def test_the_price_of_a_package_adds_only_light_standard_modules(tmp_path):
     lazy = {"json", "decimal", "csv", "difflib", "hashlib", "fractions", "torch", "numpy"}
     assert added & lazy == set()
     with_cost = imported_modules(script, "--gpu", "b200", "--days", "7", "--accepted-results", "3", cwd=tmp_path)
-    assert "decimal" in with_cost and "json" not in with_cost - bare  # a lazy import is seen when it happens
+    assert "decimal" in with_cost  # a lazy import is seen when it happens
+    assert "json" not in with_cost - bare
 
 
 @pytest.mark.whole_kit

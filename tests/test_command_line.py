@@ -125,7 +125,9 @@ def test_ctrl_c_while_parsing_is_one_line_and_130(name, capsys, monkeypatch):
     assert _main(name)(["--help"]) == 130
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{name}: ") and "interrupted" in lines[0], captured.err
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"{name}: "), captured.err
+    assert "interrupted" in lines[0], captured.err
     assert "Traceback" not in captured.err
 
 
@@ -139,7 +141,8 @@ def test_sigterm_is_one_line_and_143_and_its_handler_is_put_back(name, capsys, m
     monkeypatch.setattr("argparse.ArgumentParser.parse_known_args", terminated)
     assert _main(name)(["--help"]) == 143
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{name}: interrupted (SIGTERM)"), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{name}: interrupted (SIGTERM)"), lines
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -183,7 +186,8 @@ def test_abbreviations_are_off_and_so_is_colour_where_argparse_has_it(monkeypatc
         seen.clear()
         monkeypatch.setattr(sys, "version_info", version)
         mesure_memoire.ArgumentParser(prog="x")
-        assert seen.get("color", "not given") == colour and seen["allow_abbrev"] is False, version
+        assert seen.get("color", "not given") == colour, version
+        assert seen["allow_abbrev"] is False, version
     monkeypatch.setattr(sys, "version_info", (3, 14, 0))
     mesure_memoire.ArgumentParser(prog="x", color=True)  # a caller's choice stands
     assert seen["color"] is True
@@ -194,7 +198,8 @@ def test_abbreviations_are_off_and_so_is_colour_where_argparse_has_it(monkeypatc
 def test_help_works_under_python_OO(name):
     completed = run_script(PROGRAMS[name][0], "--help", python_flags=["-OO"])
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.startswith(f"usage: {name}") and completed.stderr == ""
+    assert completed.stdout.startswith(f"usage: {name}")
+    assert completed.stderr == ""
 
 
 def _run_with_stdout(name, stdout, preexec_fn=None):
@@ -215,7 +220,8 @@ def test_a_full_stdout_is_one_line_and_exit_1(name):
         completed = _run_with_stdout(name, full)
     assert completed.returncode == 1
     lines = completed.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
+    assert len(lines) == 1, completed.stderr
+    assert lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
 
 
 @pytest.mark.whole_kit
@@ -237,7 +243,8 @@ def test_a_closed_stdout_descriptor_is_one_line_and_exit_1(name):
     completed = _run_with_stdout(name, None, preexec_fn=lambda: os.close(1))
     assert completed.returncode == 1
     lines = completed.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
+    assert len(lines) == 1, completed.stderr
+    assert lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
 
 
 # --- below Python 3.10: one line, exit 2, from both scripts and the notebook's first code cell ----------
@@ -276,7 +283,8 @@ def test_below_python_3_10_one_line_says_so_and_exits_2(name, version, tmp_path)
     found = ".".join(map(str, version))
     assert completed.returncode == 2
     assert completed.stderr == f"{name}: error: Python 3.10 or later is needed; this is Python {found}\n"
-    assert completed.stdout == "" and os.listdir(tmp_path) == []
+    assert completed.stdout == ""
+    assert os.listdir(tmp_path) == []
 
 
 def _buffered_env():
@@ -340,7 +348,8 @@ def test_ctrl_c_during_the_script_s_imports_is_one_line_and_130(name, raised, fu
         )
     assert (completed.returncode, completed.stdout) == (status, "")
     if said == "Traceback":
-        assert said in completed.stderr and completed.stderr.endswith("RuntimeError: stand-in\n")
+        assert said in completed.stderr
+        assert completed.stderr.endswith("RuntimeError: stand-in\n")
     elif said is not None:
         assert completed.stderr == f"{name}: {said}"
 

@@ -37,7 +37,8 @@ def test_without_torch_it_reports_why_and_exits_0():
     data = json.loads(completed.stdout)
     assert data["torch"] is None
     assert "torch" in data["torch_error"]
-    assert data["gpu_available"] is False and data["gpu"] is None
+    assert data["gpu_available"] is False
+    assert data["gpu"] is None
     assert data["gpu_unavailable_reason"] == "PyTorch is not importable"
 
 
@@ -57,8 +58,10 @@ def test_without_a_gpu_it_reports_none_usable():
     data = json.loads(completed.stdout)
     assert data["torch"] == torch.__version__
     assert data["torch_error"] is None
-    assert data["cuda_build"] == torch.version.cuda and data["hip_build"] == getattr(torch.version, "hip", None)
-    assert data["device"] == "cuda:0" and data["device_count"] == 0
+    assert data["cuda_build"] == torch.version.cuda
+    assert data["hip_build"] == getattr(torch.version, "hip", None)
+    assert data["device"] == "cuda:0"
+    assert data["device_count"] == 0
     assert data["gpu_available"] is False
     assert data["gpu_unavailable_reason"] == reason
     assert data["python"]["version"].count(".") == 2
@@ -122,15 +125,19 @@ def test_stand_in_gpu_fields_are_kept_and_identifiers_are_not(stand_in_gpu, caps
     data = json.loads(text)
     assert data["gpu_available"] is True
     gpu = data["gpu"]
-    assert gpu["name"] == "Stand-in GPU" and gpu["compute_capability"] == "9.0"
-    assert gpu["total_memory_bytes"] == 80 * 2**30 and gpu["total_memory_gib"] == 80.0
+    assert gpu["name"] == "Stand-in GPU"
+    assert gpu["compute_capability"] == "9.0"
+    assert gpu["total_memory_bytes"] == 80 * 2**30
+    assert gpu["total_memory_gib"] == 80.0
     assert gpu["mem_get_info_free_bytes"] == 79 * 2**30
     assert gpu["allocator_backend"] == "native"
     assert gpu["gcn_arch_name"] is None
-    assert "STANDIN-UUID" not in text and "STANDIN-SERIAL" not in text
+    assert "STANDIN-UUID" not in text
+    assert "STANDIN-SERIAL" not in text
     assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
     human = capsys.readouterr().out
-    assert "80.00 GiB" in human and "STANDIN" not in human
+    assert "80.00 GiB" in human
+    assert "STANDIN" not in human
 
 
 def test_stand_in_device_index_out_of_range(stand_in_gpu):
@@ -138,7 +145,8 @@ def test_stand_in_device_index_out_of_range(stand_in_gpu):
     environment = mesure_memoire.collect_environment("cuda:2")
     assert environment["gpu_available"] is False
     reason = environment["gpu_unavailable_reason"]
-    assert "out of range" in reason and "2 device(s)" in reason
+    assert "out of range" in reason
+    assert "2 device(s)" in reason
 
 
 def test_stand_in_a_query_that_raises_degrades_only_its_field(stand_in_gpu, monkeypatch):
@@ -259,7 +267,8 @@ def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, caps
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setattr(sys, "meta_path", [Loader(), *sys.meta_path])
     module, error = mesure_memoire.import_torch()
-    assert module is sys.modules["torch"] and error is None
+    assert module is sys.modules["torch"]
+    assert error is None
     assert capsys.readouterr().err == ""
     assert mesure_memoire.PYTORCH_WARNINGS == ["UserWarning: Failed to initialize NumPy (at <path>"]
 
@@ -419,11 +428,13 @@ def test_attributes_an_older_pytorch_lacks_are_null_not_errors(recorded_indices,
     del recorded_indices.properties.multi_processor_count
     monkeypatch.delattr(torch.version, "hip")
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["hip_build"] is None and environment["gpu"]["multi_processor_count"] is None
+    assert environment["hip_build"] is None
+    assert environment["gpu"]["multi_processor_count"] is None
     assert environment["field_errors"] == {}
     monkeypatch.setattr(torch.version, "hip", "7.0.1", raising=False)  # a ROCm build without gcnArchName
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["gpu"]["gcn_arch_name"] is None and environment["field_errors"] == {}
+    assert environment["gpu"]["gcn_arch_name"] is None
+    assert environment["field_errors"] == {}
     # PyTorch 2.11 and 2.12 have no BLAS workspace queries; an older one no preferred_blas_library.
     monkeypatch.delattr(torch.backends.cuda, "cublas_workspace_size")
     monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")
@@ -497,7 +508,8 @@ def test_the_collector_on_a_rocm_build_keeps_the_architecture(recorded_indices, 
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["hip_build"] == "7.0.1" and environment["cuda_build"] is None
+    assert environment["hip_build"] == "7.0.1"
+    assert environment["cuda_build"] is None
     assert environment["gpu"]["gcn_arch_name"] == "gfx942:sramecc+:xnack-"
     assert environment["gpu"]["compute_capability"] == "9.4"
     assert environment["settings"]["cublas_workspace_size_bytes"] == 8 * MIB + 128 * 2**10
@@ -518,7 +530,8 @@ def test_the_collector_names_a_device_out_of_range(stand_in_gpu, monkeypatch, co
     if count is None:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 / 0)
     environment = mesure_memoire.collect_environment(device)
-    assert environment["gpu_available"] is False and environment["gpu"] is None
+    assert environment["gpu_available"] is False
+    assert environment["gpu"] is None
     assert environment["gpu_unavailable_reason"] == reason
     assert environment["device_count"] == count
 
@@ -544,7 +557,8 @@ def test_the_collector_when_the_gpu_is_not_visible_or_unreadable(stand_in_gpu, m
     monkeypatch.setattr(torch.cuda, "get_device_properties", unreadable)
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["gpu_unavailable_reason"] == "the properties of cuda:0 cannot be read"
-    assert environment["gpu_available"] is False and environment["gpu"] is None
+    assert environment["gpu_available"] is False
+    assert environment["gpu"] is None
     assert environment["field_errors"] == {"properties": "RuntimeError: no properties"}
 
 
@@ -586,18 +600,22 @@ def test_each_failing_query_leaves_null_and_names_itself(stand_in_gpu, monkeypat
             "cublaslt_workspace_size_bytes",
         )
     ] == [None] * 5
-    assert environment["gpu"]["allocator_backend"] is None and environment["gpu_available"] is True
+    assert environment["gpu"]["allocator_backend"] is None
+    assert environment["gpu_available"] is True
 
 
 def test_the_collector_without_pytorch(monkeypatch):
     monkeypatch.setattr(mesure_memoire, "import_torch", lambda: (None, "ModuleNotFoundError: No module named 'torch'"))
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["torch"] is None and environment["gpu"] is None and environment["gpu_available"] is False
+    assert environment["torch"] is None
+    assert environment["gpu"] is None
+    assert environment["gpu_available"] is False
     assert environment["torch_error"] == "ModuleNotFoundError: No module named 'torch'"
     assert environment["gpu_unavailable_reason"] == "PyTorch is not importable"
     assert environment["settings"] == dict.fromkeys(mesure_memoire.SETTINGS)
     assert environment["matmul_arithmetic"] is None  # nothing asked: no PyTorch to ask
-    assert environment["device_count"] is None and environment["field_errors"] == {}
+    assert environment["device_count"] is None
+    assert environment["field_errors"] == {}
 
 
 def test_on_device_makes_the_index_current_and_returns_an_int(monkeypatch):
@@ -801,12 +819,14 @@ def test_captured_warnings_let_exceptions_through_and_restore_the_filters(monkey
     with pytest.raises(ZeroDivisionError), mesure_memoire.CapturedWarnings(field_errors):
         warnings.simplefilter("ignore")
         1 / 0  # noqa: B018
-    assert warnings.filters == before and field_errors == {}
+    assert warnings.filters == before
+    assert field_errors == {}
 
 
 def test_import_torch_reports_why_in_one_line(monkeypatch):
     torch, why = mesure_memoire.import_torch()
-    assert why is None and torch is sys.modules["torch"]
+    assert why is None
+    assert torch is sys.modules["torch"]
     monkeypatch.setitem(sys.modules, "torch", None)
     assert mesure_memoire.import_torch() == (
         None,
@@ -839,12 +859,15 @@ def test_pytorch_import_warnings_never_reach_stderr(tmp_path, without_numpy):
         )
     else:
         completed = run_script("mesure_memoire.py", *args, cwd=tmp_path)
-    assert completed.returncode == 0 and completed.stderr == ""
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr == ""
     data = json.loads(completed.stdout)
     warnings = data["field_errors"].get("pytorch_warnings", "")
     if without_numpy == "numpy blocked":
         assert warnings.startswith("UserWarning: Failed to initialize NumPy")
-    assert "site-packages" not in warnings and str(ROOT) not in warnings and "/__w/" not in warnings
+    assert "site-packages" not in warnings
+    assert str(ROOT) not in warnings
+    assert "/__w/" not in warnings
     assert list(tmp_path.iterdir()) == []
 
 
@@ -921,7 +944,8 @@ def test_settings_this_pytorch_cannot_tell_are_null(stand_in_gpu, monkeypatch):
     monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)  # neither API: PyTorch before 2.4
     monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["allocator_settings"] is None and "allocator_settings" not in environment["field_errors"]
+    assert environment["allocator_settings"] is None
+    assert "allocator_settings" not in environment["field_errors"]
     monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "", raising=False)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: 1 / 0)
     assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] is None  # no backend: no settings

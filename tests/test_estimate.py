@@ -24,12 +24,15 @@ def test_reference_example_from_the_readme():
     assert completed.returncode == 0, completed.stderr
     out = completed.stdout
     assert "14000000000" in out
-    assert "13.04 GiB" in out and "14.00 GB" in out and "17.04 GiB" in out
+    assert "13.04 GiB" in out
+    assert "14.00 GB" in out
+    assert "17.04 GiB" in out
     assert "not a measured reserve" in out
     for item in mesure_memoire.NOT_INCLUDED_IN_ESTIMATE:
         assert item in out
     assert "does not predict whether a real model fits" in out
-    assert "GB (10**9 bytes)" in out and "GiB (2**30 bytes)" in out
+    assert "GB (10**9 bytes)" in out
+    assert "GiB (2**30 bytes)" in out
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "python mesure_memoire.py estimate --parameters 7000000000 --bits 16 --reserve-gib 4\n" in readme
     assert "14000000000 bytes, 13.04 GiB (14.00 GB), and 17.04 GiB in total" in readme
@@ -72,7 +75,8 @@ def test_json_output_carries_the_same_figures():
     )
     assert completed.returncode == 0, completed.stderr
     data = json.loads(completed.stdout)
-    assert data["parameters"] == 7000000000 and data["bits"] == 12
+    assert data["parameters"] == 7000000000
+    assert data["bits"] == 12
     assert data["bytes_per_parameter"] == 2
     assert data["weight_bytes"] == 14000000000
     assert data["weight_gib"] == 13.038516  # 14e9 / 2**30, half-up to 6 decimals
@@ -113,7 +117,9 @@ def test_bad_input_is_refused_in_one_line(args, option, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and option in lines[0] and lines[0].startswith("mesure_memoire.py: error:")
+    assert len(lines) == 1
+    assert option in lines[0]
+    assert lines[0].startswith("mesure_memoire.py: error:")
 
 
 def test_refusal_from_the_command_line_has_no_traceback():
@@ -166,7 +172,9 @@ def test_json_gives_gib_and_gb_to_exactly_six_decimals_at_every_size(parameters,
     }
     for key, literal in expected.items():
         assert f'  "{key}": {literal},\n' in text, key  # the exact digits, never 9.3e+20
-    assert data["weight_bytes"] == weight_bytes and "e+" not in text and "E+" not in text
+    assert data["weight_bytes"] == weight_bytes
+    assert "e+" not in text
+    assert "E+" not in text
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "`--json` gives them to six decimals" in " ".join(readme.split())
 
@@ -188,7 +196,8 @@ def test_json_gives_gib_and_gb_to_exactly_six_decimals_at_every_size(parameters,
 )
 def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
     value = mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
-    assert value == Decimal(expected) and not value.is_signed()
+    assert value == Decimal(expected)
+    assert not value.is_signed()
 
 
 @pytest.mark.parametrize(
@@ -290,7 +299,8 @@ def test_whole_number_accepts_exactly_max_digits_and_refuses_more():
     assert mesure_memoire.MAX_DIGITS == 30
     assert mesure_memoire.whole_number("--x", "9" * 30, 1) == 10**30 - 1
     assert mesure_memoire.whole_number("--x", 10**30 - 1, 1) == 10**30 - 1
-    assert mesure_memoire.whole_number("--x", 1, 1) == 1 and mesure_memoire.whole_number("--x", "0", 0) == 0
+    assert mesure_memoire.whole_number("--x", 1, 1) == 1
+    assert mesure_memoire.whole_number("--x", "0", 0) == 0
     message = "--x: expected a positive whole number of at most 30 ASCII digits, no leading zero, got "
     assert kit_error_of(mesure_memoire.whole_number, "--x", 10**30, 1) == message + "1" + "0" * 30
     assert kit_error_of(mesure_memoire.whole_number, "--x", "0" * 29 + "7", 1) == message + "'" + "0" * 29 + "7'"
@@ -321,7 +331,8 @@ def test_whole_number_with_an_upper_bound_names_both_ends():
         kit_error_of(mesure_memoire.whole_number, "--y", 2, 3, 7)
         == "--y: expected a whole number from 3 to 7 in ASCII digits, no leading zero, got 2"
     )
-    assert mesure_memoire.whole_number("--y", "7", 3, 7) == 7 and mesure_memoire.whole_number("--y", 3, 3, 7) == 3
+    assert mesure_memoire.whole_number("--y", "7", 3, 7) == 7
+    assert mesure_memoire.whole_number("--y", 3, 3, 7) == 3
 
 
 def test_non_negative_decimal_message_and_value():
@@ -332,10 +343,8 @@ def test_non_negative_decimal_message_and_value():
     assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", "x") == message + " on each side), got 'x'"
     assert str(mesure_memoire.non_negative_decimal("--r", "9" * 30 + "." + "9" * 30)) == "9" * 30 + "." + "9" * 30
     assert mesure_memoire.non_negative_decimal("--r", "0." + "0" * 29 + "1") == Decimal("1E-30")
-    assert (
-        str(mesure_memoire.non_negative_decimal("--r", "5")) == "5.0"
-        and str(mesure_memoire.non_negative_decimal("--r", "0.5")) == "0.5"
-    )
+    assert str(mesure_memoire.non_negative_decimal("--r", "5")) == "5.0"
+    assert str(mesure_memoire.non_negative_decimal("--r", "0.5")) == "0.5"
     for value in ("9" * 31, "9" * 31 + ".5", "0." + "0" * 30 + "1", b"1", [1], Fraction(1), True):
         assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", value).startswith(message), value
 
@@ -375,7 +384,8 @@ def test_estimate_text_rounds_halves_up(capsys):
     # 2**27 bytes = 0.125 GiB exactly; a reserve of 0.005 GiB; 0.130 GiB in total: every half goes up.
     assert mesure_memoire.main(["estimate", "--parameters", str(2**27), "--bits", "8", "--reserve-gib", "0.005"]) == 0
     captured = capsys.readouterr()
-    assert captured.out == ESTIMATE_TEXT.replace("0.14 GiB", "0.13 GiB") and captured.err == ""
+    assert captured.out == ESTIMATE_TEXT.replace("0.14 GiB", "0.13 GiB")
+    assert captured.err == ""
 
 
 def test_estimate_text_of_the_readme_example(capsys):
@@ -430,9 +440,12 @@ def test_estimate_json_rounds_halves_up_to_six_decimals(capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert '  "weight_gib": 0.000000,\n' in text and '  "reserve_gib": 0.000001,\n' in text
-    assert '  "total_gib": 0.000001,\n' in text and '  "weight_gb": 0.000001,\n' in text  # 0.000000512 GB
-    assert text.startswith('{\n  "parameters": 512,\n  "bits": 8,\n') and text.endswith("\n  ]\n}\n")
+    assert '  "weight_gib": 0.000000,\n' in text
+    assert '  "reserve_gib": 0.000001,\n' in text
+    assert '  "total_gib": 0.000001,\n' in text  # 0.000000512 GB
+    assert '  "weight_gb": 0.000001,\n' in text
+    assert text.startswith('{\n  "parameters": 512,\n  "bits": 8,\n')
+    assert text.endswith("\n  ]\n}\n")
 
 
 # --- to_json ------------------------------------------------------------------------------------------------

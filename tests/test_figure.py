@@ -309,5 +309,6 @@ def test_a_real_kernel_shows_the_figure_as_an_image(tmp_path):
         notebook, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
     (shown,) = notebook.cells[-1].outputs
-    assert shown.output_type == "display_data" and "image/png" in shown.data
+    assert shown.output_type == "display_data"
+    assert "image/png" in shown.data
     assert list(tmp_path.iterdir()) == []  # drawing writes no file

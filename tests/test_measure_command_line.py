@@ -112,7 +112,8 @@ def test_stand_in_absurd_sizes_are_refused_cleanly(stand_in_gpu, tmp_path, capsy
     code = mesure_memoire.main(["measure", "--device", "cuda:0", option, value, "--output", str(tmp_path / "o.json")])
     assert code == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "shrink" in err
+    assert len(err.splitlines()) == 1
+    assert "shrink" in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -125,7 +126,8 @@ def test_stand_in_out_of_memory_exits_3_naming_phase_and_configuration(stand_in_
     assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 3
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1
-    assert "out of memory in phase warmup" in err[0] and "batch 1, context 16, width 64, dtype float32" in err[0]
+    assert "out of memory in phase warmup" in err[0]
+    assert "batch 1, context 16, width 64, dtype float32" in err[0]
     assert "shrink one dimension" in err[0]
     assert list(tmp_path.iterdir()) == []
 
@@ -181,8 +183,11 @@ def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
     assert mesure_memoire.main(arguments) == exit_code
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and fragment in lines[0], captured.err
-    assert "Traceback" not in captured.err and "/opt/secret" not in captured.err and captured.out == ""
+    assert len(lines) == 1, captured.err
+    assert fragment in lines[0], captured.err
+    assert "Traceback" not in captured.err
+    assert "/opt/secret" not in captured.err
+    assert captured.out == ""
     assert list(tmp_path.iterdir()) == []
 
 
@@ -190,7 +195,8 @@ def test_a_nan_output_shows_in_the_summary():
     summary = mesure_memoire.summarize_output(torch, torch.tensor([[1.0, float("nan")], [2.0, 3.0]]))
     assert summary == {"all_finite": False, "checksum_float64": None, "elements": 4}
     summary = mesure_memoire.summarize_output(torch, torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))
-    assert summary["all_finite"] is True and summary["elements"] == 3
+    assert summary["all_finite"] is True
+    assert summary["elements"] == 3
     assert summary["checksum_float64"] == sum(float(v) for v in torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))
 
 
@@ -231,7 +237,8 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
     result["configuration"]["fresh_process_warning"] = result["torch_version_warning"] = None
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "plain name.json"]) == 0
     captured = capsys.readouterr()
-    assert captured.err == "" and captured.out.endswith("\nResult written to plain name.json\n")
+    assert captured.err == ""
+    assert captured.out.endswith("\nResult written to plain name.json\n")
 
 
 # --- the phase table ---------------------------------------------------------------------------------
@@ -349,7 +356,8 @@ def test_in_units_rounds_half_up_in_gib_by_default_or_mib():
     assert mesure_memoire.in_units(2**27) == "0.13"  # 0.125: half-even would say 0.12
     assert mesure_memoire.in_units(3 * 2**28) == "0.75"
     assert mesure_memoire.in_units(0) == "0.00"
-    assert mesure_memoire.in_units(2**19, MIB) == "0.50" and mesure_memoire.in_units(2**9, MIB, 3) == "0.000"
+    assert mesure_memoire.in_units(2**19, MIB) == "0.50"
+    assert mesure_memoire.in_units(2**9, MIB, 3) == "0.000"
     assert mesure_memoire.in_units(2**10 + 2**9, MIB, 3) == "0.001"  # 0.00146...: rounded at the third place
 
 
@@ -395,14 +403,17 @@ def test_say_flushes_stderr(monkeypatch):
 def test_guarded_stdout_passes_through_and_tells_failures_apart():
     stream = io.StringIO()
     guarded = mesure_memoire.GuardedStdout(stream)
-    assert guarded.write("abc") == 3 and guarded.getvalue() == "abc" and guarded.flush() is None
+    assert guarded.write("abc") == 3
+    assert guarded.getvalue() == "abc"
+    assert guarded.flush() is None
     with pytest.raises(mesure_memoire.StdoutFailed) as caught:
         mesure_memoire.GuardedStdout(None).write("x")
     assert caught.value.args == (None,)
     stream.close()
     with pytest.raises(mesure_memoire.StdoutFailed) as caught:
         guarded.write("x")
-    assert isinstance(caught.value.args[0], ValueError) and caught.value.__suppress_context__
+    assert isinstance(caught.value.args[0], ValueError)
+    assert caught.value.__suppress_context__
 
     class Full(io.StringIO):
         def flush(self):
@@ -422,7 +433,8 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
             code = mesure_memoire.stdout_failed("mesure_memoire.py", failure, stream)
         finally:
             sys.__stdout__ = real_stdout
-        assert code == 1 and os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
+        assert code == 1
+        assert os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
     assert capsys.readouterr().err == (
         "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
     )
@@ -450,7 +462,8 @@ def test_main_points_the_interpreters_own_stdout_at_devnull_when_it_fails(monkey
             code = mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "8"])
         finally:
             sys.__stdout__ = real_stdout
-        assert code == 1 and os.path.realpath(f"/proc/self/fd/{full.fileno()}") == os.devnull
+        assert code == 1
+        assert os.path.realpath(f"/proc/self/fd/{full.fileno()}") == os.devnull
     assert capsys.readouterr().err == (
         "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
     )
@@ -459,7 +472,8 @@ def test_main_points_the_interpreters_own_stdout_at_devnull_when_it_fails(monkey
 def test_main_restores_stdout_and_returns_each_status(capsys, monkeypatch):
     stdout = sys.stdout
     assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1", "--json"]) == 0
-    assert sys.stdout is stdout and json.loads(capsys.readouterr().out)["weight_bytes"] == 1
+    assert sys.stdout is stdout
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] == 1
 
     def fails(args):
         raise mesure_memoire.MeasurementFailed("out of memory")
@@ -485,7 +499,8 @@ def test_a_stdout_that_fails_only_on_flush_is_one_line_and_exit_1(capsys, monkey
         monkeypatch.setattr(sys, "stdout", FullOnFlush())
         written.clear()
         assert mesure_memoire.main(argv) == 1
-        assert written and capsys.readouterr().err == (
+        assert written
+        assert capsys.readouterr().err == (
             "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
         )
 
@@ -512,12 +527,14 @@ def test_stdout_failed_survives_a_closed_interpreter_stdout(tmp_path, capsys):
         )
     finally:
         sys.__stdout__ = real_stdout
-    assert code == 1 and capsys.readouterr().err == ""
+    assert code == 1
+    assert capsys.readouterr().err == ""
 
 
 def test_no_gpu_is_a_one_line_refusal_that_writes_nothing(folder, capsys):
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
-    assert code == 2 and captured.out == ""
+    assert code == 2
+    assert captured.out == ""
     assert_one_line(captured.err, "no usable GPU for cuda:0", "no file written")
 
 

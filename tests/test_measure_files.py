@@ -126,7 +126,8 @@ def test_check_new_output_messages_are_whole(tmp_path, monkeypatch):
     )
     for empty in ("", "  ", None, b"x.json"):
         assert kit_error_of(mesure_memoire.check_new_output, empty) == "--output: a new file name is required"
-    assert mesure_memoire.check_new_output("new.json") == "new.json" and sorted(os.listdir()) == ["f", "old.json"]
+    assert mesure_memoire.check_new_output("new.json") == "new.json"
+    assert sorted(os.listdir()) == ["f", "old.json"]
 
 
 def test_check_new_output_probes_the_folder_and_removes_the_probe(tmp_path, monkeypatch):
@@ -202,7 +203,8 @@ def test_the_temporary_file_is_made_beside_the_result(tmp_path, monkeypatch):
     mesure_memoire.write_new_file("sub/r.json", "{}")
     mesure_memoire.write_new_file("r.json", "{}")
     assert folders == ["sub", "."]
-    assert sorted(os.listdir(tmp_path)) == ["r.json", "sub"] and os.listdir(tmp_path / "sub") == ["r.json"]
+    assert sorted(os.listdir(tmp_path)) == ["r.json", "sub"]
+    assert os.listdir(tmp_path / "sub") == ["r.json"]
 
 
 def test_write_new_file_tolerates_a_temporary_removed_by_someone_else(tmp_path, monkeypatch):
@@ -302,9 +304,11 @@ def test_link_refused_with_eperm_falls_back_to_an_exclusive_create(folder, capsy
     monkeypatch.setattr(os, "link", no_hard_links)
     assert mesure_memoire.main([*MEASURE, "--output", "o.json", "--seed", str(2**64 - 1)]) == 0
     captured = capsys.readouterr()
-    assert captured.err == "" and captured.out.endswith("Result written to o.json\n")
+    assert captured.err == ""
+    assert captured.out.endswith("Result written to o.json\n")
     result = json.loads((folder / "o.json").read_text(encoding="utf-8"))
-    assert result["configuration"]["seed"] == 2**64 - 1 and len(result["phases"]) == 6
+    assert result["configuration"]["seed"] == 2**64 - 1
+    assert len(result["phases"]) == 6
     assert sorted(os.listdir(folder)) == ["existing.json", "fifo", "o.json", "sub"]  # no temporary left
 
 
@@ -360,7 +364,8 @@ def test_a_full_disk_after_the_measurement_is_one_line(folder, capsys, monkeypat
 
     monkeypatch.setattr(os, "fsync", disk_full)
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
-    assert code == 2 and captured.out == ""
+    assert code == 2
+    assert captured.out == ""
     assert_one_line(captured.err, "--output: cannot write o.json", "No space left on device", "nothing written")
 
 
@@ -380,7 +385,8 @@ def test_ctrl_c_anywhere_in_measure_exits_130_and_leaves_no_file(folder, capsys,
         calls = []
         monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or (interrupt() if len(calls) == 2 else None))
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
-    assert code == 130 and captured.out == ""
+    assert code == 130
+    assert captured.out == ""
     assert_one_line(captured.err, "interrupted")
 
 

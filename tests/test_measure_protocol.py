@@ -146,8 +146,10 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     assert [r.get("passes") for r in records if r["phase"] == "warmup"] == ([warmup] if warmup else [])
     for record in records:
         assert set(mesure_memoire.PHASE_MEMORY_FIELDS) <= set(record)
-        assert record["seconds"] > 0 and record["nanoseconds"] > 0
-        assert record["device_ms"] == 0.25 and record["end_requested_bytes"] == 900
+        assert record["seconds"] > 0
+        assert record["nanoseconds"] > 0
+        assert record["device_ms"] == 0.25
+        assert record["end_requested_bytes"] == 900
 
     # Every pass runs with no earlier output alive: outputs are released before the next pass.
     assert len(live_before_each_pass) == 1 + warmup + repeats
@@ -167,7 +169,8 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
         if record["phase"] not in ("model_load", "inputs"):
             assert calls[12][1] == 1  # the pass's output is alive at the end reading
     # The summary is of the last output, after the phases: the real CPU output, seeded.
-    assert summary["elements"] == 1 * 16 * 64 and summary["all_finite"] is True
+    assert summary["elements"] == 1 * 16 * 64
+    assert summary["all_finite"] is True
     torch.manual_seed(0)
     model = mesure_memoire.build_model(torch, 64).eval()
     generator = torch.Generator().manual_seed(0)
@@ -213,7 +216,8 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
         "matmul_arithmetic",
         "torch_version_warning",
     }
-    assert result["schema_version"] == 4 and result["tool"] == "mesure_memoire.py"
+    assert result["schema_version"] == 4
+    assert result["tool"] == "mesure_memoire.py"
     assert result["torch_version_warning"] is None  # this PyTorch's version reads as MAJOR.MINOR
     assert result["created_utc"].endswith("Z")
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
@@ -255,7 +259,8 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
             k: predicted[k] for k in mesure_memoire.PREDICTED_COUNTERS
         }
         # The stand-in's fixed counters cannot match a prediction: every phase disagrees, visibly.
-        assert record["verdict"] == "disagrees" and record["disagreements"]
+        assert record["verdict"] == "disagrees"
+        assert record["disagreements"]
     disagreements = result["prediction_check"]["disagreements"]
     assert result["prediction_check"]["agrees"] is False
     assert disagreements == [d for record in result["phases"] for d in record["disagreements"]]
@@ -270,7 +275,8 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
         "relative_to": "the phase's baseline",
     }
     assert result["workspace"]["measured_bytes"] == 0 - 4096  # end minus baseline, less the predicted output
-    assert result["output_summary"]["elements"] == 16 * 64 and result["output_summary"]["all_finite"] is True
+    assert result["output_summary"]["elements"] == 16 * 64
+    assert result["output_summary"]["all_finite"] is True
     assert result["predicted_peak_allocated_bytes"] == plan["predicted_peak_allocated_bytes"]
     assert "STANDIN-UUID" not in output.read_text()
     assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporary file left
@@ -291,11 +297,9 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
         "MiB",
         "prediction",
     ]
-    assert (
-        lines[1].startswith("model_load")
-        and lines[4].startswith("warmup x1")
-        and lines[6].startswith("warm_forward #2")
-    )
+    assert lines[1].startswith("model_load")
+    assert lines[4].startswith("warmup x1")
+    assert lines[6].startswith("warm_forward #2")
     assert all(line.rstrip().endswith("DISAGREES") for line in lines[1:7])
     marked = [line for line in lines if line.startswith("DISAGREES ")]
     assert len(marked) == len(disagreements)
@@ -453,7 +457,8 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     created = datetime.strptime(result["created_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     assert before <= created <= datetime.now(timezone.utc)  # UTC, not the local time five hours ahead
     plan = mesure_memoire.predict_memory(settings)
-    assert result["environment"]["device"] == "cuda:2" and result["environment"]["gpu_available"] is True
+    assert result["environment"]["device"] == "cuda:2"
+    assert result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
         "kit": "iteragpu-lab-v1",
         "schema_version": 4,
@@ -637,7 +642,9 @@ def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, 
         str(refusal)
         == "torch.cuda.init failed on cuda:1: RuntimeError: CUDA error: busy; nothing measured, no file written"
     )
-    assert refusal.exit_code == 2 and refusal.__cause__ is None and refusal.__suppress_context__
+    assert refusal.exit_code == 2
+    assert refusal.__cause__ is None
+    assert refusal.__suppress_context__
 
 
 @pytest.mark.parametrize(
@@ -670,8 +677,10 @@ def test_a_failed_phase_exits_3_with_its_words(stand_in_gpu, monkeypatch, error,
     monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
     with pytest.raises(mesure_memoire.MeasurementFailed) as failure:
         mesure_memoire.measure(config(), tool="t")
-    assert str(failure.value) == message and failure.value.exit_code == 3
-    assert failure.value.__cause__ is None and failure.value.__suppress_context__
+    assert str(failure.value) == message
+    assert failure.value.exit_code == 3
+    assert failure.value.__cause__ is None
+    assert failure.value.__suppress_context__
 
 
 def test_phase_failed_keeps_the_phase_and_the_error():
@@ -687,14 +696,16 @@ def test_requested_reads_only_whole_counters():
     requested = mesure_memoire._requested
     stats = {"requested_bytes.all.current": 5, "requested_bytes.all.peak": 9, "requested_bytes.all.freed": 1.5}
     assert (requested(stats, "current"), requested(stats, "peak"), requested(stats, "freed")) == (5, 9, None)
-    assert requested({}, "current") is None and requested(None, "current") is None
+    assert requested({}, "current") is None
+    assert requested(None, "current") is None
     assert requested(["requested_bytes.all.current"], "current") is None
 
 
 def test_summarize_output_of_a_real_tensor():
     summary = mesure_memoire.summarize_output(torch, torch.tensor([[0.5, 0.25], [1.0, -2.0]], dtype=torch.float16))
     assert summary == {"all_finite": True, "checksum_float64": -0.25, "elements": 4}
-    assert type(summary["elements"]) is int and type(summary["checksum_float64"]) is float
+    assert type(summary["elements"]) is int
+    assert type(summary["checksum_float64"]) is float
     assert mesure_memoire.summarize_output(torch, torch.tensor([float("inf")]))["all_finite"] is False
 
 
@@ -767,7 +778,8 @@ def test_measure_phases_puts_the_model_and_inputs_on_the_measured_device(monkeyp
     inputs = torch.randn((2, 3, 4), generator=torch.Generator().manual_seed(5), dtype=torch.bfloat16)
     with torch.inference_mode():
         expected = model(inputs)
-    assert summary == mesure_memoire.summarize_output(torch, expected) and summary["elements"] == 24
+    assert summary == mesure_memoire.summarize_output(torch, expected)
+    assert summary["elements"] == 24
 
 
 def test_a_failing_seed_is_a_refusal_and_a_failing_phase_names_itself(monkeypatch):
@@ -780,7 +792,8 @@ def test_a_failing_seed_is_a_refusal_and_a_failing_phase_names_itself(monkeypatc
     with pytest.raises(mesure_memoire.KitError) as refusal:
         mesure_memoire.measure_phases(NoSeed([]), RecordingCudaStandIn(), "dev", config())
     assert str(refusal.value) == "seeding failed: RuntimeError: seed refused; nothing measured, no file written"
-    assert refusal.value.__cause__ is None and refusal.value.__suppress_context__
+    assert refusal.value.__cause__ is None
+    assert refusal.value.__suppress_context__
     error = RuntimeError("bad")
     recorder = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(6, error))  # cold_forward
     with pytest.raises(mesure_memoire.PhaseFailed) as failure:
@@ -836,7 +849,8 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
         "device_count": "RuntimeError: count broke",
     }
     assert environment["torch"] is environment["cuda_build"] is environment["hip_build"] is None
-    assert environment["device_count"] is None and environment["gpu_available"] is False
+    assert environment["device_count"] is None
+    assert environment["gpu_available"] is False
     assert environment["gpu_unavailable_reason"] == "this PyTorch build has no CUDA or ROCm support"
     for key in (
         "cuda_matmul_allow_tf32",
@@ -885,11 +899,9 @@ def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stan
 
 
 def test_device_index_reads_the_number_after_cuda():
-    assert (
-        mesure_memoire.device_index("cuda:0") == 0
-        and mesure_memoire.device_index("cuda:12") == 12
-        and mesure_memoire.device_index("cuda:9999") == 9999
-    )
+    assert mesure_memoire.device_index("cuda:0") == 0
+    assert mesure_memoire.device_index("cuda:12") == 12
+    assert mesure_memoire.device_index("cuda:9999") == 9999
     for device in ("cuda:10000", "cuda:", "cpu", 0, None, "CUDA:0"):
         assert (
             kit_error_of(mesure_memoire.device_index, device)
@@ -974,7 +986,8 @@ def test_the_device_wide_readings_are_taken_outside_the_timed_region_on_the_meas
     first_clock, last_clock = names.index("clock"), len(names) - 1 - names[::-1].index("clock")
     assert [i for i, name in enumerate(names) if name == "mem_get_info"] == [1, last_clock + 1]
     assert names[first_clock : last_clock + 1].count("mem_get_info") == 0  # none inside the timing
-    assert ("mem_get_info", "dev") in recorder.devices and {device for _, device in recorder.devices} == {"dev"}
+    assert ("mem_get_info", "dev") in recorder.devices
+    assert {device for _, device in recorder.devices} == {"dev"}
     assert (record["baseline_device_used_bytes"], record["end_device_used_bytes"]) == (2 * GIB + MIB, 2 * GIB + 2 * MIB)
     assert record["nanoseconds"] == 250
 

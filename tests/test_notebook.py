@@ -50,7 +50,8 @@ def test_valid_nbformat_4_5_with_a_python_kernel_and_unique_ids():
 def test_no_saved_outputs_or_execution_counts():
     for cell in committed()["cells"]:
         if cell["cell_type"] == "code":
-            assert cell["outputs"] == [] and cell["execution_count"] is None, cell["id"]
+            assert cell["outputs"] == [], cell["id"]
+            assert cell["execution_count"] is None, cell["id"]
 
 
 def test_self_contained_no_companion_import_no_magic_no_exit():
@@ -59,7 +60,8 @@ def test_self_contained_no_companion_import_no_magic_no_exit():
     for source in sources:
         assert not re.search(r"^\s*(import|from)\s+mesure_memoire\b", source, re.MULTILINE)
         assert not re.search(r"^\s*[%!]", source, re.MULTILINE)
-        assert "sys.exit" not in source and "SystemExit" not in source
+        assert "sys.exit" not in source
+        assert "SystemExit" not in source
         for line in source.splitlines():
             module = re.match(r"\s*(?:import|from)\s+([a-z_]+)", line)
             if module:
@@ -100,7 +102,8 @@ def test_each_block_of_the_script_is_one_collapsed_cell_verbatim():
     for number in RUNS:
         codes = ["".join(cells[cell_id]["source"]) for cell_id in step_cell_ids(number, steps[number])]
         assert codes == [code for _, code in steps[number]]
-    assert len(shared) >= 2 and sorted(steps) == sorted(RUNS)
+    assert len(shared) >= 2
+    assert sorted(steps) == sorted(RUNS)
     assert any(len(blocks) > 1 for blocks in steps.values())  # the parts are exercised
 
 
@@ -420,7 +423,8 @@ def test_without_a_gpu_nothing_is_measured_and_nothing_written(executed):
     assert "GPU usable            no" in stdout_of(cells["run-environment"])
     measured = stdout_of(cells["run-measure"])
     assert measured.startswith("Measurement refused: no usable GPU for cuda:0")
-    assert measured.count("nothing measured") == 1 and measured.count("no file written") == 1, measured
+    assert measured.count("nothing measured") == 1, measured
+    assert measured.count("no file written") == 1, measured
     assert stdout_of(cells["run-results"]) == "Nothing to show: this kernel wrote no measurement.\n"
     assert stdout_of(cells["run-figure"]) == "Nothing to draw: this kernel wrote no measurement.\n"
     assert sorted(p.name for p in folder.iterdir()) == [NOTEBOOK.name]
@@ -470,7 +474,8 @@ def test_a_refusal_in_the_notebook_names_the_parameter_the_user_set(cell, parame
     namespace.update(parameters)
     exec(compile(cells[cell], "<notebook>", "exec"), namespace)
     out = capsys.readouterr().out
-    assert out.startswith(line) and "--" not in out, out
+    assert out.startswith(line), out
+    assert "--" not in out, out
 
 
 @pytest.mark.parametrize(
@@ -492,7 +497,8 @@ def test_with_memory_gib_the_measure_cell_first_gives_the_plans_verdict_on_that_
     config = mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0)  # the parameters' defaults
     fit = mesure_memoire.format_fit(mesure_memoire.plan_for(config, memory_gib))
     assert out == fit + "\nMeasurement refused: stand-in: not measured\n"
-    assert fit.startswith("On a card of ") and verdict in fit
+    assert fit.startswith("On a card of ")
+    assert verdict in fit
 
 
 def test_as_parameters_renames_the_leading_option_only():

@@ -76,7 +76,8 @@ def test_a_whole_number_option_of_either_script_follows_the_grammar(text, whole,
         assert mesure_memoire.main(estimate) == 0
         assert f"  parameters            {text}\n" in capsys.readouterr().out
         status, out, err = call_calculator(capsys, "--gpu", "b200", "--days", "7", "--lots", text)
-        assert (status, err) == (0, "") and f", {text} lot(s)\n" in out
+        assert (status, err) == (0, "")
+        assert f", {text} lot(s)\n" in out
     else:
         assert mesure_memoire.main(estimate) == 2
         assert capsys.readouterr().err.startswith("mesure_memoire.py: error: --parameters: expected a positive whole")

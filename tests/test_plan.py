@@ -125,7 +125,8 @@ def test_the_prediction_matches_a_hand_count(sizes, model_load, inputs, forward,
     # The first forward, three warm-up passes (each releasing the last output first) and each
     # repetition: the output at the end, both hidden activations together at the peak.
     assert {counters(phase) for phase in predicted["phases"][2:]} == {forward}
-    assert predicted["phases"][3]["passes"] == 3 and [p.get("repetition") for p in predicted["phases"][4:]] == [1, 2]
+    assert predicted["phases"][3]["passes"] == 3
+    assert [p.get("repetition") for p in predicted["phases"][4:]] == [1, 2]
     assert predicted["phases"][2]["alive_at_peak"] == ["fc1_output", "gelu_output"]
     assert predicted["predicted_peak_allocated_bytes"] == peak
     assert predicted["predicted_peak_phase"] == "cold_forward"
@@ -170,7 +171,8 @@ def test_plan_json_in_process_writes_nothing(tmp_path, monkeypatch, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["predicted_peak_allocated_bytes"] == 132608 + 4096 + ALLOWANCE + 32768
     assert [p["phase"] for p in data["phases"]] == mesure_memoire.phase_names({"warmup": 1, "repeats": 2})
-    assert data["blas_workspace_allowance_bytes"] == ALLOWANCE and data["allocator_rounding_bytes"] == 512
+    assert data["blas_workspace_allowance_bytes"] == ALLOWANCE
+    assert data["allocator_rounding_bytes"] == 512
     assert tree_digest(tmp_path) == before == {}
 
 
@@ -208,11 +210,13 @@ def test_plan_text_comes_from_the_same_data(capsys):
 @pytest.mark.whole_kit
 def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
     completed = run_script("mesure_memoire.py", *MEASURE_TRIAL, "--plan", "--json", python_flags=("-S",), cwd=tmp_path)
-    assert completed.returncode == 0 and completed.stderr == ""
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr == ""
     assert json.loads(completed.stdout)["predicted_peak_allocated_bytes"] == 268604928
     assert list(tmp_path.iterdir()) == []
     completed = run_script("mesure_memoire.py", *MEASURE_TRIAL, "--plan", python_flags=("-S",), cwd=tmp_path)
-    assert completed.returncode == 0 and "Predicted peak allocated: 268604928 bytes" in completed.stdout
+    assert completed.returncode == 0, completed.stderr
+    assert "Predicted peak allocated: 268604928 bytes" in completed.stdout
 
 
 @pytest.mark.parametrize(
@@ -231,7 +235,9 @@ def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, fragment):
     base = MEASURE_TRIAL[:3]  # the device alone: each option below is then given once
     assert mesure_memoire.main([*base, "--plan", *arguments]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and len(captured.err.splitlines()) == 1 and fragment in captured.err
+    assert captured.out == ""
+    assert len(captured.err.splitlines()) == 1
+    assert fragment in captured.err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -264,8 +270,10 @@ def test_counts_are_bounded_with_their_reason_before_any_prediction(
     monkeypatch.setattr(mesure_memoire, "predict_memory", lambda config: pytest.fail("predicted an unbounded count"))
     assert mesure_memoire.main([*MEASURE_TRIAL[:3], *arguments, *mode]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.startswith(f"mesure_memoire.py: error: {message}")
-    assert len(captured.err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+    assert captured.out == ""
+    assert captured.err.startswith(f"mesure_memoire.py: error: {message}")
+    assert len(captured.err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_prediction_costs_the_same_whatever_the_counts(monkeypatch):
@@ -299,7 +307,9 @@ def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(MEASURE_TRIAL) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--output: a new file name is required" in err and "--plan" in err
+    assert err.count("\n") == 1
+    assert "--output: a new file name is required" in err
+    assert "--plan" in err
     assert mesure_memoire.main([*MEASURE_TRIAL, "--json", "--output", "x.json"]) == 2
     assert "--json goes with --plan" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
@@ -349,9 +359,11 @@ def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu,
         "--dtype",
         "bfloat16",
     )
-    assert code == 2 and len(err.splitlines()) == 1
+    assert code == 2
+    assert len(err.splitlines()) == 1
     peak = predicted["predicted_peak_allocated_bytes"]
-    assert f"the predicted peak, {peak} bytes" in err and f"exceeds the {needed - 1} bytes" in err
+    assert f"the predicted peak, {peak} bytes" in err
+    assert f"exceeds the {needed - 1} bytes" in err
     assert "free (mem_get_info) less a 1.00 GiB margin" in err
     assert "shrink --context (the activations dominate)" in err
 
@@ -377,7 +389,9 @@ def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu):
 )
 def test_the_refusal_names_the_dimension_to_shrink(stand_in_gpu, monkeypatch, tmp_path, capsys, arguments, advice):
     code, err = fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, 4 * 2**30, *arguments)
-    assert code == 2 and advice in err and len(err.splitlines()) == 1
+    assert code == 2
+    assert advice in err
+    assert len(err.splitlines()) == 1
 
 
 def test_the_readme_plan_command_and_figures_match_the_code(capsys):
@@ -389,9 +403,12 @@ def test_the_readme_plan_command_and_figures_match_the_code(capsys):
     )
     assert mesure_memoire.main(line.split()[2:]) == 0
     assert "Predicted peak allocated:" in capsys.readouterr().out
-    assert mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES == 256 * MIB and "allowance of 256 MiB" in readme
-    assert mesure_memoire.FIT_MARGIN_BYTES == 2**30 and "less a margin of 1 GiB" in readme
-    assert mesure_memoire.ALLOCATOR_ROUNDING_BYTES == 512 and "512-byte block" in readme
+    assert mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES == 256 * MIB
+    assert "allowance of 256 MiB" in readme
+    assert mesure_memoire.FIT_MARGIN_BYTES == 2**30
+    assert "less a margin of 1 GiB" in readme
+    assert mesure_memoire.ALLOCATOR_ROUNDING_BYTES == 512
+    assert "512-byte block" in readme
 
 
 # --- the plan's text ---------------------------------------------------------------------------------
@@ -616,7 +633,8 @@ def test_the_plan_document_exactly():
         "predicted_baseline_allocated_bytes": 0,
         "predicted_peak_level_allocated_bytes": 2048,
     }
-    assert phases[1]["predicted_baseline_allocated_bytes"] == 2048 and phases[1]["alive_at_end"] == ["inputs"]
+    assert phases[1]["predicted_baseline_allocated_bytes"] == 2048
+    assert phases[1]["alive_at_end"] == ["inputs"]
     assert phases[2] == {
         "phase": "cold_forward",
         **base,
@@ -632,7 +650,8 @@ def test_the_plan_document_exactly():
         "predicted here (the allowance counts it in the predicted peak)",
     }
     # After the first forward the workspace allowance stays in the baseline; the output does not.
-    assert phases[3]["predicted_baseline_allocated_bytes"] == 2560 + 256 * MIB and "blas_workspace" not in phases[3]
+    assert phases[3]["predicted_baseline_allocated_bytes"] == 2560 + 256 * MIB
+    assert "blas_workspace" not in phases[3]
     assert phases[3]["repetition"] == 1
     # The level at each phase's peak: its baseline, the allowance on the first forward, its own peak.
     assert [phase["predicted_peak_level_allocated_bytes"] for phase in phases] == [
@@ -756,7 +775,8 @@ def test_the_prediction_matches_the_live_tensors_of_the_real_model(sizes, dtype)
             ("model_load", "peak_allocated_bytes"),
         }
         assert all(r["verdict"] == "agrees" for r in records if r["phase"] != "model_load")
-    assert workspace["measured_bytes"] == 0 and workspace["requested_bytes"] == 0  # no BLAS workspace on the CPU
+    assert workspace["measured_bytes"] == 0  # no BLAS workspace on the CPU
+    assert workspace["requested_bytes"] == 0
     forward = next(r for r in records if r["phase"] == "cold_forward")
     element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     activation = sizes["batch"] * sizes["context"] * 4 * sizes["width"] * element
@@ -924,9 +944,11 @@ def test_each_counter_is_checked(phase, counter, change, agrees):
     checked, check, _ = mesure_memoire.check_prediction(records, plan)
     assert check["agrees"] is agrees
     (disagreement,) = check["disagreements"]
-    assert disagreement["phase"] == checked[phase]["phase"] and disagreement["counter"] == counter
+    assert disagreement["phase"] == checked[phase]["phase"]
+    assert disagreement["counter"] == counter
     assert disagreement["difference_bytes"] == change
-    assert checked[phase]["verdict"] == "disagrees" and checked[phase]["disagreements"] == [disagreement]
+    assert checked[phase]["verdict"] == "disagrees"
+    assert checked[phase]["disagreements"] == [disagreement]
     assert [r["verdict"] for i, r in enumerate(checked) if i != phase] == ["agrees"] * (len(checked) - 1)
 
 
@@ -972,8 +994,11 @@ def test_without_requested_counters_the_verdict_is_not_checked():
     checked, check, workspace = mesure_memoire.check_prediction(records, plan)
     assert {r["verdict"] for r in checked} == {"not checked"}
     assert all("requested-bytes" in r["verdict_reason"] for r in checked)
-    assert check["agrees"] is False and check["disagreements"] == [] and len(check["not_checked"]) == len(checked)
-    assert workspace["requested_bytes"] is None and workspace["measured_bytes"] == 0
+    assert check["agrees"] is False
+    assert check["disagreements"] == []
+    assert len(check["not_checked"]) == len(checked)
+    assert workspace["requested_bytes"] is None
+    assert workspace["measured_bytes"] == 0
 
 
 def test_a_result_from_the_real_measure_code_passes_the_validators_checker(stand_in_gpu, monkeypatch, tmp_path):
@@ -1004,7 +1029,8 @@ def test_a_result_from_the_real_measure_code_passes_the_validators_checker(stand
     monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
     result = json.loads(mesure_memoire.to_json(mesure_memoire.measure(settings, tool="mesure_memoire.py")))
     rows = gpu_validation.check_result(result, requested=settings)
-    assert len(rows) >= 7 and [row for row in rows if not row[2]] == []
+    assert len(rows) >= 7
+    assert [row for row in rows if not row[2]] == []
     result["phases"][1]["peak_requested_bytes"] += 512
     assert [row[1] for row in gpu_validation.check_result(result, requested=settings) if not row[2]]
 
@@ -1079,7 +1105,8 @@ def test_without_requested_counters_the_allocated_ones_are_still_checked():
         record["baseline_requested_bytes"] = record["end_requested_bytes"] = record["peak_requested_bytes"] = None
     checked, check, _ = mesure_memoire.check_prediction(records, plan)
     assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
-    assert checked[1]["verdict"] == "disagrees" and check["not_checked"] == [
+    assert checked[1]["verdict"] == "disagrees"
+    assert check["not_checked"] == [
         "model_load",
         "cold_forward",
         "warmup x1",

@@ -62,7 +62,9 @@ def test_the_verdict_is_the_needed_free_memory_against_the_card_at_the_byte():
     assert mesure_memoire.fit_on_card(plan_, one_byte_less)["fits"] is False
     # At exactly the needed memory, each dimension fits at least as given.
     largest = mesure_memoire.fit_on_card(plan_, exactly)["largest"]
-    assert largest["width"] >= 64 and largest["context"] >= 16 and largest["batch"] >= 1
+    assert largest["width"] >= 64
+    assert largest["context"] >= 16
+    assert largest["batch"] >= 1
     assert mesure_memoire.fit_on_card(plan_, one_byte_less)["largest"]["width"] < 64
 
 
@@ -90,9 +92,8 @@ def test_only_one_dimension_does_not_fit_at_one():
     assert largest["batch"] is None
     assert needs(context=largest["context"]) <= 4 * GIB < needs(context=largest["context"] + 1)
     width = largest["width"]
-    assert 1 <= width < 64 and needs(context=2 * 10**7, width=width) <= 4 * GIB < needs(
-        context=2 * 10**7, width=width + 1
-    )
+    assert 1 <= width < 64
+    assert needs(context=2 * 10**7, width=width) <= 4 * GIB < needs(context=2 * 10**7, width=width + 1)
 
 
 def test_the_search_plans_at_most_two_passes_of_each_kind_and_finds_the_same_needs(monkeypatch):
@@ -107,7 +108,8 @@ def test_the_search_plans_at_most_two_passes_of_each_kind_and_finds_the_same_nee
 
     monkeypatch.setattr(mesure_memoire, "predict_memory", spy)
     mesure_memoire.largest_that_fits(config(warmup=1000, repeats=1000), 80 * GIB, "width")
-    assert set(seen) == {(2, 2)} and 2 < len(seen) < 80  # a bounded search, at no cost per repetition
+    assert set(seen) == {(2, 2)}  # a bounded search, at no cost per repetition
+    assert 2 < len(seen) < 80
 
 
 def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
@@ -123,7 +125,8 @@ def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
     for bad in ("x" * 100, "\x1b"):
         assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", bad]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("mesure_memoire.py: error: --memory-gib: ") and err.count("\n") == 1, err
+        assert err.startswith("mesure_memoire.py: error: --memory-gib: "), err
+        assert err.count("\n") == 1, err
 
 
 def test_memory_gib_goes_with_plan(tmp_path, monkeypatch, capsys):
@@ -225,7 +228,8 @@ def test_measure_accepts_every_largest_size_on_that_card_with_its_context(
             argv = ["measure", "--device", "cuda:0", *(item for pair in run.items() for item in pair)]
             assert mesure_memoire.main([*argv, "--output", "o.json"]) == 2
             err = capsys.readouterr().err
-            assert refusal in err and len(err.splitlines()) == 1, (dimension, value, err)
+            assert refusal in err, (dimension, value, err)
+            assert len(err.splitlines()) == 1, (dimension, value, err)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -249,7 +253,8 @@ def test_a_run_that_does_not_fit_exits_3_with_the_plan_and_its_verdict_printed(c
     assert captured.err == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)\n"
     assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", "2", "--json"]) == 3
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["fits"] is False and captured.err.count("\n") == 1
+    assert json.loads(captured.out)["fits"] is False
+    assert captured.err.count("\n") == 1
     assert (
         mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", "2.3"]) == 0
     )  # 2.3 GiB: 2469606195 bytes, fits
@@ -299,7 +304,8 @@ def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
     )
     assert completed.returncode == 3
     lines = completed.stdout.splitlines()
-    assert lines[0].startswith("Plan for measure") and lines[-2].startswith("Fits: measure and sweep accept")
+    assert lines[0].startswith("Plan for measure")
+    assert lines[-2].startswith("Fits: measure and sweep accept")
     assert lines[-1] == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)"
     assert list(tmp_path.iterdir()) == []
 
@@ -332,12 +338,16 @@ def test_roundup_power2_divisions_rounds_as_pytorchs_round_size():
     four = ALLOCATORS["roundup_power2_divisions:4"]
     block = mesure_memoire.modelled_block_bytes
     assert block(144_000_000, four) == 160 * MIB  # 128 MiB + one quarter step of 32 MiB
-    assert block(128 * MIB, four) == 128 * MIB and block(128 * MIB + 1, four) == 160 * MIB
+    assert block(128 * MIB, four) == 128 * MIB
+    assert block(128 * MIB + 1, four) == 160 * MIB
     assert block(3 * MIB + 1, four) == 3 * MIB + 512 * 1024  # steps of 512 KiB between 2 and 4 MiB
-    assert block(2048, four) == 2048 and block(2049, four) == 2560  # not above 512 * 4: 512-byte steps
-    assert block(1, four) == 512 and block(144_000_000, mesure_memoire.DEFAULT_ALLOCATOR) == 144_000_000
+    assert block(2048, four) == 2048  # not above 512 * 4: 512-byte steps
+    assert block(2049, four) == 2560
+    assert block(1, four) == 512
+    assert block(144_000_000, mesure_memoire.DEFAULT_ALLOCATOR) == 144_000_000
     only_large = {**four, "roundup_power2_divisions": {"128": 2}}  # one interval: 128 MiB to 256 MiB
-    assert block(144_000_000, only_large) == 192 * MIB and block(100 * MIB + 1, only_large) == 100 * MIB + 512
+    assert block(144_000_000, only_large) == 192 * MIB
+    assert block(100 * MIB + 1, only_large) == 100 * MIB + 512
 
 
 @pytest.mark.parametrize("name", ALLOCATORS)
@@ -394,7 +404,9 @@ def test_cuda_malloc_async_and_unreadable_settings_are_not_checked_never_disagre
         plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
         checked, check, _ = mesure_memoire.check_prediction(records, plan)
         assert {(r["verdict"], r["verdict_reason"]) for r in checked} == {("not checked", reason)}
-        assert check["disagreements"] == [] and check["agrees"] is False and len(check["not_checked"]) == 5
+        assert check["disagreements"] == []
+        assert check["agrees"] is False
+        assert len(check["not_checked"]) == 5
 
 
 def test_max_split_size_leaves_unchecked_a_block_at_the_limit_not_one_below():
@@ -403,4 +415,5 @@ def test_max_split_size_leaves_unchecked_a_block_at_the_limit_not_one_below():
         allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": limit}
         plan = mesure_memoire.predict_memory(config(**WIDE), allocator)
         checked, _, _ = mesure_memoire.check_prediction(records_as_modelled(config(**WIDE), allocator), plan)
-        assert checked[1]["phase"] == "inputs" and checked[1]["verdict"] == verdict
+        assert checked[1]["phase"] == "inputs"
+        assert checked[1]["verdict"] == verdict

@@ -87,8 +87,10 @@ def test_nine_sorted_members_under_one_folder_dated_0644_and_deflated(source, tm
             assert info.compress_type == zipfile.ZIP_DEFLATED
             deflate = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate at level 9, as the tool asks
             assert info.compress_size == len(deflate.compress(data) + deflate.flush())
-            assert info.date_time == (2026, 9, 24, 0, 0, 0) and not info.is_dir()
-            assert info.external_attr >> 16 == 0o100644 and info.create_system == 3
+            assert info.date_time == (2026, 9, 24, 0, 0, 0)
+            assert not info.is_dir()
+            assert info.external_attr >> 16 == 0o100644
+            assert info.create_system == 3
 
 
 def test_the_manifest_lists_every_member_and_itself_without_hash():
@@ -102,7 +104,8 @@ def test_the_manifest_lists_every_member_and_itself_without_hash():
         else:
             data = (SHIPPED_ROOT / entry["path"]).read_bytes()
             assert entry == {"path": entry["path"], "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    assert text.startswith('{\n  "name": "iteragpu-lab-v1",\n') and text.endswith("}\n")
+    assert text.startswith('{\n  "name": "iteragpu-lab-v1",\n')
+    assert text.endswith("}\n")
     assert build_zip.manifest_text(build_zip.read_members(SHIPPED_ROOT)) == text
 
 
@@ -369,7 +372,8 @@ def test_a_refusal_is_one_line_and_changes_nothing(case, source, tmp_path, capsy
     assert build(source, *argv) == 2
     captured = capsys.readouterr()
     line = "build_zip.py: error: " + expected.format(s=source, t=tmp_path).removesuffix("...")
-    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured
+    assert captured.out == "", captured
+    assert len(captured.err.splitlines()) == 1, captured
     assert captured.err.startswith(line) if expected.endswith("...") else captured.err == line + "\n"
     assert tree_digest(tmp_path) == before
 
@@ -467,7 +471,8 @@ def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
         alternative = subprocess.run(
             readme_command(SHA256SUM_PREFIX), shell=True, cwd=folder, capture_output=True, text=True, timeout=60
         )
-        assert alternative.returncode == 0 and alternative.stdout.count(": OK") == 8
+        assert alternative.returncode == 0
+        assert alternative.stdout.count(": OK") == 8
 
 
 @pytest.mark.whole_kit
@@ -480,12 +485,14 @@ def test_the_extracted_kit_works_as_a_new_user_would_use_it(source, tmp_path):
         cwd=folder,
         timeout=60,
     )
-    assert package.returncode == 0 and "364800 cents" in package.stdout
+    assert package.returncode == 0
+    assert "364800 cents" in package.stdout
     arguments = ["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]
     estimate = subprocess.run(
         [sys.executable, "-S", "mesure_memoire.py", *arguments], capture_output=True, text=True, cwd=folder, timeout=60
     )
-    assert estimate.returncode == 0 and "17.04 GiB" in estimate.stdout
+    assert estimate.returncode == 0
+    assert "17.04 GiB" in estimate.stdout
 
 
 @pytest.mark.whole_kit
@@ -516,7 +523,8 @@ def test_the_verification_in_a_folder_without_manifest_is_one_line(tmp_path):
         piped = subprocess.run(
             readme_command(SHA256SUM_PREFIX), shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60
         )
-        assert piped.returncode != 0 and "Traceback" not in piped.stderr
+        assert piped.returncode != 0
+        assert "Traceback" not in piped.stderr
 
 
 @pytest.mark.whole_kit

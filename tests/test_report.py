@@ -76,14 +76,16 @@ def test_schema_1_row_matches_the_hand_computation():
     # 256 / 0.00115 s and 4296278016 / 0.00115 s, by hand
     assert mesure_memoire.rounded(row["derived_positions_per_second"], 6) == Decimal("222608.695652")
     assert mesure_memoire.rounded(row["derived_flop_per_second"], 3) == Decimal("3735893926956.522")
-    assert isinstance(row["peak_allocated_bytes"], int) and isinstance(row["warm_median_ms"], Decimal)
+    assert isinstance(row["peak_allocated_bytes"], int)
+    assert isinstance(row["warm_median_ms"], Decimal)
 
 
 def test_schema_2_row_matches_the_hand_computation():
     row = row_of(load("schema2.json"))
     # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.8, 1.0 ms; warm device 0.75, 0.5, 1.25 ms.
     assert (row["schema_version"], row["dtype"], row["parameters"]) == (2, "bfloat16", 8 * 512 * 512 + 5 * 512)
-    assert row["warm_median_ms"] == Decimal("0.9") and row["warm_median_device_ms"] == Decimal("0.75")
+    assert row["warm_median_ms"] == Decimal("0.9")
+    assert row["warm_median_device_ms"] == Decimal("0.75")
     assert row["cold_forward_ms"] == Decimal("4.1")
     assert row["flop_per_forward"] == 16 * 1024 * 512**2 + 5 * 1024 * 512 == 4297588736
     assert mesure_memoire.rounded(row["derived_positions_per_second"], 4) == Decimal("1137777.7778")
@@ -110,7 +112,8 @@ def test_the_warm_median_is_exact(nanoseconds, median_ms):
     result["phases"] = [p for p in result["phases"] if p["phase"] != "warm_forward"]
     result["phases"] += [{**warm, "nanoseconds": ns, "repetition": k} for k, ns in enumerate(nanoseconds, 1)]
     row = row_of(result)
-    assert row["warm_median_ms"] == Decimal(median_ms) and row["warm_repetitions"] == len(nanoseconds)
+    assert row["warm_median_ms"] == Decimal(median_ms)
+    assert row["warm_repetitions"] == len(nanoseconds)
 
 
 def test_a_zero_median_leaves_the_derived_figures_empty():
@@ -119,7 +122,8 @@ def test_a_zero_median_leaves_the_derived_figures_empty():
         if phase["phase"] == "warm_forward":
             phase["nanoseconds"] = 0
     row = row_of(result)
-    assert row["derived_positions_per_second"] is None and row["derived_flop_per_second"] is None
+    assert row["derived_positions_per_second"] is None
+    assert row["derived_flop_per_second"] is None
     line = mesure_memoire.format_report({"results": [row], "derived_figures": "d", "flop_convention": "f"})
     assert line.splitlines()[1].split()[-3:] == ["n/a", "n/a", "none"]
 
@@ -247,7 +251,8 @@ def test_text_output_is_the_hand_checked_table(monkeypatch, capsys):
     before = tree_digest(DATA)
     assert mesure_memoire.main(["report", "schema1.json", "schema2.json"]) == 0
     captured = capsys.readouterr()
-    assert captured.out == EXPECTED_TEXT and captured.err == ""
+    assert captured.out == EXPECTED_TEXT
+    assert captured.err == ""
     assert tree_digest(DATA) == before
 
 
@@ -274,7 +279,8 @@ def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys)
         "flags": [],
     }.items():
         assert first[key] == value, key
-    assert data["results"][0]["warm_median_device_ms"] == 0.75 and first["warm_median_device_ms"] is None
+    assert data["results"][0]["warm_median_device_ms"] == 0.75
+    assert first["warm_median_device_ms"] is None
     assert data["derived_figures"].startswith("derived, not measured")
 
 
@@ -472,7 +478,8 @@ def test_hostile_files_are_refused_in_one_line_naming_them(case, tmp_path, monke
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing shown for the good files either: the report is whole or absent
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"mesure_memoire.py: error: report: {name!r}"), captured.err
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"mesure_memoire.py: error: report: {name!r}"), captured.err
     assert fragment in lines[0]
     assert tree_digest(tmp_path) == before
 
@@ -578,7 +585,8 @@ def test_read_at_most_reads_in_pieces_up_to_the_limit(monkeypatch):
     assert asked == [7, 4, 1]
     source.seek(0)
     asked.clear()
-    assert mesure_memoire._read_at_most(7, 100) == b"0123456789" and asked == [100, 97, 94, 91, 90]
+    assert mesure_memoire._read_at_most(7, 100) == b"0123456789"
+    assert asked == [100, 97, 94, 91, 90]
 
 
 def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
@@ -618,11 +626,13 @@ def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
 
 
 def test_counts_milliseconds_and_medians_are_exact():
-    assert mesure_memoire._count(0) == 0 and mesure_memoire._count(10**30 - 1) == 10**30 - 1
+    assert mesure_memoire._count(0) == 0
+    assert mesure_memoire._count(10**30 - 1) == 10**30 - 1
     for value in (-1, 10**30, True, 1.0, "1", None):
         assert mesure_memoire._count(value) is None, value
     assert mesure_memoire._milliseconds(1234567) == Decimal("1.234567")
-    assert mesure_memoire._median([3, 1, 2]) == 2 and isinstance(mesure_memoire._median([5]), Decimal)
+    assert mesure_memoire._median([3, 1, 2]) == 2
+    assert isinstance(mesure_memoire._median([5]), Decimal)
     assert mesure_memoire._median([4, 1, 3, 2]) == Decimal("2.5")
     assert mesure_memoire._median([Decimal("0.1"), Decimal("0.2")]) == Decimal("0.15")
     assert str(mesure_memoire._median([1, 10**40])) == "5" + "0" * 38 + "0.5"  # exact beyond 28 digits
@@ -645,9 +655,9 @@ def test_checked_result_messages_name_the_file_and_the_field():
 
 
 def test_cells_show_none_and_escape_unprintable_text():
-    assert (
-        mesure_memoire._cell(None) == "none" and mesure_memoire._cell("a b") == "a b" and mesure_memoire._cell(3) == "3"
-    )
+    assert mesure_memoire._cell(None) == "none"
+    assert mesure_memoire._cell("a b") == "a b"
+    assert mesure_memoire._cell(3) == "3"
     assert mesure_memoire._cell("a\nb") == "'a\\nb'"
 
 
@@ -742,7 +752,8 @@ def test_a_refusal_echoes_a_bounded_excerpt_of_a_huge_value(change, tmp_path, mo
     name = _write(tmp_path, "huge.json", _valid_with(change))
     assert mesure_memoire.main(["report", name]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and len(captured.err.splitlines()) == 1
+    assert captured.out == ""
+    assert len(captured.err.splitlines()) == 1
     assert captured.err.startswith("mesure_memoire.py: error: report: 'huge.json' is not a kit result: ")
     assert len(captured.err) < 300, len(captured.err)
 
@@ -876,7 +887,8 @@ def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
     if json_flag:
         assert json.loads(completed.stdout)["results"][0]["gpu"] == "Carte Éclair"
     else:
-        assert "mesures-\\xe9.json" in completed.stdout and "Carte \\xc9clair" in completed.stdout
+        assert "mesures-\\xe9.json" in completed.stdout
+        assert "Carte \\xc9clair" in completed.stdout
 
 
 @pytest.mark.parametrize(("above_bytes", "flagged"), [(0, False), (1, True)])
@@ -898,7 +910,8 @@ def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(["report", "odd.json"]) == 0
     out = capsys.readouterr().out
-    assert "odd.json            20.00             impossible\n" in out and "-0.00" not in out
+    assert "odd.json            20.00             impossible\n" in out
+    assert "-0.00" not in out
     assert "device used below reserved: impossible reading, outside allocator not shown" in out
 
 
@@ -907,7 +920,8 @@ def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path
 
 def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypatch, capsys):
     row, old = row_of(load("schema4.json")), row_of(load("schema3.json"))
-    assert row["flags"] == ["allocator expandable_segments True"] and old["flags"] == []
+    assert row["flags"] == ["allocator expandable_segments True"]
+    assert old["flags"] == []
     assert {key: value for key, value in row.items() if key not in ("flags", "schema_version")} == {
         key: value for key, value in old.items() if key not in ("flags", "schema_version")
     }

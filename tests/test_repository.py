@@ -79,14 +79,16 @@ CONTRACT_HELPERS_ALIKE = ("one_line",)
 def _contract_block(script):
     text = (ROOT / script).read_text(encoding="utf-8")
     begin, end = CONTRACT_MARKERS
-    assert text.count(begin) == 1 and text.count(end) == 1, f"{script}: each contract marker exactly once"
+    assert text.count(begin) == 1, f"{script}: each contract marker exactly once"
+    assert text.count(end) == 1, f"{script}: each contract marker exactly once"
     return text[text.index(begin) : text.index(end)]
 
 
 def _kit_contract_renamed():
     block = _contract_block("mesure_memoire.py")
     for kit_name, calculator_name in CONTRACT_RENAMED.items():
-        assert kit_name in block and calculator_name not in block, (kit_name, calculator_name)
+        assert kit_name in block, (kit_name, calculator_name)
+        assert calculator_name not in block, (kit_name, calculator_name)
         block = block.replace(kit_name, calculator_name)
     return block
 

@@ -106,7 +106,8 @@ def test_the_example_file_gives_each_rental_once_cheapest_first(capsys):
     expected.sort()
     assert [r["rental_id"] for r in data["rentals"]] == [e[1] for e in expected]
     for rental, (cost, _, total, count, accepted) in zip(data["rentals"], expected, strict=True):
-        assert rental["total_price_cents"] == total and rental["runs"] == count
+        assert rental["total_price_cents"] == total
+        assert rental["runs"] == count
         assert rental["units_accepted"] == accepted
         assert rental["cost_per_accepted_result_usd"] == half_up_cents(cost / 100)
     assert any(rental["runs"] > 1 for rental in data["rentals"])  # the example shows a price counted once
@@ -149,9 +150,10 @@ def test_a_rental_with_several_runs_counts_its_price_once(folder, capsys):
         "units_accepted": 97,
         "cost_per_accepted_result_usd": half_up_cents(Fraction(h100, 100 * 97)),
     }
-    assert second["rental_id"] == "rent-2" and second["cost_per_accepted_result_usd"] == cents(PRICES[("mi300x", 7)])
+    assert second["rental_id"] == "rent-2"
+    assert second["cost_per_accepted_result_usd"] == cents(PRICES[("mi300x", 7)])
     status, text, _ = call(capsys, "--results", path)
-    assert status == 0
+    assert status == 0, err
     lines = text.splitlines()
     assert lines[0] == "Rentals, cheapest accepted result first; quality metric exact match, threshold 0.9:"
     assert lines[1].split() == [
@@ -183,7 +185,8 @@ def test_a_rental_with_several_runs_counts_its_price_once(folder, capsys):
         half_up_cents(Fraction(h100, 100 * 97)),
         "USD",
     ]
-    assert lines[3].split()[0] == "rent-2" and len(lines) == 6
+    assert lines[3].split()[0] == "rent-2"
+    assert len(lines) == 6
 
 
 def cents(value):
@@ -198,8 +201,10 @@ def test_no_accepted_unit_gives_null_and_sorts_last(folder, capsys):
     )
     status, out, _ = call(capsys, "--results", path, "--json")
     rentals = json.loads(out)["rentals"]
-    assert status == 0 and [r["rental_id"] for r in rentals] == ["some", "zero"]
-    assert rentals[1]["cost_per_accepted_result_usd"] is None and rentals[1]["units_accepted"] == 0
+    assert status == 0
+    assert [r["rental_id"] for r in rentals] == ["some", "zero"]
+    assert rentals[1]["cost_per_accepted_result_usd"] is None
+    assert rentals[1]["units_accepted"] == 0
     assert "null when no unit was accepted" in json.loads(out)["cost_rounding"]
     status, text, _ = call(capsys, "--results", path)
     assert text.splitlines()[3].endswith("none accepted")
@@ -311,8 +316,10 @@ def test_a_bad_results_file_is_refused_in_one_line(folder, capsys, kind):
     before = tree_digest(folder)
     status, out, err = call(capsys, "--results", path)
     assert (status, out) == (2, ""), err
-    assert len(err.splitlines()) == 1 and err.startswith(f"calcul_forfaits.py: error: {str(path)!r}: "), err
-    assert fragment in err and err.endswith("; nothing computed\n"), err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"calcul_forfaits.py: error: {str(path)!r}: "), err
+    assert fragment in err, err
+    assert err.endswith("; nothing computed\n"), err
     assert tree_digest(folder) == before
 
 
@@ -440,7 +447,8 @@ def test_a_measurement_file_resolving_outside_the_folder_is_refused_unnamed(insi
         f"calcul_forfaits.py: error: {str(path)!r}: line 2: measurement_file {measurement_file!r}: "
         "resolves outside the results file's folder (through a link); nothing computed\n"
     )
-    assert resolved not in err and "/etc" not in err
+    assert resolved not in err
+    assert "/etc" not in err
 
 
 def test_links_that_stay_inside_the_folder_are_followed(inside, capsys, monkeypatch):

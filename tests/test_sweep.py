@@ -142,7 +142,8 @@ def test_when_the_first_value_is_predicted_not_to_fit_nothing_runs_and_no_folder
     problem = mesure_memoire.fit_problem(plan_for(8192), environment())
     assert captured.out == ""
     assert captured.err == f"mesure_memoire.py: error: width 8192: predicted not to fit, not launched: {problem}\n"
-    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE]
+    assert os.listdir(".") == []
 
 
 def test_the_first_exit_3_stops_the_sweep_with_the_plan_s_figure(stand_in, capsys):
@@ -177,7 +178,8 @@ def test_a_child_s_refusal_stops_the_sweep_with_the_child_s_line(stand_in, capsy
         "mesure_memoire.py: error: width 256: the child refused (exit status 2): "
         "mesure_memoire.py: error: --dtype bfloat16: not supported (stand-in)\n"
     )
-    assert stand_in.calls() == [PROBE, measure_call(256)] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE, measure_call(256)]
+    assert os.listdir(".") == []
 
 
 def test_a_child_that_hangs_is_stopped_and_reported_and_leaves_nothing(stand_in, capsys, monkeypatch):
@@ -305,7 +307,8 @@ def test_without_a_gpu_one_line_exit_2_and_no_folder(stand_in, capsys):
         "mesure_memoire.py: error: no usable GPU for cuda:0: torch.cuda.is_available() is False (stand-in); "
         "nothing measured, no folder created\n"
     )
-    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE]
+    assert os.listdir(".") == []
 
 
 def test_a_pytorch_below_2_4_is_refused_after_the_probe_and_no_folder_stays(stand_in, capsys):
@@ -315,7 +318,8 @@ def test_a_pytorch_below_2_4_is_refused_after_the_probe_and_no_folder_stays(stan
         "mesure_memoire.py: error: PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1+cu121': "
         "nothing measured\n"
     )
-    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE]
+    assert os.listdir(".") == []
 
 
 @pytest.mark.whole_kit
@@ -327,9 +331,11 @@ def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
         cwd=tmp_path,
         timeout=120,
     )
-    assert completed.returncode == 2 and completed.stdout == ""
+    assert completed.returncode == 2
+    assert completed.stdout == ""
     assert completed.stderr.startswith("mesure_memoire.py: error: no usable GPU for cuda:0: ")
-    assert completed.stderr.endswith("; nothing measured, no folder created\n") and completed.stderr.count("\n") == 1
+    assert completed.stderr.endswith("; nothing measured, no folder created\n")
+    assert completed.stderr.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
 
 
@@ -398,7 +404,8 @@ def test_refusals_come_before_any_child_and_create_nothing(tmp_path, monkeypatch
     argv = [*SWEEP[:-2], *extra] if "--output-dir" in extra else [*SWEEP, *extra]
     assert mesure_memoire.main(argv) == 2
     assert_one_line(capsys.readouterr().err, message)
-    assert tree_digest(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["existing", "file.json"]
+    assert tree_digest(tmp_path) == before
+    assert sorted(os.listdir(tmp_path)) == ["existing", "file.json"]
 
 
 def test_vary_names_a_dimension(tmp_path, monkeypatch, capsys):
@@ -504,7 +511,8 @@ def test_a_probe_that_fails_stops_the_sweep_before_any_measurement(stand_in, cap
     (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "probe": probe}))
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
     assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
-    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE]
+    assert os.listdir(".") == []
 
 
 def test_a_probe_that_hangs_is_stopped_and_said(stand_in, capsys, monkeypatch):

@@ -447,3 +447,33 @@ def half_up_cents(fraction):
     """An independent half-up rounding to the cent, with fractions: "12.35" for Fraction(12345, 1000)."""
     cents = (fraction * 100 + Fraction(1, 2)).__floor__()
     return f"{cents // 100}.{cents % 100:02d}"
+
+
+# --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
+# (a change of wording is one edit here, with the code and the README).
+MESSAGES = {
+    "shrink context": "shrink --context (the activations dominate)",
+    "shrink width": "shrink --width (the weights dominate)",
+    "report: phase line incomplete": "a phase line is missing its name, time or peak counters",
+    "no CUDA or ROCm build": "this PyTorch build has no CUDA or ROCm support",
+    "no GPU visible": "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)",
+    "--reserve-gib not a number": "--reserve-gib: expected a number >= 0",
+    "stdout full": "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n",
+    "--warmup out of range": "--warmup: expected a whole number from 0 to 1000",
+    "--repeats out of range": "--repeats: expected a whole number from 1 to 1000",
+    "--width not positive": "--width: expected a positive whole number",
+    "--dtype float64": "--dtype: expected one of float32, float16, bfloat16, got 'float64'",
+    "report: not a measure configuration": "its configuration or parameter count is not one measure writes",
+    "report: a section is missing": "configuration, synthetic_model or environment is missing",
+    "calculator: /dev/zero not a regular file": "'/dev/zero': not a regular file",
+    "calculator: --lots with --list": "--lots: not allowed with --list",
+    "calculator: --results empty": "--results: expected a file name, got ''",
+    "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required",
+    "calculator: --gpu without value": "argument --gpu: expected one argument",
+    "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
+    "Ctrl-C, no partial file": "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n",
+    "--output empty": "--output: a new file name is required",
+    "dtype probe failed": "the dtype probe failed on cuda:0",
+    "estimate: --bits missing": "estimate: the following arguments are required: --bits",
+    "--output sub/o.json cannot be created": "--output: cannot create sub/o.json",
+}

@@ -19,6 +19,7 @@ import pytest
 
 import calcul_forfaits
 from conftest import (
+    MESSAGES,
     ROOT,
     UnwritableStdout,
     assert_one_line_refusal,
@@ -217,7 +218,7 @@ def test_json_is_indented_by_two_spaces(capsys):
         (["--gpu", "h200", "--days", "7", "--accepted-results", "-3"], ["--accepted-results"]),
         (["--gpu", "h200", "--days", "7", "--accepted-results", "2.5"], ["--accepted-results"]),
         (["--gpu", "h200", "--days", "7", "--accepted-results", "many"], ["--accepted-results"]),
-        (["--list", "--lots", "2"], ["--lots: not allowed with --list"]),
+        (["--list", "--lots", "2"], [MESSAGES["calculator: --lots with --list"]]),
         (["--list", "--accepted-results", "2"], ["--accepted-results: not allowed with --list"]),
         (["--list", "--gpu", "h200"], ["--gpu: not allowed with --list"]),
         (["--results", "r.csv", "--list"], ["--list: not allowed with --results"]),
@@ -225,16 +226,16 @@ def test_json_is_indented_by_two_spaces(capsys):
         (["--results", "r.csv", "--days", "7"], ["--days: not allowed with --results"]),
         (["--results", "r.csv", "--gpu", "b200"], ["--gpu: not allowed with --results"]),
         (["--list", "--days", "5"], ["--days"]),
-        ([], ["one of --gpu, --list, --results or --for-plan is required"]),
-        (["--json", "--catalog", "c.csv"], ["one of --gpu, --list, --results or --for-plan is required"]),
-        (["--gpu"], ["argument --gpu: expected one argument"]),
-        (["--gpu", "--days", "7"], ["argument --gpu: expected one argument"]),
-        (["--gpu", "-b200", "--days", "7"], ["argument --gpu: expected one argument"]),  # no slug starts with -
+        ([], [MESSAGES["calculator: no mode"]]),
+        (["--json", "--catalog", "c.csv"], [MESSAGES["calculator: no mode"]]),
+        (["--gpu"], [MESSAGES["calculator: --gpu without value"]]),
+        (["--gpu", "--days", "7"], [MESSAGES["calculator: --gpu without value"]]),
+        (["--gpu", "-b200", "--days", "7"], [MESSAGES["calculator: --gpu without value"]]),  # no slug starts with -
         (["--json=yes", "--list"], ["argument --json: ignored explicit argument 'yes'"]),
         (["--list", "extra"], ["unrecognized arguments: extra"]),
         (["--catalog", "", "--list"], ["--catalog: expected a file name, got ''"]),
         (["--catalog=", "--list"], ["--catalog: expected a file name"]),
-        (["--results", ""], ["--results: expected a file name, got ''"]),
+        (["--results", ""], [MESSAGES["calculator: --results empty"]]),
     ],
 )
 def test_bad_options_are_refused(capsys, args, fragments):
@@ -253,8 +254,8 @@ def test_bad_options_are_refused(capsys, args, fragments):
         ),
         (["--gpu", "b200"], "--days is required with --gpu (3, 7 or 30)"),
         (["--gpu", "b200", "--days", "5"], "--days: expected 3, 7 or 30 (fixed durations, no proration), got '5'"),
-        (["--list", "--lots", "2"], "--lots: not allowed with --list"),
-        (["--results", "", "--json"], "--results: expected a file name, got ''"),
+        (["--list", "--lots", "2"], MESSAGES["calculator: --lots with --list"]),
+        (["--results", "", "--json"], MESSAGES["calculator: --results empty"]),
         (["--gpu", "b200", "--days", "7", "--days", "3"], "argument --days: given twice"),
         (["--list", "--json", "--json"], "argument --json: given twice"),
     ],
@@ -687,7 +688,7 @@ def test_a_hostile_catalog_or_value_is_one_line(tmp_path, capsys, monkeypatch, c
 
 BLOCKING_CATALOGS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
     "a FIFO": (["--catalog", "fifo", "--list"], "'fifo': not a regular file"),
-    "/dev/zero": (["--catalog", "/dev/zero", "--list"], "'/dev/zero': not a regular file"),
+    "/dev/zero": (["--catalog", "/dev/zero", "--list"], MESSAGES["calculator: /dev/zero not a regular file"]),
     "a link to /dev/zero": (["--catalog", "zero.csv", "--list"], "'zero.csv': not a regular file"),
 }
 

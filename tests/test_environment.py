@@ -19,6 +19,7 @@ import mesure_memoire
 from conftest import (
     BLOCK_NUMPY,
     GIB,
+    MESSAGES,
     MESURE_SCRIPT,
     MIB,
     ROOT,
@@ -47,8 +48,8 @@ def _no_gpu_reason():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here: the no-GPU path cannot run for real")
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        return "this PyTorch build has no CUDA or ROCm support"
-    return "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)"
+        return MESSAGES["no CUDA or ROCm build"]
+    return MESSAGES["no GPU visible"]
 
 
 def test_without_a_gpu_it_reports_none_usable():
@@ -540,13 +541,9 @@ def test_the_collector_when_the_gpu_is_not_visible_or_unreadable(stand_in_gpu, m
     stand_in_gpu()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["gpu_unavailable_reason"] == (
-        "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)"
-    )
+    assert environment["gpu_unavailable_reason"] == (MESSAGES["no GPU visible"])
     monkeypatch.setattr(torch.version, "cuda", None)
-    assert mesure_memoire.collect_environment("cuda:0")["gpu_unavailable_reason"] == (
-        "this PyTorch build has no CUDA or ROCm support"
-    )
+    assert mesure_memoire.collect_environment("cuda:0")["gpu_unavailable_reason"] == (MESSAGES["no CUDA or ROCm build"])
     monkeypatch.setattr(torch.version, "hip", "7.0")
     assert mesure_memoire.collect_environment("cuda:0")["gpu_unavailable_reason"].startswith("torch.cuda.is_avail")
     stand_in_gpu()

@@ -10,6 +10,7 @@ import pytest
 
 import mesure_memoire
 from conftest import (
+    MESSAGES,
     ROOT,
     assert_one_line_refusal,
     kit_error_of,
@@ -231,7 +232,7 @@ def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
     ],
 )
 def test_one_number_grammar_refuses_the_rest(reserve):
-    with pytest.raises(mesure_memoire.KitError, match="--reserve-gib: expected a number >= 0"):
+    with pytest.raises(mesure_memoire.KitError, match=MESSAGES["--reserve-gib not a number"]):
         mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
 
 
@@ -430,7 +431,7 @@ def test_estimate_weights_returns_every_field():
         kit_error_of(mesure_memoire.estimate_weights, 1, 0)
         == "--bits: expected a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
     )
-    assert kit_error_of(mesure_memoire.estimate_weights, 1, 1, "-1").startswith("--reserve-gib: expected a number >= 0")
+    assert kit_error_of(mesure_memoire.estimate_weights, 1, 1, "-1").startswith(MESSAGES["--reserve-gib not a number"])
 
 
 def test_estimate_json_rounds_halves_up_to_six_decimals(capsys):
@@ -494,8 +495,8 @@ def test_the_options_reach_the_estimate_with_its_default_reserve(monkeypatch, ca
     [
         (["--bitsx=16"], "estimate: unrecognized arguments: --bitsx"),  # named without its value
         (["--bitsx", "16", "--reserve", "4"], "estimate: unrecognized arguments: --bitsx --reserve"),
-        (["-"], "estimate: the following arguments are required: --bits"),  # "-" is not an option
-        (["--", "--bitsx"], "estimate: the following arguments are required: --bits"),  # after --, not an option
+        (["-"], MESSAGES["estimate: --bits missing"]),  # "-" is not an option
+        (["--", "--bitsx"], MESSAGES["estimate: --bits missing"]),  # after --, not an option
     ],
 )
 def test_a_typo_of_a_required_option_is_named_as_typed(argv, said, capsys):

@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 import mesure_memoire
-from conftest import ROOT
+from conftest import MESSAGES, ROOT
 
 matplotlib.use("Agg")  # before pyplot: no screen, and the same drawing everywhere
 from matplotlib import pyplot  # noqa: E402
@@ -243,7 +243,7 @@ def figure_cell_namespace(measurement):
 def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_matplotlib(monkeypatch, capsys):
     namespace, run_figure = figure_cell_namespace(None)
     exec(run_figure, namespace)
-    assert capsys.readouterr().out == "Nothing to draw: this kernel wrote no measurement.\n"
+    assert capsys.readouterr().out == MESSAGES["figure: nothing to draw"]
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # matplotlib not installed, as far as import can tell
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     namespace["measurement"] = load(DATA / "schema3.json")

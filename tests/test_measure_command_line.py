@@ -24,6 +24,7 @@ from conftest import (
     BLOCK_NUMPY,
     GIB,
     MEASURE,
+    MESSAGES,
     MESURE_SCRIPT,
     MIB,
     MINE,
@@ -143,8 +144,8 @@ def _boom(*args, **kwargs):
     ("step", "dtype", "exit_code", "fragment"),
     [
         ("is_initialized", "float32", 2, "torch.cuda.is_initialized failed on cuda:0"),
-        ("get_device_capability", "float16", 2, "the dtype probe failed on cuda:0"),
-        ("is_bf16_supported", "bfloat16", 2, "the dtype probe failed on cuda:0"),
+        ("get_device_capability", "float16", 2, MESSAGES["dtype probe failed"]),
+        ("is_bf16_supported", "bfloat16", 2, MESSAGES["dtype probe failed"]),
         ("set_device", "float32", 2, "torch.cuda.set_device failed on cuda:0"),
         ("init", "float32", 2, "torch.cuda.init failed on cuda:0"),
         ("memory_allocated", "float32", 2, "torch.cuda.memory_allocated failed on cuda:0"),
@@ -435,9 +436,7 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
             sys.__stdout__ = real_stdout
         assert code == 1
         assert os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
-    )
+    assert capsys.readouterr().err == (MESSAGES["stdout full"])
     with open(tmp_path / "other.txt", "w") as other:  # not the interpreter's stdout: left alone
         assert (
             mesure_memoire.stdout_failed(
@@ -464,9 +463,7 @@ def test_main_points_the_interpreters_own_stdout_at_devnull_when_it_fails(monkey
             sys.__stdout__ = real_stdout
         assert code == 1
         assert os.path.realpath(f"/proc/self/fd/{full.fileno()}") == os.devnull
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
-    )
+    assert capsys.readouterr().err == (MESSAGES["stdout full"])
 
 
 def test_main_restores_stdout_and_returns_each_status(capsys, monkeypatch):
@@ -500,9 +497,7 @@ def test_a_stdout_that_fails_only_on_flush_is_one_line_and_exit_1(capsys, monkey
         written.clear()
         assert mesure_memoire.main(argv) == 1
         assert written
-        assert capsys.readouterr().err == (
-            "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n"
-        )
+        assert capsys.readouterr().err == (MESSAGES["stdout full"])
 
 
 def test_ctrl_c_is_one_exact_line_and_status_130(capsys, monkeypatch):
@@ -512,7 +507,7 @@ def test_ctrl_c_is_one_exact_line_and_status_130(capsys, monkeypatch):
     monkeypatch.setattr(mesure_memoire, "estimate_weights", interrupted)
     assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1"]) == 130
     captured = capsys.readouterr()
-    assert captured.err == "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n"
+    assert captured.err == MESSAGES["Ctrl-C, no partial file"]
     assert captured.out == ""
 
 
@@ -550,7 +545,7 @@ def test_an_unwritable_folder_is_refused_before_any_gpu_work(folder, capsys, mon
     monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: pytest.fail("measured first"))
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "sub/o.json"])
     assert code == 2
-    assert_one_line(captured.err, "--output: cannot create sub/o.json", "Read-only file system")
+    assert_one_line(captured.err, MESSAGES["--output sub/o.json cannot be created"], "Read-only file system")
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into a 0555 folder anyway")
@@ -561,7 +556,7 @@ def test_a_read_only_folder_for_real(folder, capsys):
     finally:
         (folder / "sub").chmod(stat.S_IRWXU)
     assert code == 2
-    assert_one_line(captured.err, "--output: cannot create sub/o.json")
+    assert_one_line(captured.err, MESSAGES["--output sub/o.json cannot be created"])
 
 
 def test_measure_without_a_gpu_prints_exactly_one_stderr_line(tmp_path):

@@ -15,6 +15,7 @@ import torch
 import mesure_memoire
 from conftest import (
     MEASURE,
+    MESSAGES,
     RecordingCudaStandIn,
     assert_one_line,
     kit_error_of,
@@ -125,7 +126,7 @@ def test_check_new_output_messages_are_whole(tmp_path, monkeypatch):
         "--output: cannot create 'x\\x00.json': ValueError: embedded null character; nothing measured"
     )
     for empty in ("", "  ", None, b"x.json"):
-        assert kit_error_of(mesure_memoire.check_new_output, empty) == "--output: a new file name is required"
+        assert kit_error_of(mesure_memoire.check_new_output, empty) == MESSAGES["--output empty"]
     assert mesure_memoire.check_new_output("new.json") == "new.json"
     assert sorted(os.listdir()) == ["f", "old.json"]
 

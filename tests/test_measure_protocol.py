@@ -19,6 +19,7 @@ import mesure_memoire
 from conftest import (
     GIB,
     MEASURE,
+    MESSAGES,
     MIB,
     SMALL_TRIAL,
     RecordingCudaStandIn,
@@ -851,7 +852,7 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
     assert environment["torch"] is environment["cuda_build"] is environment["hip_build"] is None
     assert environment["device_count"] is None
     assert environment["gpu_available"] is False
-    assert environment["gpu_unavailable_reason"] == "this PyTorch build has no CUDA or ROCm support"
+    assert environment["gpu_unavailable_reason"] == MESSAGES["no CUDA or ROCm build"]
     for key in (
         "cuda_matmul_allow_tf32",
         "cudnn_allow_tf32",
@@ -944,10 +945,7 @@ def test_measure_config_validates_each_option_by_its_name():
     )
     args = list(good)
     args[4] = "float64"
-    assert (
-        kit_error_of(mesure_memoire.measure_config, *args)
-        == "--dtype: expected one of float32, float16, bfloat16, got 'float64'"
-    )
+    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--dtype float64"]
     args = list(good)
     args[0] = "cuda"
     assert kit_error_of(mesure_memoire.measure_config, *args).startswith("--device: expected cuda:N")

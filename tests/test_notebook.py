@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 
 import build_notebook
 import mesure_memoire
-from conftest import ROOT, code_cells_as_script, run_script, tree_digest
+from conftest import MESSAGES, ROOT, code_cells_as_script, run_script, tree_digest
 
 REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
@@ -426,7 +426,7 @@ def test_without_a_gpu_nothing_is_measured_and_nothing_written(executed):
     assert measured.count("nothing measured") == 1, measured
     assert measured.count("no file written") == 1, measured
     assert stdout_of(cells["run-results"]) == "Nothing to show: this kernel wrote no measurement.\n"
-    assert stdout_of(cells["run-figure"]) == "Nothing to draw: this kernel wrote no measurement.\n"
+    assert stdout_of(cells["run-figure"]) == MESSAGES["figure: nothing to draw"]
     assert sorted(p.name for p in folder.iterdir()) == [NOTEBOOK.name]
     assert hashlib.sha256(NOTEBOOK.read_bytes()).hexdigest() == before  # the committed file is untouched
 

@@ -17,6 +17,7 @@ import mesure_memoire
 from conftest import (
     GIB,
     MEASURE_TRIAL,
+    MESSAGES,
     MIB,
     ROOT,
     RecordingCudaStandIn,
@@ -222,11 +223,11 @@ def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
 @pytest.mark.parametrize(
     ("arguments", "fragment"),
     [
-        (["--width", "0"], "--width: expected a positive whole number"),
+        (["--width", "0"], MESSAGES["--width not positive"]),
         (["--batch", "1.5"], "--batch: expected a positive whole number"),
         (["--context", "-3"], "--context: expected a positive whole number"),
-        (["--dtype", "float64"], "--dtype: expected one of float32, float16, bfloat16, got 'float64'"),
-        (["--repeats", "0"], "--repeats: expected a whole number from 1 to 1000"),
+        (["--dtype", "float64"], MESSAGES["--dtype float64"]),
+        (["--repeats", "0"], MESSAGES["--repeats out of range"]),
         (["--output", "x.json"], "--plan writes nothing"),
     ],
 )
@@ -251,9 +252,9 @@ HUGE_COUNTS = [
         ["--warmup", "9" * 30],
         f"--warmup: expected a whole number from 0 to 1000 in ASCII digits, {BOUNDED} '{'9' * 30}'",
     ),
-    (["--warmup", "1000000000"], "--warmup: expected a whole number from 0 to 1000"),
-    (["--repeats", "1001"], "--repeats: expected a whole number from 1 to 1000"),
-    (["--warmup", "1001"], "--warmup: expected a whole number from 0 to 1000"),
+    (["--warmup", "1000000000"], MESSAGES["--warmup out of range"]),
+    (["--repeats", "1001"], MESSAGES["--repeats out of range"]),
+    (["--warmup", "1001"], MESSAGES["--warmup out of range"]),
 ]
 
 
@@ -308,7 +309,7 @@ def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatc
     assert mesure_memoire.main(MEASURE_TRIAL) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "--output: a new file name is required" in err
+    assert MESSAGES["--output empty"] in err
     assert "--plan" in err
     assert mesure_memoire.main([*MEASURE_TRIAL, "--json", "--output", "x.json"]) == 2
     assert "--json goes with --plan" in capsys.readouterr().err
@@ -320,7 +321,7 @@ def test_plan_refuses_a_bad_dimension_like_measure_from_the_command_line(tmp_pat
     completed = run_script(
         "mesure_memoire.py", *MEASURE_TRIAL[:7], "--width", "0", "--plan", python_flags=("-S",), cwd=tmp_path
     )
-    assert_one_line_refusal(completed, "--width: expected a positive whole number")
+    assert_one_line_refusal(completed, MESSAGES["--width not positive"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -365,7 +366,7 @@ def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu,
     assert f"the predicted peak, {peak} bytes" in err
     assert f"exceeds the {needed - 1} bytes" in err
     assert "free (mem_get_info) less a 1.00 GiB margin" in err
-    assert "shrink --context (the activations dominate)" in err
+    assert MESSAGES["shrink context"] in err
 
 
 def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu):
@@ -382,9 +383,9 @@ def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu):
 @pytest.mark.parametrize(
     ("arguments", "advice"),
     [
-        (["--width", "30000"], "shrink --width (the weights dominate)"),
+        (["--width", "30000"], MESSAGES["shrink width"]),
         (["--batch", "40000", "--context", "8", "--width", "512"], "shrink --batch (the activations dominate)"),
-        (["--batch", "1", "--context", "400000", "--width", "512"], "shrink --context (the activations dominate)"),
+        (["--batch", "1", "--context", "400000", "--width", "512"], MESSAGES["shrink context"]),
     ],
 )
 def test_the_refusal_names_the_dimension_to_shrink(stand_in_gpu, monkeypatch, tmp_path, capsys, arguments, advice):
@@ -525,9 +526,9 @@ def fit_plan(weights, peak, batch=1, context=1):
 @pytest.mark.parametrize(
     ("weights", "peak", "batch", "context", "advice"),
     [
-        (1000, 2000, 1, 1, "shrink --width (the weights dominate)"),  # exactly half the peak: weights
-        (999, 2000, 1, 1, "shrink --context (the activations dominate)"),
-        (999, 2000, 5, 5, "shrink --context (the activations dominate)"),  # a tie: --context
+        (1000, 2000, 1, 1, MESSAGES["shrink width"]),  # exactly half the peak: weights
+        (999, 2000, 1, 1, MESSAGES["shrink context"]),
+        (999, 2000, 5, 5, MESSAGES["shrink context"]),  # a tie: --context
         (999, 2000, 6, 5, "shrink --batch (the activations dominate)"),
     ],
 )

@@ -19,6 +19,7 @@ import pytest
 
 import mesure_memoire
 from conftest import (
+    MESSAGES,
     ROOT,
     assert_one_line_refusal,
     kit_error_of,
@@ -371,11 +372,11 @@ HOSTILE = {
     ),
     "dtype a list": (
         lambda folder: _write(folder, "dl.json", _valid_with(lambda r: r["configuration"].update(dtype=["float32"]))),
-        "its configuration or parameter count is not one measure writes",
+        MESSAGES["report: not a measure configuration"],
     ),
     "dtype an object": (
         lambda folder: _write(folder, "do.json", _valid_with(lambda r: r["configuration"].update(dtype={"a": 1}))),
-        "its configuration or parameter count is not one measure writes",
+        MESSAGES["report: not a measure configuration"],
     ),
     "fresh warning a list": (
         lambda folder: _write(
@@ -414,7 +415,7 @@ HOSTILE = {
     "two cold lines": (lambda folder: _write(folder, "tc.json", _valid_with(_two_cold)), "one cold_forward line"),
     "negative time": (
         lambda folder: _write(folder, "nt.json", _valid_with(lambda r: r["phases"][3].update(nanoseconds=-1))),
-        "a phase line is missing its name, time or peak counters",
+        MESSAGES["report: phase line incomplete"],
     ),
     "text counter": (
         lambda folder: _write(folder, "tx.json", _valid_with(lambda r: r["phases"][0].update(peak_reserved_bytes="1"))),
@@ -426,7 +427,7 @@ HOSTILE = {
     ),
     "bool batch": (
         lambda folder: _write(folder, "bb.json", _valid_with(lambda r: r["configuration"].update(batch=True))),
-        "its configuration or parameter count is not one measure writes",
+        MESSAGES["report: not a measure configuration"],
     ),
     "float64": (
         lambda folder: _write(folder, "f64.json", _valid_with(lambda r: r["configuration"].update(dtype="float64"))),
@@ -438,7 +439,7 @@ HOSTILE = {
     ),
     "no environment": (
         lambda folder: _write(folder, "ne.json", _valid_with(lambda r: r.update(environment=[]))),
-        "configuration, synthetic_model or environment is missing",
+        MESSAGES["report: a section is missing"],
     ),
     "GPU name not text": (
         lambda folder: _write(folder, "gn.json", _valid_with(lambda r: r["environment"]["gpu"].update(name=5))),
@@ -686,12 +687,12 @@ def _schema2():
     [
         (lambda r: r["synthetic_model"].pop("parameters"), "its configuration or parameter count is not one"),
         (lambda r: r["configuration"].update(context=0), "its configuration or parameter count is not one"),
-        (lambda r: r.update(synthetic_model=None), "configuration, synthetic_model or environment is missing"),
-        (lambda r: r.update(configuration=[]), "configuration, synthetic_model or environment is missing"),
+        (lambda r: r.update(synthetic_model=None), MESSAGES["report: a section is missing"]),
+        (lambda r: r.update(configuration=[]), MESSAGES["report: a section is missing"]),
         (lambda r: r["environment"].update(hip_build=7), "its environment's GPU name, PyTorch or build is not text"),
-        (lambda r: r["phases"].append(5), "a phase line is missing its name, time or peak counters"),
-        (lambda r: r.update(phases={}), "a phase line is missing its name, time or peak counters"),
-        (lambda r: r["phases"][0].pop("nanoseconds"), "a phase line is missing its name, time or peak counters"),
+        (lambda r: r["phases"].append(5), MESSAGES["report: phase line incomplete"]),
+        (lambda r: r.update(phases={}), MESSAGES["report: phase line incomplete"]),
+        (lambda r: r["phases"][0].pop("nanoseconds"), MESSAGES["report: phase line incomplete"]),
         (lambda r: r["phases"][0].update(peak_allocated_bytes=-1), "a phase line is missing its name"),
         (lambda r: r.update(output_summary=None), "schema 2 needs output_summary.all_finite, true or false"),
         (lambda r: r["prediction_check"].update(agrees=1), "schema 2 needs prediction_check.agrees, true or false"),

@@ -17,7 +17,7 @@ from fractions import Fraction
 import pytest
 
 import calcul_forfaits
-from conftest import ROOT, assert_one_line_refusal, calculator_refusal, half_up_cents, tree_digest
+from conftest import MESSAGES, ROOT, assert_one_line_refusal, calculator_refusal, half_up_cents, tree_digest
 from conftest import call_calculator as call
 
 DATA = ROOT / "tests" / "data" / "results"
@@ -552,7 +552,7 @@ def test_a_hostile_results_file_is_one_line(hostile, capsys, monkeypatch, case):
 
 BLOCKING_RESULTS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
     "a FIFO": (["--results", "fifo"], "'fifo': not a regular file"),
-    "/dev/zero": (["--results", "/dev/zero"], "'/dev/zero': not a regular file"),
+    "/dev/zero": (["--results", "/dev/zero"], MESSAGES["calculator: /dev/zero not a regular file"]),
     "measurement a FIFO": (["--results", "runs-fifo.csv"], "measurement_file 'fifo': not a regular file"),
     "measurement a link to /dev/zero": (["--results", "runs-zero.csv"], "measurement_file 'zero.csv': resolves out"),
 }

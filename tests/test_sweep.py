@@ -11,7 +11,7 @@ import time
 import pytest
 
 import mesure_memoire
-from conftest import GIB, MESURE_SCRIPT, ROOT, assert_one_line, config, sigint_as_from_a_terminal, tree_digest
+from conftest import GIB, MESSAGES, MESURE_SCRIPT, ROOT, assert_one_line, config, sigint_as_from_a_terminal, tree_digest
 
 DATA = ROOT / "tests" / "data"
 PYTHON = sys.executable  # the real interpreter: the stand_in fixture replaces sys.executable
@@ -241,7 +241,7 @@ def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_i
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
-    assert err == "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n"
+    assert err == MESSAGES["Ctrl-C, no partial file"]
     assert out == "width 256: measured, out/mesures-width-256.json\n"
     assert os.listdir("out") == ["mesures-width-256.json"]
     with pytest.raises(ProcessLookupError):

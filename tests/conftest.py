@@ -42,8 +42,9 @@ def sigint_as_from_a_terminal():
 
 def imported_modules(*args, cwd):
     """The modules ``python -X importtime ARGS`` imports (a new process: start-up is what is tested)."""
-    completed = subprocess.run([sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True,
-                               cwd=cwd, timeout=60)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
     assert completed.returncode == 0, completed.stderr
     return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
 
@@ -175,8 +176,9 @@ class RecordingCudaStandIn:
     one without CUDA events.  Subclasses change the counters by overriding ``levels``.
     """
 
-    def __init__(self, observe=None, fail_on_synchronize=None, device="dev", requested=True, events=True,
-                 device_ms=0.25):  # fmt: skip
+    def __init__(
+        self, observe=None, fail_on_synchronize=None, device="dev", requested=True, events=True, device_ms=0.25
+    ):
         self.calls = []
         self.devices = []
         self.device = device
@@ -190,8 +192,14 @@ class RecordingCudaStandIn:
 
     def levels(self):
         """The counters: current and peak allocated, reserved and requested bytes."""
-        return {"allocated": 1000, "reserved": 2000, "peak_allocated": 1500, "peak_reserved": 2500,
-                "requested": 900, "peak_requested": 1400}  # fmt: skip
+        return {
+            "allocated": 1000,
+            "reserved": 2000,
+            "peak_allocated": 1500,
+            "peak_reserved": 2500,
+            "requested": 900,
+            "peak_requested": 1400,
+        }
 
     def reset_peaks(self):
         """What reset_peak_memory_stats does to the counters (nothing, for fixed ones)."""
@@ -226,8 +234,12 @@ class RecordingCudaStandIn:
         levels = self.levels()
         stats = {"allocated_bytes.all.current": levels["allocated"]}
         if self.requested:
-            stats.update({"requested_bytes.all.current": levels["requested"],
-                          "requested_bytes.all.peak": levels["peak_requested"]})  # fmt: skip
+            stats.update(
+                {
+                    "requested_bytes.all.current": levels["requested"],
+                    "requested_bytes.all.peak": levels["peak_requested"],
+                }
+            )
         return self._record("memory_stats", stats)
 
     def reset_peak_memory_stats(self, device):
@@ -262,8 +274,10 @@ class _StandInEvent:
         self.recorder._record("event.record")
 
     def elapsed_time(self, end):
-        assert self.enable_timing and end.enable_timing, "elapsed_time needs events created with enable_timing"
-        assert self.recorded is not None and end.recorded is not None, "elapsed_time of an event never recorded"
+        assert self.enable_timing, "elapsed_time needs events created with enable_timing"
+        assert end.enable_timing, "elapsed_time needs events created with enable_timing"
+        assert self.recorded is not None, "elapsed_time of an event never recorded"
+        assert end.recorded is not None, "elapsed_time of an event never recorded"
         assert self.recorded < end.recorded, "elapsed_time from an event to itself or to an earlier one"
         return self.recorder._record("elapsed_time", self.recorder.device_ms)
 
@@ -332,6 +346,37 @@ def run_in_process(capsys, folder, argv):
 
 
 MEASURE = ["measure", "--device", "cuda:0"]
+# A small run's options after "measure"; MEASURE_TRIAL with the command.  Left unformatted: each option
+# beside its value, as on a command line (ruff would give each its own line).
+SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
+               "--warmup", "1", "--repeats", "2"]  # fmt: skip
+MEASURE_TRIAL = ["measure", *SMALL_TRIAL]
+
+
+def plan(batch, context, width, dtype, warmup=1, repeats=2):
+    """The prediction (memory_plan) for a run of these sizes on cuda:0, seed 0."""
+    return mesure_memoire.memory_plan(
+        mesure_memoire.measure_config("cuda:0", batch, context, width, dtype, warmup, repeats, 0)
+    )
+
+
+def stand_in_measurement(monkeypatch, recorder):
+    """Route measure() through the real CPU model with a recording stand-in for the counters."""
+    import torch
+
+    real_measure_phases = mesure_memoire.measure_phases
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    assert recorder.device == torch.device("cpu")  # the real model runs on the CPU
+
+    def on_the_cpu(torch_module, cuda, device, config):
+        assert device == torch.device("cuda", mesure_memoire.device_index(config["device"]))
+        return real_measure_phases(torch_module, recorder, torch.device("cpu"), config)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
 
 
 BLOCK_NUMPY = (
@@ -353,13 +398,23 @@ def assert_refused_before_any_work(folder, capsys, monkeypatch, argv, *fragments
     return assert_one_line(captured.err, "mesure_memoire.py: error: ", *fragments)
 
 
+def raising(error):
+    """A stand-in for a function that raises ``error`` whatever it is called with."""
+
+    def raise_it(*args, **kwargs):
+        raise error
+
+    return raise_it
+
+
 def plain_ids(cases):
     """Plain ASCII ids, unique by their number: the mutation pass selects tests by id, and ids holding
     quotes, brackets or escapes were not found again when it ran a second session in the same process."""
     import re
 
-    return [f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.-]+", "_", " ".join(case[0]))[:50] for number, case in
-            enumerate(cases)]  # fmt: skip
+    return [
+        f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.-]+", "_", " ".join(case[0]))[:50] for number, case in enumerate(cases)
+    ]
 
 
 # --- part "tools": the maintainer's tools importable by name (test_notebook.py, test_release.py) ---
@@ -392,3 +447,33 @@ def half_up_cents(fraction):
     """An independent half-up rounding to the cent, with fractions: "12.35" for Fraction(12345, 1000)."""
     cents = (fraction * 100 + Fraction(1, 2)).__floor__()
     return f"{cents // 100}.{cents % 100:02d}"
+
+
+# --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
+# (a change of wording is one edit here, with the code and the README).
+MESSAGES = {
+    "shrink context": "shrink --context (the activations dominate)",
+    "shrink width": "shrink --width (the weights dominate)",
+    "report: phase line incomplete": "a phase line is missing its name, time or peak counters",
+    "no CUDA or ROCm build": "this PyTorch build has no CUDA or ROCm support",
+    "no GPU visible": "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)",
+    "--reserve-gib not a number": "--reserve-gib: expected a number >= 0",
+    "stdout full": "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n",
+    "--warmup out of range": "--warmup: expected a whole number from 0 to 1000",
+    "--repeats out of range": "--repeats: expected a whole number from 1 to 1000",
+    "--width not positive": "--width: expected a positive whole number",
+    "--dtype float64": "--dtype: expected one of float32, float16, bfloat16, got 'float64'",
+    "report: not a measure configuration": "its configuration or parameter count is not one measure writes",
+    "report: a section is missing": "configuration, synthetic_model or environment is missing",
+    "calculator: /dev/zero not a regular file": "'/dev/zero': not a regular file",
+    "calculator: --lots with --list": "--lots: not allowed with --list",
+    "calculator: --results empty": "--results: expected a file name, got ''",
+    "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required",
+    "calculator: --gpu without value": "argument --gpu: expected one argument",
+    "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
+    "Ctrl-C, no partial file": "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n",
+    "--output empty": "--output: a new file name is required",
+    "dtype probe failed": "the dtype probe failed on cuda:0",
+    "estimate: --bits missing": "estimate: the following arguments are required: --bits",
+    "--output sub/o.json cannot be created": "--output: cannot create sub/o.json",
+}

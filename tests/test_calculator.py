@@ -19,6 +19,7 @@ import pytest
 
 import calcul_forfaits
 from conftest import (
+    MESSAGES,
     ROOT,
     UnwritableStdout,
     assert_one_line_refusal,
@@ -39,8 +40,16 @@ def csv_rows():
 
 
 def tariff(price_cents, days=3, gpus_per_lot=1):
-    return {"gpu": "x", "model": "X", "memory_gb": 1, "gpus_per_lot": gpus_per_lot, "days": days,
-            "price_cents": price_cents, "currency": "USD", "snapshot_date": "2026-09-24"}  # fmt: skip
+    return {
+        "gpu": "x",
+        "model": "X",
+        "memory_gb": 1,
+        "gpus_per_lot": gpus_per_lot,
+        "days": days,
+        "price_cents": price_cents,
+        "currency": "USD",
+        "snapshot_date": "2026-09-24",
+    }
 
 
 # --- the price of a package ----------------------------------------------------------------------------
@@ -66,9 +75,18 @@ def test_the_api_prices_one_lot_without_a_cost_by_default():
 
 @pytest.mark.parametrize(
     ("total_cents", "accepted", "expected"),
-    [(100, 3, "0.33"), (200, 3, "0.67"), (1, 2, "0.01"), (5, 1000, "0.00"), (25, 10, "0.03"), (364800, 1, "3648.00"),
-     (5, 10, "0.01"), (15, 10, "0.02"), (4, 10, "0.00")],
-)  # fmt: skip
+    [
+        (100, 3, "0.33"),
+        (200, 3, "0.67"),
+        (1, 2, "0.01"),
+        (5, 1000, "0.00"),
+        (25, 10, "0.03"),
+        (364800, 1, "3648.00"),
+        (5, 10, "0.01"),
+        (15, 10, "0.02"),
+        (4, 10, "0.00"),
+    ],
+)
 def test_cost_rounds_half_up_to_the_cent(total_cents, accepted, expected):
     package = calcul_forfaits.price_package([tariff(total_cents)], "x", 3, 1, accepted)
     assert package["cost_per_accepted_result_usd"] == expected
@@ -79,8 +97,20 @@ def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
     biggest_cents = "9" * 30  # the most the catalog's validation accepts
     (tmp_path / "big.csv").write_bytes(with_cell(2, "price_cents", biggest_cents.encode()))
     lots = "9" * 30
-    status, out, err = call(capsys, "--catalog", tmp_path / "big.csv", "--gpu", GPU_LINE_2, "--days", "3",
-                            "--lots", lots, "--accepted-results", "7", "--json")  # fmt: skip
+    status, out, err = call(
+        capsys,
+        "--catalog",
+        tmp_path / "big.csv",
+        "--gpu",
+        GPU_LINE_2,
+        "--days",
+        "3",
+        "--lots",
+        lots,
+        "--accepted-results",
+        "7",
+        "--json",
+    )
     assert status == 0, err
     total = int(biggest_cents) * int(lots)
     assert json.loads(out)["total_price_cents"] == total
@@ -109,20 +139,32 @@ def test_json_output_and_null_cost_without_accepted_results(capsys):
     status, out, err = call(capsys, "--gpu", "B200", "--days", "7", "--lots", "2", "--json")
     assert status == 0, err
     assert json.loads(out) == {
-        "gpu": "b200", "model": "NVIDIA B200", "memory_gb": 180, "days": 7, "lots": 2, "gpus_per_lot": 2, "gpus": 4,
-        "lot_price_cents": 182400, "total_price_cents": 364800, "currency": "USD", "snapshot_date": "2026-09-24",
-        "accepted_results": None, "cost_per_accepted_result_usd": None,
+        "gpu": "b200",
+        "model": "NVIDIA B200",
+        "memory_gb": 180,
+        "days": 7,
+        "lots": 2,
+        "gpus_per_lot": 2,
+        "gpus": 4,
+        "lot_price_cents": 182400,
+        "total_price_cents": 364800,
+        "currency": "USD",
+        "snapshot_date": "2026-09-24",
+        "accepted_results": None,
+        "cost_per_accepted_result_usd": None,
         "cost_rounding": "total price / accepted results, rounded half-up to the cent",
-    }  # fmt: skip
+    }
     status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3", "--json")
-    assert status == 0 and json.loads(out)["cost_per_accepted_result_usd"] == "1216.00"
+    assert status == 0, err
+    assert json.loads(out)["cost_per_accepted_result_usd"] == "1216.00"
     assert json.loads(out)["accepted_results"] == 3
 
 
 def test_text_output_states_the_snapshot_limits(capsys):
     status, out, _ = call(capsys, "--gpu", "h200", "--days", "30", "--accepted-results", "120")
     assert status == 0
-    assert "snapshot of 2026-09-24" in out and "no hourly proration" in out
+    assert "snapshot of 2026-09-24" in out
+    assert "no hourly proration" in out
     assert "proves neither current availability nor a reservation" in out
     assert "check the offer shown before buying" in out
     assert "= total price / 120 accepted results (rounded half-up to the cent)" in out
@@ -130,7 +172,8 @@ def test_text_output_states_the_snapshot_limits(capsys):
 
 
 def test_positive_int_takes_positive_ints_and_their_digits_only():
-    assert calcul_forfaits.positive_int("--lots", 3) == 3 and calcul_forfaits.positive_int("--lots", "12") == 12
+    assert calcul_forfaits.positive_int("--lots", 3) == 3
+    assert calcul_forfaits.positive_int("--lots", "12") == 12
     for bad in (0, -1, True, 2.0, "0", None):
         with pytest.raises(calcul_forfaits.PricingError, match="^--lots: expected a positive whole number, got "):
             calcul_forfaits.positive_int("--lots", bad)
@@ -145,7 +188,8 @@ def test_the_pricing_functions_refuse_a_prorated_duration():
 
 def test_json_is_indented_by_two_spaces(capsys):
     status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--json")
-    assert status == 0 and out.startswith('{\n  "gpu": "b200",\n  "model": "NVIDIA B200",\n')
+    assert status == 0
+    assert out.startswith('{\n  "gpu": "b200",\n  "model": "NVIDIA B200",\n')
 
 
 # --- the calculator's command line -----------------------------------------------------------------------
@@ -174,7 +218,7 @@ def test_json_is_indented_by_two_spaces(capsys):
         (["--gpu", "h200", "--days", "7", "--accepted-results", "-3"], ["--accepted-results"]),
         (["--gpu", "h200", "--days", "7", "--accepted-results", "2.5"], ["--accepted-results"]),
         (["--gpu", "h200", "--days", "7", "--accepted-results", "many"], ["--accepted-results"]),
-        (["--list", "--lots", "2"], ["--lots: not allowed with --list"]),
+        (["--list", "--lots", "2"], [MESSAGES["calculator: --lots with --list"]]),
         (["--list", "--accepted-results", "2"], ["--accepted-results: not allowed with --list"]),
         (["--list", "--gpu", "h200"], ["--gpu: not allowed with --list"]),
         (["--results", "r.csv", "--list"], ["--list: not allowed with --results"]),
@@ -182,18 +226,18 @@ def test_json_is_indented_by_two_spaces(capsys):
         (["--results", "r.csv", "--days", "7"], ["--days: not allowed with --results"]),
         (["--results", "r.csv", "--gpu", "b200"], ["--gpu: not allowed with --results"]),
         (["--list", "--days", "5"], ["--days"]),
-        ([], ["one of --gpu, --list, --results or --for-plan is required"]),
-        (["--json", "--catalog", "c.csv"], ["one of --gpu, --list, --results or --for-plan is required"]),
-        (["--gpu"], ["argument --gpu: expected one argument"]),
-        (["--gpu", "--days", "7"], ["argument --gpu: expected one argument"]),
-        (["--gpu", "-b200", "--days", "7"], ["argument --gpu: expected one argument"]),  # no slug starts with -
+        ([], [MESSAGES["calculator: no mode"]]),
+        (["--json", "--catalog", "c.csv"], [MESSAGES["calculator: no mode"]]),
+        (["--gpu"], [MESSAGES["calculator: --gpu without value"]]),
+        (["--gpu", "--days", "7"], [MESSAGES["calculator: --gpu without value"]]),
+        (["--gpu", "-b200", "--days", "7"], [MESSAGES["calculator: --gpu without value"]]),  # no slug starts with -
         (["--json=yes", "--list"], ["argument --json: ignored explicit argument 'yes'"]),
         (["--list", "extra"], ["unrecognized arguments: extra"]),
         (["--catalog", "", "--list"], ["--catalog: expected a file name, got ''"]),
         (["--catalog=", "--list"], ["--catalog: expected a file name"]),
-        (["--results", ""], ["--results: expected a file name, got ''"]),
+        (["--results", ""], [MESSAGES["calculator: --results empty"]]),
     ],
-)  # fmt: skip
+)
 def test_bad_options_are_refused(capsys, args, fragments):
     line = calculator_refusal(capsys, *args)
     for fragment in fragments:
@@ -204,16 +248,18 @@ def test_bad_options_are_refused(capsys, args, fragments):
     ("args", "message"),
     [
         ([], "one of --gpu, --list, --results or --for-plan is required; see --help"),
-        (["--gpu", "h100", "--days", "7"],
-         "--gpu: unknown GPU 'h100'; closest: h200, h100-sxm, h100-pcie; see --list for every slug"),
+        (
+            ["--gpu", "h100", "--days", "7"],
+            "--gpu: unknown GPU 'h100'; closest: h200, h100-sxm, h100-pcie; see --list for every slug",
+        ),
         (["--gpu", "b200"], "--days is required with --gpu (3, 7 or 30)"),
         (["--gpu", "b200", "--days", "5"], "--days: expected 3, 7 or 30 (fixed durations, no proration), got '5'"),
-        (["--list", "--lots", "2"], "--lots: not allowed with --list"),
-        (["--results", "", "--json"], "--results: expected a file name, got ''"),
+        (["--list", "--lots", "2"], MESSAGES["calculator: --lots with --list"]),
+        (["--results", "", "--json"], MESSAGES["calculator: --results empty"]),
         (["--gpu", "b200", "--days", "7", "--days", "3"], "argument --days: given twice"),
         (["--list", "--json", "--json"], "argument --json: given twice"),
     ],
-)  # fmt: skip
+)
 def test_whole_refusal_lines(capsys, args, message):
     assert calculator_refusal(capsys, *args) == f"calcul_forfaits.py: error: {message}\n"
 
@@ -226,9 +272,13 @@ def test_the_parsed_options():
     parse = calcul_forfaits.parse_command_line
     assert parse(["--list", "--json", "--days=7"]) == ("--list", {"--list": True, "--json": True, "--days": "7"})
     assert parse(["--catalog", "c.csv", "--gpu=b200", "--days", "3", "--lots", "-1"]) == (
-        "--gpu", {"--catalog": "c.csv", "--gpu": "b200", "--days": "3", "--lots": "-1"})  # fmt: skip
-    assert parse(["--catalog", "c.csv", "--results", "r.csv"]) == ("--results", {"--catalog": "c.csv",
-                                                                                 "--results": "r.csv"})  # fmt: skip
+        "--gpu",
+        {"--catalog": "c.csv", "--gpu": "b200", "--days": "3", "--lots": "-1"},
+    )
+    assert parse(["--catalog", "c.csv", "--results", "r.csv"]) == (
+        "--results",
+        {"--catalog": "c.csv", "--results": "r.csv"},
+    )
 
 
 HELP = """\
@@ -287,15 +337,19 @@ def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
 @pytest.mark.parametrize(
     ("stdout", "line"),
     [
-        (UnwritableStdout(OSError(28, "No space left on device")),
-         "error: cannot write the output: OSError: [Errno 28] No space left on device"),
-        (UnwritableStdout(ValueError("I/O operation on closed file.")),
-         "error: cannot write the output: ValueError: I/O operation on closed file."),
+        (
+            UnwritableStdout(OSError(28, "No space left on device")),
+            "error: cannot write the output: OSError: [Errno 28] No space left on device",
+        ),
+        (
+            UnwritableStdout(ValueError("I/O operation on closed file.")),
+            "error: cannot write the output: ValueError: I/O operation on closed file.",
+        ),
         (UnwritableStdout(ValueError("")), "error: cannot write the output: ValueError"),  # no message: its type
         (None, "error: cannot write the output: standard output is closed"),
         (UnwritableStdout(BrokenPipeError(32, "Broken pipe")), None),  # the reader left: nothing to say
     ],
-)  # fmt: skip
+)
 def test_the_calculators_lines_for_an_unwritable_output(capsys, monkeypatch, stdout, line):
     monkeypatch.setattr(sys, "stdout", stdout)
     status = calcul_forfaits.main(["--gpu", "b200", "--days", "7"])
@@ -349,7 +403,9 @@ def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
     assert all(not line.endswith(" ") for line in lines)
     status, out, _ = call(capsys, "--list", "--days", "7", "--json")
     rows = json.loads(out)
-    assert status == 0 and len(rows) == 15 and {row["days"] for row in rows} == {7}
+    assert status == 0
+    assert len(rows) == 15
+    assert {row["days"] for row in rows} == {7}
     assert [row["gpu"] for row in rows] == sorted(row["gpu"] for row in rows)
     assert next(row for row in rows if row["gpu"] == "b200")["usd_per_gpu_day"] == "130.29"
 
@@ -382,8 +438,11 @@ def with_cell(number, column, value):
 
 SIXTEEN = "48 rows, expected 45 (15 models x 3 durations)"
 CORRUPTIONS = {
-    "duplicate row": (GOOD.replace(GOOD.split(b"\n")[2], GOOD.split(b"\n")[1]), "line 3",
-                      f"duplicate row for {GPU_LINE_2}, 3 days (first on line 2)"),
+    "duplicate row": (
+        GOOD.replace(GOOD.split(b"\n")[2], GOOD.split(b"\n")[1]),
+        "line 3",
+        f"duplicate row for {GPU_LINE_2}, 3 days (first on line 2)",
+    ),
     "missing row": (replace_line(3, b"").replace(b"\n\n", b"\n"), "", "has no row for 7 days"),
     "missing rows": (GOOD.replace(b"\n".join(GOOD.split(b"\n")[2:4]) + b"\n", b""), "", "has no row for 7, 30 days"),
     "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24\n" % d for d in (3, 7, 30)), "", SIXTEEN),
@@ -401,14 +460,20 @@ CORRUPTIONS = {
     "other currency on one row": (with_cell(5, "currency", b"EUR"), "line 5", "currency must be USD"),
     "lower-case currency": (with_cell(2, "currency", b"usd"), "line 2", "currency must be USD"),
     "other snapshot": (with_cell(5, "snapshot_date", b"2026-09-25"), "line 5", "snapshot_date differs"),
-    "other snapshot on line 3": (with_cell(3, "snapshot_date", b"2026-09-25"), "line 3",
-                                 "snapshot_date differs from the first row's (2026-09-24)"),
+    "other snapshot on line 3": (
+        with_cell(3, "snapshot_date", b"2026-09-25"),
+        "line 3",
+        "snapshot_date differs from the first row's (2026-09-24)",
+    ),
     "bad date": (with_cell(2, "snapshot_date", b"24/09/2026"), "line 2", "snapshot_date"),
     "basic ISO date": (with_cell(2, "snapshot_date", b"20260924"), "line 2", "snapshot_date"),
     "week date": (with_cell(2, "snapshot_date", b"2026-W39-4"), "line 2", "snapshot_date"),
     "no such day": (with_cell(2, "snapshot_date", b"2026-02-29"), "line 2", "snapshot_date"),
-    "bad header": (GOOD.replace(b"price_cents", b"price_usd", 1), "line 1",
-                   "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date"),
+    "bad header": (
+        GOOD.replace(b"price_cents", b"price_usd", 1),
+        "line 1",
+        "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date",
+    ),
     "missing field": (replace_line(2, b",".join(GOOD.split(b"\n")[1].split(b",")[:7])), "line 2", "fields"),
     "blank line": (replace_line(3, b""), "line 3", "fields"),
     "empty file": (b"", "", "empty file"),
@@ -418,7 +483,7 @@ CORRUPTIONS = {
     "slug with a double hyphen": (GOOD.replace(b"\nrtx-4090,", b"\nrtx--4090,"), "line", "slug"),
     "unclosed quote": (with_cell(2, "model", b'"NVIDIA'), "line 2", "malformed CSV"),
     "model with surrounding spaces": (with_cell(2, "model", b" NVIDIA X"), "line 2", "model must be"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
@@ -436,7 +501,8 @@ def test_the_shipped_catalog_parses_to_its_rows():
     assert [tuple(t) for t in catalog] == [calcul_forfaits.CATALOG_COLUMNS] * 45
     rows = csv_rows()
     assert [{k: str(v) for k, v in t.items()} for t in catalog] == rows
-    assert {type(t["price_cents"]) for t in catalog} == {int} and {type(t["model"]) for t in catalog} == {str}
+    assert {type(t["price_cents"]) for t in catalog} == {int}
+    assert {type(t["model"]) for t in catalog} == {str}
 
 
 def test_crlf_line_ends_and_a_missing_final_newline_are_accepted(tmp_path, capsys):
@@ -472,7 +538,8 @@ def test_a_missing_catalog_is_refused(tmp_path, capsys, monkeypatch):
 def test_the_default_catalog_is_found_from_another_working_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     status, out, _ = call(capsys, "--gpu", "l4", "--days", "3", "--json")
-    assert status == 0 and json.loads(out)["lot_price_cents"] == int(
+    assert status == 0
+    assert json.loads(out)["lot_price_cents"] == int(
         next(row for row in csv_rows() if (row["gpu"], row["days"]) == ("l4", "3"))["price_cents"]
     )
 
@@ -480,7 +547,8 @@ def test_the_default_catalog_is_found_from_another_working_folder(tmp_path, caps
 def test_a_refusal_of_the_default_catalog_names_it_without_its_path(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(calcul_forfaits, "__file__", str(tmp_path / "calcul_forfaits.py"))
     line = calculator_refusal(capsys, "--list")
-    assert "'tarifs-forfaits.csv': cannot be read" in line and str(tmp_path) not in line
+    assert "'tarifs-forfaits.csv': cannot be read" in line
+    assert str(tmp_path) not in line
 
 
 def test_the_reader_takes_exactly_the_bound_and_refuses_one_byte_more(tmp_path):
@@ -492,7 +560,8 @@ def test_the_reader_takes_exactly_the_bound_and_refuses_one_byte_more(tmp_path):
     with pytest.raises(calcul_forfaits.PricingError) as refusal:
         calcul_forfaits.read_bounded(tmp_path / "eleven", "'eleven'", limit=10)
     assert str(refusal.value) == "'eleven': larger than 10 bytes; nothing computed"
-    assert calcul_forfaits.MAX_TABLE_BYTES == 2**20 and calcul_forfaits.MAX_MEASUREMENT_BYTES == 64 * 2**20
+    assert calcul_forfaits.MAX_TABLE_BYTES == 2**20
+    assert calcul_forfaits.MAX_MEASUREMENT_BYTES == 64 * 2**20
 
 
 def test_the_reader_opens_without_blocking(tmp_path, monkeypatch):
@@ -604,7 +673,7 @@ HOSTILE_CATALOGS = {  # case -> (argv, fragment of the one stderr line)
     "lots in superscript": (["--gpu", "h200", "--days", "7", "--lots", "²"], "--lots"),
     "accepted results with a newline": (["--gpu", "h200", "--days", "7", "--accepted-results", "1\n2"], "'1\\n2'"),
     "flag given a value with a newline": (["--list", "--json=a\nb"], "ignored explicit argument 'a\\nb'"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_CATALOGS))
@@ -613,14 +682,15 @@ def test_a_hostile_catalog_or_value_is_one_line(tmp_path, capsys, monkeypatch, c
     monkeypatch.chdir(make_files(tmp_path, HOSTILE_FILES))
     before, kit = tree_digest(tmp_path), kit_digest()
     assert fragment in calculator_refusal(capsys, *argv)
-    assert tree_digest(tmp_path) == before and kit_digest() == kit
+    assert tree_digest(tmp_path) == before
+    assert kit_digest() == kit
 
 
 BLOCKING_CATALOGS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
     "a FIFO": (["--catalog", "fifo", "--list"], "'fifo': not a regular file"),
-    "/dev/zero": (["--catalog", "/dev/zero", "--list"], "'/dev/zero': not a regular file"),
+    "/dev/zero": (["--catalog", "/dev/zero", "--list"], MESSAGES["calculator: /dev/zero not a regular file"]),
     "a link to /dev/zero": (["--catalog", "zero.csv", "--list"], "'zero.csv': not a regular file"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.whole_kit
@@ -630,8 +700,13 @@ def test_a_catalog_that_could_block_is_refused_unread(tmp_path, case, flags):
     argv, fragment = BLOCKING_CATALOGS[case]
     make_files(tmp_path, HOSTILE_FILES)
     before = tree_digest(tmp_path)
-    completed = subprocess.run([sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
-                               capture_output=True, text=True, cwd=tmp_path, timeout=30)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert_one_line_refusal(completed, "calcul_forfaits.py: error: ", fragment)
     assert tree_digest(tmp_path) == before
 
@@ -641,7 +716,8 @@ def test_argv_that_is_not_utf8_is_shown_escaped(tmp_path):
     completed = subprocess.run(argv, capture_output=True, cwd=tmp_path, timeout=30)
     assert (completed.returncode, completed.stdout) == (2, b"")
     line = completed.stderr.decode("ascii")  # escaped: an ASCII line whatever the terminal
-    assert line.startswith("calcul_forfaits.py: error: --gpu: unknown GPU 'h\\udcff'") and line.count("\n") == 1
+    assert line.startswith("calcul_forfaits.py: error: --gpu: unknown GPU 'h\\udcff'")
+    assert line.count("\n") == 1
 
 
 # --- the grammar of values, the bounded reader, the cross-version behaviour ------------------------------
@@ -651,20 +727,60 @@ def test_argv_that_is_not_utf8_is_shown_escaped(tmp_path):
     ("rule", "accepted", "refused"),
     [
         ("is_whole", ["1", "9" * 30, "10", "402"], ["", "0", "01", "-1", "+1", "1.0", " 1", "1_0", "٢", "²", "9" * 31]),
-        ("is_number", ["0", "2", "2.5", "0.75", "10.0", "123"],
-         ["", ".5", "2.", "1.2.3", "-1", "1e3", "2,5", "٢.5", " 1"]),
-        ("is_date", ["2026-09-24", "2024-02-29", "2000-02-29", "0001-01-01", "2026-12-31", "2026-04-30"],
-         ["20260924", "2026-W39-4", "2026-9-24", "2026-09-24T00:00", "0000-01-01", "2026-13-01", "2026-00-10",
-          "2026-01-00", "2026-02-29", "1900-02-29", "2026-04-31", "２０２６-09-24", "2026/09/24", " 2026-09-24",
-          "2026-09-a4", "2026-09-+4", "2026-0+-24", "2026-+9-24", "+026-09-24"]),
-        ("is_utc_time", ["2026-10-05T09:00:00Z", "2026-12-31T23:59:59Z", "2026-01-01T00:00:00Z"],
-         ["2026-10-05T24:00:00Z", "2026-10-05T23:60:00Z", "2026-10-05T23:00:60Z", "2026-10-05T09:00:00",
-          "2026-10-05t09:00:00Z", "2026-10-05 09:00:00Z", "2026-10-05T09:00:00+00:00", "2026-02-30T09:00:00Z",
-          "2026-10-05T9:00:00Z", "2026-10-05T09-00-00Z", "2026-10-05T０9:00:00Z"]),
-        ("is_slug", ["b200", "rtx-pro-6000", "a-b-c", "4090"],
-         ["", "-a", "a-", "a--b", "B200", "a_b", "é", "a b", "-"]),
+        (
+            "is_number",
+            ["0", "2", "2.5", "0.75", "10.0", "123"],
+            ["", ".5", "2.", "1.2.3", "-1", "1e3", "2,5", "٢.5", " 1"],
+        ),
+        (
+            "is_date",
+            ["2026-09-24", "2024-02-29", "2000-02-29", "0001-01-01", "2026-12-31", "2026-04-30"],
+            [
+                "20260924",
+                "2026-W39-4",
+                "2026-9-24",
+                "2026-09-24T00:00",
+                "0000-01-01",
+                "2026-13-01",
+                "2026-00-10",
+                "2026-01-00",
+                "2026-02-29",
+                "1900-02-29",
+                "2026-04-31",
+                "２０２６-09-24",
+                "2026/09/24",
+                " 2026-09-24",
+                "2026-09-a4",
+                "2026-09-+4",
+                "2026-0+-24",
+                "2026-+9-24",
+                "+026-09-24",
+            ],
+        ),
+        (
+            "is_utc_time",
+            ["2026-10-05T09:00:00Z", "2026-12-31T23:59:59Z", "2026-01-01T00:00:00Z"],
+            [
+                "2026-10-05T24:00:00Z",
+                "2026-10-05T23:60:00Z",
+                "2026-10-05T23:00:60Z",
+                "2026-10-05T09:00:00",
+                "2026-10-05t09:00:00Z",
+                "2026-10-05 09:00:00Z",
+                "2026-10-05T09:00:00+00:00",
+                "2026-02-30T09:00:00Z",
+                "2026-10-05T9:00:00Z",
+                "2026-10-05T09-00-00Z",
+                "2026-10-05T０9:00:00Z",
+            ],
+        ),
+        (
+            "is_slug",
+            ["b200", "rtx-pro-6000", "a-b-c", "4090"],
+            ["", "-a", "a-", "a--b", "B200", "a_b", "é", "a b", "-"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_grammar_of_values(rule, accepted, refused):
     check = getattr(calcul_forfaits, rule)
     assert [value for value in accepted if not check(value)] == []
@@ -672,8 +788,10 @@ def test_the_grammar_of_values(rule, accepted, refused):
 
 
 def test_zero_is_a_whole_number_only_where_counts_allow_it():
-    assert calcul_forfaits.is_whole("0", zero=True) and not calcul_forfaits.is_whole("0")
-    assert not calcul_forfaits.is_whole("00", zero=True) and calcul_forfaits.is_whole("10", zero=True)
+    assert calcul_forfaits.is_whole("0", zero=True)
+    assert not calcul_forfaits.is_whole("0")
+    assert not calcul_forfaits.is_whole("00", zero=True)
+    assert calcul_forfaits.is_whole("10", zero=True)
 
 
 def test_every_month_has_its_length():
@@ -687,15 +805,39 @@ def test_every_month_has_its_length():
 
 # Typical on-demand USD per GPU-hour, 2025-2026 (public hourly rates, ranges only; no one provider's price).
 TYPICAL_ON_DEMAND = {
-    "a100-80gb": (1.2, 2.0), "a40": (0.35, 0.6), "b200": (4.0, 6.5), "b300": (5.5, 8.0), "h100-pcie": (1.9, 2.6),
-    "h100-sxm": (2.0, 3.5), "h200": (3.0, 4.5), "l4": (0.4, 0.8), "l40s": (0.8, 1.3), "mi300x": (1.5, 2.6),
-    "rtx-4090": (0.3, 0.7), "rtx-5090": (0.7, 1.1), "rtx-6000-ada": (0.7, 1.0), "rtx-a6000": (0.4, 0.8),
+    "a100-80gb": (1.2, 2.0),
+    "a40": (0.35, 0.6),
+    "b200": (4.0, 6.5),
+    "b300": (5.5, 8.0),
+    "h100-pcie": (1.9, 2.6),
+    "h100-sxm": (2.0, 3.5),
+    "h200": (3.0, 4.5),
+    "l4": (0.4, 0.8),
+    "l40s": (0.8, 1.3),
+    "mi300x": (1.5, 2.6),
+    "rtx-4090": (0.3, 0.7),
+    "rtx-5090": (0.7, 1.1),
+    "rtx-6000-ada": (0.7, 1.0),
+    "rtx-a6000": (0.4, 0.8),
     "rtx-pro-6000": (1.5, 2.0),
-}  # fmt: skip
+}
 MEMORY_GB = {
-    "a100-80gb": 80, "a40": 48, "b200": 180, "b300": 288, "h100-pcie": 80, "h100-sxm": 80, "h200": 141, "l4": 24,
-    "l40s": 48, "mi300x": 192, "rtx-4090": 24, "rtx-5090": 32, "rtx-6000-ada": 48, "rtx-a6000": 48, "rtx-pro-6000": 96,
-}  # fmt: skip
+    "a100-80gb": 80,
+    "a40": 48,
+    "b200": 180,
+    "b300": 288,
+    "h100-pcie": 80,
+    "h100-sxm": 80,
+    "h200": 141,
+    "l4": 24,
+    "l40s": 48,
+    "mi300x": 192,
+    "rtx-4090": 24,
+    "rtx-5090": 32,
+    "rtx-6000-ada": 48,
+    "rtx-a6000": 48,
+    "rtx-pro-6000": 96,
+}
 
 
 def per_gpu_hour():
@@ -709,9 +851,11 @@ def per_gpu_hour():
 
 def test_the_snapshot_is_a_plausible_line_up():
     rows = csv_rows()
-    assert len(rows) == 45 and {row["gpu"] for row in rows} == set(TYPICAL_ON_DEMAND)
+    assert len(rows) == 45
+    assert {row["gpu"] for row in rows} == set(TYPICAL_ON_DEMAND)
     assert {row["gpu"]: int(row["memory_gb"]) for row in rows} == MEMORY_GB
-    assert {row["snapshot_date"] for row in rows} == {"2026-09-24"} and {row["currency"] for row in rows} == {"USD"}
+    assert {row["snapshot_date"] for row in rows} == {"2026-09-24"}
+    assert {row["currency"] for row in rows} == {"USD"}
     assert all(int(row["price_cents"]) % 100 == 0 for row in rows)  # whole dollars, as a rate card shows them
     assert {row["gpu"]: row["gpus_per_lot"] for row in rows if row["gpus_per_lot"] != "1"} == {"b200": "2"}
     for gpu, hourly in per_gpu_hour().items():
@@ -737,7 +881,8 @@ def test_the_snapshot_answers_the_market_facts():
     assert len({round(d, 2) for d in discount_7.values()}) >= 4
     for blackwell in ("b200", "b300", "rtx-pro-6000"):
         for ampere in ("a100-80gb", "a40", "rtx-a6000"):
-            assert discount_30[blackwell] < discount_30[ampere] and discount_7[blackwell] < discount_7[ampere]
+            assert discount_30[blackwell] < discount_30[ampere]
+            assert discount_7[blackwell] < discount_7[ampere]
 
 
 DISCOUNT_GROUPS = {  # as the README states them: (7-day range, 30-day range) in % per GPU-hour, about
@@ -756,7 +901,8 @@ def test_the_discounts_are_those_the_readme_states():
                 discount = 100 * (1 - hourly[gpu][days] / hourly[gpu][3])
                 assert low - Fraction(1, 2) <= discount <= high + Fraction(1, 2), (gpu, days, float(discount))
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "2–5 % at 7 days, 6–12 % at 30 days" in readme and "(5–8 %, 14–20 %)" in readme
+    assert "2–5 % at 7 days, 6–12 % at 30 days" in readme
+    assert "(5–8 %, 14–20 %)" in readme
     assert "MI300X: 8–12 %, 20–30 %)" in readme
 
 
@@ -773,7 +919,8 @@ def test_the_readme_explains_the_pricing_and_the_b300_choice():
 def test_the_raw_results_template_is_header_only_and_documented():
     text = (ROOT / "resultats-bruts.csv").read_text(encoding="utf-8")
     lines = text.splitlines()
-    assert len(lines) == 1 and text.endswith("\n")
+    assert len(lines) == 1
+    assert text.endswith("\n")
     columns = lines[0].split(",")
     assert tuple(columns) == calcul_forfaits.RESULTS_COLUMNS
     for required in ("gpu", "days", "lots", "rental_id", "driver_version", "measurement_sha256", "units_accepted"):
@@ -787,13 +934,29 @@ def test_the_raw_results_template_is_header_only_and_documented():
 def test_the_protocol_holds_each_required_element():
     protocol = (ROOT / "protocole-qualite.md").read_text(encoding="utf-8")
     for element in (
-        "useful unit", "Corpus of distinct units", "Quality metric", "Numeric acceptance threshold",
-        "Evaluation method", "Number of runs", "before renting", "MLPerf", "DAWNBench",
-        "first touch of the data", "without pauses", "same code serves the quality check and the timed run",
-        "No best-of-many", "Seeds", "mesure_memoire.py environment", "nvidia-smi", "not new useful units",
-        "Deviations", "--accepted-results", "What that figure does not show",
-        "supplies no corpus and no quality measure", "rental_id",
-    ):  # fmt: skip
+        "useful unit",
+        "Corpus of distinct units",
+        "Quality metric",
+        "Numeric acceptance threshold",
+        "Evaluation method",
+        "Number of runs",
+        "before renting",
+        "MLPerf",
+        "DAWNBench",
+        "first touch of the data",
+        "without pauses",
+        "same code serves the quality check and the timed run",
+        "No best-of-many",
+        "Seeds",
+        "mesure_memoire.py environment",
+        "nvidia-smi",
+        "not new useful units",
+        "Deviations",
+        "--accepted-results",
+        "What that figure does not show",
+        "supplies no corpus and no quality measure",
+        "rental_id",
+    ):
         assert element in protocol, element
     assert protocol.count("____") >= 15  # blanks to fill, not answers
     assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```")
@@ -815,7 +978,8 @@ def test_the_price_of_a_package_adds_only_light_standard_modules(tmp_path):
     lazy = {"json", "decimal", "csv", "difflib", "hashlib", "fractions", "torch", "numpy"}
     assert added & lazy == set()
     with_cost = imported_modules(script, "--gpu", "b200", "--days", "7", "--accepted-results", "3", cwd=tmp_path)
-    assert "decimal" in with_cost and "json" not in with_cost - bare  # a lazy import is seen when it happens
+    assert "decimal" in with_cost  # a lazy import is seen when it happens
+    assert "json" not in with_cost - bare
 
 
 @pytest.mark.whole_kit
@@ -823,12 +987,25 @@ def test_the_answers_need_no_site_packages(tmp_path):
     """Standard library only, under -S; every CPython of the version matrix runs it (noxfile.py)."""
     python = sys.executable
     (tmp_path / "basic.csv").write_bytes(GOOD.replace(b"2026-09-24", b"20260924"))
-    ok = run_script("calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3",
-                    python=python, python_flags=("-S",), cwd=tmp_path)  # fmt: skip
+    ok = run_script(
+        "calcul_forfaits.py",
+        "--gpu",
+        "b200",
+        "--days",
+        "7",
+        "--lots",
+        "2",
+        "--accepted-results",
+        "3",
+        python=python,
+        python_flags=("-S",),
+        cwd=tmp_path,
+    )
     assert (ok.returncode, ok.stderr) == (0, "")
     assert "1216.00 USD = total price / 3 accepted results" in ok.stdout
-    refused = run_script("calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python,
-                         python_flags=("-S",), cwd=tmp_path)  # fmt: skip
+    refused = run_script(
+        "calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python, python_flags=("-S",), cwd=tmp_path
+    )
     assert_one_line_refusal(refused, "'basic.csv': line 2: snapshot_date must be a date written YYYY-MM-DD")
 
 

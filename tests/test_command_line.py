@@ -22,7 +22,16 @@ import pytest
 
 import calcul_forfaits
 import mesure_memoire
-from conftest import ROOT, assert_one_line, code_cells_as_script, run_script
+from conftest import (
+    MEASURE,
+    ROOT,
+    SMALL_TRIAL,
+    assert_one_line,
+    assert_refused_before_any_work,
+    code_cells_as_script,
+    plain_ids,
+    run_script,
+)
 
 
 def _tool(name):
@@ -39,9 +48,14 @@ PROGRAMS = {
     "calcul_forfaits.py": ("calcul_forfaits.py", calcul_forfaits, ["--gpu", "b200"], "--days", "7"),
     "build_zip.py": ("tools/build_zip.py", _tool("build_zip"), ["--check"], "--output", "never.zip"),
     "build_notebook.py": ("tools/build_notebook.py", _tool("build_notebook"), [], "--check", None),
-    "gpu_validation.py": ("tools/gpu_validation.py", _tool("gpu_validation"), ["--output-dir", "never"],
-                          "--device", "cuda:0"),
-}  # fmt: skip
+    "gpu_validation.py": (
+        "tools/gpu_validation.py",
+        _tool("gpu_validation"),
+        ["--output-dir", "never"],
+        "--device",
+        "cuda:0",
+    ),
+}
 # Every help a user can ask for: each program's, and each of mesure_memoire.py's commands.
 HELPS = [(name, []) for name in PROGRAMS] + [
     ("mesure_memoire.py", [command]) for command in ("estimate", "environment", "measure", "report")
@@ -111,7 +125,9 @@ def test_ctrl_c_while_parsing_is_one_line_and_130(name, capsys, monkeypatch):
     assert _main(name)(["--help"]) == 130
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{name}: ") and "interrupted" in lines[0], captured.err
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"{name}: "), captured.err
+    assert "interrupted" in lines[0], captured.err
     assert "Traceback" not in captured.err
 
 
@@ -125,7 +141,8 @@ def test_sigterm_is_one_line_and_143_and_its_handler_is_put_back(name, capsys, m
     monkeypatch.setattr("argparse.ArgumentParser.parse_known_args", terminated)
     assert _main(name)(["--help"]) == 143
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{name}: interrupted (SIGTERM)"), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{name}: interrupted (SIGTERM)"), lines
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -169,7 +186,8 @@ def test_abbreviations_are_off_and_so_is_colour_where_argparse_has_it(monkeypatc
         seen.clear()
         monkeypatch.setattr(sys, "version_info", version)
         mesure_memoire.ArgumentParser(prog="x")
-        assert seen.get("color", "not given") == colour and seen["allow_abbrev"] is False, version
+        assert seen.get("color", "not given") == colour, version
+        assert seen["allow_abbrev"] is False, version
     monkeypatch.setattr(sys, "version_info", (3, 14, 0))
     mesure_memoire.ArgumentParser(prog="x", color=True)  # a caller's choice stands
     assert seen["color"] is True
@@ -180,12 +198,19 @@ def test_abbreviations_are_off_and_so_is_colour_where_argparse_has_it(monkeypatc
 def test_help_works_under_python_OO(name):
     completed = run_script(PROGRAMS[name][0], "--help", python_flags=["-OO"])
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.startswith(f"usage: {name}") and completed.stderr == ""
+    assert completed.stdout.startswith(f"usage: {name}")
+    assert completed.stderr == ""
 
 
 def _run_with_stdout(name, stdout, preexec_fn=None):
-    return subprocess.run([sys.executable, str(ROOT / PROGRAMS[name][0]), "--help"], stdout=stdout,
-                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=preexec_fn)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / PROGRAMS[name][0]), "--help"],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=preexec_fn,
+    )
 
 
 @pytest.mark.whole_kit
@@ -195,7 +220,8 @@ def test_a_full_stdout_is_one_line_and_exit_1(name):
         completed = _run_with_stdout(name, full)
     assert completed.returncode == 1
     lines = completed.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
+    assert len(lines) == 1, completed.stderr
+    assert lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
 
 
 @pytest.mark.whole_kit
@@ -217,7 +243,8 @@ def test_a_closed_stdout_descriptor_is_one_line_and_exit_1(name):
     completed = _run_with_stdout(name, None, preexec_fn=lambda: os.close(1))
     assert completed.returncode == 1
     lines = completed.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
+    assert len(lines) == 1, completed.stderr
+    assert lines[0].startswith(f"{name}: error: cannot write the output"), completed.stderr
 
 
 # --- below Python 3.10: one line, exit 2, from both scripts and the notebook's first code cell ----------
@@ -245,12 +272,19 @@ def test_below_python_3_10_one_line_says_so_and_exits_2(name, version, tmp_path)
         f"sys.version_info = {(*version, 'final', 0)!r}; "
         "exec(compile(source, sys.argv[0], 'exec'), {'__name__': '__main__'})"
     )
-    completed = subprocess.run([sys.executable, "-c", code, name], input=OLD_PYTHON_FILES[name](), cwd=tmp_path,
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-c", code, name],
+        input=OLD_PYTHON_FILES[name](),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = ".".join(map(str, version))
     assert completed.returncode == 2
     assert completed.stderr == f"{name}: error: Python 3.10 or later is needed; this is Python {found}\n"
-    assert completed.stdout == "" and os.listdir(tmp_path) == []
+    assert completed.stdout == ""
+    assert os.listdir(tmp_path) == []
 
 
 def _buffered_env():
@@ -266,16 +300,26 @@ def test_a_full_stderr_keeps_the_exit_status(name, how, status):
     path, _, valid, _, _ = PROGRAMS[name]
     argv = [*valid, "--no-such-option"] if how == "a misuse" else ["--help"]
     with open("/dev/full", "w") as full:
-        completed = subprocess.run([sys.executable, str(ROOT / path), *argv], stdout=full if status == 1 else None,
-                                   stderr=full, env=_buffered_env(), timeout=120)  # fmt: skip
+        completed = subprocess.run(
+            [sys.executable, str(ROOT / path), *argv],
+            stdout=full if status == 1 else None,
+            stderr=full,
+            env=_buffered_env(),
+            timeout=120,
+        )
     assert completed.returncode == status
 
 
 @pytest.mark.whole_kit
 @pytest.mark.parametrize("name", ["build_zip.py", "build_notebook.py"])
 def test_check_with_stdout_closed_exits_0_on_an_up_to_date_tree(name):
-    completed = subprocess.run([sys.executable, str(ROOT / PROGRAMS[name][0]), "--check"], stderr=subprocess.PIPE,
-                               text=True, preexec_fn=lambda: os.close(1), timeout=120)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / PROGRAMS[name][0]), "--check"],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(1),
+        timeout=120,
+    )
     assert (completed.returncode, completed.stderr) == (0, "")
 
 
@@ -294,12 +338,18 @@ def test_ctrl_c_during_the_script_s_imports_is_one_line_and_130(name, raised, fu
     (tmp_path / "argparse.py").write_text(f"raise {raised}\n")
     env = {**_buffered_env(), "PYTHONPATH": str(tmp_path)}
     with open("/dev/full", "w") as full:
-        completed = subprocess.run([sys.executable, str(ROOT / name), "--help"], stdout=subprocess.PIPE,
-                                   stderr=full if full_stderr else subprocess.PIPE, env=env, text=True,
-                                   timeout=120)  # fmt: skip
+        completed = subprocess.run(
+            [sys.executable, str(ROOT / name), "--help"],
+            stdout=subprocess.PIPE,
+            stderr=full if full_stderr else subprocess.PIPE,
+            env=env,
+            text=True,
+            timeout=120,
+        )
     assert (completed.returncode, completed.stdout) == (status, "")
     if said == "Traceback":
-        assert said in completed.stderr and completed.stderr.endswith("RuntimeError: stand-in\n")
+        assert said in completed.stderr
+        assert completed.stderr.endswith("RuntimeError: stand-in\n")
     elif said is not None:
         assert completed.stderr == f"{name}: {said}"
 
@@ -330,3 +380,125 @@ def test_the_guarded_stdout_answers_for_the_stream_it_guards(module, monkeypatch
     seen = []
     assert module.run_command_line("tool.py", lambda argv: seen.append(sys.stdout.encoding), []) == 0
     assert seen == ["latin-1"]
+
+
+# --- hostile values: one line naming the option, exit 2, before any work, nothing changed -------------
+# The one table of what mesure_memoire.py refuses on its command line: each case is run in-process through
+# main(argv) in a folder holding an existing result, a FIFO and a subfolder, which must stay as they were.
+
+ESTIMATE_REFUSALS = [
+    # newlines, escapes, stray values, and one number grammar (ASCII digits, one point)
+    (["estimate", "--parameters", "1\n2", "--bits", "16"], "--parameters", "'1\\n2'"),
+    (["estimate", "--parameters", "10", "--bits", "16\n"], "--bits", "'16\\n'"),
+    (["estimate", "--parameters", "\x1b[31m1", "--bits", "16"], "--parameters", "'\\x1b[31m1'"),
+    (["estimate", "--parameters", "٤", "--bits", "16"], "--parameters", "'٤'"),
+    (["estimate", "--parameters", "１", "--bits", "16"], "--parameters", "'１'"),
+    (["estimate", "--parameters", "+4", "--bits", "16"], "--parameters", "'+4'"),
+    (["estimate", "--parameters", "9" * 100_000, "--bits", "16"], "--parameters", "(100000 characters)"),
+    (["estimate", "--parameters", "1", "--bits", "-2"], "--bits: expected a positive whole number", "'-2'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "x\ny"], "error: unrecognized arguments: x\\ny", ""),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1_000"], "--reserve-gib", "'1_000'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "٤"], "--reserve-gib", "'٤'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", " +4 "], "--reserve-gib", "' +4 '"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "+4"], "--reserve-gib", "'+4'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0"], "--reserve-gib", "'-0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0.0"], "--reserve-gib", "'-0.0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4e0"], "--reserve-gib", "'4e0'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1.2.3"], "--reserve-gib", "'1.2.3'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "."], "--reserve-gib", "'.'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", ""], "--reserve-gib", "''"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4\n"], "--reserve-gib", "'4\\n'"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "Infinity"], "--reserve-gib", ""),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1" * 31], "--reserve-gib", "30 digits"),
+    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "0." + "1" * 31], "--reserve-gib", ""),
+    (["estimate", "--par=1\n", "--bits", "3"], "error: estimate: unrecognized arguments: --par", ""),
+    (["estimate", "--json=yes\n", "--parameters", "1", "--bits", "3"], "argument --json: ignored explicit", "yes\\n"),
+    (["estimate"], "error: estimate: the following arguments are required: --parameters, --bits", ""),
+    ([], "error: the following arguments are required: COMMAND", ""),
+    (["bad\ncmd"], "error: argument COMMAND: invalid choice: 'bad\\ncmd'", "'estimate', 'environment', 'measure'"),
+]
+
+ENVIRONMENT_REFUSALS = [
+    (["environment", "--device", "cuda:0\n"], "--device", "'cuda:0\\n'"),
+    (["environment", "--device", "cuda:٠"], "--device", "'cuda:٠'"),
+    (["environment", "--device", "cuda:0", "extra\n"], "error: unrecognized arguments: extra\\n", ""),
+    (["environment"], "error: environment: the following arguments are required: --device", ""),
+]
+
+LONG_NAME = "a" * 300 + ".json"
+
+MEASURE_REFUSALS = [
+    # options
+    ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "--seed", "18446744073709551615"),
+    ([*MEASURE, "--output", "o.json", "--seed", "-1"], "--seed", "'-1'"),
+    ([*MEASURE, "--output", "o.json", "--seed", "1e3"], "--seed", "'1e3'"),
+    ([*MEASURE, "--output", "o.json", "--batch", "1\n"], "--batch", "'1\\n'"),
+    ([*MEASURE, "--output", "o.json", "--width", "٦٤"], "--width", "'٦٤'"),
+    ([*MEASURE, "--output", "o.json", "--dtype", "float32\n"], "--dtype", "'float32\\n'"),
+    (["measure", "--device", "cuda:0\nx", "--output", "o.json"], "--device", "'cuda:0\\nx'"),
+    (["measure", "--output", "o.json"], "error: --device is required (unless --plan)", ""),
+    (["measure", "--device", "--plan"], "error: measure: argument --device: expected one argument", ""),
+    ([*MEASURE, "--plan=x"], "error: measure: argument --plan: ignored explicit argument 'x'", ""),
+    # outputs that exist or cannot be created
+    ([*MEASURE, "--output", "existing.json"], "existing.json already exists", "never overwritten"),
+    ([*MEASURE, "--output", "fifo"], "fifo already exists", ""),
+    ([*MEASURE, "--output", "/dev/full"], "/dev/full already exists", ""),
+    ([*MEASURE, "--output", "sub"], "sub already exists", ""),
+    ([*MEASURE, "--output", "sub/"], "names a folder", ""),
+    ([*MEASURE, "--output", "."], "names a folder", ""),
+    ([*MEASURE, "--output", ""], "a new file name is required", ""),
+    ([*MEASURE, "--output", "nowhere/o.json"], "does not exist", ""),
+    ([*MEASURE, "--output", "no\nwhere/o.json"], "'no\\nwhere/o.json' does not exist", ""),
+    ([*MEASURE, "--output", "fifo/o.json"], "does not exist", ""),
+    ([*MEASURE, "--output", LONG_NAME], "too long", "(305 characters)"),
+    ([*MEASURE, "--output", "sub/" + LONG_NAME], "too long", ""),
+    ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", "nothing measured"),
+    ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
+]
+
+# Each measure option's out-of-range or malformed value, in an otherwise valid run: the line names the option.
+BAD_OPTION_VALUES = [
+    ("--batch", "0"),
+    ("--batch", "-1"),
+    ("--batch", "1.5"),
+    ("--batch", "two"),
+    ("--context", "0"),
+    ("--context", "nan"),
+    ("--width", "0"),
+    ("--width", "inf"),
+    ("--warmup", "-1"),
+    ("--warmup", "0.5"),
+    ("--repeats", "0"),
+    ("--repeats", "-2"),
+    ("--seed", "-1"),
+    ("--dtype", "float64"),
+    ("--dtype", "int8"),
+    ("--device", "cpu"),
+    ("--device", "cuda"),
+]
+
+
+def _with(option, value):
+    """The small trial's argv with ``option`` set to ``value``."""
+    argv = ["measure", *SMALL_TRIAL, "--output", "out.json"]
+    if option in argv:
+        argv[argv.index(option) + 1] = value
+    else:
+        argv += [option, value]
+    return argv
+
+
+MEASURE_OPTION_REFUSALS = [(_with(option, value), option, "") for option, value in BAD_OPTION_VALUES]
+HOSTILE_VALUES = ESTIMATE_REFUSALS + ENVIRONMENT_REFUSALS + MEASURE_REFUSALS + MEASURE_OPTION_REFUSALS
+# Each part numbered as it was in its feature file, so that the mutation pass finds each case by its id.
+HOSTILE_IDS = (
+    plain_ids(ESTIMATE_REFUSALS)
+    + plain_ids(ENVIRONMENT_REFUSALS)
+    + plain_ids(MEASURE_REFUSALS)
+    + [f"option-{option}-{plain_ids([([value],)])[0][3:]}" for option, value in BAD_OPTION_VALUES]
+)
+
+
+@pytest.mark.parametrize(("argv", "first", "second"), HOSTILE_VALUES, ids=HOSTILE_IDS)
+def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
+    assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)

@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 import mesure_memoire
-from conftest import ROOT
+from conftest import MESSAGES, ROOT
 
 matplotlib.use("Agg")  # before pyplot: no screen, and the same drawing everywhere
 from matplotlib import pyplot  # noqa: E402
@@ -38,8 +38,10 @@ def bars_of(axes):
     """{legend label: [(x, height, the value written on the bar)]}, in drawing order."""
     found = {}
     for container, values in zip(axes.containers, _bar_texts(axes), strict=True):
-        found[container.get_label()] = [(bar.get_x() + bar.get_width() / 2, bar.get_height(), text)
-                                        for bar, text in zip(container.patches, values, strict=True)]  # fmt: skip
+        found[container.get_label()] = [
+            (bar.get_x() + bar.get_width() / 2, bar.get_height(), text)
+            for bar, text in zip(container.patches, values, strict=True)
+        ]
     return found
 
 
@@ -72,8 +74,11 @@ def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(closes_
     assert list(bars) == [*MEASURED, "plan's peak allocated"]
     assert [label.get_text() for label in axes.get_legend().get_texts()] == list(bars)
     for index, (record, planned) in enumerate(zip(phases, plan["phases"], strict=True)):
-        values = (record["peak_allocated_bytes"], record["peak_reserved_bytes"],
-                  planned["predicted_peak_level_allocated_bytes"])  # fmt: skip
+        values = (
+            record["peak_allocated_bytes"],
+            record["peak_reserved_bytes"],
+            planned["predicted_peak_level_allocated_bytes"],
+        )
         for name, value in zip(bars, values, strict=True):
             x, height, text = bars[name][index]
             assert height == pytest.approx(mib(value), rel=1e-12)
@@ -94,28 +99,38 @@ def _layout(figure):
     for axes in figure.axes:
         ticks = axes.get_xticklabels()
         legend = axes.get_legend()
-        panels.append({
-            "place": axes.get_subplotspec().get_geometry(),  # (rows, columns, first cell, last cell)
-            "title_size": axes.title.get_fontsize(),
-            "tick_rotation": {label.get_rotation() for label in ticks},
-            "tick_alignment": {label.get_horizontalalignment() for label in ticks},
-            "value_size": {text.get_fontsize() for text in axes.texts},
-            "bar_widths": {round(bar.get_width(), 12) for container in axes.containers for bar in container},
-            "legend_size": None if legend is None else {text.get_fontsize() for text in legend.get_texts()},
-        })  # fmt: skip
+        panels.append(
+            {
+                "place": axes.get_subplotspec().get_geometry(),  # (rows, columns, first cell, last cell)
+                "title_size": axes.title.get_fontsize(),
+                "tick_rotation": {label.get_rotation() for label in ticks},
+                "tick_alignment": {label.get_horizontalalignment() for label in ticks},
+                "value_size": {text.get_fontsize() for text in axes.texts},
+                "bar_widths": {round(bar.get_width(), 12) for container in axes.containers for bar in container},
+                "legend_size": None if legend is None else {text.get_fontsize() for text in legend.get_texts()},
+            }
+        )
     return tuple(figure.get_size_inches()), type(figure.get_layout_engine()).__name__, panels
 
 
 def test_the_figures_are_laid_out_as_drawn(closes_figures):
     common = {"title_size": 9, "tick_rotation": {30}, "tick_alignment": {"right"}, "value_size": {7}}
     phases = _layout(mesure_memoire.draw_phases(load(DATA / "schema3.json")))
-    assert phases == ((10, 4.5), "ConstrainedLayoutEngine", [
-        {"place": (1, 1, 0, 0), **common, "bar_widths": {round(0.8 / 3, 12)}, "legend_size": {8}}])  # fmt: skip
+    assert phases == (
+        (10, 4.5),
+        "ConstrainedLayoutEngine",
+        [{"place": (1, 1, 0, 0), **common, "bar_widths": {round(0.8 / 3, 12)}, "legend_size": {8}}],
+    )
     rows = mesure_memoire.report([str(SWEEP / "mesures-width-256.json"), str(SWEEP / "mesures-width-512.json")])
     sizes = _layout(mesure_memoire.draw_sizes(rows["results"]))
-    assert sizes == ((11, 4.5), "ConstrainedLayoutEngine", [
-        {"place": (1, 2, 0, 0), **common, "bar_widths": {0.4}, "legend_size": {8}},
-        {"place": (1, 2, 1, 1), **common, "bar_widths": {0.8}, "legend_size": None}])  # fmt: skip
+    assert sizes == (
+        (11, 4.5),
+        "ConstrainedLayoutEngine",
+        [
+            {"place": (1, 2, 0, 0), **common, "bar_widths": {0.4}, "legend_size": {8}},
+            {"place": (1, 2, 1, 1), **common, "bar_widths": {0.8}, "legend_size": None},
+        ],
+    )
 
 
 def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_peak():
@@ -172,8 +187,17 @@ def test_several_results_show_peak_memory_and_warm_time_per_size(closes_figures)
 
 
 def _row(**changes):
-    return {"batch": 2, "context": 128, "width": 64, "dtype": "float32", "peak_allocated_bytes": 2**20,
-            "peak_reserved_bytes": 2**21, "warm_median_ms": Decimal("0.5"), "flags": [], **changes}  # fmt: skip
+    return {
+        "batch": 2,
+        "context": 128,
+        "width": 64,
+        "dtype": "float32",
+        "peak_allocated_bytes": 2**20,
+        "peak_reserved_bytes": 2**21,
+        "warm_median_ms": Decimal("0.5"),
+        "flags": [],
+        **changes,
+    }
 
 
 FLAGGED = "(*: flagged in report's table)"
@@ -189,9 +213,15 @@ FLAGGED = "(*: flagged in report's table)"
         ([_row(width=8), _row(width=9, flags=["not a fresh process"])], ["8", "9 *"], f"width {FLAGGED}"),
         ([_row(flags=["x"]), _row()], ["#1 *", "#2"], f"result {FLAGGED}"),
     ],
-    ids=["nothing differs", "two dimensions differ", "a dimension and the dtype differ",
-         "one sweep on two cards: numbered", "a flagged row is starred", "flagged and numbered"],
-)  # fmt: skip
+    ids=[
+        "nothing differs",
+        "two dimensions differ",
+        "a dimension and the dtype differ",
+        "one sweep on two cards: numbered",
+        "a flagged row is starred",
+        "flagged and numbered",
+    ],
+)
 def test_a_size_is_labelled_by_what_differs_between_the_results(rows, labels, named):
     found_labels, found_named, memory, warm_ms = mesure_memoire.size_bar_data(rows)
     assert (found_labels, found_named) == (labels, named)
@@ -213,7 +243,7 @@ def figure_cell_namespace(measurement):
 def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_matplotlib(monkeypatch, capsys):
     namespace, run_figure = figure_cell_namespace(None)
     exec(run_figure, namespace)
-    assert capsys.readouterr().out == "Nothing to draw: this kernel wrote no measurement.\n"
+    assert capsys.readouterr().out == MESSAGES["figure: nothing to draw"]
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # matplotlib not installed, as far as import can tell
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     namespace["measurement"] = load(DATA / "schema3.json")
@@ -231,8 +261,9 @@ def test_without_matplotlib_the_kit_refuses_to_draw_in_one_line(monkeypatch):
         assert str(refused.value) == "matplotlib is not importable in this kernel (the tables stay)"
 
 
-@pytest.mark.parametrize(("version", "shown"), [("3.4.3", "'3.4.3'"), ("2.2", "'2.2'"), ("", "''"), ("x.y", "'x.y'"),
-                                                 (None, "''")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("version", "shown"), [("3.4.3", "'3.4.3'"), ("2.2", "'2.2'"), ("", "''"), ("x.y", "'x.y'"), (None, "''")]
+)
 def test_a_matplotlib_too_old_or_of_unknown_version_is_refused_in_one_line(version, shown, monkeypatch):
     """A stand-in matplotlib module (not installed here) of another version, or none said: refused."""
     import types
@@ -264,8 +295,11 @@ def test_the_figure_cell_draws_the_measurement_of_this_kernel(closes_figures, ca
 
 def test_a_real_kernel_shows_the_figure_as_an_image(tmp_path):
     """The definitions, a crafted measurement in place of step 3's, then the figure cell, in a real ipykernel."""
-    cells = [cell for cell in load(NOTEBOOK)["cells"] if cell["id"].startswith(("shared-code-", "step-"))
-             and cell["cell_type"] == "code"]  # fmt: skip
+    cells = [
+        cell
+        for cell in load(NOTEBOOK)["cells"]
+        if cell["id"].startswith(("shared-code-", "step-")) and cell["cell_type"] == "code"
+    ]
     crafted = f"import json\nmeasurement = json.loads({(DATA / 'schema3.json').read_text(encoding='utf-8')!r})"
     figure_cell = next(cell for cell in load(NOTEBOOK)["cells"] if cell["id"] == "run-figure")
     notebook = nbformat.v4.new_notebook()
@@ -275,5 +309,6 @@ def test_a_real_kernel_shows_the_figure_as_an_image(tmp_path):
         notebook, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
     (shown,) = notebook.cells[-1].outputs
-    assert shown.output_type == "display_data" and "image/png" in shown.data
+    assert shown.output_type == "display_data"
+    assert "image/png" in shown.data
     assert list(tmp_path.iterdir()) == []  # drawing writes no file

@@ -34,7 +34,8 @@ def test_every_model_of_the_catalog_once_fitting_and_cheapest_first_then_the_clo
     assert (status, err) == (0, "")
     data = json.loads(out)
     needs = plan["needs_card_memory_bytes"]
-    assert needs == 118170079232 and data["needs_card_memory_bytes"] == needs
+    assert needs == 118170079232
+    assert data["needs_card_memory_bytes"] == needs
     assert data["configuration"] == {"batch": 2, "context": 128, "width": 60000, "dtype": "float32"}
     assert data["needs_host_memory_bytes"] == plan["needs_host_memory_bytes"] == 115201200000
     expected = []
@@ -81,7 +82,8 @@ def test_the_text_from_the_same_data(tmp_path, capsys):
     path, _ = plan_file(tmp_path, capsys)
     status, out, err = call_calculator(capsys, "--for-plan", path, "--days", "7")
     assert (status, err) == (0, "")
-    assert out.startswith(TEXT_HEAD + "\n") and out.endswith(TEXT_TAIL)
+    assert out.startswith(TEXT_HEAD + "\n")
+    assert out.endswith(TEXT_TAIL)
     assert len(out.splitlines()) == 2 + 1 + 15 + 2
 
 
@@ -90,8 +92,10 @@ def test_a_plan_with_memory_gib_and_standard_input(tmp_path, capsys, monkeypatch
     assert plan["fits"] is False
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
     status, out, err = call_calculator(capsys, "--for-plan", "-", "--days", "30")
-    assert (status, err) == (0, "") and out.startswith("Plan: batch 2, context 128, width 60000")
-    assert "One GPU per run, 30-day packages;" in out and "Lot price: one lot for 30 days" in out
+    assert (status, err) == (0, "")
+    assert out.startswith("Plan: batch 2, context 128, width 60000")
+    assert "One GPU per run, 30-day packages;" in out
+    assert "Lot price: one lot for 30 days" in out
 
 
 def test_the_smallest_run_fits_every_card_and_the_cheapest_comes_first(tmp_path, capsys):
@@ -99,7 +103,9 @@ def test_the_smallest_run_fits_every_card_and_the_cheapest_comes_first(tmp_path,
     status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "3", "--json")
     cards = json.loads(out)["cards"]
     prices = [c["lot_price_cents"] for c in cards]
-    assert all(c["fits"] for c in cards) and prices == sorted(prices) and len(cards) == 15
+    assert all(c["fits"] for c in cards)
+    assert prices == sorted(prices)
+    assert len(cards) == 15
 
 
 def plan_text(**changes):
@@ -204,9 +210,12 @@ def test_an_unreadable_standard_input_is_refused_in_one_line(capsys, monkeypatch
 def test_the_readme_s_for_plan_example_on_the_readme_s_plan(tmp_path, capsys, monkeypatch):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     plan_line = next(line for line in readme.splitlines() if line.startswith("python mesure_memoire.py measure "))
-    assert "--plan" in plan_line and "--device" not in plan_line  # the plan needs no device
-    assert "`--for-plan plan.json --days 7`" in readme and "`memory_gb` × 10**9 bytes" in readme
+    assert "--plan" in plan_line  # the plan needs no device
+    assert "--device" not in plan_line
+    assert "`--for-plan plan.json --days 7`" in readme
+    assert "`memory_gb` × 10**9 bytes" in readme
     monkeypatch.chdir(tmp_path)
     plan_file(tmp_path, capsys, run=plan_line.split()[2:])
     status, out, err = call_calculator(capsys, "--for-plan", "plan.json", "--days", "7")
-    assert (status, err) == (0, "") and out.startswith("Plan: batch 2, context 128, width 1024, float32;")
+    assert (status, err) == (0, "")
+    assert out.startswith("Plan: batch 2, context 128, width 1024, float32;")

@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 
 import build_notebook
 import mesure_memoire
-from conftest import ROOT, code_cells_as_script, run_script, tree_digest
+from conftest import MESSAGES, ROOT, code_cells_as_script, run_script, tree_digest
 
 REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
@@ -37,8 +37,11 @@ def test_valid_nbformat_4_5_with_a_python_kernel_and_unique_ids():
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(notebook)
     assert (notebook.nbformat, notebook.nbformat_minor) == (4, 5)
-    assert notebook.metadata.kernelspec == {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                            "name": "python3"}  # fmt: skip
+    assert notebook.metadata.kernelspec == {
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+        "name": "python3",
+    }
     assert notebook.metadata.language_info["name"] == "python"
     ids = [cell.id for cell in notebook.cells]
     assert len(ids) == len(set(ids))
@@ -47,7 +50,8 @@ def test_valid_nbformat_4_5_with_a_python_kernel_and_unique_ids():
 def test_no_saved_outputs_or_execution_counts():
     for cell in committed()["cells"]:
         if cell["cell_type"] == "code":
-            assert cell["outputs"] == [] and cell["execution_count"] is None, cell["id"]
+            assert cell["outputs"] == [], cell["id"]
+            assert cell["execution_count"] is None, cell["id"]
 
 
 def test_self_contained_no_companion_import_no_magic_no_exit():
@@ -56,7 +60,8 @@ def test_self_contained_no_companion_import_no_magic_no_exit():
     for source in sources:
         assert not re.search(r"^\s*(import|from)\s+mesure_memoire\b", source, re.MULTILINE)
         assert not re.search(r"^\s*[%!]", source, re.MULTILINE)
-        assert "sys.exit" not in source and "SystemExit" not in source
+        assert "sys.exit" not in source
+        assert "SystemExit" not in source
         for line in source.splitlines():
             module = re.match(r"\s*(?:import|from)\s+([a-z_]+)", line)
             if module:
@@ -97,7 +102,8 @@ def test_each_block_of_the_script_is_one_collapsed_cell_verbatim():
     for number in RUNS:
         codes = ["".join(cells[cell_id]["source"]) for cell_id in step_cell_ids(number, steps[number])]
         assert codes == [code for _, code in steps[number]]
-    assert len(shared) >= 2 and sorted(steps) == sorted(RUNS)
+    assert len(shared) >= 2
+    assert sorted(steps) == sorted(RUNS)
     assert any(len(blocks) > 1 for blocks in steps.values())  # the parts are exercised
 
 
@@ -213,8 +219,10 @@ def test_a_notebook_that_is_a_link_is_refused_and_its_target_kept(copy, capsys):
     (copy / "mesure-memoire.ipynb").symlink_to(copy / "theirs.json")
     before = tree_digest(copy)
     assert build_notebook.main([]) == 2
-    assert capsys.readouterr() == ("", "build_notebook.py: error: mesure-memoire.ipynb is a link: this tool "
-                                       "writes over nothing but its own outputs\n")  # fmt: skip
+    assert capsys.readouterr() == (
+        "",
+        "build_notebook.py: error: mesure-memoire.ipynb is a link: this tool writes over nothing but its own outputs\n",
+    )
     assert tree_digest(copy) == before
 
 
@@ -229,11 +237,12 @@ OUT_OF_DATE = "build_notebook.py: mesure-memoire.ipynb is out of date with mesur
 # case: spoil(folder); --check says the notebook is out of date (exit 1), a build rewrites it
 STALE = {
     "the script changed": lambda f: (f / "mesure_memoire.py").write_bytes(
-        (f / "mesure_memoire.py").read_bytes().replace(b"\n# <<< notebook", b"\nEDITED = 1\n# <<< notebook", 1)),
+        (f / "mesure_memoire.py").read_bytes().replace(b"\n# <<< notebook", b"\nEDITED = 1\n# <<< notebook", 1)
+    ),
     "saved by JupyterLab": lambda f: _jupyter_saved(f / "mesure-memoire.ipynb"),
     "missing": lambda f: (f / "mesure-memoire.ipynb").unlink(),
     "nested 100,000 deep": lambda f: (f / "mesure-memoire.ipynb").write_bytes(b"[" * 100000),
-}  # fmt: skip
+}
 
 
 @pytest.mark.whole_kit
@@ -247,7 +256,8 @@ def test_check_says_out_of_date_and_a_build_rewrites_it(case, copy, capsys):
     assert build_notebook.main([]) == 0
     assert build_notebook.main(["--check"]) == 0
     assert (copy / "mesure-memoire.ipynb").read_bytes() == build_notebook.notebook_bytes(
-        (copy / "mesure_memoire.py").read_bytes())  # fmt: skip
+        (copy / "mesure_memoire.py").read_bytes()
+    )
 
 
 def _script(change):
@@ -273,20 +283,27 @@ REFUSALS = {
     "a step without run cell": (
         _script(lambda old: old.replace(b"# >>> notebook: 4. ", b"# >>> notebook: 7. ")),
         "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 5, 7; build_notebook.py has run cells for "
-        "steps 1, 2, 3, 4, 5"),
+        "steps 1, 2, 3, 4, 5",
+    ),
     "a step without block": (
         _script(lambda old: old.replace(b"# >>> notebook: 2. ", b"# >>> notebook: ")),
         "mesure_memoire.py's numbered notebook blocks are steps 1, 3, 4, 5; build_notebook.py has run cells for "
-        "steps 1, 2, 3, 4, 5"),
+        "steps 1, 2, 3, 4, 5",
+    ),
     "a part out of place": (
         _script(lambda old: old.replace(b"# >>> notebook: 3.3 ", b"# >>> notebook: 3.4 ")),
         "mesure_memoire.py's notebook block '3.4 The protocol: each phase on the GPU, counted and timed' is not the "
-        "next part of the step above it (block N., then N.2, N.3, ...)"),
-    "the script is missing": (lambda f: (f / "mesure_memoire.py").unlink(),
-                              "cannot read mesure_memoire.py (No such file or directory)"),
-    "the notebook is a folder": (_folder_for("mesure-memoire.ipynb"),
-                                 "cannot read mesure-memoire.ipynb (Is a directory)"),
-}  # fmt: skip
+        "next part of the step above it (block N., then N.2, N.3, ...)",
+    ),
+    "the script is missing": (
+        lambda f: (f / "mesure_memoire.py").unlink(),
+        "cannot read mesure_memoire.py (No such file or directory)",
+    ),
+    "the notebook is a folder": (
+        _folder_for("mesure-memoire.ipynb"),
+        "cannot read mesure-memoire.ipynb (Is a directory)",
+    ),
+}
 
 
 @pytest.mark.whole_kit
@@ -408,9 +425,10 @@ def test_without_a_gpu_nothing_is_measured_and_nothing_written(executed):
     assert "GPU usable            no" in stdout_of(cells["run-environment"])
     measured = stdout_of(cells["run-measure"])
     assert measured.startswith("Measurement refused: no usable GPU for cuda:0")
-    assert measured.count("nothing measured") == 1 and measured.count("no file written") == 1, measured
+    assert measured.count("nothing measured") == 1, measured
+    assert measured.count("no file written") == 1, measured
     assert stdout_of(cells["run-results"]) == "Nothing to show: this kernel wrote no measurement.\n"
-    assert stdout_of(cells["run-figure"]) == "Nothing to draw: this kernel wrote no measurement.\n"
+    assert stdout_of(cells["run-figure"]) == MESSAGES["figure: nothing to draw"]
     assert sorted(p.name for p in folder.iterdir()) == [NOTEBOOK.name]
     assert hashlib.sha256(NOTEBOOK.read_bytes()).hexdigest() == before  # the committed file is untouched
 
@@ -450,14 +468,16 @@ REFUSED_PARAMETERS = [
 ]
 
 
-@pytest.mark.parametrize(("cell", "parameters", "line"), REFUSED_PARAMETERS, ids=[case[2][:40] for case in
-                                                                                  REFUSED_PARAMETERS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("cell", "parameters", "line"), REFUSED_PARAMETERS, ids=[case[2][:40] for case in REFUSED_PARAMETERS]
+)
 def test_a_refusal_in_the_notebook_names_the_parameter_the_user_set(cell, parameters, line, capsys):
     namespace, cells = notebook_namespace()
     namespace.update(parameters)
     exec(compile(cells[cell], "<notebook>", "exec"), namespace)
     out = capsys.readouterr().out
-    assert out.startswith(line) and "--" not in out, out
+    assert out.startswith(line), out
+    assert "--" not in out, out
 
 
 @pytest.mark.parametrize(
@@ -479,7 +499,8 @@ def test_with_memory_gib_the_measure_cell_first_gives_the_plans_verdict_on_that_
     config = mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0)  # the parameters' defaults
     fit = mesure_memoire.format_fit(mesure_memoire.plan_with_fit(config, memory_gib))
     assert out == fit + "\nMeasurement refused: stand-in: not measured\n"
-    assert fit.startswith("On a card of ") and verdict in fit
+    assert fit.startswith("On a card of ")
+    assert verdict in fit
 
 
 def test_as_notebook_message_renames_the_leading_option_only():
@@ -515,6 +536,11 @@ def test_a_second_run_all_in_the_same_process_keeps_the_pytorch_warning_line(tmp
         "    runs.append(out.getvalue())\n"
         "print(runs[0] == runs[1], 'PyTorch warned' in runs[0], 'PyTorch warned' in runs[1])\n"
     )
-    completed = subprocess.run([sys.executable, "-c", f"CODE = {code!r}\nnamespace = {{}}\n" + twice],
-                               capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-c", f"CODE = {code!r}\nnamespace = {{}}\n" + twice],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert completed.stdout == "True True True\n", completed

@@ -11,7 +11,7 @@ import pytest
 
 import calcul_forfaits
 import mesure_memoire
-from conftest import calculator_refusal, call_calculator
+from conftest import MESSAGES, calculator_refusal, call_calculator
 
 # (text, a whole number?, a decimal?)
 NUMBERS = [
@@ -64,7 +64,7 @@ def test_each_script_checks_the_grammar_alike(text, whole, decimal):
     if decimal:
         assert str(mesure_memoire.non_negative_decimal("--reserve-gib", text)) == (text if "." in text else f"{text}.0")
     else:
-        with pytest.raises(mesure_memoire.KitError, match="--reserve-gib: expected a number >= 0"):
+        with pytest.raises(mesure_memoire.KitError, match=MESSAGES["--reserve-gib not a number"]):
             mesure_memoire.non_negative_decimal("--reserve-gib", text)
 
 
@@ -76,7 +76,8 @@ def test_a_whole_number_option_of_either_script_follows_the_grammar(text, whole,
         assert mesure_memoire.main(estimate) == 0
         assert f"  parameters            {text}\n" in capsys.readouterr().out
         status, out, err = call_calculator(capsys, "--gpu", "b200", "--days", "7", "--lots", text)
-        assert (status, err) == (0, "") and f", {text} lot(s)\n" in out
+        assert (status, err) == (0, "")
+        assert f", {text} lot(s)\n" in out
     else:
         assert mesure_memoire.main(estimate) == 2
         assert capsys.readouterr().err.startswith("mesure_memoire.py: error: --parameters: expected a positive whole")
@@ -99,7 +100,7 @@ def test_zero_is_a_whole_number_where_an_option_takes_it(capsys):
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--warmup", "0", "--plan", "--json"]) == 0
     assert '"warmup": 0,' in capsys.readouterr().out
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--warmup", "00", "--plan"]) == 2
-    assert "--warmup: expected a whole number from 0 to 1000" in capsys.readouterr().err
+    assert MESSAGES["--warmup out of range"] in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("digits", "accepted"), [(30, True), (31, False)])

@@ -16,28 +16,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mesure_memoire
 from conftest import (
     GIB,
+    MEASURE_TRIAL,
+    MESSAGES,
     MIB,
     ROOT,
     RecordingCudaStandIn,
     assert_one_line_refusal,
     config,
     plain_ids,
+    plan,
     run_script,
     tree_digest,
 )
 
 ALLOWANCE = 256 * MIB
-SMALL_TRIAL = ["measure", "--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64",
-               "--dtype", "float32", "--warmup", "1", "--repeats", "2"]  # fmt: skip
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
-
-
-def plan(batch, context, width, dtype, warmup=1, repeats=2):
-    return mesure_memoire.memory_plan(
-        mesure_memoire.measure_config("cuda:0", batch, context, width, dtype, warmup, repeats, 0)
-    )
 
 
 def counters(phase):
@@ -49,44 +44,90 @@ def counters(phase):
 # (end requested, peak requested, end allocated, peak allocated) per phase, then the whole run's peak.
 HAND_COUNTS = [
     # batch 1, context 16, width 64, 4 bytes: weights 65536 + 1024 + 65536 + 256 (-> 512)
-    ((1, 16, 64, "float32"), (132352, 132352, 132608, 132608), (4096,) * 4, (4096, 32768, 4096, 32768),
-     132608 + 4096 + ALLOWANCE + 32768),
+    (
+        (1, 16, 64, "float32"),
+        (132352, 132352, 132608, 132608),
+        (4096,) * 4,
+        (4096, 32768, 4096, 32768),
+        132608 + 4096 + ALLOWANCE + 32768,
+    ),
     # 2 bytes: weights 32768 + 512 + 32768 + 128 (-> 512); input 2048; hidden 8192 each
-    ((1, 16, 64, "float16"), (66176, 66176, 66560, 66560), (2048,) * 4, (2048, 16384, 2048, 16384),
-     66560 + 2048 + ALLOWANCE + 16384),
-    ((1, 16, 64, "bfloat16"), (66176, 66176, 66560, 66560), (2048,) * 4, (2048, 16384, 2048, 16384),
-     66560 + 2048 + ALLOWANCE + 16384),
+    (
+        (1, 16, 64, "float16"),
+        (66176, 66176, 66560, 66560),
+        (2048,) * 4,
+        (2048, 16384, 2048, 16384),
+        66560 + 2048 + ALLOWANCE + 16384,
+    ),
+    (
+        (1, 16, 64, "bfloat16"),
+        (66176, 66176, 66560, 66560),
+        (2048,) * 4,
+        (2048, 16384, 2048, 16384),
+        66560 + 2048 + ALLOWANCE + 16384,
+    ),
     # batch 3, context 5, width 3, 4 bytes: weights 144 + 48 + 144 + 12, each one 512-byte block;
     # input 180 (512); hidden 720 each (1024)
-    ((3, 5, 3, "float32"), (348, 348, 2048, 2048), (180, 180, 512, 512), (180, 1440, 512, 2048),
-     2048 + 512 + ALLOWANCE + 2048),
+    (
+        (3, 5, 3, "float32"),
+        (348, 348, 2048, 2048),
+        (180, 180, 512, 512),
+        (180, 1440, 512, 2048),
+        2048 + 512 + ALLOWANCE + 2048,
+    ),
     # 2 bytes: weights 72 + 24 + 72 + 6; input 90; hidden 360 each (512)
-    ((3, 5, 3, "bfloat16"), (174, 174, 2048, 2048), (90, 90, 512, 512), (90, 720, 512, 1024),
-     2048 + 512 + ALLOWANCE + 1024),
-    ((3, 5, 3, "float16"), (174, 174, 2048, 2048), (90, 90, 512, 512), (90, 720, 512, 1024),
-     2048 + 512 + ALLOWANCE + 1024),
+    (
+        (3, 5, 3, "bfloat16"),
+        (174, 174, 2048, 2048),
+        (90, 90, 512, 512),
+        (90, 720, 512, 1024),
+        2048 + 512 + ALLOWANCE + 1024,
+    ),
+    (
+        (3, 5, 3, "float16"),
+        (174, 174, 2048, 2048),
+        (90, 90, 512, 512),
+        (90, 720, 512, 1024),
+        2048 + 512 + ALLOWANCE + 1024,
+    ),
     # batch 8, context 1024, width 4096, 2 bytes: weights 128 MiB + 32768 + 128 MiB + 8192;
     # input 64 MiB; hidden 256 MiB each
-    ((8, 1024, 4096, "bfloat16"), (268476416,) * 4, (64 * MIB,) * 4, (64 * MIB, 512 * MIB, 64 * MIB, 512 * MIB),
-     268476416 + 64 * MIB + ALLOWANCE + 512 * MIB),
+    (
+        (8, 1024, 4096, "bfloat16"),
+        (268476416,) * 4,
+        (64 * MIB,) * 4,
+        (64 * MIB, 512 * MIB, 64 * MIB, 512 * MIB),
+        268476416 + 64 * MIB + ALLOWANCE + 512 * MIB,
+    ),
     # 4 bytes: weights 256 MiB + 65536 + 256 MiB + 16384; input 128 MiB; hidden 512 MiB each
-    ((8, 1024, 4096, "float32"), (536952832,) * 4, (128 * MIB,) * 4, (128 * MIB, 1024 * MIB, 128 * MIB, 1024 * MIB),
-     536952832 + 128 * MIB + ALLOWANCE + 1024 * MIB),
-]  # fmt: skip
+    (
+        (8, 1024, 4096, "float32"),
+        (536952832,) * 4,
+        (128 * MIB,) * 4,
+        (128 * MIB, 1024 * MIB, 128 * MIB, 1024 * MIB),
+        536952832 + 128 * MIB + ALLOWANCE + 1024 * MIB,
+    ),
+]
 
 
 @pytest.mark.parametrize(("sizes", "model_load", "inputs", "forward", "peak"), HAND_COUNTS)
 def test_the_prediction_matches_a_hand_count(sizes, model_load, inputs, forward, peak):
     predicted = plan(*sizes, warmup=3, repeats=2)
     assert [p["phase"] for p in predicted["phases"]] == [
-        "model_load", "inputs", "cold_forward", "warmup", "warm_forward", "warm_forward"
-    ]  # fmt: skip
+        "model_load",
+        "inputs",
+        "cold_forward",
+        "warmup",
+        "warm_forward",
+        "warm_forward",
+    ]
     assert counters(predicted["phases"][0]) == model_load
     assert counters(predicted["phases"][1]) == inputs
     # The first forward, three warm-up passes (each releasing the last output first) and each
     # repetition: the output at the end, both hidden activations together at the peak.
     assert {counters(phase) for phase in predicted["phases"][2:]} == {forward}
-    assert predicted["phases"][3]["passes"] == 3 and [p.get("repetition") for p in predicted["phases"][4:]] == [1, 2]
+    assert predicted["phases"][3]["passes"] == 3
+    assert [p.get("repetition") for p in predicted["phases"][4:]] == [1, 2]
     assert predicted["phases"][2]["alive_at_peak"] == ["fc1_output", "gelu_output"]
     assert predicted["predicted_peak_allocated_bytes"] == peak
     assert predicted["predicted_peak_phase"] == "cold_forward"
@@ -101,17 +142,24 @@ def test_large_blocks_carry_their_slack():
     # Exactly 1 MiB is still the small pool (no slack); the 4 MiB hidden activations are not.
     boundary = plan(2, 128, 1024, "float32")["phases"]
     assert [(p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in boundary[1:3]] == [
-        (0, 0), (0, 2 * MIB)
-    ]  # fmt: skip
-    assert [(p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in plan(1, 16, 64, "float32")[
-        "phases"
-    ]] == [(0, 0)] * 6  # fmt: skip
+        (0, 0),
+        (0, 2 * MIB),
+    ]
+    assert [
+        (p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in plan(1, 16, 64, "float32")["phases"]
+    ] == [(0, 0)] * 6
 
 
 def test_the_allocator_block_rule():
     assert [mesure_memoire.allocated_block_bytes(n) for n in (1, 511, 512, 513, 1024, 1025, 2**20 + 1)] == [
-        512, 512, 512, 1024, 1024, 1536, 2**20 + 512
-    ]  # fmt: skip
+        512,
+        512,
+        512,
+        1024,
+        1024,
+        1536,
+        2**20 + 512,
+    ]
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -120,23 +168,41 @@ def test_the_allocator_block_rule():
 def test_plan_json_in_process_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     before = tree_digest(tmp_path)
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--json"]) == 0
+    assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["predicted_peak_allocated_bytes"] == 132608 + 4096 + ALLOWANCE + 32768
     assert [p["phase"] for p in data["phases"]] == mesure_memoire.phase_names({"warmup": 1, "repeats": 2})
-    assert data["blas_workspace_allowance_bytes"] == ALLOWANCE and data["allocator_rounding_bytes"] == 512
+    assert data["blas_workspace_allowance_bytes"] == ALLOWANCE
+    assert data["allocator_rounding_bytes"] == 512
     assert tree_digest(tmp_path) == before == {}
 
 
 def test_plan_text_comes_from_the_same_data(capsys):
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan"]) == 0
+    assert mesure_memoire.main([*MEASURE_TRIAL, "--plan"]) == 0
     text = capsys.readouterr().out
-    assert text == mesure_memoire.format_plan(mesure_memoire.memory_plan(
-        mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0)
-    )) + "\n"  # fmt: skip
+    assert (
+        text
+        == mesure_memoire.format_plan(
+            mesure_memoire.memory_plan(mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0))
+        )
+        + "\n"
+    )
     lines = text.splitlines()
-    assert lines[2].split() == ["phase", "end", "req", "MiB", "peak", "req", "MiB", "end", "alloc", "MiB", "peak",
-                                "alloc", "MiB"]  # fmt: skip
+    assert lines[2].split() == [
+        "phase",
+        "end",
+        "req",
+        "MiB",
+        "peak",
+        "req",
+        "MiB",
+        "end",
+        "alloc",
+        "MiB",
+        "peak",
+        "alloc",
+        "MiB",
+    ]
     assert lines[5].split() == ["cold_forward", "0.004", "0.031", "0.004", "0.031"]
     assert "Predicted peak allocated: 268604928 bytes = 0.25 GiB, in cold_forward" in text
     assert "1342346752 bytes = 1.25 GiB free" in text
@@ -144,31 +210,35 @@ def test_plan_text_comes_from_the_same_data(capsys):
 
 @pytest.mark.whole_kit
 def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
-    completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", "--json", python_flags=("-S",), cwd=tmp_path)
-    assert completed.returncode == 0 and completed.stderr == ""
+    completed = run_script("mesure_memoire.py", *MEASURE_TRIAL, "--plan", "--json", python_flags=("-S",), cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr == ""
     assert json.loads(completed.stdout)["predicted_peak_allocated_bytes"] == 268604928
     assert list(tmp_path.iterdir()) == []
-    completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", python_flags=("-S",), cwd=tmp_path)
-    assert completed.returncode == 0 and "Predicted peak allocated: 268604928 bytes" in completed.stdout
+    completed = run_script("mesure_memoire.py", *MEASURE_TRIAL, "--plan", python_flags=("-S",), cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert "Predicted peak allocated: 268604928 bytes" in completed.stdout
 
 
 @pytest.mark.parametrize(
     ("arguments", "fragment"),
     [
-        (["--width", "0"], "--width: expected a positive whole number"),
+        (["--width", "0"], MESSAGES["--width not positive"]),
         (["--batch", "1.5"], "--batch: expected a positive whole number"),
         (["--context", "-3"], "--context: expected a positive whole number"),
-        (["--dtype", "float64"], "--dtype: expected one of float32, float16, bfloat16, got 'float64'"),
-        (["--repeats", "0"], "--repeats: expected a whole number from 1 to 1000"),
+        (["--dtype", "float64"], MESSAGES["--dtype float64"]),
+        (["--repeats", "0"], MESSAGES["--repeats out of range"]),
         (["--output", "x.json"], "--plan writes nothing"),
     ],
 )
 def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, fragment):
     monkeypatch.chdir(tmp_path)
-    base = SMALL_TRIAL[:3]  # the device alone: each option below is then given once
+    base = MEASURE_TRIAL[:3]  # the device alone: each option below is then given once
     assert mesure_memoire.main([*base, "--plan", *arguments]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and len(captured.err.splitlines()) == 1 and fragment in captured.err
+    assert captured.out == ""
+    assert len(captured.err.splitlines()) == 1
+    assert fragment in captured.err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -182,9 +252,9 @@ HUGE_COUNTS = [
         ["--warmup", "9" * 30],
         f"--warmup: expected a whole number from 0 to 1000 in ASCII digits, {BOUNDED} '{'9' * 30}'",
     ),
-    (["--warmup", "1000000000"], "--warmup: expected a whole number from 0 to 1000"),
-    (["--repeats", "1001"], "--repeats: expected a whole number from 1 to 1000"),
-    (["--warmup", "1001"], "--warmup: expected a whole number from 0 to 1000"),
+    (["--warmup", "1000000000"], MESSAGES["--warmup out of range"]),
+    (["--repeats", "1001"], MESSAGES["--repeats out of range"]),
+    (["--warmup", "1001"], MESSAGES["--warmup out of range"]),
 ]
 
 
@@ -192,16 +262,19 @@ HUGE_COUNTS = [
     "mode", [["--plan"], ["--plan", "--json"], ["--output", "new.json"]], ids=["plan", "json", "output"]
 )
 @pytest.mark.parametrize(("arguments", "message"), HUGE_COUNTS, ids=plain_ids(HUGE_COUNTS))
-def test_counts_are_bounded_with_their_reason_before_any_prediction(tmp_path, monkeypatch, capsys, mode, arguments,
-                                                                    message):  # fmt: skip
+def test_counts_are_bounded_with_their_reason_before_any_prediction(
+    tmp_path, monkeypatch, capsys, mode, arguments, message
+):
     """A 30-digit count gave an OverflowError traceback, also from measure --output (the prediction runs
     before PyTorch is checked), and --warmup 1000000000 a MemoryError."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(mesure_memoire, "memory_plan", lambda config: pytest.fail("predicted an unbounded count"))
-    assert mesure_memoire.main([*SMALL_TRIAL[:3], *arguments, *mode]) == 2
+    assert mesure_memoire.main([*MEASURE_TRIAL[:3], *arguments, *mode]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.startswith(f"mesure_memoire.py: error: {message}")
-    assert len(captured.err.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+    assert captured.out == ""
+    assert captured.err.startswith(f"mesure_memoire.py: error: {message}")
+    assert len(captured.err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_prediction_costs_the_same_whatever_the_counts(monkeypatch):
@@ -233,19 +306,22 @@ def test_two_warm_up_passes_predict_any_count_exactly(warmup):
 
 def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert mesure_memoire.main(SMALL_TRIAL) == 2
+    assert mesure_memoire.main(MEASURE_TRIAL) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--output: a new file name is required" in err and "--plan" in err
-    assert mesure_memoire.main([*SMALL_TRIAL, "--json", "--output", "x.json"]) == 2
+    assert err.count("\n") == 1
+    assert MESSAGES["--output empty"] in err
+    assert "--plan" in err
+    assert mesure_memoire.main([*MEASURE_TRIAL, "--json", "--output", "x.json"]) == 2
     assert "--json goes with --plan" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.whole_kit
 def test_plan_refuses_a_bad_dimension_like_measure_from_the_command_line(tmp_path):
-    completed = run_script("mesure_memoire.py", *SMALL_TRIAL[:7], "--width", "0", "--plan", python_flags=("-S",),
-                           cwd=tmp_path)  # fmt: skip
-    assert_one_line_refusal(completed, "--width: expected a positive whole number")
+    completed = run_script(
+        "mesure_memoire.py", *MEASURE_TRIAL[:7], "--width", "0", "--plan", python_flags=("-S",), cwd=tmp_path
+    )
+    assert_one_line_refusal(completed, MESSAGES["--width not positive"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -269,13 +345,28 @@ def fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, free_bytes, *argume
 def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu, monkeypatch, tmp_path, capsys):
     predicted = plan(8, 1024, 4096, "bfloat16")
     needed = predicted["needs_free_bytes"]
-    code, err = fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, needed - 1, "--batch", "8", "--context",
-                            "1024", "--width", "4096", "--dtype", "bfloat16")  # fmt: skip
-    assert code == 2 and len(err.splitlines()) == 1
+    code, err = fit_refusal(
+        stand_in_gpu,
+        monkeypatch,
+        tmp_path,
+        capsys,
+        needed - 1,
+        "--batch",
+        "8",
+        "--context",
+        "1024",
+        "--width",
+        "4096",
+        "--dtype",
+        "bfloat16",
+    )
+    assert code == 2
+    assert len(err.splitlines()) == 1
     peak = predicted["predicted_peak_allocated_bytes"]
-    assert f"the predicted peak, {peak} bytes" in err and f"exceeds the {needed - 1} bytes" in err
+    assert f"the predicted peak, {peak} bytes" in err
+    assert f"exceeds the {needed - 1} bytes" in err
     assert "free (mem_get_info) less a 1.00 GiB margin" in err
-    assert "shrink --context (the activations dominate)" in err
+    assert MESSAGES["shrink context"] in err
 
 
 def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu):
@@ -292,14 +383,16 @@ def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu):
 @pytest.mark.parametrize(
     ("arguments", "advice"),
     [
-        (["--width", "30000"], "shrink --width (the weights dominate)"),
+        (["--width", "30000"], MESSAGES["shrink width"]),
         (["--batch", "40000", "--context", "8", "--width", "512"], "shrink --batch (the activations dominate)"),
-        (["--batch", "1", "--context", "400000", "--width", "512"], "shrink --context (the activations dominate)"),
+        (["--batch", "1", "--context", "400000", "--width", "512"], MESSAGES["shrink context"]),
     ],
 )
 def test_the_refusal_names_the_dimension_to_shrink(stand_in_gpu, monkeypatch, tmp_path, capsys, arguments, advice):
     code, err = fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, 4 * 2**30, *arguments)
-    assert code == 2 and advice in err and len(err.splitlines()) == 1
+    assert code == 2
+    assert advice in err
+    assert len(err.splitlines()) == 1
 
 
 def test_the_readme_plan_command_and_figures_match_the_code(capsys):
@@ -311,9 +404,12 @@ def test_the_readme_plan_command_and_figures_match_the_code(capsys):
     )
     assert mesure_memoire.main(line.split()[2:]) == 0
     assert "Predicted peak allocated:" in capsys.readouterr().out
-    assert mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES == 256 * MIB and "allowance of 256 MiB" in readme
-    assert mesure_memoire.FIT_MARGIN_BYTES == 2**30 and "less a margin of 1 GiB" in readme
-    assert mesure_memoire.ALLOCATOR_ROUNDING_BYTES == 512 and "512-byte block" in readme
+    assert mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES == 256 * MIB
+    assert "allowance of 256 MiB" in readme
+    assert mesure_memoire.FIT_MARGIN_BYTES == 2**30
+    assert "less a margin of 1 GiB" in readme
+    assert mesure_memoire.ALLOCATOR_ROUNDING_BYTES == 512
+    assert "512-byte block" in readme
 
 
 # --- the plan's text ---------------------------------------------------------------------------------
@@ -343,14 +439,41 @@ def test_the_plan_text_exactly():
 
 
 def test_the_plan_command_passes_each_option_to_its_place(capsys):
-    arguments = ["measure", "--device", "cuda:3", "--batch", "2", "--context", "3", "--width", "5", "--dtype",
-                 "bfloat16", "--warmup", "7", "--repeats", "11", "--seed", "13", "--plan", "--json"]  # fmt: skip
+    arguments = [
+        "measure",
+        "--device",
+        "cuda:3",
+        "--batch",
+        "2",
+        "--context",
+        "3",
+        "--width",
+        "5",
+        "--dtype",
+        "bfloat16",
+        "--warmup",
+        "7",
+        "--repeats",
+        "11",
+        "--seed",
+        "13",
+        "--plan",
+        "--json",
+    ]
     assert mesure_memoire.main(arguments) == 0
     import json
 
     data = json.loads(capsys.readouterr().out)
-    assert data["configuration"] == {"device": "cuda:3", "batch": 2, "context": 3, "width": 5, "dtype": "bfloat16",
-                                     "warmup": 7, "repeats": 11, "seed": 13}  # fmt: skip
+    assert data["configuration"] == {
+        "device": "cuda:3",
+        "batch": 2,
+        "context": 3,
+        "width": 5,
+        "dtype": "bfloat16",
+        "warmup": 7,
+        "repeats": 11,
+        "seed": 13,
+    }
 
 
 def test_the_plan_refusals_exactly(capsys):
@@ -392,16 +515,20 @@ def test_the_fit_message_exactly():
 
 def fit_plan(weights, peak, batch=1, context=1):
     tensors = {"0.weight": weights - 3, "0.bias": 1, "2.weight": 1, "2.bias": 1}
-    return {"predicted_peak_allocated_bytes": peak, "fit_margin_bytes": GIB, "tensor_bytes": tensors,
-            "configuration": {"batch": batch, "context": context}}  # fmt: skip
+    return {
+        "predicted_peak_allocated_bytes": peak,
+        "fit_margin_bytes": GIB,
+        "tensor_bytes": tensors,
+        "configuration": {"batch": batch, "context": context},
+    }
 
 
 @pytest.mark.parametrize(
     ("weights", "peak", "batch", "context", "advice"),
     [
-        (1000, 2000, 1, 1, "shrink --width (the weights dominate)"),  # exactly half the peak: weights
-        (999, 2000, 1, 1, "shrink --context (the activations dominate)"),
-        (999, 2000, 5, 5, "shrink --context (the activations dominate)"),  # a tie: --context
+        (1000, 2000, 1, 1, MESSAGES["shrink width"]),  # exactly half the peak: weights
+        (999, 2000, 1, 1, MESSAGES["shrink context"]),
+        (999, 2000, 5, 5, MESSAGES["shrink context"]),  # a tie: --context
         (999, 2000, 6, 5, "shrink --batch (the activations dominate)"),
     ],
 )
@@ -412,25 +539,44 @@ def test_the_advice_names_what_dominates(weights, peak, batch, context, advice):
 
 def test_phase_labels_count_repetitions_from_one():
     assert mesure_memoire._phase_labels(config(warmup=4, repeats=3)) == [
-        ("model_load", {}), ("inputs", {}), ("cold_forward", {}), ("warmup", {"passes": 4}),
-        ("warm_forward", {"repetition": 1}), ("warm_forward", {"repetition": 2}), ("warm_forward", {"repetition": 3}),
-    ]  # fmt: skip
-    assert mesure_memoire.phase_names(config(warmup=0, repeats=1)) == ["model_load", "inputs", "cold_forward",
-                                                                     "warm_forward"]  # fmt: skip
+        ("model_load", {}),
+        ("inputs", {}),
+        ("cold_forward", {}),
+        ("warmup", {"passes": 4}),
+        ("warm_forward", {"repetition": 1}),
+        ("warm_forward", {"repetition": 2}),
+        ("warm_forward", {"repetition": 3}),
+    ]
+    assert mesure_memoire.phase_names(config(warmup=0, repeats=1)) == [
+        "model_load",
+        "inputs",
+        "cold_forward",
+        "warm_forward",
+    ]
 
 
 def test_the_synthetic_model_description_exactly():
     model = mesure_memoire.synthetic_model(config(batch=2, context=3, width=5, dtype="float16"))
     assert model == {
-        "architecture": "Linear(5 -> 20) -> GELU -> Linear(20 -> 5)", "width": 5, "hidden_width": 20, "bias": True,
-        "dtype": "float16", "execution": "eval mode, torch.inference_mode, no autocast, no gradients, no optimizer",
-        "parameters": 225, "parameter_bytes": 450,
-        "parameter_tensors": [{"name": "0.weight", "shape": [20, 5], "bytes": 200},
-                              {"name": "0.bias", "shape": [20], "bytes": 40},
-                              {"name": "2.weight", "shape": [5, 20], "bytes": 200},
-                              {"name": "2.bias", "shape": [5], "bytes": 10}],
-        "input_shape": [2, 3, 5], "input_bytes": 60, "output_shape": [2, 3, 5], "output_bytes": 60,
-    }  # fmt: skip
+        "architecture": "Linear(5 -> 20) -> GELU -> Linear(20 -> 5)",
+        "width": 5,
+        "hidden_width": 20,
+        "bias": True,
+        "dtype": "float16",
+        "execution": "eval mode, torch.inference_mode, no autocast, no gradients, no optimizer",
+        "parameters": 225,
+        "parameter_bytes": 450,
+        "parameter_tensors": [
+            {"name": "0.weight", "shape": [20, 5], "bytes": 200},
+            {"name": "0.bias", "shape": [20], "bytes": 40},
+            {"name": "2.weight", "shape": [5, 20], "bytes": 200},
+            {"name": "2.bias", "shape": [5], "bytes": 10},
+        ],
+        "input_shape": [2, 3, 5],
+        "input_bytes": 60,
+        "output_shape": [2, 3, 5],
+        "output_bytes": 60,
+    }
 
 
 def test_the_plan_document_exactly():
@@ -442,36 +588,71 @@ def test_the_plan_document_exactly():
         "what": "a prediction from arithmetic alone (no PyTorch, no GPU) of what each phase of measure should do to "
         "PyTorch's CUDA caching allocator",
         "configuration": config(batch=1, context=2, width=3, warmup=0, repeats=1),
-        "tensor_bytes": {"0.weight": 144, "0.bias": 48, "2.weight": 144, "2.bias": 12, "inputs": 24, "output": 24,
-                         "fc1_output": 96, "gelu_output": 96},
-        "allocator_rounding_bytes": 512, "large_block_slack_bytes": MIB, "blas_workspace_allowance_bytes": 256 * MIB,
+        "tensor_bytes": {
+            "0.weight": 144,
+            "0.bias": 48,
+            "2.weight": 144,
+            "2.bias": 12,
+            "inputs": 24,
+            "output": 24,
+            "fc1_output": 96,
+            "gelu_output": 96,
+        },
+        "allocator_rounding_bytes": 512,
+        "large_block_slack_bytes": MIB,
+        "blas_workspace_allowance_bytes": 256 * MIB,
         "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
-        "allocator_settings": {"backend": "native", "max_split_size_bytes": None, "expandable_segments": False,
-                               "roundup_power2_divisions": {}},
-        "predicted_peak_allocated_bytes": 2048 + 512 + 256 * MIB + 1024, "predicted_peak_phase": "cold_forward",
-        "fit_margin_bytes": GIB, "needs_free_bytes": 2048 + 512 + 256 * MIB + 1024 + GIB,
-        "context_allowance_bytes": GIB, "needs_card_memory_bytes": 2048 + 512 + 256 * MIB + 1024 + 2 * GIB,
+        "allocator_settings": {
+            "backend": "native",
+            "max_split_size_bytes": None,
+            "expandable_segments": False,
+            "roundup_power2_divisions": {},
+        },
+        "predicted_peak_allocated_bytes": 2048 + 512 + 256 * MIB + 1024,
+        "predicted_peak_phase": "cold_forward",
+        "fit_margin_bytes": GIB,
+        "needs_free_bytes": 2048 + 512 + 256 * MIB + 1024 + GIB,
+        "context_allowance_bytes": GIB,
+        "needs_card_memory_bytes": 2048 + 512 + 256 * MIB + 1024 + 2 * GIB,
         "needs_host_memory_bytes": 4 * (3 * 12 + 12 + 12 * 3 + 3),
-        "not_included": ["the CUDA/ROCm context",
-                         "the BLAS handles and kernel code, which the allocator's counters never see",
-                         "reserved memory above allocated (the allocator's segments)"],
-    }  # fmt: skip
+        "not_included": [
+            "the CUDA/ROCm context",
+            "the BLAS handles and kernel code, which the allocator's counters never see",
+            "reserved memory above allocated (the allocator's segments)",
+        ],
+    }
     base = {"relative_to": "the phase's baseline", "end_allocated_slack_bytes": 0, "peak_allocated_slack_bytes": 0}
-    assert phases[0] == {"phase": "model_load", **base, "end_requested_bytes": 348, "peak_requested_bytes": 348,
-                         "end_allocated_bytes": 2048, "peak_allocated_bytes": 2048,
-                         "alive_at_end": ["0.weight", "0.bias", "2.weight", "2.bias"],
-                         "alive_at_peak": ["0.weight", "0.bias", "2.weight", "2.bias"],
-                         "predicted_baseline_allocated_bytes": 0,
-                         "predicted_peak_level_allocated_bytes": 2048}  # fmt: skip
-    assert phases[1]["predicted_baseline_allocated_bytes"] == 2048 and phases[1]["alive_at_end"] == ["inputs"]
-    assert phases[2] == {"phase": "cold_forward", **base, "end_requested_bytes": 24, "peak_requested_bytes": 192,
-                         "end_allocated_bytes": 512, "peak_allocated_bytes": 1024, "alive_at_end": ["output"],
-                         "alive_at_peak": ["fc1_output", "gelu_output"], "predicted_baseline_allocated_bytes": 2560,
-                         "predicted_peak_level_allocated_bytes": 2560 + 256 * MIB + 1024,
-                         "blas_workspace": "allocated by the first matrix product and kept: measured by the run, not "
-                         "predicted here (the allowance counts it in the predicted peak)"}  # fmt: skip
+    assert phases[0] == {
+        "phase": "model_load",
+        **base,
+        "end_requested_bytes": 348,
+        "peak_requested_bytes": 348,
+        "end_allocated_bytes": 2048,
+        "peak_allocated_bytes": 2048,
+        "alive_at_end": ["0.weight", "0.bias", "2.weight", "2.bias"],
+        "alive_at_peak": ["0.weight", "0.bias", "2.weight", "2.bias"],
+        "predicted_baseline_allocated_bytes": 0,
+        "predicted_peak_level_allocated_bytes": 2048,
+    }
+    assert phases[1]["predicted_baseline_allocated_bytes"] == 2048
+    assert phases[1]["alive_at_end"] == ["inputs"]
+    assert phases[2] == {
+        "phase": "cold_forward",
+        **base,
+        "end_requested_bytes": 24,
+        "peak_requested_bytes": 192,
+        "end_allocated_bytes": 512,
+        "peak_allocated_bytes": 1024,
+        "alive_at_end": ["output"],
+        "alive_at_peak": ["fc1_output", "gelu_output"],
+        "predicted_baseline_allocated_bytes": 2560,
+        "predicted_peak_level_allocated_bytes": 2560 + 256 * MIB + 1024,
+        "blas_workspace": "allocated by the first matrix product and kept: measured by the run, not "
+        "predicted here (the allowance counts it in the predicted peak)",
+    }
     # After the first forward the workspace allowance stays in the baseline; the output does not.
-    assert phases[3]["predicted_baseline_allocated_bytes"] == 2560 + 256 * MIB and "blas_workspace" not in phases[3]
+    assert phases[3]["predicted_baseline_allocated_bytes"] == 2560 + 256 * MIB
+    assert "blas_workspace" not in phases[3]
     assert phases[3]["repetition"] == 1
     # The level at each phase's peak: its baseline, the allowance on the first forward, its own peak.
     assert [phase["predicted_peak_level_allocated_bytes"] for phase in phases] == [
@@ -546,9 +727,14 @@ class LiveTensorCounters(RecordingCudaStandIn):
     def levels(self):
         tracker = self.tracker
         allocated = tracker.allocated()
-        return {"allocated": allocated, "reserved": allocated, "peak_allocated": tracker.peak_allocated,
-                "peak_reserved": tracker.peak_allocated, "requested": tracker.requested(),
-                "peak_requested": tracker.peak_requested}  # fmt: skip
+        return {
+            "allocated": allocated,
+            "reserved": allocated,
+            "peak_allocated": tracker.peak_allocated,
+            "peak_reserved": tracker.peak_allocated,
+            "requested": tracker.requested(),
+            "peak_requested": tracker.peak_requested,
+        }
 
     def reset_peaks(self):
         self.tracker.reset_peaks()
@@ -586,10 +772,12 @@ def test_the_prediction_matches_the_live_tensors_of_the_real_model(sizes, dtype)
         # The CPU also counts the float32 build before the cast, which a GPU's counters never
         # see: only model_load's peak may differ (the transfer is checked on the meta device).
         assert {(d["phase"], d["counter"]) for d in check["disagreements"]} <= {
-            ("model_load", "peak_requested_bytes"), ("model_load", "peak_allocated_bytes")
-        }  # fmt: skip
+            ("model_load", "peak_requested_bytes"),
+            ("model_load", "peak_allocated_bytes"),
+        }
         assert all(r["verdict"] == "agrees" for r in records if r["phase"] != "model_load")
-    assert workspace["measured_bytes"] == 0 and workspace["requested_bytes"] == 0  # no BLAS workspace on the CPU
+    assert workspace["measured_bytes"] == 0  # no BLAS workspace on the CPU
+    assert workspace["requested_bytes"] == 0
     forward = next(r for r in records if r["phase"] == "cold_forward")
     element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     activation = sizes["batch"] * sizes["context"] * 4 * sizes["width"] * element
@@ -742,8 +930,11 @@ def hand_made_records(settings, workspace=0, extra=None):
     plan = mesure_memoire.memory_plan(settings)
     records, allocated, requested = [], 0, 0
     for predicted in plan["phases"]:
-        record = {"phase": predicted["phase"], "baseline_allocated_bytes": allocated,
-                  "baseline_requested_bytes": requested}  # fmt: skip
+        record = {
+            "phase": predicted["phase"],
+            "baseline_allocated_bytes": allocated,
+            "baseline_requested_bytes": requested,
+        }
         for key in ("passes", "repetition"):
             if key in predicted:
                 record[key] = predicted[key]
@@ -768,8 +959,9 @@ def test_a_workspace_is_measured_not_assumed():
     assert check["agrees"] is True
     assert workspace["measured_bytes"] == workspace["requested_bytes"] == 8 * 2**20 + 128 * 2**10
     assert checked[2]["predicted"]["peaks_checked_plus_measured_workspace"] == {
-        "allocated_bytes": 8 * 2**20 + 128 * 2**10, "requested_bytes": 8 * 2**20 + 128 * 2**10
-    }  # fmt: skip
+        "allocated_bytes": 8 * 2**20 + 128 * 2**10,
+        "requested_bytes": 8 * 2**20 + 128 * 2**10,
+    }
     assert checked[2]["predicted"]["peak_requested_bytes"] == 32768  # the prediction itself, without it
     assert workspace["allowance_bytes"] == mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES
 
@@ -790,9 +982,11 @@ def test_each_counter_is_checked(phase, counter, change, agrees):
     checked, check, _ = mesure_memoire.check_against_plan(records, plan)
     assert check["agrees"] is agrees
     (disagreement,) = check["disagreements"]
-    assert disagreement["phase"] == checked[phase]["phase"] and disagreement["counter"] == counter
+    assert disagreement["phase"] == checked[phase]["phase"]
+    assert disagreement["counter"] == counter
     assert disagreement["difference_bytes"] == change
-    assert checked[phase]["verdict"] == "disagrees" and checked[phase]["disagreements"] == [disagreement]
+    assert checked[phase]["verdict"] == "disagrees"
+    assert checked[phase]["disagreements"] == [disagreement]
     assert [r["verdict"] for i, r in enumerate(checked) if i != phase] == ["agrees"] * (len(checked) - 1)
 
 
@@ -801,14 +995,19 @@ def test_each_record_gets_its_prediction_and_a_verdict_with_its_reason():
     checked, _, _ = mesure_memoire.check_against_plan(records, plan)
     inputs = plan["phases"][1]
     assert checked[1]["predicted"] == {
-        "end_requested_bytes": inputs["end_requested_bytes"], "peak_requested_bytes": inputs["peak_requested_bytes"],
-        "end_allocated_bytes": inputs["end_allocated_bytes"], "peak_allocated_bytes": inputs["peak_allocated_bytes"],
-        "relative_to": "the phase's baseline", "end_allocated_slack_bytes": inputs["end_allocated_slack_bytes"],
+        "end_requested_bytes": inputs["end_requested_bytes"],
+        "peak_requested_bytes": inputs["peak_requested_bytes"],
+        "end_allocated_bytes": inputs["end_allocated_bytes"],
+        "peak_allocated_bytes": inputs["peak_allocated_bytes"],
+        "relative_to": "the phase's baseline",
+        "end_allocated_slack_bytes": inputs["end_allocated_slack_bytes"],
         "peak_allocated_slack_bytes": inputs["peak_allocated_slack_bytes"],
-    }  # fmt: skip
+    }
     assert [(r["verdict"], r["verdict_reason"]) for r in checked[:3]] == [
-        ("agrees", None), ("disagrees", None), ("agrees", None)
-    ]  # fmt: skip
+        ("agrees", None),
+        ("disagrees", None),
+        ("agrees", None),
+    ]
     for record in records:
         record["baseline_requested_bytes"] = None
     checked, _, _ = mesure_memoire.check_against_plan(records, plan)
@@ -833,8 +1032,11 @@ def test_without_requested_counters_the_verdict_is_not_checked():
     checked, check, workspace = mesure_memoire.check_against_plan(records, plan)
     assert {r["verdict"] for r in checked} == {"not checked"}
     assert all("requested-bytes" in r["verdict_reason"] for r in checked)
-    assert check["agrees"] is False and check["disagreements"] == [] and len(check["not_checked"]) == len(checked)
-    assert workspace["requested_bytes"] is None and workspace["measured_bytes"] == 0
+    assert check["agrees"] is False
+    assert check["disagreements"] == []
+    assert len(check["not_checked"]) == len(checked)
+    assert workspace["requested_bytes"] is None
+    assert workspace["measured_bytes"] == 0
 
 
 def measured_on_the_cpu(monkeypatch, settings):
@@ -845,9 +1047,13 @@ def measured_on_the_cpu(monkeypatch, settings):
     spec.loader.exec_module(gpu_validation)
     tracker = LiveTensorBytes("cpu")
     real_measure_phases = mesure_memoire.measure_phases
-    for name, stand_in in [("is_initialized", lambda: False), ("set_device", lambda device: None),
-                           ("init", lambda: None), ("memory_allocated", lambda device: 0),
-                           ("memory_reserved", lambda device: 0)]:  # fmt: skip
+    for name, stand_in in [
+        ("is_initialized", lambda: False),
+        ("set_device", lambda device: None),
+        ("init", lambda: None),
+        ("memory_allocated", lambda device: 0),
+        ("memory_reserved", lambda device: 0),
+    ]:
         monkeypatch.setattr(torch.cuda, name, stand_in)
 
     def on_the_cpu(torch_module, cuda, device, configuration):
@@ -895,17 +1101,31 @@ def test_a_disagreement_names_its_repetition_and_the_closest_bound():
     _, check, _ = mesure_memoire.check_against_plan(records, plan)
     base = {"phase": "warm_forward", "relative_to": "the phase's baseline"}
     assert check["disagreements"] == [
-        {**base, "repetition": 1, "counter": "end_requested_bytes", "predicted_bytes": 4096, "measured_bytes": 4092,
-         "difference_bytes": -4},
-        {**base, "repetition": 2, "counter": "peak_allocated_bytes", "predicted_bytes": 32768, "measured_bytes": 33280,
-         "difference_bytes": 512},
-    ]  # fmt: skip
+        {
+            **base,
+            "repetition": 1,
+            "counter": "end_requested_bytes",
+            "predicted_bytes": 4096,
+            "measured_bytes": 4092,
+            "difference_bytes": -4,
+        },
+        {
+            **base,
+            "repetition": 2,
+            "counter": "peak_allocated_bytes",
+            "predicted_bytes": 32768,
+            "measured_bytes": 33280,
+            "difference_bytes": 512,
+        },
+    ]
     # Below its lower bound, the first forward's end is compared with the output it must hold.
     records, plan = hand_made_records(config(), extra={2: {"end_allocated_bytes": -512}})
     disagreement = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"][0]
     assert (disagreement["counter"], disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (
-        "end_allocated_bytes", 4096, -512
-    )  # fmt: skip
+        "end_allocated_bytes",
+        4096,
+        -512,
+    )
 
 
 def test_above_a_large_block_s_slack_the_closest_bound_is_the_upper_one():
@@ -922,8 +1142,10 @@ def test_the_first_forward_s_peaks_are_checked_with_the_measured_workspace():
     records, plan = hand_made_records(config(), workspace=workspace, extra={2: {"peak_requested_bytes": -4}})
     (disagreement,) = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"]
     assert (disagreement["counter"], disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (
-        "peak_requested_bytes", 32768 + workspace, -4
-    )  # fmt: skip
+        "peak_requested_bytes",
+        32768 + workspace,
+        -4,
+    )
     # A 2 MiB output (one large block, 1 MiB of slack): the peak may sit up to that slack below.
     settings = config(batch=4, context=128, width=1024)
     slack = mesure_memoire.memory_plan(settings)["phases"][2]["end_allocated_slack_bytes"]
@@ -942,384 +1164,11 @@ def test_without_requested_counters_the_allocated_ones_are_still_checked():
         record["baseline_requested_bytes"] = record["end_requested_bytes"] = record["peak_requested_bytes"] = None
     checked, check, _ = mesure_memoire.check_against_plan(records, plan)
     assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
-    assert checked[1]["verdict"] == "disagrees" and check["not_checked"] == [
-        "model_load", "cold_forward", "warmup x1", "warm_forward #1", "warm_forward #2"
-    ]  # fmt: skip
-
-
-def test_records_and_prediction_must_have_the_same_phases():
-    records, plan = hand_made_records(config())
-    with pytest.raises(ValueError):
-        mesure_memoire.check_against_plan(records[:-1], plan)
-
-
-# --- --plan --memory-gib: the verdict on a card and the largest size per dimension (part "fit") ------------
-
-LARGEST_ACCEPTED = 10**30 - 1
-
-
-def needs(**overrides):
-    """needs_card_memory_bytes of the whole plan, its counts as given: what the search is checked against."""
-    return mesure_memoire.memory_plan(config(**overrides))["needs_card_memory_bytes"]
-
-
-FIT_CASES = [
-    (dict(), "3"),
-    (dict(batch=2, context=128, width=1024, warmup=3, repeats=5), "80"),
-    (dict(batch=3, context=5, width=3, dtype="bfloat16", warmup=0, repeats=1), "2.5"),
-    (dict(batch=7, context=33, width=200, dtype="float16", warmup=4, repeats=3), "141.25"),
-]
-
-
-@pytest.mark.parametrize(("sizes", "memory_gib"), FIT_CASES)
-def test_each_largest_value_fits_and_the_next_one_does_not(sizes, memory_gib):
-    plan_ = mesure_memoire.memory_plan(config(**sizes))
-    fit = mesure_memoire.fit_on_card(plan_, memory_gib)
-    memory_bytes = int(mesure_memoire.Decimal(memory_gib) * GIB)
-    assert fit["memory_bytes"] == memory_bytes
-    assert fit["fits"] is (plan_["needs_card_memory_bytes"] <= memory_bytes)
-    for dimension, largest in fit["largest"].items():
-        assert needs(**{**sizes, dimension: largest}) <= memory_bytes < needs(**{**sizes, dimension: largest + 1})
-
-
-def test_the_verdict_is_the_needed_free_memory_against_the_card_at_the_byte():
-    plan_ = mesure_memoire.memory_plan(config())
-    needed = plan_["needs_card_memory_bytes"]
-    exactly, one_byte_less = (str(mesure_memoire.decimal_ratio(value, GIB)) for value in (needed, needed - 1))
-    assert mesure_memoire.fit_on_card(plan_, exactly)["memory_bytes"] == needed
-    assert mesure_memoire.fit_on_card(plan_, exactly)["fits"] is True
-    assert mesure_memoire.fit_on_card(plan_, one_byte_less)["fits"] is False
-    # At exactly the needed memory, each dimension fits at least as given.
-    largest = mesure_memoire.fit_on_card(plan_, exactly)["largest"]
-    assert largest["width"] >= 64 and largest["context"] >= 16 and largest["batch"] >= 1
-    assert mesure_memoire.fit_on_card(plan_, one_byte_less)["largest"]["width"] < 64
-
-
-def test_none_when_even_one_does_not_fit_and_the_accepted_maximum_when_everything_does():
-    plan_ = mesure_memoire.memory_plan(config())
-    assert mesure_memoire.fit_on_card(plan_, "1")["largest"] == {"batch": None, "context": None, "width": None}
-    assert mesure_memoire.fit_on_card(plan_, "1")["fits"] is False
-    huge = mesure_memoire.fit_on_card(plan_, "1" + "0" * 29)["largest"]
-    assert huge["batch"] == huge["context"] == LARGEST_ACCEPTED  # the kit accepts no larger value
-    assert needs(batch=LARGEST_ACCEPTED) <= 10**29 * GIB
-    assert needs(width=huge["width"]) <= 10**29 * GIB < needs(width=huge["width"] + 1)
-
-
-def test_the_largest_may_be_one():
-    """1 fits, 2 does not: the search must not start above 1."""
-    memory_bytes = needs(batch=1)
-    assert needs(batch=2) > memory_bytes
-    assert mesure_memoire.largest_that_fits(config(), memory_bytes, "batch") == 1
-
-
-def test_only_one_dimension_does_not_fit_at_one():
-    # A context so large that batch 1 does not fit at width 64, while a smaller width does.
-    plan_ = mesure_memoire.memory_plan(config(context=2 * 10**7))
-    largest = mesure_memoire.fit_on_card(plan_, "4")["largest"]
-    assert largest["batch"] is None
-    assert needs(context=largest["context"]) <= 4 * GIB < needs(context=largest["context"] + 1)
-    width = largest["width"]
-    assert 1 <= width < 64 and needs(context=2 * 10**7, width=width) <= 4 * GIB < needs(
-        context=2 * 10**7, width=width + 1
-    )
-
-
-def test_the_search_plans_at_most_two_passes_of_each_kind_and_finds_the_same_needs(monkeypatch):
-    for counts in (dict(warmup=0, repeats=1), dict(warmup=1, repeats=2), dict(warmup=9, repeats=13)):
-        assert mesure_memoire.planned_needs_card_memory_bytes(config(**counts)) == needs(**counts)
-    seen = []
-    real = mesure_memoire.memory_plan
-
-    def spy(config_):
-        seen.append((config_["warmup"], config_["repeats"]))
-        return real(config_)
-
-    monkeypatch.setattr(mesure_memoire, "memory_plan", spy)
-    mesure_memoire.largest_that_fits(config(warmup=1000, repeats=1000), 80 * GIB, "width")
-    assert set(seen) == {(2, 2)} and 2 < len(seen) < 80  # a bounded search, at no cost per repetition
-
-
-def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
-    assert mesure_memoire.card_memory_bytes("0.5") == (mesure_memoire.Decimal("0.5"), GIB // 2)
-    assert mesure_memoire.card_memory_bytes("1.0000000001")[1] == GIB + 0  # rounded down to whole bytes
-    assert mesure_memoire.card_memory_bytes("3")[1] == 3 * GIB
-    for zero in ("0", "0.0", "0.000", ".5", "-1", "1e3", "8 ", "1.2.3", "", "5.", "01"):  # one wording for all
-        assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", zero]) == 2
-        assert capsys.readouterr().err == (
-            "mesure_memoire.py: error: --memory-gib: expected a card's memory in GiB, more than 0, written with ASCII "
-            f"digits and at most one decimal point between digits (80, 0.5), got '{zero}'\n"
-        )
-    for bad in ("x" * 100, "\x1b"):
-        assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", bad]) == 2
-        err = capsys.readouterr().err
-        assert err.startswith("mesure_memoire.py: error: --memory-gib: ") and err.count("\n") == 1, err
-
-
-def test_memory_gib_goes_with_plan(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert mesure_memoire.main([*SMALL_TRIAL, "--memory-gib", "80", "--output", "x.json"]) == 2
-    assert capsys.readouterr().err == "mesure_memoire.py: error: --memory-gib goes with --plan\n"
-    assert list(tmp_path.iterdir()) == []
-
-
-FIT_TEXT = """\
-On a card of 3.0 GiB (3221225472 bytes): fits, needing 2416088576 bytes (2.25 GiB).
-Largest that fits, each dimension alone with the others as given: batch 21841, context 349467, width 5007.
-Fits: measure and sweep accept the run on an otherwise empty card of this memory whose free memory is its total \
-less a context of at most the allowance, under PyTorch's default allocator settings; the plan counts no other \
-process: a measurement on the card is the proof.
-"""
-
-
-def test_the_fit_text_and_json_come_from_the_same_data(capsys):
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "3"]) == 0
-    text = capsys.readouterr().out
-    plan_ = mesure_memoire.memory_plan(config())
-    assert text == mesure_memoire.format_plan(plan_) + "\n" + FIT_TEXT
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "3", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert (data["fits"], data["largest"]) == (True, {"batch": 21841, "context": 349467, "width": 5007})
-    assert (data["memory_gib"], data["memory_bytes"], data["needs_card_memory_bytes"]) == (3, 3 * GIB, 2416088576)
-    assert needs(batch=21841) <= 3 * GIB < needs(batch=21842)
-    assert needs(context=349467) <= 3 * GIB < needs(context=349468)
-    assert needs(width=5007) <= 3 * GIB < needs(width=5008)
-
-
-def test_the_fit_text_when_it_does_not_fit():
-    plan_ = mesure_memoire.memory_plan(config())
-    plan_.update(mesure_memoire.fit_on_card(plan_, "1"))
-    assert mesure_memoire.format_fit(plan_).splitlines()[:2] == [
-        "On a card of 1.0 GiB (1073741824 bytes): does NOT fit (1342346752 bytes short), needing 2416088576 bytes "
-        "(2.25 GiB).",
-        "Largest that fits, each dimension alone with the others as given: batch none (even 1 does not fit), "
-        "context none (even 1 does not fit), width none (even 1 does not fit).",
+    assert checked[1]["verdict"] == "disagrees"
+    assert check["not_checked"] == [
+        "model_load",
+        "cold_forward",
+        "warmup x1",
+        "warm_forward #1",
+        "warm_forward #2",
     ]
-
-
-def test_the_card_memory_is_written_in_plain_digits_however_small():
-    plan_ = mesure_memoire.plan_with_fit(config(), "0.000000001")  # Decimal's str would write 1E-9
-    assert mesure_memoire.format_fit(plan_).startswith("On a card of 0.000000001 GiB (1 bytes): does NOT fit")
-
-
-@pytest.mark.whole_kit
-def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
-    completed = run_script("mesure_memoire.py", *SMALL_TRIAL, "--plan", "--memory-gib", "3", "--json",
-                           python_flags=("-S", "-I"), cwd=tmp_path)  # fmt: skip
-    assert completed.returncode == 0, completed.stderr
-    assert json.loads(completed.stdout)["largest"] == {"batch": 21841, "context": 349467, "width": 5007}
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_the_fit_says_what_largest_means():
-    fit = mesure_memoire.fit_on_card(mesure_memoire.memory_plan(config()), "80")
-    assert fit["largest_is"] == (
-        "per dimension, the others as given: the largest whole value whose needs_card_memory_bytes fits "
-        "(null: even 1 does not)"
-    )
-
-
-# --- one fit rule: what --plan --memory-gib calls fitting, measure accepts on that card (stand-in GPU) -------
-
-ISSUE_RUN = ["--batch", "2", "--context", "128", "--width", "1024", "--dtype", "float32"]
-ISSUE_SIZES = dict(batch=2, context=128, width=1024)
-
-
-@pytest.mark.parametrize("memory_gib", ["139.8", "80", "2.5"])
-def test_measure_accepts_every_largest_size_on_that_card_with_its_context(
-    stand_in_gpu, monkeypatch, tmp_path, capsys, memory_gib
-):
-    """The stand-in card has exactly the plan's memory; its free memory is that less the stated context
-    allowance.  At each largest size measure passes the fit check (it stops at the host check, made to
-    refuse so that nothing is built); one more is refused by the fit check."""
-    monkeypatch.chdir(tmp_path)
-    assert mesure_memoire.main(["measure", *ISSUE_RUN, "--plan", "--memory-gib", memory_gib, "--json"]) in (0, 3)
-    fit = json.loads(capsys.readouterr().out)
-    total = fit["memory_bytes"]
-    stand_in_gpu(total_memory=total)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (total - fit["context_allowance_bytes"], total))
-    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 0)
-    assert fit["context_allowance_bytes"] >= 600 * MIB
-    sizes = dict(zip(ISSUE_RUN[::2], ISSUE_RUN[1::2], strict=True))
-    for dimension, largest in fit["largest"].items():
-        for value, refusal in ((largest, "building the model on the CPU needs"), (largest + 1, "the predicted peak")):
-            run = {**sizes, f"--{dimension}": str(value)}
-            argv = ["measure", "--device", "cuda:0", *(item for pair in run.items() for item in pair)]
-            assert mesure_memoire.main([*argv, "--output", "o.json"]) == 2
-            err = capsys.readouterr().err
-            assert refusal in err and len(err.splitlines()) == 1, (dimension, value, err)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_the_issue_s_card_and_context(capsys):
-    """A 139.8 GiB card with a 500 MiB context: the largest batch and width are accepted by measure there."""
-    assert mesure_memoire.main(["measure", *ISSUE_RUN, "--plan", "--memory-gib", "139.8", "--json"]) == 0
-    fit = json.loads(capsys.readouterr().out)
-    assert fit["largest"] == {"batch": 31293, "context": 2002761, "width": 67792}
-    free = fit["memory_bytes"] - 500 * MIB
-    for dimension in ("batch", "width"):
-        largest = mesure_memoire.memory_plan(config(**{**ISSUE_SIZES, dimension: fit["largest"][dimension]}))
-        assert largest["needs_free_bytes"] <= free
-
-
-def test_a_run_that_does_not_fit_exits_3_with_the_plan_and_its_verdict_printed(capsys):
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2"]) == 3
-    captured = capsys.readouterr()
-    plan_ = mesure_memoire.plan_with_fit(config(), "2")
-    assert captured.out == mesure_memoire.format_plan_and_fit(plan_) + "\n"
-    assert "does NOT fit (268604928 bytes short)" in captured.out
-    assert captured.err == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)\n"
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2", "--json"]) == 3
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["fits"] is False and captured.err.count("\n") == 1
-    assert mesure_memoire.main([*SMALL_TRIAL, "--plan", "--memory-gib", "2.3"]) == 0  # 2.3 GiB: 2469606195 bytes, fits
-
-
-def test_the_plan_needs_no_device(capsys):
-    without = [item for item in SMALL_TRIAL if item not in ("--device", "cuda:0")]
-    assert mesure_memoire.main([*without, "--plan", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["configuration"]["device"] is None
-    assert data["blas_workspace_allowance_is"] == "the largest default of any backend: the plan knows no backend"
-    assert {key: value for key, value in data.items() if key != "configuration"} == {
-        key: value for key, value in mesure_memoire.memory_plan(config()).items() if key != "configuration"
-    }
-    assert mesure_memoire.main([*without, "--plan"]) == 0
-    assert "(the largest default of any backend; " in capsys.readouterr().out
-    assert mesure_memoire.main([*without, "--output", "o.json"]) == 2
-    assert capsys.readouterr().err == "mesure_memoire.py: error: --device is required (unless --plan)\n"
-
-
-def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monkeypatch, tmp_path, capsys):
-    monkeypatch.chdir(tmp_path)
-    predicted = plan(1, 16, 64, "float32")
-    assert predicted["needs_host_memory_bytes"] == 4 * (64 * 256 + 256 + 256 * 64 + 64) == 132352
-    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 132351)
-    assert mesure_memoire.main([*SMALL_TRIAL, "--output", "o.json"]) == 2
-    assert "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB" in capsys.readouterr().err
-
-
-@pytest.mark.whole_kit
-def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
-    """The plan reaches standard output before the error line reaches standard error (one pipe for both, and
-    standard output buffered as it is by default)."""
-    import os
-    import subprocess
-    import sys
-
-    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "mesure_memoire.py"), *SMALL_TRIAL, "--plan", "--memory-gib", "2"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-        env=buffered,
-    )
-    assert completed.returncode == 3
-    lines = completed.stdout.splitlines()
-    assert lines[0].startswith("Plan for measure") and lines[-2].startswith("Fits: measure and sweep accept")
-    assert lines[-1] == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)"
-    assert list(tmp_path.iterdir()) == []
-
-
-# --- the allocator settings PyTorch parsed: modelled, or "not checked", never a false verdict -----------
-
-ROUNDUP_4 = {str(2**interval): 4 for interval in range(16)}  # every interval, 1 MiB to 32768 MiB and above
-ALLOCATORS = {
-    "roundup_power2_divisions:4": {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": ROUNDUP_4},
-    "expandable_segments:True": {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True},
-}
-WIDE = dict(batch=5, context=77, width=3000, dtype="float32", warmup=1, repeats=1)  # the review's sizes
-
-
-def records_as_modelled(settings, allocator):
-    """Counter records equal to the model under ``allocator`` (stand-in counters: no GPU here)."""
-    records, level = [], 0
-    for predicted in mesure_memoire.memory_plan(settings, allocator)["phases"]:
-        record = {"phase": predicted["phase"], **{k: predicted[k] for k in ("passes", "repetition") if k in predicted}}
-        record["baseline_allocated_bytes"] = record["baseline_requested_bytes"] = level
-        for counter in mesure_memoire.PREDICTED_COUNTERS:
-            record[counter] = level + predicted[counter]
-        if predicted["phase"] in ("model_load", "inputs"):
-            level += predicted["end_allocated_bytes"]
-        records.append(record)
-    return records
-
-
-def test_roundup_power2_divisions_rounds_as_pytorchs_round_size():
-    four = ALLOCATORS["roundup_power2_divisions:4"]
-    block = mesure_memoire.modelled_block_bytes
-    assert block(144_000_000, four) == 160 * MIB  # 128 MiB + one quarter step of 32 MiB
-    assert block(128 * MIB, four) == 128 * MIB and block(128 * MIB + 1, four) == 160 * MIB
-    assert block(3 * MIB + 1, four) == 3 * MIB + 512 * 1024  # steps of 512 KiB between 2 and 4 MiB
-    assert block(2048, four) == 2048 and block(2049, four) == 2560  # not above 512 * 4: 512-byte steps
-    assert block(1, four) == 512 and block(144_000_000, mesure_memoire.DEFAULT_ALLOCATOR) == 144_000_000
-    only_large = {**four, "roundup_power2_divisions": {"128": 2}}  # one interval: 128 MiB to 256 MiB
-    assert block(144_000_000, only_large) == 192 * MIB and block(100 * MIB + 1, only_large) == 100 * MIB + 512
-
-
-@pytest.mark.parametrize("name", ALLOCATORS)
-def test_each_modelled_setting_agrees_when_exact_and_disagrees_one_block_off(name):
-    allocator = ALLOCATORS[name]
-    plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
-    checked, check, _ = mesure_memoire.check_against_plan(records_as_modelled(config(**WIDE), allocator), plan)
-    assert check == {"agrees": True, "disagreements": [], "not_checked": []}
-    assert {record["verdict"] for record in checked} == {"agrees"}
-    # One 512-byte block below the model disagrees under both; above it too where no slack is allowed.
-    offsets = (-512, 512) if name == "expandable_segments:True" else (-512,)
-    for index, offset in itertools.product(range(len(plan["phases"])), offsets):
-        records = records_as_modelled(config(**WIDE), allocator)
-        records[index]["peak_allocated_bytes"] += offset
-        if records[index]["phase"] != "cold_forward":  # its end is only a floor (the BLAS workspace)
-            records[index]["end_allocated_bytes"] += offset
-        checked, _, _ = mesure_memoire.check_against_plan(records, plan)
-        # cold_forward's peak floor leaves out the large blocks' slack (its workspace is measured from the end).
-        if offsets == (-512,) and records[index]["phase"] == "cold_forward":
-            continue
-        assert checked[index]["verdict"] == "disagrees", (name, index, offset)
-    # Under the default model, the setting's own figures disagree: its effect is real, not absorbed.
-    records = records_as_modelled(config(**WIDE), allocator)
-    _, check, _ = mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE)))
-    assert check["agrees"] is (name == "expandable_segments:True")
-
-
-def test_a_block_at_or_above_max_split_size_is_not_checked_with_the_reason():
-    limit = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": 21 * MIB}
-    records = records_as_modelled(config(**WIDE), limit)
-    records[0]["end_allocated_bytes"] += 2 * MIB - 512  # what a block never split may hold
-    checked, check, _ = mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE), limit))
-    reason = "a block at or above max_split_size is never split: its size cannot be predicted"
-    # model_load's weights (137 MiB) are such blocks; the inputs (4.4 MiB) and activations (17.6 MiB) are not.
-    assert [(r["verdict"], r["verdict_reason"]) for r in checked] == [("not checked", reason)] + [("agrees", None)] * 4
-    assert check == {"agrees": False, "disagreements": [], "not_checked": ["model_load"]}
-    records[1]["end_allocated_bytes"] -= 512  # the phases below the limit are still checked
-    assert mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE), limit))[1][
-        "disagreements"
-    ]
-
-
-def test_cuda_malloc_async_and_unreadable_settings_are_not_checked_never_disagree():
-    asynchronous = {**mesure_memoire.DEFAULT_ALLOCATOR, "backend": "cudaMallocAsync"}
-    reasons = {
-        "cudaMallocAsync": "the cudaMallocAsync backend keeps no requested-bytes counters and rounds no block as "
-        "modelled",
-        None: "PyTorch's allocator settings could not be read",
-    }
-    for allocator, reason in ((asynchronous, reasons["cudaMallocAsync"]), (None, reasons[None])):
-        records = records_as_modelled(config(**WIDE), mesure_memoire.DEFAULT_ALLOCATOR)
-        for record in records:  # PyTorch keeps the requested-bytes counters at zero under cudaMallocAsync
-            record.update(baseline_requested_bytes=0, end_requested_bytes=0, peak_requested_bytes=0)
-        plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
-        checked, check, _ = mesure_memoire.check_against_plan(records, plan)
-        assert {(r["verdict"], r["verdict_reason"]) for r in checked} == {("not checked", reason)}
-        assert check["disagreements"] == [] and check["agrees"] is False and len(check["not_checked"]) == 5
-
-
-def test_max_split_size_leaves_unchecked_a_block_at_the_limit_not_one_below():
-    inputs_block = mesure_memoire.modelled_block_bytes(5 * 77 * 3000 * 4, mesure_memoire.DEFAULT_ALLOCATOR)
-    for limit, verdict in ((inputs_block, "not checked"), (inputs_block + 1, "agrees")):
-        allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": limit}
-        plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
-        checked, _, _ = mesure_memoire.check_against_plan(records_as_modelled(config(**WIDE), allocator), plan)
-        assert checked[1]["phase"] == "inputs" and checked[1]["verdict"] == verdict

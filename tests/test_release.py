@@ -22,9 +22,19 @@ import build_notebook
 import build_zip
 from conftest import ROOT, SHIPPED_ROOT, tree_digest
 
-SHIPPED = sorted(["README.md", "LICENSE.txt", "MANIFEST.json", "mesure_memoire.py", "mesure-memoire.ipynb",
-                  "calcul_forfaits.py", "tarifs-forfaits.csv", "protocole-qualite.md",
-                  "resultats-bruts.csv"])  # fmt: skip
+SHIPPED = sorted(
+    [
+        "README.md",
+        "LICENSE.txt",
+        "MANIFEST.json",
+        "mesure_memoire.py",
+        "mesure-memoire.ipynb",
+        "calcul_forfaits.py",
+        "tarifs-forfaits.csv",
+        "protocole-qualite.md",
+        "resultats-bruts.csv",
+    ]
+)
 ARCHIVE = "iteragpu-lab-v1.zip"
 WROTE = "9 members under iteragpu-lab-v1/, dated 2026-09-24 00:00:00"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -77,8 +87,10 @@ def test_nine_sorted_members_under_one_folder_dated_0644_and_deflated(source, tm
             assert info.compress_type == zipfile.ZIP_DEFLATED
             deflate = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate at level 9, as the tool asks
             assert info.compress_size == len(deflate.compress(data) + deflate.flush())
-            assert info.date_time == (2026, 9, 24, 0, 0, 0) and not info.is_dir()
-            assert info.external_attr >> 16 == 0o100644 and info.create_system == 3
+            assert info.date_time == (2026, 9, 24, 0, 0, 0)
+            assert not info.is_dir()
+            assert info.external_attr >> 16 == 0o100644
+            assert info.create_system == 3
 
 
 def test_the_manifest_lists_every_member_and_itself_without_hash():
@@ -92,7 +104,8 @@ def test_the_manifest_lists_every_member_and_itself_without_hash():
         else:
             data = (SHIPPED_ROOT / entry["path"]).read_bytes()
             assert entry == {"path": entry["path"], "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    assert text.startswith('{\n  "name": "iteragpu-lab-v1",\n') and text.endswith("}\n")
+    assert text.startswith('{\n  "name": "iteragpu-lab-v1",\n')
+    assert text.endswith("}\n")
     assert build_zip.manifest_text(build_zip.read_members(SHIPPED_ROOT)) == text
 
 
@@ -128,9 +141,14 @@ def test_an_output_inside_the_repository_is_printed_relative_to_it(source, monke
 def test_a_name_stdout_cannot_encode_is_printed_escaped(source):
     """An ASCII-only stdout once got the archive written, then a UnicodeEncodeError traceback."""
     environment = {**os.environ, "PYTHONIOENCODING": "ascii"}
-    completed = subprocess.run([sys.executable, str(ROOT / "tools" / "build_zip.py"), "--source", str(source),
-                                "--output", "é.zip"], capture_output=True, text=True, cwd=source, env=environment,
-                               timeout=60)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_zip.py"), "--source", str(source), "--output", "é.zip"],
+        capture_output=True,
+        text=True,
+        cwd=source,
+        env=environment,
+        timeout=60,
+    )
     assert (completed.returncode, completed.stderr) == (0, "")
     assert completed.stdout == f"wrote \\xe9.zip: {WROTE}\n"
     assert zipfile.is_zipfile(source / "é.zip")
@@ -157,8 +175,12 @@ def test_a_failing_write_is_one_line_and_leaves_no_half_archive(source, tmp_path
 
     make_stale(source)
     before = tree_digest(tmp_path)
-    monkeypatch.setattr(build_zip, "open", lambda path, mode: FullDisk(path, mode) if "w" in mode or "x" in mode
-                        else real_open(path, mode), raising=False)  # fmt: skip
+    monkeypatch.setattr(
+        build_zip,
+        "open",
+        lambda path, mode: FullDisk(path, mode) if "w" in mode or "x" in mode else real_open(path, mode),
+        raising=False,
+    )
     assert build(source, "--output", str(tmp_path / "kit.zip")) == 2
     expected = f"build_zip.py: error: cannot write {tmp_path}/kit.zip (No space left on device)\n"
     assert capsys.readouterr() == ("", expected)
@@ -248,66 +270,97 @@ def _scripts_step(source):
 
 
 LANGUAGE_VERSION = jupyter_saved(lambda notebook: notebook["metadata"]["language_info"].update(version="3.12.3"))
-NOT_GENERATED = ("mesure-memoire.ipynb is not what tools/build_notebook.py generates from mesure_memoire.py (saved "
-                 "from Jupyter, or edited?): run python tools/build_notebook.py")  # fmt: skip
+NOT_GENERATED = (
+    "mesure-memoire.ipynb is not what tools/build_notebook.py generates from mesure_memoire.py (saved "
+    "from Jupyter, or edited?): run python tools/build_notebook.py"
+)
 EXISTS = "{} already exists: this tool writes over nothing but its own outputs"
 NOT_OWN = "{s}/dist/iteragpu-lab-v1.zip exists and is not this tool's archive: move it away"
 # case: (spoil(source, tmp_path) -> the arguments after --source, the line after "build_zip.py: error: ",
 # where {s} is the source folder and {t} tmp_path; "..." ends a line whose rest is another program's wording)
 REFUSALS = {
-    "a missing member": (_replace("protocole-qualite.md", lambda path: None),
-                         "missing member(s): protocole-qualite.md"),
+    "a missing member": (
+        _replace("protocole-qualite.md", lambda path: None),
+        "missing member(s): protocole-qualite.md",
+    ),
     "a member is a FIFO": (_replace("README.md", os.mkfifo), "README.md is not a regular file"),
     "a member is a folder": (_replace("LICENSE.txt", os.mkdir), "LICENSE.txt is not a regular file"),
     "the manifest is a folder": (_replace("MANIFEST.json", os.mkdir), "MANIFEST.json is not a regular file"),
-    "a member is a symlink loop": (_replace("README.md", lambda path: path.symlink_to(path)),
-                                   "README.md: cannot be read (Too many levels of symbolic links)"),
-    "the manifest links to someone's file": (_replace("MANIFEST.json", _link_to_theirs),
-                                             "MANIFEST.json is a link: this tool writes over nothing but its own..."),
+    "a member is a symlink loop": (
+        _replace("README.md", lambda path: path.symlink_to(path)),
+        "README.md: cannot be read (Too many levels of symbolic links)",
+    ),
+    "the manifest links to someone's file": (
+        _replace("MANIFEST.json", _link_to_theirs),
+        "MANIFEST.json is a link: this tool writes over nothing but its own...",
+    ),
     "a member too large": (_member("README.md", b"x" * (2**20 + 1)), "README.md is larger than 1048576 bytes"),
     # The notebook: anything but the generated bytes, however it came.
     "the notebook saved by JupyterLab 4.6": (LANGUAGE_VERSION, NOT_GENERATED),
     "the notebook with an execution count": (
-        jupyter_saved(lambda notebook: notebook["cells"][2].update(execution_count=1)), NOT_GENERATED),
+        jupyter_saved(lambda notebook: notebook["cells"][2].update(execution_count=1)),
+        NOT_GENERATED,
+    ),
     "the notebook not regenerated": (
         _member("mesure_memoire.py", lambda old: old.replace(b"\n# <<< notebook", b"\nEDITED = 1\n# <<< notebook", 1)),
-        NOT_GENERATED),
+        NOT_GENERATED,
+    ),
     "the notebook not JSON": (_member("mesure-memoire.ipynb", b"{not json"), NOT_GENERATED),
     "the notebook nested 100,000 deep": (_member("mesure-memoire.ipynb", b"[" * 100000), NOT_GENERATED),
     "the script's steps without run cells": (
         _member("mesure_memoire.py", _scripts_step),
         "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 5, 6; build_notebook.py has run cells for "
-        "steps 1, 2, 3, 4, 5"),
-    "the template holds a row": (_member("resultats-bruts.csv", lambda old: old + b"r1,2026-10-01\n"),
-                                 "resultats-bruts.csv must hold its header only, found 2 lines"),
-    "the template is empty": (_member("resultats-bruts.csv", b""),
-                              "resultats-bruts.csv must hold its header only, found 0 lines"),
-    "the template is not UTF-8": (_member("resultats-bruts.csv", b"run_id,\xe9\n"),
-                                  "resultats-bruts.csv is not UTF-8 (byte 7)"),
+        "steps 1, 2, 3, 4, 5",
+    ),
+    "the template holds a row": (
+        _member("resultats-bruts.csv", lambda old: old + b"r1,2026-10-01\n"),
+        "resultats-bruts.csv must hold its header only, found 2 lines",
+    ),
+    "the template is empty": (
+        _member("resultats-bruts.csv", b""),
+        "resultats-bruts.csv must hold its header only, found 0 lines",
+    ),
+    "the template is not UTF-8": (
+        _member("resultats-bruts.csv", b"run_id,\xe9\n"),
+        "resultats-bruts.csv is not UTF-8 (byte 7)",
+    ),
     "the catalog fails validation": (
         _member("tarifs-forfaits.csv", b"gpu\n"),
-        "tarifs-forfaits.csv fails validation: tarifs-forfaits.csv: line 1: bad header..."),
+        "tarifs-forfaits.csv fails validation: tarifs-forfaits.csv: line 1: bad header...",
+    ),
     # The output: nobody's file is replaced; the default archive only when it is this tool's.
     "--output names a member": (lambda s, t: ["--output", str(s / "README.md")], EXISTS.format("{s}/README.md")),
     "--output names a folder": (lambda s, t: ["--output", str(t)], EXISTS.format("{t}")),
     "--output names someone's file": (_output(lambda s, path: _write(path, b"mine\n")), EXISTS.format("{t}/out.zip")),
     "--output names an older archive": (_output(_own_archive_at), EXISTS.format("{t}/out.zip")),
-    "--output names a dangling link": (_output(lambda s, path: path.symlink_to(path.parent / "nowhere")),
-                                       EXISTS.format("{t}/out.zip")),
-    "--output in a missing folder": (_output(name="absent/k.zip"),
-                                     "cannot write {t}/absent/k.zip (No such file or directory)"),
-    "--output with --check": (lambda s, t: ["--check", "--output", str(t / "k.zip")],
-                              "--output does not apply to --check, which writes nothing"),
-    "the default place holds someone's file": (_default_place(lambda s, t, place: _write(place, b"not a zip")),
-                                               NOT_OWN),
+    "--output names a dangling link": (
+        _output(lambda s, path: path.symlink_to(path.parent / "nowhere")),
+        EXISTS.format("{t}/out.zip"),
+    ),
+    "--output in a missing folder": (
+        _output(name="absent/k.zip"),
+        "cannot write {t}/absent/k.zip (No such file or directory)",
+    ),
+    "--output with --check": (
+        lambda s, t: ["--check", "--output", str(t / "k.zip")],
+        "--output does not apply to --check, which writes nothing",
+    ),
+    "the default place holds someone's file": (
+        _default_place(lambda s, t, place: _write(place, b"not a zip")),
+        NOT_OWN,
+    ),
     "the default place is a folder": (_default_place(lambda s, t, place: place.mkdir(parents=True)), NOT_OWN),
     "the default place links to an archive": (_default_place(_link_to_own_archive), NOT_OWN),
-    "dist is a file": (_default_place(lambda s, t, place: _write(place.parent, b"x")),
-                       "cannot create {s}/dist (File exists)"),
+    "dist is a file": (
+        _default_place(lambda s, t, place: _write(place.parent, b"x")),
+        "cannot create {s}/dist (File exists)",
+    ),
     # --check refuses what must never ship as the build does (exit 2, not 1: a rebuild would not fix it).
-    "--check on a notebook saved by JupyterLab 4.6": (lambda s, t: [LANGUAGE_VERSION(s, t), "--check"][1:],
-                                                      NOT_GENERATED),
-}  # fmt: skip
+    "--check on a notebook saved by JupyterLab 4.6": (
+        lambda s, t: [LANGUAGE_VERSION(s, t), "--check"][1:],
+        NOT_GENERATED,
+    ),
+}
 
 
 @pytest.mark.parametrize("case", REFUSALS)
@@ -319,7 +372,8 @@ def test_a_refusal_is_one_line_and_changes_nothing(case, source, tmp_path, capsy
     assert build(source, *argv) == 2
     captured = capsys.readouterr()
     line = "build_zip.py: error: " + expected.format(s=source, t=tmp_path).removesuffix("...")
-    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured
+    assert captured.out == "", captured
+    assert len(captured.err.splitlines()) == 1, captured
     assert captured.err.startswith(line) if expected.endswith("...") else captured.err == line + "\n"
     assert tree_digest(tmp_path) == before
 
@@ -369,8 +423,13 @@ def test_check_names_what_is_stale_and_writes_nothing(case, source, tmp_path, ca
 
 @pytest.mark.whole_kit
 def test_check_passes_on_the_repository_in_a_new_process():
-    completed = subprocess.run([sys.executable, str(ROOT / "tools" / "build_zip.py"), "--check"], capture_output=True,
-                               text=True, cwd="/", timeout=60)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_zip.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+    )
     assert (completed.returncode, completed.stdout, completed.stderr) == (0, "", "")
 
 
@@ -409,21 +468,31 @@ def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
     completed = verify(folder)
     assert (completed.returncode, completed.stdout) == (0, "OK: every member matches MANIFEST.json\n"), completed
     if shutil.which("sha256sum"):
-        alternative = subprocess.run(readme_command(SHA256SUM_PREFIX), shell=True, cwd=folder,
-                                     capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert alternative.returncode == 0 and alternative.stdout.count(": OK") == 8
+        alternative = subprocess.run(
+            readme_command(SHA256SUM_PREFIX), shell=True, cwd=folder, capture_output=True, text=True, timeout=60
+        )
+        assert alternative.returncode == 0
+        assert alternative.stdout.count(": OK") == 8
 
 
 @pytest.mark.whole_kit
 def test_the_extracted_kit_works_as_a_new_user_would_use_it(source, tmp_path):
     folder = extract(source, tmp_path)
-    package = subprocess.run([sys.executable, "calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"],
-                             capture_output=True, text=True, cwd=folder, timeout=60)  # fmt: skip
-    assert package.returncode == 0 and "364800 cents" in package.stdout
+    package = subprocess.run(
+        [sys.executable, "calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=60,
+    )
+    assert package.returncode == 0
+    assert "364800 cents" in package.stdout
     arguments = ["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]
-    estimate = subprocess.run([sys.executable, "-S", "mesure_memoire.py", *arguments], capture_output=True, text=True,
-                              cwd=folder, timeout=60)  # fmt: skip
-    assert estimate.returncode == 0 and "17.04 GiB" in estimate.stdout
+    estimate = subprocess.run(
+        [sys.executable, "-S", "mesure_memoire.py", *arguments], capture_output=True, text=True, cwd=folder, timeout=60
+    )
+    assert estimate.returncode == 0
+    assert "17.04 GiB" in estimate.stdout
 
 
 @pytest.mark.whole_kit
@@ -443,15 +512,19 @@ SHA256SUM_PREFIX = 'python -c "import json,os,sys;'  # the README's second verif
 def test_the_verification_in_a_folder_without_manifest_is_one_line(tmp_path):
     completed = verify(tmp_path)
     assert (completed.returncode, completed.stdout, completed.stderr) == (
-        1, "", "FAILED: no MANIFEST.json in this folder\n"
-    )  # fmt: skip
+        1,
+        "",
+        "FAILED: no MANIFEST.json in this folder\n",
+    )
     if shutil.which("sha256sum"):  # the alternative: its python part says the same, then sha256sum fails
         python_part = readme_command(SHA256SUM_PREFIX).rpartition(" | ")[0]
         alone = subprocess.run(python_part, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert (alone.returncode, alone.stdout, alone.stderr) == (1, "", "FAILED: no MANIFEST.json in this folder\n")
-        piped = subprocess.run(readme_command(SHA256SUM_PREFIX), shell=True, cwd=tmp_path, capture_output=True,
-                               text=True, timeout=60)  # fmt: skip
-        assert piped.returncode != 0 and "Traceback" not in piped.stderr
+        piped = subprocess.run(
+            readme_command(SHA256SUM_PREFIX), shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert piped.returncode != 0
+        assert "Traceback" not in piped.stderr
 
 
 @pytest.mark.whole_kit

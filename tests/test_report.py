@@ -19,6 +19,7 @@ import pytest
 
 import mesure_memoire
 from conftest import (
+    MESSAGES,
     ROOT,
     assert_one_line_refusal,
     kit_error_of,
@@ -76,14 +77,16 @@ def test_schema_1_row_matches_the_hand_computation():
     # 256 / 0.00115 s and 4296278016 / 0.00115 s, by hand
     assert mesure_memoire.rounded(row["derived_positions_per_second"], 6) == Decimal("222608.695652")
     assert mesure_memoire.rounded(row["derived_flop_per_second"], 3) == Decimal("3735893926956.522")
-    assert isinstance(row["peak_allocated_bytes"], int) and isinstance(row["warm_median_ms"], Decimal)
+    assert isinstance(row["peak_allocated_bytes"], int)
+    assert isinstance(row["warm_median_ms"], Decimal)
 
 
 def test_schema_2_row_matches_the_hand_computation():
     row = row_of(load("schema2.json"))
     # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.8, 1.0 ms; warm device 0.75, 0.5, 1.25 ms.
     assert (row["schema_version"], row["dtype"], row["parameters"]) == (2, "bfloat16", 8 * 512 * 512 + 5 * 512)
-    assert row["warm_median_ms"] == Decimal("0.9") and row["warm_median_device_ms"] == Decimal("0.75")
+    assert row["warm_median_ms"] == Decimal("0.9")
+    assert row["warm_median_device_ms"] == Decimal("0.75")
     assert row["cold_forward_ms"] == Decimal("4.1")
     assert row["flop_per_forward"] == 16 * 1024 * 512**2 + 5 * 1024 * 512 == 4297588736
     assert mesure_memoire.rounded(row["derived_positions_per_second"], 4) == Decimal("1137777.7778")
@@ -110,7 +113,8 @@ def test_the_warm_median_is_exact(nanoseconds, median_ms):
     result["phases"] = [p for p in result["phases"] if p["phase"] != "warm_forward"]
     result["phases"] += [{**warm, "nanoseconds": ns, "repetition": k} for k, ns in enumerate(nanoseconds, 1)]
     row = row_of(result)
-    assert row["warm_median_ms"] == Decimal(median_ms) and row["warm_repetitions"] == len(nanoseconds)
+    assert row["warm_median_ms"] == Decimal(median_ms)
+    assert row["warm_repetitions"] == len(nanoseconds)
 
 
 def test_a_zero_median_leaves_the_derived_figures_empty():
@@ -119,7 +123,8 @@ def test_a_zero_median_leaves_the_derived_figures_empty():
         if phase["phase"] == "warm_forward":
             phase["nanoseconds"] = 0
     row = row_of(result)
-    assert row["derived_positions_per_second"] is None and row["derived_flop_per_second"] is None
+    assert row["derived_positions_per_second"] is None
+    assert row["derived_flop_per_second"] is None
     line = mesure_memoire.format_report({"results": [row], "derived_figures": "d", "flop_convention": "f"})
     assert line.splitlines()[1].split()[-3:] == ["n/a", "n/a", "none"]
 
@@ -164,13 +169,26 @@ def test_each_flag_is_raised_by_its_own_cause_only():
     both = copy.deepcopy(not_checked)
     both["prediction_check"]["disagreements"] = [{"phase": "model_load"}]
     rows = mesure_memoire.report_rows(
-        [("a", base), ("b", not_fresh), ("c", disagrees), ("d", non_finite), ("e", empty_warning),
-         ("f", not_checked), ("g", both)]
-    )  # fmt: skip
+        [
+            ("a", base),
+            ("b", not_fresh),
+            ("c", disagrees),
+            ("d", non_finite),
+            ("e", empty_warning),
+            ("f", not_checked),
+            ("g", both),
+        ]
+    )
     unchecked = "prediction not checked (each such phase's verdict_reason says why)"
-    assert [row["flags"] for row in rows] == [[], ["not a fresh process"], ["prediction disagreed"],
-                                              ["non-finite output"], ["not a fresh process"],
-                                              [unchecked], ["prediction disagreed", unchecked]]  # fmt: skip
+    assert [row["flags"] for row in rows] == [
+        [],
+        ["not a fresh process"],
+        ["prediction disagreed"],
+        ["non-finite output"],
+        ["not a fresh process"],
+        [unchecked],
+        ["prediction disagreed", unchecked],
+    ]
 
 
 def test_schema_1_has_no_prediction_or_output_flags_even_with_stray_keys():
@@ -234,7 +252,8 @@ def test_text_output_is_the_hand_checked_table(monkeypatch, capsys):
     before = tree_digest(DATA)
     assert mesure_memoire.main(["report", "schema1.json", "schema2.json"]) == 0
     captured = capsys.readouterr()
-    assert captured.out == EXPECTED_TEXT and captured.err == ""
+    assert captured.out == EXPECTED_TEXT
+    assert captured.err == ""
     assert tree_digest(DATA) == before
 
 
@@ -246,12 +265,23 @@ def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys)
     assert list(data) == ["results", "derived_figures", "flop_convention"]
     assert [row["file"] for row in data["results"]] == given
     first = data["results"][1]
-    for key, value in {"gpu": "Crafted GPU", "dtype": "float32", "batch": 2, "context": 128, "width": 1024,
-                       "peak_allocated_bytes": 48254976, "peak_reserved_bytes": 50331648, "warm_median_ms": 1.15,
-                       "cold_forward_ms": 5.4321, "flop_per_forward": 4296278016,
-                       "derived_positions_per_second": 222608.695652, "flags": []}.items():  # fmt: skip
+    for key, value in {
+        "gpu": "Crafted GPU",
+        "dtype": "float32",
+        "batch": 2,
+        "context": 128,
+        "width": 1024,
+        "peak_allocated_bytes": 48254976,
+        "peak_reserved_bytes": 50331648,
+        "warm_median_ms": 1.15,
+        "cold_forward_ms": 5.4321,
+        "flop_per_forward": 4296278016,
+        "derived_positions_per_second": 222608.695652,
+        "flags": [],
+    }.items():
         assert first[key] == value, key
-    assert data["results"][0]["warm_median_device_ms"] == 0.75 and first["warm_median_device_ms"] is None
+    assert data["results"][0]["warm_median_device_ms"] == 0.75
+    assert first["warm_median_device_ms"] is None
     assert data["derived_figures"].startswith("derived, not measured")
 
 
@@ -302,12 +332,16 @@ HOSTILE = {
     ),
     "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), "nested too deep to read"),
     # Valid JSON holding one unused field nested deeper than Python's json reader goes: refused, named so.
-    "a deep unused field": (lambda folder: _write(folder, "du.json", _valid_with(lambda r: None)[:-1]
-                                                  + ', "unused": ' + "[" * 100000 + "]" * 100000 + "}"),
-                            "nested too deep to read (RecursionError); a kit result nests a few levels"),
-    "a 5000-digit unused number": (lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1]
-                                                         + ', "unused": ' + "7" * 5000 + "}"),
-                                   "a number has too many digits to read (ValueError)"),
+    "a deep unused field": (
+        lambda folder: _write(
+            folder, "du.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "[" * 100000 + "]" * 100000 + "}"
+        ),
+        "nested too deep to read (RecursionError); a kit result nests a few levels",
+    ),
+    "a 5000-digit unused number": (
+        lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "7" * 5000 + "}"),
+        "a number has too many digits to read (ValueError)",
+    ),
     "device_ms a huge int": (
         lambda folder: _write(folder, "dh.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=10**309))),
         "a warm_forward line's device_ms, 1" + "0" * 59 + "..." + "0" * 12 + " (310 characters), is neither null",
@@ -338,15 +372,16 @@ HOSTILE = {
     ),
     "dtype a list": (
         lambda folder: _write(folder, "dl.json", _valid_with(lambda r: r["configuration"].update(dtype=["float32"]))),
-        "its configuration or parameter count is not one measure writes",
+        MESSAGES["report: not a measure configuration"],
     ),
     "dtype an object": (
         lambda folder: _write(folder, "do.json", _valid_with(lambda r: r["configuration"].update(dtype={"a": 1}))),
-        "its configuration or parameter count is not one measure writes",
+        MESSAGES["report: not a measure configuration"],
     ),
     "fresh warning a list": (
-        lambda folder: _write(folder, "fw.json",
-                              _valid_with(lambda r: r["configuration"].update(fresh_process_warning=["x"]))),
+        lambda folder: _write(
+            folder, "fw.json", _valid_with(lambda r: r["configuration"].update(fresh_process_warning=["x"]))
+        ),
         "its configuration.fresh_process_warning is neither null nor text",
     ),
     "disagreements not a list": (
@@ -354,8 +389,9 @@ HOSTILE = {
         "schema 2 needs prediction_check.disagreements as a list",
     ),
     "not_checked not a list": (
-        lambda folder: _write(folder, "nc.json",
-                              _valid_with(lambda r: r["prediction_check"].update(not_checked="model_load"))),
+        lambda folder: _write(
+            folder, "nc.json", _valid_with(lambda r: r["prediction_check"].update(not_checked="model_load"))
+        ),
         "schema 2 needs prediction_check.not_checked as a list",
     ),
     "GPU name 257 characters": (
@@ -363,21 +399,26 @@ HOSTILE = {
         "GPU name, PyTorch or build is not text (at most 256 characters)",
     ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), "its 'kit' is not"),
-    "schema 6": (lambda folder: _write(folder, "s6.json", _valid_with(lambda r: r.update(schema_version=6))),
-                 "schema_version 6 is not one this version reads (1 to 5)"),
-    "schema true": (lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
-                    "schema_version True is not one"),
-    "no phases": (lambda folder: _write(folder, "np.json", _valid_with(lambda r: r.pop("phases"))),
-                  "a phase line is missing"),
+    "schema 6": (
+        lambda folder: _write(folder, "s6.json", _valid_with(lambda r: r.update(schema_version=6))),
+        "schema_version 6 is not one this version reads (1 to 5)",
+    ),
+    "schema true": (
+        lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
+        "schema_version True is not one",
+    ),
+    "no phases": (
+        lambda folder: _write(folder, "np.json", _valid_with(lambda r: r.pop("phases"))),
+        "a phase line is missing",
+    ),
     "no warm line": (lambda folder: _write(folder, "nw.json", _valid_with(_no_warm)), "at least one warm_forward"),
     "two cold lines": (lambda folder: _write(folder, "tc.json", _valid_with(_two_cold)), "one cold_forward line"),
     "negative time": (
         lambda folder: _write(folder, "nt.json", _valid_with(lambda r: r["phases"][3].update(nanoseconds=-1))),
-        "a phase line is missing its name, time or peak counters",
+        MESSAGES["report: phase line incomplete"],
     ),
     "text counter": (
-        lambda folder: _write(folder, "tx.json",
-                              _valid_with(lambda r: r["phases"][0].update(peak_reserved_bytes="1"))),
+        lambda folder: _write(folder, "tx.json", _valid_with(lambda r: r["phases"][0].update(peak_reserved_bytes="1"))),
         "a phase line is missing",
     ),
     "unknown phase": (
@@ -386,7 +427,7 @@ HOSTILE = {
     ),
     "bool batch": (
         lambda folder: _write(folder, "bb.json", _valid_with(lambda r: r["configuration"].update(batch=True))),
-        "its configuration or parameter count is not one measure writes",
+        MESSAGES["report: not a measure configuration"],
     ),
     "float64": (
         lambda folder: _write(folder, "f64.json", _valid_with(lambda r: r["configuration"].update(dtype="float64"))),
@@ -398,7 +439,7 @@ HOSTILE = {
     ),
     "no environment": (
         lambda folder: _write(folder, "ne.json", _valid_with(lambda r: r.update(environment=[]))),
-        "configuration, synthetic_model or environment is missing",
+        MESSAGES["report: a section is missing"],
     ),
     "GPU name not text": (
         lambda folder: _write(folder, "gn.json", _valid_with(lambda r: r["environment"]["gpu"].update(name=5))),
@@ -412,7 +453,7 @@ HOSTILE = {
         lambda folder: _write(folder, "s2f.json", _valid_with(lambda r: r["output_summary"].update(all_finite=0))),
         "schema 2 needs output_summary.all_finite",
     ),
-}  # fmt: skip
+}
 
 
 def test_a_gpu_name_of_256_characters_is_read_and_a_bad_warning_named_whole(tmp_path, monkeypatch, capsys):
@@ -438,7 +479,8 @@ def test_hostile_files_are_refused_in_one_line_naming_them(case, tmp_path, monke
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing shown for the good files either: the report is whole or absent
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"mesure_memoire.py: error: report: {name!r}"), captured.err
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"mesure_memoire.py: error: report: {name!r}"), captured.err
     assert fragment in lines[0]
     assert tree_digest(tmp_path) == before
 
@@ -482,8 +524,11 @@ def test_a_fifo_is_refused_at_once_in_a_real_process(tmp_path):
     before = tree_digest(tmp_path)
     completed = subprocess.run(
         [sys.executable, str(ROOT / "mesure_memoire.py"), "report", "pipe.json"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert_one_line_refusal(
         completed, "mesure_memoire.py: error: report: 'pipe.json' is not a kit result: not a regular file"
     )
@@ -541,7 +586,8 @@ def test_read_at_most_reads_in_pieces_up_to_the_limit(monkeypatch):
     assert asked == [7, 4, 1]
     source.seek(0)
     asked.clear()
-    assert mesure_memoire._read_at_most(7, 100) == b"0123456789" and asked == [100, 97, 94, 91, 90]
+    assert mesure_memoire._read_at_most(7, 100) == b"0123456789"
+    assert asked == [100, 97, 94, 91, 90]
 
 
 def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
@@ -581,11 +627,13 @@ def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
 
 
 def test_counts_milliseconds_and_medians_are_exact():
-    assert mesure_memoire._count_or_none(0) == 0 and mesure_memoire._count_or_none(10**30 - 1) == 10**30 - 1
+    assert mesure_memoire._count_or_none(0) == 0
+    assert mesure_memoire._count_or_none(10**30 - 1) == 10**30 - 1
     for value in (-1, 10**30, True, 1.0, "1", None):
         assert mesure_memoire._count_or_none(value) is None, value
     assert mesure_memoire._milliseconds(1234567) == Decimal("1.234567")
-    assert mesure_memoire._median([3, 1, 2]) == 2 and isinstance(mesure_memoire._median([5]), Decimal)
+    assert mesure_memoire._median([3, 1, 2]) == 2
+    assert isinstance(mesure_memoire._median([5]), Decimal)
     assert mesure_memoire._median([4, 1, 3, 2]) == Decimal("2.5")
     assert mesure_memoire._median([Decimal("0.1"), Decimal("0.2")]) == Decimal("0.15")
     assert str(mesure_memoire._median([1, 10**40])) == "5" + "0" * 38 + "0.5"  # exact beyond 28 digits
@@ -608,9 +656,9 @@ def test_result_summary_messages_name_the_file_and_the_field():
 
 
 def test_cells_show_none_and_escape_unprintable_text():
-    assert (
-        mesure_memoire._cell(None) == "none" and mesure_memoire._cell("a b") == "a b" and mesure_memoire._cell(3) == "3"
-    )
+    assert mesure_memoire._cell(None) == "none"
+    assert mesure_memoire._cell("a b") == "a b"
+    assert mesure_memoire._cell(3) == "3"
     assert mesure_memoire._cell("a\nb") == "'a\\nb'"
 
 
@@ -639,12 +687,12 @@ def _schema2():
     [
         (lambda r: r["synthetic_model"].pop("parameters"), "its configuration or parameter count is not one"),
         (lambda r: r["configuration"].update(context=0), "its configuration or parameter count is not one"),
-        (lambda r: r.update(synthetic_model=None), "configuration, synthetic_model or environment is missing"),
-        (lambda r: r.update(configuration=[]), "configuration, synthetic_model or environment is missing"),
+        (lambda r: r.update(synthetic_model=None), MESSAGES["report: a section is missing"]),
+        (lambda r: r.update(configuration=[]), MESSAGES["report: a section is missing"]),
         (lambda r: r["environment"].update(hip_build=7), "its environment's GPU name, PyTorch or build is not text"),
-        (lambda r: r["phases"].append(5), "a phase line is missing its name, time or peak counters"),
-        (lambda r: r.update(phases={}), "a phase line is missing its name, time or peak counters"),
-        (lambda r: r["phases"][0].pop("nanoseconds"), "a phase line is missing its name, time or peak counters"),
+        (lambda r: r["phases"].append(5), MESSAGES["report: phase line incomplete"]),
+        (lambda r: r.update(phases={}), MESSAGES["report: phase line incomplete"]),
+        (lambda r: r["phases"][0].pop("nanoseconds"), MESSAGES["report: phase line incomplete"]),
         (lambda r: r["phases"][0].update(peak_allocated_bytes=-1), "a phase line is missing its name"),
         (lambda r: r.update(output_summary=None), "schema 2 needs output_summary.all_finite, true or false"),
         (lambda r: r["prediction_check"].update(agrees=1), "schema 2 needs prediction_check.agrees, true or false"),
@@ -705,7 +753,8 @@ def test_a_refusal_echoes_a_bounded_excerpt_of_a_huge_value(change, tmp_path, mo
     name = _write(tmp_path, "huge.json", _valid_with(change))
     assert mesure_memoire.main(["report", name]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and len(captured.err.splitlines()) == 1
+    assert captured.out == ""
+    assert len(captured.err.splitlines()) == 1
     assert captured.err.startswith("mesure_memoire.py: error: report: 'huge.json' is not a kit result: ")
     assert len(captured.err) < 300, len(captured.err)
 
@@ -763,9 +812,15 @@ def test_schema_3_row_adds_the_device_wide_memory_and_the_part_outside_the_alloc
     # Crafted: a 500 MiB context, 64 MiB of kernels and handles from the first forward, 20 MiB reserved.
     assert row["device_used_end_bytes"] == 500 * MIB + 64 * MIB + 20 * MIB == 612368384
     assert row["outside_allocator_bytes"] == 612368384 - 20971520 == 591396864
-    assert {key: value for key, value in row.items() if key not in ("device_used_end_bytes",
-            "outside_allocator_bytes", "schema_version")} == {key: value for key, value in old.items() if key not in (
-            "device_used_end_bytes", "outside_allocator_bytes", "schema_version")}  # fmt: skip
+    assert {
+        key: value
+        for key, value in row.items()
+        if key not in ("device_used_end_bytes", "outside_allocator_bytes", "schema_version")
+    } == {
+        key: value
+        for key, value in old.items()
+        if key not in ("device_used_end_bytes", "outside_allocator_bytes", "schema_version")
+    }
 
 
 DEVICE_WIDE_CHANGES = [
@@ -807,8 +862,12 @@ def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monke
     table_end = out.index("Device-wide")
     assert out[table_end:].startswith(DEVICE_WIDE_TEXT)
     assert out[table_end + len(DEVICE_WIDE_TEXT) :].startswith("Peaks: maxima over each run's phases")
-    assert [line.split()[0] for line in out[:table_end].splitlines()] == ["file", "schema1.json", "schema3.json",
-                                                                          "schema2.json"]  # fmt: skip
+    assert [line.split()[0] for line in out[:table_end].splitlines()] == [
+        "file",
+        "schema1.json",
+        "schema3.json",
+        "schema2.json",
+    ]
     assert mesure_memoire.main(["report", "schema1.json", "schema2.json"]) == 0
     assert "Device-wide" not in capsys.readouterr().out  # older results: no empty block
     assert mesure_memoire.main(["report", "--json", "schema3.json"]) == 0
@@ -829,7 +888,8 @@ def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
     if json_flag:
         assert json.loads(completed.stdout)["results"][0]["gpu"] == "Carte Éclair"
     else:
-        assert "mesures-\\xe9.json" in completed.stdout and "Carte \\xc9clair" in completed.stdout
+        assert "mesures-\\xe9.json" in completed.stdout
+        assert "Carte \\xc9clair" in completed.stdout
 
 
 @pytest.mark.parametrize(("above_bytes", "flagged"), [(0, False), (1, True)])
@@ -851,7 +911,8 @@ def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(["report", "odd.json"]) == 0
     out = capsys.readouterr().out
-    assert "odd.json            20.00             impossible\n" in out and "-0.00" not in out
+    assert "odd.json            20.00             impossible\n" in out
+    assert "-0.00" not in out
     assert "device used below reserved: impossible reading, outside allocator not shown" in out
 
 
@@ -860,7 +921,8 @@ def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path
 
 def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypatch, capsys):
     row, old = row_of(load("schema4.json")), row_of(load("schema3.json"))
-    assert row["flags"] == ["allocator expandable_segments True"] and old["flags"] == []
+    assert row["flags"] == ["allocator expandable_segments True"]
+    assert old["flags"] == []
     assert {key: value for key, value in row.items() if key not in ("flags", "schema_version")} == {
         key: value for key, value in old.items() if key not in ("flags", "schema_version")
     }

@@ -26,8 +26,7 @@ build_zip = _tool("build_zip")
 
 def _ruff(*args):
     # ruff is in requirements-dev.txt: a missing ruff fails here rather than being skipped.
-    return subprocess.run([sys.executable, "-m", "ruff", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "ruff", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 def test_ruff_finds_no_lint_error():
@@ -53,8 +52,9 @@ def test_git_checks_out_every_shipped_text_file_with_lf():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: line endings are git's business only there")
     members = list(build_zip.MEMBERS)
-    completed = subprocess.run(["git", "check-attr", "text", "eol", "--", *members], capture_output=True, text=True,
-                               cwd=ROOT, timeout=60)  # fmt: skip
+    completed = subprocess.run(
+        ["git", "check-attr", "text", "eol", "--", *members], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert completed.returncode == 0, completed.stderr
     attributes = {}
     for line in completed.stdout.splitlines():
@@ -79,14 +79,16 @@ CONTRACT_HELPERS_ALIKE = ("one_line",)
 def _contract_block(script):
     text = (ROOT / script).read_text(encoding="utf-8")
     begin, end = CONTRACT_MARKERS
-    assert text.count(begin) == 1 and text.count(end) == 1, f"{script}: each contract marker exactly once"
+    assert text.count(begin) == 1, f"{script}: each contract marker exactly once"
+    assert text.count(end) == 1, f"{script}: each contract marker exactly once"
     return text[text.index(begin) : text.index(end)]
 
 
 def _kit_contract_renamed():
     block = _contract_block("mesure_memoire.py")
     for kit_name, calculator_name in CONTRACT_RENAMED.items():
-        assert kit_name in block and calculator_name not in block, (kit_name, calculator_name)
+        assert kit_name in block, (kit_name, calculator_name)
+        assert calculator_name not in block, (kit_name, calculator_name)
         block = block.replace(kit_name, calculator_name)
     return block
 

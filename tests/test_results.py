@@ -17,7 +17,7 @@ from fractions import Fraction
 import pytest
 
 import calcul_forfaits
-from conftest import ROOT, assert_one_line_refusal, calculator_refusal, half_up_cents, tree_digest
+from conftest import MESSAGES, ROOT, assert_one_line_refusal, calculator_refusal, half_up_cents, tree_digest
 from conftest import call_calculator as call
 
 DATA = ROOT / "tests" / "data" / "results"
@@ -29,12 +29,27 @@ PRICES = {(t["gpu"], t["days"]): t["price_cents"] for t in calcul_forfaits.load_
 def row(**values):
     """One run's cells, defaults filled in (the measurement file must exist: see ``folder``)."""
     cells = {
-        "run_id": "r1", "rental_id": "rent-1", "date_utc": "2026-10-05T09:00:00Z", "gpu": "h100-sxm", "days": "7",
-        "lots": "1", "device": "cuda:0", "gpu_name": "GPU", "driver_version": "1", "torch_version": "2.13.0",
-        "cuda_or_hip_build": "13.0", "measurement_file": "m.json", "measurement_sha256": M_SHA,
-        "units_submitted": "100", "units_accepted": "90", "quality_metric": "exact match", "threshold": "0.9",
-        "threshold_fixed_on": "2026-10-01", "wall_clock_hours": "2.5", "notes": "",
-    }  # fmt: skip
+        "run_id": "r1",
+        "rental_id": "rent-1",
+        "date_utc": "2026-10-05T09:00:00Z",
+        "gpu": "h100-sxm",
+        "days": "7",
+        "lots": "1",
+        "device": "cuda:0",
+        "gpu_name": "GPU",
+        "driver_version": "1",
+        "torch_version": "2.13.0",
+        "cuda_or_hip_build": "13.0",
+        "measurement_file": "m.json",
+        "measurement_sha256": M_SHA,
+        "units_submitted": "100",
+        "units_accepted": "90",
+        "quality_metric": "exact match",
+        "threshold": "0.9",
+        "threshold_fixed_on": "2026-10-01",
+        "wall_clock_hours": "2.5",
+        "notes": "",
+    }
     cells.update(values)
     assert tuple(cells) == COLUMNS
     return ",".join(cells.values())
@@ -91,7 +106,8 @@ def test_the_example_file_gives_each_rental_once_cheapest_first(capsys):
     expected.sort()
     assert [r["rental_id"] for r in data["rentals"]] == [e[1] for e in expected]
     for rental, (cost, _, total, count, accepted) in zip(data["rentals"], expected, strict=True):
-        assert rental["total_price_cents"] == total and rental["runs"] == count
+        assert rental["total_price_cents"] == total
+        assert rental["runs"] == count
         assert rental["units_accepted"] == accepted
         assert rental["cost_per_accepted_result_usd"] == half_up_cents(cost / 100)
     assert any(rental["runs"] > 1 for rental in data["rentals"])  # the example shows a price counted once
@@ -116,21 +132,61 @@ def test_a_rental_with_several_runs_counts_its_price_once(folder, capsys):
     first, second = json.loads(out)["rentals"]
     h100 = PRICES[("h100-sxm", 7)] * 2
     assert first == {
-        "rental_id": "rent-1", "gpu": "h100-sxm", "model": "NVIDIA H100 SXM", "memory_gb": 80, "days": 7, "lots": 2,
-        "gpus_per_lot": 1, "gpus": 2, "lot_price_cents": h100 // 2, "total_price_cents": h100, "currency": "USD",
-        "snapshot_date": "2026-09-24", "runs": 2, "run_ids": ["a", "b"], "units_submitted": 200,
-        "units_accepted": 97, "cost_per_accepted_result_usd": half_up_cents(Fraction(h100, 100 * 97)),
-    }  # fmt: skip
-    assert second["rental_id"] == "rent-2" and second["cost_per_accepted_result_usd"] == cents(PRICES[("mi300x", 7)])
+        "rental_id": "rent-1",
+        "gpu": "h100-sxm",
+        "model": "NVIDIA H100 SXM",
+        "memory_gb": 80,
+        "days": 7,
+        "lots": 2,
+        "gpus_per_lot": 1,
+        "gpus": 2,
+        "lot_price_cents": h100 // 2,
+        "total_price_cents": h100,
+        "currency": "USD",
+        "snapshot_date": "2026-09-24",
+        "runs": 2,
+        "run_ids": ["a", "b"],
+        "units_submitted": 200,
+        "units_accepted": 97,
+        "cost_per_accepted_result_usd": half_up_cents(Fraction(h100, 100 * 97)),
+    }
+    assert second["rental_id"] == "rent-2"
+    assert second["cost_per_accepted_result_usd"] == cents(PRICES[("mi300x", 7)])
     status, text, _ = call(capsys, "--results", path)
-    assert status == 0
+    assert status == 0, err
     lines = text.splitlines()
     assert lines[0] == "Rentals, cheapest accepted result first; quality metric exact match, threshold 0.9:"
-    assert lines[1].split() == ["rental_id", "gpu", "days", "lots", "GPUs", "total", "price", "runs", "submitted",
-                                "accepted", "per", "accepted", "result"]  # fmt: skip
-    assert lines[2].split() == ["rent-1", "h100-sxm", "7", "2", "2", cents(h100), "USD", "2", "200", "97",
-                                half_up_cents(Fraction(h100, 100 * 97)), "USD"]  # fmt: skip
-    assert lines[3].split()[0] == "rent-2" and len(lines) == 6
+    assert lines[1].split() == [
+        "rental_id",
+        "gpu",
+        "days",
+        "lots",
+        "GPUs",
+        "total",
+        "price",
+        "runs",
+        "submitted",
+        "accepted",
+        "per",
+        "accepted",
+        "result",
+    ]
+    assert lines[2].split() == [
+        "rent-1",
+        "h100-sxm",
+        "7",
+        "2",
+        "2",
+        cents(h100),
+        "USD",
+        "2",
+        "200",
+        "97",
+        half_up_cents(Fraction(h100, 100 * 97)),
+        "USD",
+    ]
+    assert lines[3].split()[0] == "rent-2"
+    assert len(lines) == 6
 
 
 def cents(value):
@@ -138,12 +194,17 @@ def cents(value):
 
 
 def test_no_accepted_unit_gives_null_and_sorts_last(folder, capsys):
-    path = write(folder, row(run_id="a", rental_id="zero", units_accepted="0"),
-                 row(run_id="b", rental_id="some", gpu="b300", days="30", units_accepted="1"))  # fmt: skip
+    path = write(
+        folder,
+        row(run_id="a", rental_id="zero", units_accepted="0"),
+        row(run_id="b", rental_id="some", gpu="b300", days="30", units_accepted="1"),
+    )
     status, out, _ = call(capsys, "--results", path, "--json")
     rentals = json.loads(out)["rentals"]
-    assert status == 0 and [r["rental_id"] for r in rentals] == ["some", "zero"]
-    assert rentals[1]["cost_per_accepted_result_usd"] is None and rentals[1]["units_accepted"] == 0
+    assert status == 0
+    assert [r["rental_id"] for r in rentals] == ["some", "zero"]
+    assert rentals[1]["cost_per_accepted_result_usd"] is None
+    assert rentals[1]["units_accepted"] == 0
     assert "null when no unit was accepted" in json.loads(out)["cost_rounding"]
     status, text, _ = call(capsys, "--results", path)
     assert text.splitlines()[3].endswith("none accepted")
@@ -153,9 +214,12 @@ def test_the_order_is_exact_when_two_costs_round_to_the_same_cent(folder, capsys
     price = PRICES[("h100-sxm", 7)]
     # price/n and price/(n+1) round to the same cent once n is large enough; the larger n is cheaper
     n = 10 * price
-    path = write(folder, row(run_id="a", rental_id="a-first", units_submitted=str(n), units_accepted=str(n)),
-                 row(run_id="b", rental_id="b-second", units_submitted=str(n + 1), units_accepted=str(n + 1)),
-                 row(run_id="c", rental_id="c-tie", units_submitted=str(n + 1), units_accepted=str(n + 1)))  # fmt: skip
+    path = write(
+        folder,
+        row(run_id="a", rental_id="a-first", units_submitted=str(n), units_accepted=str(n)),
+        row(run_id="b", rental_id="b-second", units_submitted=str(n + 1), units_accepted=str(n + 1)),
+        row(run_id="c", rental_id="c-tie", units_submitted=str(n + 1), units_accepted=str(n + 1)),
+    )
     status, out, _ = call(capsys, "--results", path, "--json")
     rentals = json.loads(out)["rentals"]
     assert status == 0
@@ -216,13 +280,19 @@ REFUSALS = {
     "too many accepted": ({}, [row(units_accepted="101")], "line 2: units_accepted 101 exceeds units_submitted 100"),
     "fixed after the run": ({}, [row(threshold_fixed_on="2026-10-06")], "2: threshold_fixed_on 2026-10-06 is after"),
     "another metric": ({}, [row(), row(run_id="r2", quality_metric="F1")], "line 3: quality_metric or threshold"),
-    "another threshold": ({}, [row(), row(run_id="r2", threshold="0.95")],
-                          "line 3: quality_metric or threshold differs from line 2's: a cost per accepted result "
-                          "compares packages under one protocol only"),
+    "another threshold": (
+        {},
+        [row(), row(run_id="r2", threshold="0.95")],
+        "line 3: quality_metric or threshold differs from line 2's: a cost per accepted result "
+        "compares packages under one protocol only",
+    ),
     "missing measurement": ({}, [row(measurement_file="absent.json")], "'absent.json': cannot be read"),
     "altered measurement": ({}, [row(measurement_sha256="0" * 64)], "'m.json': its SHA-256 differs"),
-    "altered on a later line": ({}, [row(), row(run_id="r2", measurement_sha256="0" * 64)],
-                                "line 3: measurement_file 'm.json': its SHA-256 differs from measurement_sha256"),
+    "altered on a later line": (
+        {},
+        [row(), row(run_id="r2", measurement_sha256="0" * 64)],
+        "line 3: measurement_file 'm.json': its SHA-256 differs from measurement_sha256",
+    ),
     "absolute measurement path": ({}, [row(measurement_file="/etc/hostname")], "measurement_file must be a path"),
     "measurement outside the folder": ({}, [row(measurement_file="../m.json")], "line 2: measurement_file must be"),
     "backslash parent": ({}, [row(measurement_file="a\\..\\m.json")], "line 2: measurement_file must be"),
@@ -236,7 +306,7 @@ REFUSALS = {
     "a file without its SHA-256": ({}, [row(measurement_sha256="")], "line 2: " + PAIR),
     "a SHA-256 without its file": ({}, [row(measurement_file="")], "line 2: " + PAIR),
     "header only": ({}, [], "no run recorded yet"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("kind", sorted(REFUSALS))
@@ -246,8 +316,10 @@ def test_a_bad_results_file_is_refused_in_one_line(folder, capsys, kind):
     before = tree_digest(folder)
     status, out, err = call(capsys, "--results", path)
     assert (status, out) == (2, ""), err
-    assert len(err.splitlines()) == 1 and err.startswith(f"calcul_forfaits.py: error: {str(path)!r}: "), err
-    assert fragment in err and err.endswith("; nothing computed\n"), err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"calcul_forfaits.py: error: {str(path)!r}: "), err
+    assert fragment in err, err
+    assert err.endswith("; nothing computed\n"), err
     assert tree_digest(folder) == before
 
 
@@ -287,13 +359,16 @@ def test_a_threshold_fixed_on_the_day_of_the_run_is_before_it(folder, capsys):
 @pytest.mark.parametrize(
     ("column", "accepted", "refused"),
     [
-        ("measurement_file", ["m.json", "a/b.json", "a..b.json", "runs/2026/m.json", ""],
-         ["/m.json", "\\m.json", "../m.json", "a/../m.json", "a\\..\\m.json", "..", "a/.."]),
+        (
+            "measurement_file",
+            ["m.json", "a/b.json", "a..b.json", "runs/2026/m.json", ""],
+            ["/m.json", "\\m.json", "../m.json", "a/../m.json", "a\\..\\m.json", "..", "a/.."],
+        ),
         ("measurement_sha256", ["0" * 64, "aF" * 32], ["0" * 63, "0" * 65, "g" * 64, " " + "0" * 63, " "]),
         ("rental_id", ["r", "rent 1"], ["", " r", "r "]),
         ("days", ["3", "7", "30"], ["", "5", "07", "3.0", "٣"]),
     ],
-)  # fmt: skip
+)
 def test_the_results_rules(column, accepted, refused):
     check = calcul_forfaits.RESULTS_RULES[column][0]
     assert [value for value in accepted if not check(value)] == []
@@ -368,9 +443,12 @@ def test_a_measurement_file_resolving_outside_the_folder_is_refused_unnamed(insi
         sha = hashlib.sha256(stream.read()).hexdigest()
     path = write(inside, row(measurement_file=measurement_file, measurement_sha256=sha))
     err = calculator_refusal(capsys, "--results", path)
-    assert err == (f"calcul_forfaits.py: error: {str(path)!r}: line 2: measurement_file {measurement_file!r}: "
-                   "resolves outside the results file's folder (through a link); nothing computed\n")  # fmt: skip
-    assert resolved not in err and "/etc" not in err
+    assert err == (
+        f"calcul_forfaits.py: error: {str(path)!r}: line 2: measurement_file {measurement_file!r}: "
+        "resolves outside the results file's folder (through a link); nothing computed\n"
+    )
+    assert resolved not in err
+    assert "/etc" not in err
 
 
 def test_links_that_stay_inside_the_folder_are_followed(inside, capsys, monkeypatch):
@@ -405,16 +483,20 @@ def test_the_bytes_hashed_for_one_results_file_are_bounded(folder, capsys, monke
     (folder / "b.json").write_bytes(b"b")
     files = ["m.json", "a.json", "m.json", last]
     shas = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in files}
-    path = write(folder, *[row(run_id=f"r{i}", measurement_file=name, measurement_sha256=shas[name])
-                           for i, name in enumerate(files)])  # fmt: skip
+    path = write(
+        folder,
+        *[row(run_id=f"r{i}", measurement_file=name, measurement_sha256=shas[name]) for i, name in enumerate(files)],
+    )
     status, out, err = call(capsys, "--results", path)
     if not refused:
         assert (status, err) == (0, "")  # m.json counted once: the total equals the bound
         return
     assert (status, out) == (2, "")
-    assert err == (f"calcul_forfaits.py: error: {str(path)!r}: line 5: measurement_file 'b.json': the distinct "
-                   f"measurement files named so far total more than {bound} bytes, the most --results hashes "
-                   "(a bound on its time); nothing computed\n")  # fmt: skip
+    assert err == (
+        f"calcul_forfaits.py: error: {str(path)!r}: line 5: measurement_file 'b.json': the distinct "
+        f"measurement files named so far total more than {bound} bytes, the most --results hashes "
+        "(a bound on its time); nothing computed\n"
+    )
 
 
 # --- hostile results files: one stderr line, exit 2, no file changed --------------------------------------
@@ -456,7 +538,7 @@ HOSTILE_RESULTS = {  # case -> (argv, fragment of the one stderr line)
     "not UTF-8": (["--results", "runs-latin1.csv"], "not UTF-8"),
     "a field with an escape": (["--results", "runs-escape.csv"], "quality_metric holds a control"),
     "measurement a folder": (["--results", "runs-folder.csv"], "measurement_file 'folder': not a regular file"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_RESULTS))
@@ -470,10 +552,10 @@ def test_a_hostile_results_file_is_one_line(hostile, capsys, monkeypatch, case):
 
 BLOCKING_RESULTS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
     "a FIFO": (["--results", "fifo"], "'fifo': not a regular file"),
-    "/dev/zero": (["--results", "/dev/zero"], "'/dev/zero': not a regular file"),
+    "/dev/zero": (["--results", "/dev/zero"], MESSAGES["calculator: /dev/zero not a regular file"]),
     "measurement a FIFO": (["--results", "runs-fifo.csv"], "measurement_file 'fifo': not a regular file"),
     "measurement a link to /dev/zero": (["--results", "runs-zero.csv"], "measurement_file 'zero.csv': resolves out"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.whole_kit
@@ -482,8 +564,13 @@ BLOCKING_RESULTS = {  # a regression would block (FIFO) or read without end (/de
 def test_a_results_file_that_could_block_is_refused_unread(hostile, case, flags):
     argv, fragment = BLOCKING_RESULTS[case]
     before = tree_digest(hostile)
-    completed = subprocess.run([sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
-                               capture_output=True, text=True, cwd=hostile, timeout=30)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
+        capture_output=True,
+        text=True,
+        cwd=hostile,
+        timeout=30,
+    )
     assert_one_line_refusal(completed, "calcul_forfaits.py: error: ", fragment)
     assert tree_digest(hostile) == before
 

@@ -11,13 +11,28 @@ import time
 import pytest
 
 import mesure_memoire
-from conftest import GIB, MESURE_SCRIPT, ROOT, assert_one_line, config, sigint_as_from_a_terminal, tree_digest
+from conftest import GIB, MESSAGES, MESURE_SCRIPT, ROOT, assert_one_line, config, sigint_as_from_a_terminal, tree_digest
 
 DATA = ROOT / "tests" / "data"
 PYTHON = sys.executable  # the real interpreter: the stand_in fixture replaces sys.executable
 TEMPLATE = DATA / "report" / "schema2.json"
-SWEEP = ["sweep", "--device", "cuda:0", "--vary", "width", "--batch", "2", "--context", "128", "--warmup", "3",
-         "--repeats", "5", "--output-dir", "out"]  # fmt: skip
+SWEEP = [
+    "sweep",
+    "--device",
+    "cuda:0",
+    "--vary",
+    "width",
+    "--batch",
+    "2",
+    "--context",
+    "128",
+    "--warmup",
+    "3",
+    "--repeats",
+    "5",
+    "--output-dir",
+    "out",
+]
 FREE_BYTES = 3 * GIB  # widths up to 4096 are predicted to fit, 8192 is not (checked below)
 OOM = "out of memory in phase cold_forward (batch 2, context 128, width 2048, dtype float32) on cuda:0"
 
@@ -49,8 +64,13 @@ def stand_in(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
 
     def behave(values, vary="width", env=None):
-        behaviours = {"vary": vary, "values": values, "template": str(TEMPLATE), "environment": env or environment(),
-                      "messages": {"exit2": "--dtype bfloat16: not supported (stand-in)", "exit3": OOM}}  # fmt: skip
+        behaviours = {
+            "vary": vary,
+            "values": values,
+            "template": str(TEMPLATE),
+            "environment": env or environment(),
+            "messages": {"exit2": "--dtype bfloat16: not supported (stand-in)", "exit3": OOM},
+        }
         (home / "behaviours.json").write_text(json.dumps(behaviours))
 
     def calls():
@@ -62,8 +82,17 @@ def stand_in(tmp_path, monkeypatch):
 
 
 def measure_call(width, folder="out"):
-    options = ["--device=cuda:0", "--batch=2", "--context=128", f"--width={width}", "--dtype=float32", "--warmup=3",
-               "--repeats=5", "--seed=0", f"--output={folder}/mesures-width-{width}.json"]  # fmt: skip
+    options = [
+        "--device=cuda:0",
+        "--batch=2",
+        "--context=128",
+        f"--width={width}",
+        "--dtype=float32",
+        "--warmup=3",
+        "--repeats=5",
+        "--seed=0",
+        f"--output={folder}/mesures-width-{width}.json",
+    ]
     return [MESURE_SCRIPT, "measure", *options]
 
 
@@ -118,7 +147,8 @@ def test_when_the_first_value_is_predicted_not_to_fit_nothing_runs_and_no_folder
     problem = mesure_memoire.fit_problem(sweep_plan(8192), environment())
     assert captured.out == ""
     assert captured.err == f"mesure_memoire.py: error: width 8192: predicted not to fit, not launched: {problem}\n"
-    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE]
+    assert os.listdir(".") == []
 
 
 def test_the_first_exit_3_stops_the_sweep_with_the_plan_s_figure(stand_in, capsys):
@@ -149,9 +179,12 @@ def test_a_child_s_refusal_stops_the_sweep_with_the_child_s_line(stand_in, capsy
     stand_in({"256": "exit2", "512": "write"})
     assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 2
     captured = capsys.readouterr()
-    assert captured.err == ("mesure_memoire.py: error: width 256: the child refused (exit status 2): "
-                            "mesure_memoire.py: error: --dtype bfloat16: not supported (stand-in)\n")  # fmt: skip
-    assert stand_in.calls() == [PROBE, measure_call(256)] and os.listdir(".") == []
+    assert captured.err == (
+        "mesure_memoire.py: error: width 256: the child refused (exit status 2): "
+        "mesure_memoire.py: error: --dtype bfloat16: not supported (stand-in)\n"
+    )
+    assert stand_in.calls() == [PROBE, measure_call(256)]
+    assert os.listdir(".") == []
 
 
 def test_a_child_that_hangs_is_stopped_and_reported_and_leaves_nothing(stand_in, capsys, monkeypatch):
@@ -195,11 +228,17 @@ def test_a_child_that_ignores_the_interrupt_is_killed(stand_in, capsys, monkeypa
 def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_in):
     """A real SIGINT to a real sweep process whose children are the stand-in (set as sys.executable there)."""
     stand_in({"256": "write", "512": "hang"})
-    wrapper = ("import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
-               "runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
-    process = subprocess.Popen([PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP,
-                                "--values", "256,512"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
+    wrapper = (
+        "import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    process = subprocess.Popen(
+        [PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP, "--values", "256,512"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_from_a_terminal,
+    )
     pid_file = stand_in.home / "hanging.pid"
     deadline = time.monotonic() + 30
     while not pid_file.exists() and time.monotonic() < deadline:
@@ -207,7 +246,7 @@ def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_i
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
-    assert err == "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n"
+    assert err == MESSAGES["Ctrl-C, no partial file"]
     assert out == "width 256: measured, out/mesures-width-256.json\n"
     assert os.listdir("out") == ["mesures-width-256.json"]
     with pytest.raises(ProcessLookupError):
@@ -217,11 +256,17 @@ def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_i
 def test_sigterm_stops_the_child_and_leaves_no_folder(stand_in):
     """A real SIGTERM (timeout, a scheduler, docker stop) to a real sweep process: handled as Ctrl-C, 143."""
     stand_in({"256": "write-then-hang"})  # its result already written: it goes too
-    wrapper = ("import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
-               "runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
-    process = subprocess.Popen([PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP,
-                                "--values", "256"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=sigint_as_from_a_terminal)  # fmt: skip
+    wrapper = (
+        "import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    process = subprocess.Popen(
+        [PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP, "--values", "256"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_from_a_terminal,
+    )
     pid_file = stand_in.home / "hanging.pid"
     deadline = time.monotonic() + 30
     while not pid_file.exists() and time.monotonic() < deadline:
@@ -267,7 +312,8 @@ def test_without_a_gpu_one_line_exit_2_and_no_folder(stand_in, capsys):
         "mesure_memoire.py: error: no usable GPU for cuda:0: torch.cuda.is_available() is False (stand-in); "
         "nothing measured, no folder created\n"
     )
-    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE]
+    assert os.listdir(".") == []
 
 
 def test_a_pytorch_below_2_4_is_refused_after_the_probe_and_no_folder_stays(stand_in, capsys):
@@ -277,7 +323,8 @@ def test_a_pytorch_below_2_4_is_refused_after_the_probe_and_no_folder_stays(stan
         "mesure_memoire.py: error: PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1+cu121': "
         "nothing measured, nothing written\n"
     )
-    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE]
+    assert os.listdir(".") == []
 
 
 def test_a_pytorch_version_that_cannot_be_read_is_said_and_the_sweep_goes_on(stand_in, capsys):
@@ -292,22 +339,35 @@ def test_a_pytorch_version_that_cannot_be_read_is_said_and_the_sweep_goes_on(sta
 
 @pytest.mark.whole_kit
 def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
-    completed = subprocess.run([sys.executable, MESURE_SCRIPT, *SWEEP, "--values", "256"], capture_output=True,
-                               text=True, cwd=tmp_path, timeout=120)  # fmt: skip
-    assert completed.returncode == 2 and completed.stdout == ""
+    completed = subprocess.run(
+        [sys.executable, MESURE_SCRIPT, *SWEEP, "--values", "256"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert completed.returncode == 2
+    assert completed.stdout == ""
     assert completed.stderr.startswith("mesure_memoire.py: error: no usable GPU for cuda:0: ")
-    assert completed.stderr.endswith("; nothing measured, no folder created\n") and completed.stderr.count("\n") == 1
+    assert completed.stderr.endswith("; nothing measured, no folder created\n")
+    assert completed.stderr.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
 
 
 def test_the_parent_imports_no_pytorch(stand_in, tmp_path):
     stand_in({"256": "write"})
-    wrapper = ("import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]\n"
-               "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-               "finally:\n    print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')), "
-               "file=sys.stderr)")  # fmt: skip
-    completed = subprocess.run([PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP,
-                                "--values", "256"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    wrapper = (
+        "import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]\n"
+        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "finally:\n    print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')), "
+        "file=sys.stderr)"
+    )
+    completed = subprocess.run(
+        [PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP, "--values", "256"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert completed.returncode == 0, completed.stderr
     assert completed.stderr == "[]\n"
 
@@ -359,7 +419,8 @@ def test_refusals_come_before_any_child_and_create_nothing(tmp_path, monkeypatch
     argv = [*SWEEP[:-2], *extra] if "--output-dir" in extra else [*SWEEP, *extra]
     assert mesure_memoire.main(argv) == 2
     assert_one_line(capsys.readouterr().err, message)
-    assert tree_digest(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["existing", "file.json"]
+    assert tree_digest(tmp_path) == before
+    assert sorted(os.listdir(tmp_path)) == ["existing", "file.json"]
 
 
 def test_vary_names_a_dimension(tmp_path, monkeypatch, capsys):
@@ -465,7 +526,8 @@ def test_a_probe_that_fails_stops_the_sweep_before_any_measurement(stand_in, cap
     (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "probe": probe}))
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
     assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
-    assert stand_in.calls() == [PROBE] and os.listdir(".") == []
+    assert stand_in.calls() == [PROBE]
+    assert os.listdir(".") == []
 
 
 def test_a_probe_that_hangs_is_stopped_and_said(stand_in, capsys, monkeypatch):
@@ -484,13 +546,16 @@ def test_a_probe_that_hangs_is_stopped_and_said(stand_in, capsys, monkeypatch):
     ("error", "said"),
     [
         (FileExistsError(17, "File exists"), "--output-dir: out appeared meanwhile; nothing measured"),
-        (PermissionError(13, "Permission denied"), "--output-dir: cannot create out: PermissionError: [Errno 13] "
-         "Permission denied"),
+        (
+            PermissionError(13, "Permission denied"),
+            "--output-dir: cannot create out: PermissionError: [Errno 13] Permission denied",
+        ),
     ],
     ids=["created by someone else meanwhile", "cannot be created"],
-)  # fmt: skip
-def test_a_folder_that_cannot_be_made_when_the_first_child_starts_is_one_line(stand_in, capsys, monkeypatch, error,
-                                                                                said):  # fmt: skip
+)
+def test_a_folder_that_cannot_be_made_when_the_first_child_starts_is_one_line(
+    stand_in, capsys, monkeypatch, error, said
+):
     stand_in({"256": "write"})
 
     def refusing_mkdir(path, *args):

@@ -67,11 +67,17 @@ def test_healthy_children_pass_every_check_and_leave_one_archive_of_the_evidence
     with tarfile.open(tmp_path / "evidence.tar.gz") as tar:
         members = tar.getmembers()
         names = {member.name for member in members}
-        assert {member.uname for member in members} == {""} and {member.uid for member in members} == {0}
+        assert {member.uname for member in members} == {""}
+        assert {member.uid for member in members} == {0}
         assert tar.extractfile("gpu-validation/verdict.txt").read().decode() == out
     assert {f"gpu-validation/results/{n}-run{r}.json" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)} < names
-    assert {"gpu-validation/report.txt", "gpu-validation/cross-check.json", "gpu-validation/vendor-tool-after.json",
-            "gpu-validation/notebook/mesures-notebook.json", "gpu-validation/environment.json"} < names  # fmt: skip
+    assert {
+        "gpu-validation/report.txt",
+        "gpu-validation/cross-check.json",
+        "gpu-validation/vendor-tool-after.json",
+        "gpu-validation/notebook/mesures-notebook.json",
+        "gpu-validation/environment.json",
+    } < names
     assert str(tmp_path) not in "".join(p.read_text() for p in folder.rglob("*") if p.is_file())
 
 
@@ -134,7 +140,8 @@ def test_the_disagreement_is_named_with_the_kit_s_own_figures(tmp_path, capsys, 
     with_stand_in_children(monkeypatch, "disagree")
     _, _, _, rows = validate(tmp_path, capsys)
     line = rows["small-float32 run 1: the kit's checks"]
-    assert "prediction disagreed" in line and '"counter": "peak_requested_bytes"' in line
+    assert "prediction disagreed" in line
+    assert '"counter": "peak_requested_bytes"' in line
     assert '"difference_bytes": 512' in line
 
 
@@ -143,7 +150,8 @@ def test_a_hanging_child_is_killed_and_reported_and_the_verdict_still_written(tm
     status, out, _, rows = validate(tmp_path, capsys, "--timeout-seconds", "2")
     assert status == 1
     assert "cross-check timed out" in rows["every child ran and finished in time"]
-    assert " FAIL " in rows["cross-check child ran"] and "killed after 2 s" in rows["cross-check child ran"]
+    assert " FAIL " in rows["cross-check child ran"]
+    assert "killed after 2 s" in rows["cross-check child ran"]
     assert (tmp_path / "evidence" / "verdict.txt").read_text() == out
 
 
@@ -161,7 +169,8 @@ def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsy
     status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "evidence")])
     out, err = capsys.readouterr()
     assert (status, out) == (2, "")
-    assert err.count("\n") == 1 and err.startswith("gpu_validation.py: error: no usable GPU for cuda:0")
+    assert err.count("\n") == 1
+    assert err.startswith("gpu_validation.py: error: no usable GPU for cuda:0")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -171,22 +180,28 @@ def test_an_existing_folder_or_archive_is_refused_and_left_as_it_was(tmp_path, c
     (tmp_path / existing).mkdir() if "." not in existing else (tmp_path / existing).write_text("kept")
     before = tree_digest(tmp_path)
     status, out, err, _ = validate(tmp_path, capsys)
-    assert (status, out, err.count("\n")) == (2, "", 1) and "already exists" in err
+    assert (status, out, err.count("\n")) == (2, "", 1)
+    assert "already exists" in err
     assert tree_digest(tmp_path) == before
 
 
 @pytest.mark.parametrize(
     ("argv", "fragment"),
-    [(["--device", "cpu"], "--device: expected cuda:N"), (["--timeout-seconds", "0"], "--timeout-seconds"),
-     (["--budget-seconds", "1e3"], "--budget-seconds"),
-     (["--output-dir", ""], "--output-dir: expected the name of a new folder, got ''")],  # not the current folder
-)  # fmt: skip
+    [
+        (["--device", "cpu"], "--device: expected cuda:N"),
+        (["--timeout-seconds", "0"], "--timeout-seconds"),
+        (["--budget-seconds", "1e3"], "--budget-seconds"),
+        (["--output-dir", ""], "--output-dir: expected the name of a new folder, got ''"),
+    ],  # not the current folder
+)
 def test_bad_values_are_one_line(tmp_path, capsys, argv, fragment):
     base = {"--device": "cuda:0", "--output-dir": str(tmp_path / "e")}
     base.update(zip(argv[::2], argv[1::2], strict=True))
     assert gpu_validation.main([part for item in base.items() for part in item]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and fragment in err
+    assert out == ""
+    assert err.count("\n") == 1
+    assert fragment in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -216,8 +231,17 @@ def test_a_workspace_beyond_the_plan_s_allowance_fails(tmp_path):
 
 
 def spec(dtype, width=64, **changes):
-    return {"name": "x", "batch": 2, "context": 8, "width": width, "dtype": dtype, "warmup": 1, "repeats": 1,
-            "seed": 0, **changes}  # fmt: skip
+    return {
+        "name": "x",
+        "batch": 2,
+        "context": 8,
+        "width": width,
+        "dtype": dtype,
+        "warmup": 1,
+        "repeats": 1,
+        "seed": 0,
+        **changes,
+    }
 
 
 def test_the_cross_check_computes_measure_s_forward_exactly():
@@ -225,7 +249,8 @@ def test_the_cross_check_computes_measure_s_forward_exactly():
     cpu = torch.device("cpu")
     _, summary, _ = mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=cpu), cpu, config)
     answer = gpu_validation.cross_check(torch, torch.device("cpu"), [spec("bfloat16")])["x"]
-    assert answer["checksum_float64"] == summary["checksum_float64"] and answer["elements"] == 2 * 8 * 64
+    assert answer["checksum_float64"] == summary["checksum_float64"]
+    assert answer["elements"] == 2 * 8 * 64
 
 
 @pytest.mark.parametrize("dtype", gpu_validation.DTYPES)
@@ -234,7 +259,9 @@ def test_real_outputs_are_within_the_derived_bound_under_the_flags_pytorch_repor
     assert answers["settings"] == mesure_memoire.matmul_arithmetic(torch)
     answer = answers["x"]
     name, passed, detail = gpu_validation.judge_numerics("x", spec(dtype), answer, answers["settings"])
-    assert passed and answer["relative_l2_error"] > 0 and answer["all_finite"], detail
+    assert passed, detail
+    assert answer["relative_l2_error"] > 0, detail
+    assert answer["all_finite"], detail
     assert set(answer["error_terms"]) == {"Y", "HR", "HT", "OT"}
     if dtype != "float32":  # the rounding of each hidden value and output is seen: a reference that differs
         assert answer["relative_l2_error"] > gpu_validation.UNIT_ROUNDOFF[dtype] / 10
@@ -249,8 +276,10 @@ def test_a_wrong_forward_fails_the_bound(monkeypatch):
     monkeypatch.setattr(mesure_memoire, "build_model", relu_model)
     answers = gpu_validation.cross_check(torch, torch.device("cpu"), [spec("float32")])
     name, passed, detail = gpu_validation.judge_numerics("x", spec("float32"), answers["x"], answers["settings"])
-    assert name == "x: within the derived bound of a float64 reference" and not passed
-    assert detail.startswith("relative L2 ") and "(split, fp16 accumulation, float32 input roundoff: " in detail
+    assert name == "x: within the derived bound of a float64 reference"
+    assert not passed
+    assert detail.startswith("relative L2 ")
+    assert "(split, fp16 accumulation, float32 input roundoff: " in detail
 
 
 @pytest.mark.parametrize(
@@ -307,8 +336,10 @@ def test_what_the_recorded_flags_allow(dtype, flags, allowed):
 def test_the_timer_cross_check_runs_on_real_ops_and_its_absence_is_one_reason(monkeypatch):
     timed = spec("float32", timer=True, min_run_seconds=0.05)
     answer = gpu_validation.cross_check(torch, torch.device("cpu"), [timed])["x"]
-    assert answer["timer_median_seconds"] > 0 and answer["timer_measurements"] >= 1
+    assert answer["timer_median_seconds"] > 0
+    assert answer["timer_measurements"] >= 1
     monkeypatch.delattr(torch.utils, "benchmark")  # as on a PyTorch whose benchmark needs the absent NumPy
     monkeypatch.setitem(sys.modules, "torch.utils.benchmark", None)
     answer = gpu_validation.cross_check(torch, torch.device("cpu"), [timed])["x"]
-    assert "timer_median_seconds" not in answer and "torch.utils.benchmark" in answer["timer_error"]
+    assert "timer_median_seconds" not in answer
+    assert "torch.utils.benchmark" in answer["timer_error"]

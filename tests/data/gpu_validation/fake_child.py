@@ -43,15 +43,28 @@ GPU_NAME = "Stand-in GPU"
 WORKSPACE_BYTES = 32 * MIB + 128 * 2**10
 CHECKSUM = {"float32": 10.0, "float16": 10.001, "bfloat16": 10.01}
 WALL_NS = 3_000_000
-VENDOR = {"index": "0", "name": GPU_NAME, "driver_version": "580.00.01", "mig.mode.current": "Disabled",
-          "clocks.sm": "1980 MHz", "clocks.mem": "3201 MHz", "clocks.max.sm": "1980 MHz", "clocks.max.mem": "3201 MHz",
-          "power.limit": "700.00 W"}  # fmt: skip
+VENDOR = {
+    "index": "0",
+    "name": GPU_NAME,
+    "driver_version": "580.00.01",
+    "mig.mode.current": "Disabled",
+    "clocks.sm": "1980 MHz",
+    "clocks.mem": "3201 MHz",
+    "clocks.max.sm": "1980 MHz",
+    "clocks.max.mem": "3201 MHz",
+    "power.limit": "700.00 W",
+}
 
 
 def environment():
-    return {"gpu_available": True, "gpu_unavailable_reason": None, "torch": "2.11.0+stand-in", "cuda_build": "13.0",
-            "hip_build": None, "gpu": {"name": GPU_NAME, "total_memory_bytes": TOTAL_BYTES,
-                                       "mem_get_info_free_bytes": FREE_BYTES}}  # fmt: skip
+    return {
+        "gpu_available": True,
+        "gpu_unavailable_reason": None,
+        "torch": "2.11.0+stand-in",
+        "cuda_build": "13.0",
+        "hip_build": None,
+        "gpu": {"name": GPU_NAME, "total_memory_bytes": TOTAL_BYTES, "mem_get_info_free_bytes": FREE_BYTES},
+    }
 
 
 def crafted_result(options, doctors=(), output=""):
@@ -70,10 +83,16 @@ def crafted_result(options, doctors=(), output=""):
     for predicted in plan["phases"]:
         extra = WORKSPACE_BYTES if predicted["phase"] == "cold_forward" else 0
         labels = {key: predicted[key] for key in ("repetition", "passes") if key in predicted}
-        record = {"phase": predicted["phase"], **labels, "nanoseconds": WALL_NS, "seconds": WALL_NS / 1e9,
-                  "device_ms": WALL_NS / 1e6 * 0.95, "baseline_reserved_bytes": reserved,
-                  "end_reserved_bytes": reserved + more,
-                  "peak_reserved_bytes": reserved}  # fmt: skip
+        record = {
+            "phase": predicted["phase"],
+            **labels,
+            "nanoseconds": WALL_NS,
+            "seconds": WALL_NS / 1e9,
+            "device_ms": WALL_NS / 1e6 * 0.95,
+            "baseline_reserved_bytes": reserved,
+            "end_reserved_bytes": reserved + more,
+            "peak_reserved_bytes": reserved,
+        }
         for kind, level in (("allocated", allocated), ("requested", requested)):
             record[f"baseline_{kind}_bytes"] = level
             for moment in ("end", "peak"):
@@ -89,15 +108,24 @@ def crafted_result(options, doctors=(), output=""):
     recorded = {"environment": {**environment(), "allocator_settings": allocator}, "schema_version": 4}
     if gpu_validation.ALLOCATOR_VARIABLE not in os.environ:
         recorded = {"environment": environment(), "schema_version": 2}
-    return {"kit": mesure_memoire.KIT_NAME, "tool": "mesure_memoire.py", **recorded,
-            "created_utc": "2026-11-30T00:00:00Z",
-            "configuration": {**config, "fresh_process_warning": None},
-            "synthetic_model": mesure_memoire.synthetic_model(config),
-            "phases": phases, "prediction_check": prediction_check, "workspace": workspace,
-            "output_summary": {"all_finite": True, "checksum_float64": CHECKSUM[config["dtype"]],
-                               "elements": config["batch"] * config["context"] * config["width"]},
-            "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
-            "fit_margin_bytes": plan["fit_margin_bytes"]}  # fmt: skip
+    return {
+        "kit": mesure_memoire.KIT_NAME,
+        "tool": "mesure_memoire.py",
+        **recorded,
+        "created_utc": "2026-11-30T00:00:00Z",
+        "configuration": {**config, "fresh_process_warning": None},
+        "synthetic_model": mesure_memoire.synthetic_model(config),
+        "phases": phases,
+        "prediction_check": prediction_check,
+        "workspace": workspace,
+        "output_summary": {
+            "all_finite": True,
+            "checksum_float64": CHECKSUM[config["dtype"]],
+            "elements": config["batch"] * config["context"] * config["width"],
+        },
+        "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
+        "fit_margin_bytes": plan["fit_margin_bytes"],
+    }
 
 
 def kit(arguments, doctors):
@@ -137,9 +165,14 @@ def cross_check(arguments, doctors):
     for spec in json.loads(arguments[1]):
         bound = gpu_validation.relative_error_bound(spec["dtype"], spec["width"], terms, defaults)
         far = "far-output" in doctors and spec["dtype"] == "float16"
-        answer = {"checksum_float64": CHECKSUM[spec["dtype"]], "absolute_sum_float64": 1000.0, "all_finite": True,
-                  "elements": spec["batch"] * spec["context"] * spec["width"], "error_terms": terms,
-                  "relative_l2_error": (2 if far else 0.9) * bound}  # fmt: skip
+        answer = {
+            "checksum_float64": CHECKSUM[spec["dtype"]],
+            "absolute_sum_float64": 1000.0,
+            "all_finite": True,
+            "elements": spec["batch"] * spec["context"] * spec["width"],
+            "error_terms": terms,
+            "relative_l2_error": (2 if far else 0.9) * bound,
+        }
         if spec["timer"]:
             answer.update(timer_median_seconds=WALL_NS / 1e9 / (2 if "slow-timer" in doctors else 1.05))
         answers[spec["name"]] = answer

@@ -1,0 +1,774 @@
+"""`mesure_memoire.py measure` on the command line: its refusals (for real, then past the device checks on a
+stand-in GPU), one line for a failure at any step, the phase table it prints, its options and help, its
+standard streams, Ctrl-C and signals.
+
+No GPU can be had here.  Refusals run for real against the CPU build of PyTorch; where the GPU path must be
+exercised, the tests name their stand-ins (``stand_in_gpu`` and ``RecordingCudaStandIn``, in conftest).
+The hostile values every command refuses are one table in test_command_line.py.
+"""
+
+import errno
+import io
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mesure_memoire
+from conftest import (
+    BLOCK_NUMPY,
+    GIB,
+    MEASURE,
+    MESSAGES,
+    MESURE_SCRIPT,
+    MIB,
+    MINE,
+    ROOT,
+    SMALL_TRIAL,
+    RecordingCudaStandIn,
+    assert_one_line,
+    assert_one_line_refusal,
+    config,
+    run_in_process,
+    run_script,
+    sigint_as_from_a_terminal,
+    stand_in_measurement,
+    tree_digest,
+)
+
+# PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
+pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
+
+
+# --- refusals, for real (CPU build of PyTorch, or none) -------------------------------------------
+
+
+def test_no_gpu_is_refused_without_cpu_fallback(tmp_path):
+    completed = run_script("mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path)
+    assert_one_line_refusal(completed, "no usable GPU for cuda:0", "no CPU fallback")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.whole_kit
+def test_no_torch_is_refused(tmp_path):
+    completed = run_script(
+        "mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path, python_flags=("-S",)
+    )
+    assert_one_line_refusal(completed, "PyTorch is not importable")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_output_is_refused_first_and_stays_byte_identical(tmp_path):
+    existing = tmp_path / "mesures.json"
+    existing.write_bytes(b'{"mine": true}\n')
+    completed = run_script("mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "mesures.json", cwd=tmp_path)
+    assert_one_line_refusal(completed, "already exists", "never overwritten")
+    assert existing.read_bytes() == b'{"mine": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mesures.json"]
+
+
+def test_a_missing_output_folder_is_refused(tmp_path):
+    completed = run_script("mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "nowhere/out.json", cwd=tmp_path)
+    assert_one_line_refusal(completed, "does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_required_options_are_refused(tmp_path):
+    assert_one_line_refusal(run_script("mesure_memoire.py", "measure", "--device", "cuda:0", cwd=tmp_path), "--output")
+    assert_one_line_refusal(run_script("mesure_memoire.py", "measure", "--output", "x.json", cwd=tmp_path), "--device")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- refusals and failures past the device checks (stand-in GPU) ----------------------------------
+
+
+def test_stand_in_device_index_out_of_range_is_refused(stand_in_gpu, tmp_path, capsys):
+    stand_in_gpu(count=1)
+    code = mesure_memoire.main(["measure", "--device", "cuda:1", "--output", str(tmp_path / "o.json")])
+    assert code == 2
+    assert "cuda:1 is out of range" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stand_in_unsupported_bfloat16_is_refused(stand_in_gpu, tmp_path, capsys):
+    stand_in_gpu(bf16=False)
+    code = mesure_memoire.main(
+        ["measure", "--device", "cuda:0", "--dtype", "bfloat16", "--output", str(tmp_path / "o.json")]
+    )
+    assert code == 2
+    assert "--dtype bfloat16: bfloat16 is not supported" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--width", "1000000"), ("--batch", "100000000000"), ("--context", "999999999999")]
+)
+def test_stand_in_absurd_sizes_are_refused_cleanly(stand_in_gpu, tmp_path, capsys, option, value):
+    stand_in_gpu(total_memory=80 * 2**30)
+    code = mesure_memoire.main(["measure", "--device", "cuda:0", option, value, "--output", str(tmp_path / "o.json")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "shrink" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stand_in_out_of_memory_exits_3_naming_phase_and_configuration(stand_in_gpu, monkeypatch, tmp_path, capsys):
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    stand_in_measurement(
+        monkeypatch, RecordingCudaStandIn(fail_on_synchronize=(8, error), device=torch.device("cpu"))
+    )  # warmup's end
+    output = tmp_path / "o.json"
+    assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert "out of memory in phase warmup" in err[0]
+    assert "batch 1, context 16, width 64, dtype float32" in err[0]
+    assert "shrink one dimension" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- no traceback after validation: a failure injected at each step -----------------------------
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("CUDA error: unspecified launch failure in /opt/secret/libcuda.so")
+
+
+@pytest.mark.parametrize(
+    ("step", "dtype", "exit_code", "fragment"),
+    [
+        ("is_initialized", "float32", 2, "torch.cuda.is_initialized failed on cuda:0"),
+        ("get_device_capability", "float16", 2, MESSAGES["dtype probe failed"]),
+        ("is_bf16_supported", "bfloat16", 2, MESSAGES["dtype probe failed"]),
+        ("set_device", "float32", 2, "torch.cuda.set_device failed on cuda:0"),
+        ("init", "float32", 2, "torch.cuda.init failed on cuda:0"),
+        ("memory_allocated", "float32", 2, "torch.cuda.memory_allocated failed on cuda:0"),
+        ("memory_reserved", "float32", 2, "torch.cuda.memory_reserved failed on cuda:0"),
+        ("manual_seed", "float32", 2, "seeding failed"),
+        ("a phase", "float32", 3, "phase inputs failed (batch 1, context 16, width 64, dtype float32)"),
+        ("events", "float32", 3, "phase model_load failed"),
+        ("the output summary", "float32", 3, "phase output_summary failed"),
+    ],
+)
+def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
+    stand_in_gpu, monkeypatch, tmp_path, capsys, step, dtype, exit_code, fragment
+):
+    recorder = RecordingCudaStandIn(device=torch.device("cpu"))
+    if step == "a phase":
+        recorder = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, RuntimeError("bad")))
+    stand_in_measurement(monkeypatch, recorder)
+    if step in (
+        "is_initialized",
+        "get_device_capability",
+        "is_bf16_supported",
+        "set_device",
+        "init",
+        "memory_allocated",
+        "memory_reserved",
+    ):
+        monkeypatch.setattr(torch.cuda, step, _boom)
+    elif step == "manual_seed":
+        monkeypatch.setattr(torch, "manual_seed", _boom)
+    elif step == "events":
+        recorder.Event = _boom
+    elif step == "the output summary":
+        monkeypatch.setattr(mesure_memoire, "summarize_output", _boom)
+    arguments = ["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")]
+    arguments[arguments.index("--dtype") + 1] = dtype
+    assert mesure_memoire.main(arguments) == exit_code
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert fragment in lines[0], captured.err
+    assert "Traceback" not in captured.err
+    assert "/opt/secret" not in captured.err
+    assert captured.out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_nan_output_shows_in_the_summary():
+    summary = mesure_memoire.summarize_output(torch, torch.tensor([[1.0, float("nan")], [2.0, 3.0]]))
+    assert summary == {"all_finite": False, "checksum_float64": None, "elements": 4}
+    summary = mesure_memoire.summarize_output(torch, torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))
+    assert summary["all_finite"] is True
+    assert summary["elements"] == 3
+    assert summary["checksum_float64"] == sum(float(v) for v in torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))
+
+
+def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypatch, capsys):
+    calls = []
+    result = {
+        "configuration": {"fresh_process_warning": "not a fresh\nprocess"},
+        "torch_version_warning": None,
+        "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": None},
+        "phases": [
+            {
+                "phase": "inputs",
+                "nanoseconds": 10**6,
+                "device_ms": None,
+                "end_allocated_bytes": 0,
+                "peak_allocated_bytes": 0,
+                "peak_reserved_bytes": 0,
+                "verdict": "agrees",
+            }
+        ],
+    }
+
+    def measure_to_file(configuration, output, tool):
+        calls.append((configuration, output, tool))
+        return result
+
+    monkeypatch.setattr(mesure_memoire, "measure_to_file", measure_to_file)
+    arguments = ["measure", "--device", "cuda:2", "--batch", "4", "--output", "out\tname.json"]
+    assert mesure_memoire.main(arguments) == 0
+    captured = capsys.readouterr()
+    assert calls == [(config(device="cuda:2", batch=4), "out\tname.json", "mesure_memoire.py")]
+    assert captured.err == "mesure_memoire.py: warning: not a fresh\\nprocess\n"
+    assert captured.out == mesure_memoire.format_phase_table(result) + "\nResult written to 'out\\tname.json'\n"
+    result["torch_version_warning"] = "an unreadable version"
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "both.json"]) == 0
+    assert capsys.readouterr().err == (
+        "mesure_memoire.py: warning: not a fresh\\nprocess\nmesure_memoire.py: warning: an unreadable version\n"
+    )
+    result["configuration"]["fresh_process_warning"] = result["torch_version_warning"] = None
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "plain name.json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out.endswith("\nResult written to plain name.json\n")
+
+
+# --- the phase table ---------------------------------------------------------------------------------
+
+PHASE_TABLE_RESULT = {
+    "phases": [
+        {
+            "phase": "model_load",
+            "nanoseconds": 1234500,
+            "device_ms": None,
+            "end_allocated_bytes": 9 * 2**17,
+            "peak_allocated_bytes": 3 * MIB,
+            "peak_reserved_bytes": 2 * MIB,
+            "verdict": "agrees",
+        },
+        {
+            "phase": "warmup",
+            "passes": 3,
+            "nanoseconds": 10**6,
+            "device_ms": 0.25,
+            "end_allocated_bytes": 0,
+            "peak_allocated_bytes": 5 * 2**18,
+            "peak_reserved_bytes": GIB,
+            "verdict": "disagrees",
+        },
+        {
+            "phase": "warm_forward",
+            "repetition": 2,
+            "nanoseconds": 999,
+            "device_ms": 12.3456,
+            "end_allocated_bytes": 512,
+            "peak_allocated_bytes": 512,
+            "peak_reserved_bytes": MIB,
+        },
+    ],
+    "prediction_check": {
+        "disagreements": [
+            {
+                "phase": "warmup",
+                "repetition": None,
+                "counter": "peak_allocated_bytes",
+                "measured_bytes": 1536,
+                "predicted_bytes": 1024,
+                "difference_bytes": 512,
+            },
+            {
+                "phase": "warm_forward",
+                "repetition": 2,
+                "counter": "end_requested_bytes",
+                "measured_bytes": 0,
+                "predicted_bytes": 4,
+                "difference_bytes": -4,
+            },
+        ]
+    },
+    "workspace": {
+        "measured_bytes": 8519680,
+        "per_call": {"fc1": {"allocated_bytes": MIB}, "fc2": {"allocated_bytes": 0}},
+    },
+    "output_summary": {"elements": 1024, "all_finite": True, "checksum_float64": -1.25},
+}
+
+# Half-up everywhere: 1.2345 ms -> 1.235, 1.125 MiB -> 1.13 (half-even would write 1.234 and 1.12).
+PHASE_TABLE_TEXT = """\
+phase               ms  device ms  end alloc MiB  peak alloc MiB  peak reserved MiB   prediction
+model_load       1.235        n/a           1.13            3.00               2.00       agrees
+warmup x3        1.000      0.250           0.00            1.25            1024.00    DISAGREES
+warm_forward #2  0.001     12.346           0.00            0.00               1.00  not checked
+DISAGREES warmup: peak_allocated_bytes above baseline measured 1536, predicted 1024 (difference +512 bytes)
+DISAGREES warm_forward #2: end_requested_bytes above baseline measured 0, predicted 4 (difference -4 bytes)
+BLAS workspace measured: 8519680 bytes allocated by the first forward beyond the prediction
+BLAS workspace per call: fc1 1048576 bytes, taken and given back within the product (predicted so)
+Last output: 1024 elements, all finite, float64 checksum -1.25"""
+
+
+def test_the_phase_table_exactly():
+    assert mesure_memoire.format_phase_table(PHASE_TABLE_RESULT) == PHASE_TABLE_TEXT
+
+
+def test_the_phase_table_names_each_reason_a_phase_was_not_checked_once():
+    reasons = ["the first reason", "the second reason", "the first reason"]
+    phases = [
+        dict(phase, verdict="not checked", verdict_reason=reason)
+        for phase, reason in zip(PHASE_TABLE_RESULT["phases"], reasons, strict=True)
+    ]
+    lines = mesure_memoire.format_phase_table(dict(PHASE_TABLE_RESULT, phases=phases)).splitlines()
+    assert lines[6:8] == ["Not checked: the first reason", "Not checked: the second reason"]
+    assert lines[8].startswith("BLAS workspace measured")
+
+
+def test_the_phase_table_without_workspace_checksum_or_checks():
+    result = dict(
+        PHASE_TABLE_RESULT,
+        prediction_check=None,
+        workspace={"measured_bytes": None},
+        output_summary={"elements": 4, "all_finite": False, "checksum_float64": None},
+    )
+    lines = mesure_memoire.format_phase_table(result).splitlines()
+    assert lines[:4] == PHASE_TABLE_TEXT.splitlines()[:4]
+    assert lines[4:] == ["Last output: 4 elements, NOT ALL FINITE"]
+    result = dict(result, workspace=None, output_summary=None)
+    assert mesure_memoire.format_phase_table(result).splitlines() == lines[:4]
+
+
+def test_a_phase_label_shows_a_repetition_and_passes_only_when_set():
+    label = mesure_memoire._phase_label
+    assert label({"phase": "warm_forward", "repetition": 2}) == "warm_forward #2"
+    assert label({"phase": "warmup", "passes": 3, "repetition": None}) == "warmup x3"
+    assert label({"phase": "warmup", "passes": 0}) == "warmup x0"
+    assert label({"phase": "inputs", "repetition": None, "passes": None}) == "inputs"
+
+
+def test_the_table_aligns_the_first_column_left_and_the_others_right():
+    assert mesure_memoire._table([("a", "bb", "c"), ("ccc", "d", "")]) == "a    bb  c\nccc   d"
+
+
+def test_in_units_rounds_half_up_in_gib_by_default_or_mib():
+    assert mesure_memoire.in_units(2**27) == "0.13"  # 0.125: half-even would say 0.12
+    assert mesure_memoire.in_units(3 * 2**28) == "0.75"
+    assert mesure_memoire.in_units(0) == "0.00"
+    assert mesure_memoire.in_units(2**19, MIB) == "0.50"
+    assert mesure_memoire.in_units(2**9, MIB, 3) == "0.000"
+    assert mesure_memoire.in_units(2**10 + 2**9, MIB, 3) == "0.001"  # 0.00146...: rounded at the third place
+
+
+def test_main_without_arguments_reads_the_command_line(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["mesure_memoire.py", "estimate", "--parameters", "8", "--bits", "8", "--json"])
+    assert mesure_memoire.main() == 0
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] == 8
+
+
+def test_say_writes_one_prefixed_line_and_survives_a_broken_stderr(capsys, monkeypatch):
+    mesure_memoire.say("mesure_memoire.py", "a\nb")
+    mesure_memoire.say("mesure_memoire.py", "c", prefix="warning: ")
+    mesure_memoire.say("mesure_memoire.py", "d", prefix="")
+    assert (
+        capsys.readouterr().err
+        == "mesure_memoire.py: error: a\\nb\nmesure_memoire.py: warning: c\nmesure_memoire.py: d\n"
+    )
+
+    class Broken:
+        def __init__(self, error):
+            self.error = error
+
+        def write(self, text):
+            raise self.error
+
+    for error in (OSError(errno.EIO, "x"), ValueError("closed")):
+        monkeypatch.setattr(sys, "stderr", Broken(error))
+        mesure_memoire.say("mesure_memoire.py", "lost")  # nothing raised
+
+
+def test_say_flushes_stderr(monkeypatch):
+    flushed = []
+
+    class Recording(io.StringIO):
+        def flush(self):
+            flushed.append(self.getvalue())
+
+    monkeypatch.setattr(sys, "stderr", Recording())
+    mesure_memoire.say("mesure_memoire.py", "x")
+    assert flushed == ["mesure_memoire.py: error: x\n"]
+
+
+def test_guarded_stdout_passes_through_and_tells_failures_apart():
+    stream = io.StringIO()
+    guarded = mesure_memoire.GuardedStdout(stream)
+    assert guarded.write("abc") == 3
+    assert guarded.getvalue() == "abc"
+    assert guarded.flush() is None
+    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+        mesure_memoire.GuardedStdout(None).write("x")
+    assert caught.value.args == (None,)
+    stream.close()
+    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+        guarded.write("x")
+    assert isinstance(caught.value.args[0], ValueError)
+    assert caught.value.__suppress_context__
+
+    class Full(io.StringIO):
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+        mesure_memoire.GuardedStdout(Full()).flush()
+    assert caught.value.args[0].errno == errno.ENOSPC
+
+
+def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypatch, capsys):
+    real_stdout = sys.__stdout__
+    with open(tmp_path / "out.txt", "w") as stream:
+        sys.__stdout__ = stream  # restored before the file closes: the test runner writes there between tests
+        try:
+            failure = mesure_memoire.StdoutFailed(OSError(errno.ENOSPC, "No space left on device"))
+            code = mesure_memoire.stdout_failed("mesure_memoire.py", failure, stream)
+        finally:
+            sys.__stdout__ = real_stdout
+        assert code == 1
+        assert os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
+    assert capsys.readouterr().err == (MESSAGES["stdout full"])
+    with open(tmp_path / "other.txt", "w") as other:  # not the interpreter's stdout: left alone
+        assert (
+            mesure_memoire.stdout_failed(
+                "mesure_memoire.py", mesure_memoire.StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), other
+            )
+            == 1
+        )
+        assert os.path.realpath(f"/proc/self/fd/{other.fileno()}") == str(tmp_path / "other.txt")
+    assert capsys.readouterr().err == ""
+    assert mesure_memoire.stdout_failed("mesure_memoire.py", mesure_memoire.StdoutFailed(), None) == 1
+    assert capsys.readouterr().err == "mesure_memoire.py: error: cannot write the output: standard output is closed\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="this system has no /dev/full")
+def test_main_points_the_interpreters_own_stdout_at_devnull_when_it_fails(monkeypatch, capsys):
+    """So that the interpreter's last flush at exit cannot print a second error."""
+    real_stdout = sys.__stdout__
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        sys.__stdout__ = full  # restored before the file closes: the test runner writes there between tests
+        try:
+            code = mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "8"])
+        finally:
+            sys.__stdout__ = real_stdout
+        assert code == 1
+        assert os.path.realpath(f"/proc/self/fd/{full.fileno()}") == os.devnull
+    assert capsys.readouterr().err == (MESSAGES["stdout full"])
+
+
+def test_main_restores_stdout_and_returns_each_status(capsys, monkeypatch):
+    stdout = sys.stdout
+    assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1", "--json"]) == 0
+    assert sys.stdout is stdout
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] == 1
+
+    def fails(args):
+        raise mesure_memoire.MeasurementFailed("out of memory")
+
+    monkeypatch.setattr(mesure_memoire, "estimate_weights", lambda *args: fails(args))
+    assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1"]) == 3
+    assert capsys.readouterr().err == "mesure_memoire.py: error: out of memory\n"
+    assert sys.stdout is stdout
+
+
+def test_a_stdout_that_fails_only_on_flush_is_one_line_and_exit_1(capsys, monkeypatch):
+    written = []
+
+    class FullOnFlush:
+        def write(self, text):
+            written.append(text)
+            return len(text)
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    for argv in (["estimate", "--parameters", "1", "--bits", "1"], ["--help"]):
+        monkeypatch.setattr(sys, "stdout", FullOnFlush())
+        written.clear()
+        assert mesure_memoire.main(argv) == 1
+        assert written
+        assert capsys.readouterr().err == (MESSAGES["stdout full"])
+
+
+def test_ctrl_c_is_one_exact_line_and_status_130(capsys, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mesure_memoire, "estimate_weights", interrupted)
+    assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == MESSAGES["Ctrl-C, no partial file"]
+    assert captured.out == ""
+
+
+def test_stdout_failed_survives_a_closed_interpreter_stdout(tmp_path, capsys):
+    real_stdout = sys.__stdout__
+    stream = open(tmp_path / "closed.txt", "w")  # noqa: SIM115 -- closed on purpose below
+    stream.close()
+    sys.__stdout__ = stream
+    try:
+        code = mesure_memoire.stdout_failed(
+            "mesure_memoire.py", mesure_memoire.StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), stream
+        )
+    finally:
+        sys.__stdout__ = real_stdout
+    assert code == 1
+    assert capsys.readouterr().err == ""
+
+
+def test_no_gpu_is_a_one_line_refusal_that_writes_nothing(folder, capsys):
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 2
+    assert captured.out == ""
+    assert_one_line(captured.err, "no usable GPU for cuda:0", "no file written")
+
+
+def test_an_unwritable_folder_is_refused_before_any_gpu_work(folder, capsys, monkeypatch):
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if os.path.dirname(os.fspath(path)) == "sub" and flags & os.O_CREAT:
+            raise PermissionError(errno.EROFS, "Read-only file system")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: pytest.fail("measured first"))
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "sub/o.json"])
+    assert code == 2
+    assert_one_line(captured.err, MESSAGES["--output sub/o.json cannot be created"], "Read-only file system")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into a 0555 folder anyway")
+def test_a_read_only_folder_for_real(folder, capsys):
+    (folder / "sub").chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "sub/o.json"])
+    finally:
+        (folder / "sub").chmod(stat.S_IRWXU)
+    assert code == 2
+    assert_one_line(captured.err, MESSAGES["--output sub/o.json cannot be created"])
+
+
+def test_measure_without_a_gpu_prints_exactly_one_stderr_line(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *MEASURE, "--output", "o.json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert completed.returncode == 2
+    assert_one_line(completed.stderr, "no usable GPU for cuda:0")
+    assert list(tmp_path.iterdir()) == []
+
+
+HOOKED = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import mesure_memoire
+ready = int(sys.argv[2])
+def blocked(*args, **kwargs):
+    os.write(ready, b"r")
+    time.sleep(60)
+mesure_memoire.{function} = blocked
+raise SystemExit(mesure_memoire.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "args"),
+    [
+        ("measure", [*MEASURE, "--output", "o.json"]),
+    ],
+)
+def test_sigint_exits_130_in_one_line_and_leaves_no_file(tmp_path, function, args):
+    (tmp_path / "existing.json").write_bytes(MINE)
+    before = tree_digest(tmp_path)
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOOKED.format(function=function), str(ROOT), str(write_end), *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(write_end,),
+        preexec_fn=sigint_as_from_a_terminal,
+    )
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"r"  # the child is inside the command
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        os.close(read_end)
+        process.kill()
+    assert process.returncode == 130
+    assert out == b""
+    assert_one_line(err.decode(), "interrupted")
+    assert tree_digest(tmp_path) == before
+
+
+# measure() stood in for (no GPU here); the write blocks once its partial file exists.
+WRITING = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import mesure_memoire
+ready = int(sys.argv[2])
+mesure_memoire.measure = lambda config, tool: {}
+def blocked(descriptor):
+    os.write(ready, b"r")
+    time.sleep(60)
+os.fsync = blocked
+raise SystemExit(mesure_memoire.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize(("sent", "status", "said"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_while_writing_removes_the_partial_file(tmp_path, sent, status, said):
+    """SIGTERM (timeout, a scheduler, docker stop) is handled as Ctrl-C: the partial file goes, 128 + 15."""
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITING, str(ROOT), str(write_end), *MEASURE, "--output", "o.json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(write_end,),
+        preexec_fn=sigint_as_from_a_terminal,
+    )
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 1) == b"r"  # the partial file is there, being written
+        assert [path.name.startswith(".partial-") for path in tmp_path.iterdir()] == [True]
+        process.send_signal(sent)
+        out, err = process.communicate(timeout=60)
+    finally:
+        os.close(read_end)
+        process.kill()
+    assert (process.returncode, out) == (status, b"")
+    assert err.decode() == f"mesure_memoire.py: interrupted ({said}); no partial file left behind\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.whole_kit
+def test_without_site_packages_measure_refuses_in_one_line(tmp_path):
+    completed = run_script("mesure_memoire.py", *MEASURE, "--output", "o.json", cwd=tmp_path, python_flags=("-S",))
+    assert completed.returncode == 2
+    assert_one_line(completed.stderr, "PyTorch is not importable")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_closed_stderr_is_not_a_crash(folder, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stderr", None)
+    assert mesure_memoire.main(["estimate", "--parameters", "x", "--bits", "1"]) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_the_options_and_their_defaults_reach_measure_config(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(mesure_memoire, "measure_config", lambda *args: seen.append(args) or {})
+    monkeypatch.setattr(mesure_memoire, "memory_plan", lambda config: {"plan": 1})
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", "--plan", "--json"]) == 0
+    arguments = [
+        "--device",
+        "cuda:2",
+        "--batch",
+        "3",
+        "--context",
+        "4",
+        "--width",
+        "5",
+        "--dtype",
+        "float16",
+        "--warmup",
+        "6",
+        "--repeats",
+        "7",
+        "--seed",
+        "8",
+        "--plan",
+        "--json",
+    ]
+    assert mesure_memoire.main(["measure", *arguments]) == 0
+    assert seen == [
+        ("cuda:0", "1", "16", "64", "float32", "1", "2", "0"),
+        ("cuda:2", "3", "4", "5", "float16", "6", "7", "8"),
+    ]
+    assert capsys.readouterr().out == '{\n  "plan": 1\n}\n' * 2
+
+
+# Each command's help: its summary and every option's line, as the README documents them.
+HELP_LINES = {
+    "": [
+        "usage: mesure_memoire.py [-h] COMMAND ...",
+        "IteraGPU Lab v1: weight-memory estimate, environment",
+        "    estimate   weight memory from a parameter count, no GPU",
+        "               diagnose Python, PyTorch and the chosen GPU",
+        "    measure    measure the synthetic MLP phase by phase on a GPU",
+        "    sweep      measure one dimension at several values, each in a fresh process, then report",
+        "    report     compare result files side by side, one row each; reads them, writes nothing",
+        "mesure_memoire.py COMMAND --help prints a command's options.",
+    ],
+    "estimate": [
+        "usage: mesure_memoire.py estimate [-h] --parameters N --bits N [--reserve-gib GIB] [--json]",
+        "  --parameters N     number of parameters, a positive integer",
+        "  --bits N           storage width per parameter in bits (4, 8, 16, 32 ...)",
+        "  --reserve-gib GIB  extra GiB you assume on top of the weights (a hypothesis; default 0)",
+        "  --json             print one JSON object instead of text",
+    ],
+    "environment": [
+        "usage: mesure_memoire.py environment [-h] --device cuda:N [--json]",
+        "diagnose Python, PyTorch and the chosen GPU",
+        "  --device cuda:N  the GPU to inspect",
+    ],
+    "measure": [
+        "  --device cuda:N   the GPU to measure",
+        "  --output FILE     new JSON file for the result (never overwritten); required unless --plan",
+        "  --batch N         batch size (default 1)",
+        "  --context N       positions per input row (default 16)",
+        "  --width N         model width; the hidden layer is 4x (default 64)",
+        "  --dtype NAME      float32, float16 or bfloat16 (default float32)",
+        "  --warmup N        warm-up passes, 0 to 1000 (default 1)",
+        "  --repeats N       measured warm passes, 1 to 1000 (default 2)",
+        "  --seed N          seed of the weights and inputs (default 0)",
+        "  --plan            predict the memory per phase: arithmetic only, no GPU, writes nothing",
+        "  --json            with --plan: print one JSON object",
+        "  --memory-gib GIB  with --plan: a card's memory in GiB; whether the run fits, and the largest",
+    ],
+    "sweep": [
+        "usage: mesure_memoire.py sweep [-h] --device cuda:N --vary DIMENSION --values V1,V2,... --output-dir",
+        "measure one dimension at several values, each in a fresh process, then report",
+        "  --vary DIMENSION      batch, context or width: the dimension that takes the values",
+        "  --values V1,V2,...    strictly increasing whole numbers, separated by commas",
+        "  --output-dir NEW_FOLDER",
+        "                        a new folder (created; never an existing one)",
+        "  --timeout-s SECONDS   a child still running after this many seconds is stopped (default 1800)",
+    ],
+    "report": [
+        "usage: mesure_memoire.py report [-h] [--json] FILE [FILE ...]",
+        "  FILE        measure result files, in the order to show (after --, a name may start with -)",
+        "  --json      print one JSON object instead of text",
+    ],
+}
+
+
+@pytest.mark.parametrize("command", HELP_LINES)
+def test_each_help_lists_its_options_and_defaults(command, capsys):
+    assert mesure_memoire.main([command, "--help"] if command else ["--help"]) == 0
+    # Spacing and line breaks compared loosely: argparse's layout differs between Python versions (3.13
+    # indents the commands and wraps the usage elsewhere); the words and their order are what is pinned.
+    shown = " ".join(capsys.readouterr().out.split())
+    for line in HELP_LINES[command]:
+        assert " ".join(line.split()) in shown, line

@@ -1,0 +1,420 @@
+"""`mesure_memoire.py measure`'s result file: the name checks and their limits, the atomic, never-overwriting
+write, temporary files beside the result, the umask, and what a crash or a full disk leaves (nothing).
+"""
+
+import errno
+import json
+import os
+import stat
+import warnings
+from decimal import Decimal
+
+import pytest
+import torch
+
+import mesure_memoire
+from conftest import (
+    MEASURE,
+    MESSAGES,
+    MIB,
+    RecordingCudaStandIn,
+    assert_one_line,
+    kit_error_of,
+    raising,
+    run_in_process,
+    tree_digest,
+)
+
+# PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
+pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
+
+
+# --- the atomic, never-overwriting write -----------------------------------------------------------
+
+
+def test_a_crash_before_the_result_is_linked_leaves_no_file(tmp_path, monkeypatch):
+    target = tmp_path / "r.json"
+
+    def crash(source, destination):
+        raise KeyboardInterrupt  # the process is interrupted after the data, before the name
+
+    monkeypatch.setattr(os, "link", crash)
+    with pytest.raises(KeyboardInterrupt):
+        mesure_memoire.write_new_file(str(target), '{"whole": true}\n')
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_crash_while_writing_leaves_no_file(tmp_path, monkeypatch):
+    def crash(descriptor):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError):
+        mesure_memoire.write_new_file(str(tmp_path / "r.json"), "x" * 100_000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_appears_meanwhile_is_not_overwritten(tmp_path, monkeypatch):
+    target = tmp_path / "r.json"
+    real_link = os.link
+
+    def someone_else_writes_first(source, destination):
+        target.write_text("theirs")
+        real_link(source, destination)
+
+    monkeypatch.setattr(os, "link", someone_else_writes_first)
+    with pytest.raises(mesure_memoire.KitError, match="appeared"):
+        mesure_memoire.write_new_file(str(target), "ours")
+    assert target.read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_the_written_file_is_whole_and_exact(tmp_path):
+    target = tmp_path / "r.json"
+    mesure_memoire.write_new_file(str(target), '{"a": 1}\n')
+    assert target.read_bytes() == b'{"a": 1}\n'
+
+
+# --- files: names, limits, temporary files, exclusive writes ---------------------------------------------------
+
+
+def test_name_limits_ask_the_file_system_and_fall_back(tmp_path, monkeypatch):
+    asked = []
+
+    def pathconf(folder, name):
+        asked.append((folder, name))
+        return {"PC_NAME_MAX": 11, "PC_PATH_MAX": 22}[name]
+
+    monkeypatch.setattr(os, "pathconf", pathconf)
+    assert mesure_memoire._name_limits("here") == (11, 22)
+    assert asked == [("here", "PC_NAME_MAX"), ("here", "PC_PATH_MAX")]
+    for error in (AttributeError("no pathconf"), ValueError("unknown name"), OSError(errno.EINVAL, "no")):
+        monkeypatch.setattr(os, "pathconf", raising(error))
+        assert mesure_memoire._name_limits("here") == (255, 4096)
+
+
+def test_check_new_output_bounds_the_name_and_the_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "pathconf", lambda folder, name: {"PC_NAME_MAX": 10, "PC_PATH_MAX": 16}[name])
+    assert mesure_memoire.check_new_output("n" * 10) == "n" * 10
+    too_long = "--output: nnnnnnnnnnn is too long for this file system (names: 10 bytes)"
+    assert kit_error_of(mesure_memoire.check_new_output, "n" * 11) == too_long
+    os.mkdir("d")
+    assert mesure_memoire.check_new_output("d/" + "p" * 9) == "d/" + "p" * 9  # 11 bytes of path
+    assert mesure_memoire.check_new_output("./d/" + "p" * 10) == "./d/" + "p" * 10  # 14 bytes
+    os.mkdir("dd")
+    assert mesure_memoire.check_new_output("dd/" + "q" * 10) == "dd/" + "q" * 10  # 13 bytes
+    os.makedirs("ddd/eee")
+    assert kit_error_of(mesure_memoire.check_new_output, "ddd/eee/" + "r" * 10) == (  # 18 bytes of path
+        "--output: ddd/eee/rrrrrrrrrr is too long for this file system (names: 10 bytes)"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["d", "dd", "ddd"]  # the probe files are gone
+
+
+def test_check_new_output_messages_are_whole(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.json").write_text("{}")
+    (tmp_path / "f").write_text("")
+    assert kit_error_of(mesure_memoire.check_new_output, "old.json") == (
+        "--output: old.json already exists; choose a new name (results are never overwritten)"
+    )
+    assert kit_error_of(mesure_memoire.check_new_output, "a/..") == "--output: a/.. names a folder, not a new file"
+    assert kit_error_of(mesure_memoire.check_new_output, "..") == "--output: .. names a folder, not a new file"
+    assert (
+        kit_error_of(mesure_memoire.check_new_output, "f/x.json") == "--output: the folder of f/x.json does not exist"
+    )
+    assert kit_error_of(mesure_memoire.check_new_output, "x\0.json") == (
+        "--output: cannot create 'x\\x00.json': ValueError: embedded null character; nothing measured"
+    )
+    for empty in ("", "  ", None, b"x.json"):
+        assert kit_error_of(mesure_memoire.check_new_output, empty) == MESSAGES["--output empty"]
+    assert mesure_memoire.check_new_output("new.json") == "new.json"
+    assert sorted(os.listdir()) == ["f", "old.json"]
+
+
+def test_check_new_output_probes_the_folder_and_removes_the_probe(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("sub")
+    assert mesure_memoire.check_new_output("sub/r.json") == "sub/r.json"
+    assert mesure_memoire.check_new_output("r.json") == "r.json"
+    assert os.listdir("sub") == [], "the probe is removed"
+    assert sorted(os.listdir(".")) == ["sub"], "the probe is removed"
+
+    def no_room(folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mesure_memoire, "_create_temporary", no_room)
+    assert kit_error_of(mesure_memoire.check_new_output, "r.json") == (
+        "--output: cannot create r.json: OSError: [Errno 28] No space left on device; nothing measured"
+    )
+
+
+def test_write_exclusively_never_overwrites_and_removes_a_partial_file(tmp_path, monkeypatch):
+    target = str(tmp_path / "r.json")
+    mesure_memoire._write_exclusively(target, b"first")
+    with pytest.raises(FileExistsError):
+        mesure_memoire._write_exclusively(target, b"second")
+    assert (tmp_path / "r.json").read_bytes() == b"first"
+
+    def fsync_fails(descriptor):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", fsync_fails)
+    with pytest.raises(OSError, match="I/O error"):
+        mesure_memoire._write_exclusively(str(tmp_path / "s.json"), b"data")
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+def test_write_new_file_writes_utf8_and_refuses_a_name_taken_meanwhile(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mesure_memoire.write_new_file("é.json", "é\n")
+    assert (tmp_path / "é.json").read_bytes() == "é\n".encode()
+
+    def taken(source, destination):
+        raise FileExistsError(errno.EEXIST, "File exists")
+
+    monkeypatch.setattr(os, "link", taken)
+    assert (
+        kit_error_of(mesure_memoire.write_new_file, "x.json", "{}")
+        == "--output: x.json appeared meanwhile; nothing overwritten"
+    )
+    (tmp_path / "y.json").write_bytes(b"theirs")
+    monkeypatch.setattr(os, "link", raising(OSError(errno.EPERM, "no")))
+    assert (
+        kit_error_of(mesure_memoire.write_new_file, "y.json", "{}")
+        == "--output: y.json appeared meanwhile; nothing overwritten"
+    )
+    assert (tmp_path / "y.json").read_bytes() == b"theirs"
+    mesure_memoire.write_new_file("z.json", "zz")  # no hard links: the exclusive create
+    assert (tmp_path / "z.json").read_bytes() == b"zz"
+    assert sorted(os.listdir(tmp_path)) == ["y.json", "z.json", "é.json"]  # no temporary left
+
+
+def test_the_temporary_file_is_made_beside_the_result(tmp_path, monkeypatch):
+    """In the result's own folder: the final link (or rename) stays on one file system."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    folders = []
+    real_create_temporary = mesure_memoire._create_temporary
+
+    def create_temporary(folder):
+        folders.append(folder)
+        return real_create_temporary(folder)
+
+    monkeypatch.setattr(mesure_memoire, "_create_temporary", create_temporary)
+    mesure_memoire.write_new_file("sub/r.json", "{}")
+    mesure_memoire.write_new_file("r.json", "{}")
+    assert folders == ["sub", "."]
+    assert sorted(os.listdir(tmp_path)) == ["r.json", "sub"]
+    assert os.listdir(tmp_path / "sub") == ["r.json"]
+
+
+def test_write_new_file_tolerates_a_temporary_removed_by_someone_else(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    real_link = os.link
+
+    def link_then_remove(source, destination):
+        real_link(source, destination)
+        os.unlink(source)
+
+    monkeypatch.setattr(os, "link", link_then_remove)
+    mesure_memoire.write_new_file("r.json", "{}\n")
+    assert os.listdir(tmp_path) == ["r.json"]
+
+    def other_unlink_error(path):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "unlink", other_unlink_error)
+    with pytest.raises(PermissionError):
+        mesure_memoire.write_new_file("s.json", "{}\n")
+
+
+def test_measure_to_file_records_warnings_and_writes_the_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+
+    def measured(config, tool):
+        warnings.simplefilter("always")
+        warnings.warn("from /x/y/z.py", UserWarning, stacklevel=1)
+        return {"tool": tool, "environment": {"field_errors": {}}, "v": Decimal("0.5"), "c": config}
+
+    monkeypatch.setattr(mesure_memoire, "measure", measured)
+    result = mesure_memoire.measure_to_file({"k": 1}, "r.json", tool="t")
+    assert result["environment"]["field_errors"] == {"pytorch_warnings": "UserWarning: from <path>"}
+    assert (tmp_path / "r.json").read_text(encoding="utf-8") == mesure_memoire.to_json(result)
+    assert json.loads((tmp_path / "r.json").read_text())["tool"] == "t"
+    for environment in (None, {"field_errors": None}):
+        monkeypatch.setattr(
+            mesure_memoire, "measure", lambda config, tool, environment=environment: {"environment": environment}
+        )
+        name = f"n{len(os.listdir(tmp_path))}.json"
+        assert mesure_memoire.measure_to_file({}, name, tool="t") == {"environment": environment}
+    monkeypatch.setattr(
+        mesure_memoire, "measure", lambda config, tool: pytest.fail("measured before checking the output")
+    )
+    assert kit_error_of(mesure_memoire.measure_to_file, {}, "r.json", "t").startswith("--output: r.json already exists")
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: {})
+    monkeypatch.setattr(mesure_memoire, "write_new_file", full)
+    assert kit_error_of(mesure_memoire.measure_to_file, {}, "new.json", "t") == (
+        "--output: cannot write new.json: OSError: [Errno 28] No space left on device; nothing written"
+    )
+
+
+def test_measure_to_file_adds_no_warning_field_when_none_was_raised(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
+    monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: {"environment": {"field_errors": {}}})
+    assert mesure_memoire.measure_to_file({}, "r.json", tool="t") == {"environment": {"field_errors": {}}}
+
+
+# --- a finished measurement (stand-in GPU) and its file --------------------------------------------
+
+
+@pytest.fixture
+def stand_in_measure(monkeypatch):
+    """Replaces measure(), because no GPU can be had here: the real CPU model runs its phases with
+    RecordingCudaStandIn counters; the result has measure()'s keys.  Proves nothing about GPUs."""
+    calls = []
+
+    def fake_measure(config, tool):
+        calls.append(config)
+        cpu = torch.device("cpu")
+        phases, output_summary, per_call = mesure_memoire.measure_phases(
+            torch, RecordingCudaStandIn(device=cpu), cpu, config
+        )
+        return {
+            "kit": mesure_memoire.KIT_NAME,
+            "tool": tool,
+            "environment": {"field_errors": {}, "gpu": {"total_memory_gib": Decimal(80)}},
+            "configuration": {**config, "fresh_process_warning": None},
+            "torch_version_warning": None,
+            "synthetic_model": mesure_memoire.synthetic_model(config),
+            "phases": phases,
+            "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": per_call},
+            "output_summary": output_summary,
+        }
+
+    monkeypatch.setattr(mesure_memoire, "measure", fake_measure)
+    return calls
+
+
+def test_link_refused_with_eperm_falls_back_to_an_exclusive_create(folder, capsys, monkeypatch, stand_in_measure):
+    def no_hard_links(source, destination):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    assert mesure_memoire.main([*MEASURE, "--output", "o.json", "--seed", str(2**64 - 1)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out.endswith("Result written to o.json\n")
+    result = json.loads((folder / "o.json").read_text(encoding="utf-8"))
+    assert result["configuration"]["seed"] == 2**64 - 1
+    assert len(result["phases"]) == 6
+    assert sorted(os.listdir(folder)) == ["existing.json", "fifo", "o.json", "sub"]  # no temporary left
+
+
+def test_the_written_name_and_the_warning_stay_one_line_each(folder, capsys, monkeypatch, stand_in_measure):
+    real_measure = mesure_memoire.measure
+
+    def not_fresh(config, tool):
+        result = real_measure(config, tool)
+        result["configuration"]["fresh_process_warning"] = "held memory\nbefore"
+        return result
+
+    monkeypatch.setattr(mesure_memoire, "measure", not_fresh)
+    assert mesure_memoire.main([*MEASURE, "--output", "a\nb.json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "mesure_memoire.py: warning: held memory\\nbefore\n"
+    assert captured.out.endswith("\nResult written to 'a\\nb.json'\n")
+    assert (folder / "a\nb.json").is_file()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_the_result_file_respects_the_umask(folder, monkeypatch, umask, hard_links):
+    if not hard_links:
+        monkeypatch.setattr(os, "link", raising(OSError(errno.EPERM, "")))
+    previous = os.umask(umask)
+    try:
+        mesure_memoire.write_new_file("r.json", "{}\n")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(folder / "r.json").st_mode) == 0o666 & ~umask
+
+
+def test_a_failed_fallback_write_leaves_nothing_under_the_name(folder, monkeypatch):
+    monkeypatch.setattr(os, "link", raising(OSError(errno.ENOTSUP, "")))
+    real_fsync, calls = os.fsync, []
+
+    def second_fsync_fails(descriptor):
+        calls.append(descriptor)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", second_fsync_fails)
+    before = tree_digest(folder)
+    with pytest.raises(OSError, match="No space"):
+        mesure_memoire.write_new_file("r.json", "{}\n")
+    assert tree_digest(folder) == before
+
+
+def test_a_full_disk_after_the_measurement_is_one_line(folder, capsys, monkeypatch, stand_in_measure):
+    def disk_full(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 2
+    assert captured.out == ""
+    assert_one_line(captured.err, "--output: cannot write o.json", "No space left on device", "nothing written")
+
+
+@pytest.mark.parametrize("where", ["measure", "fsync", "link", "fallback"])
+def test_ctrl_c_anywhere_in_measure_exits_130_and_leaves_no_file(folder, capsys, monkeypatch, stand_in_measure, where):
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    if where == "measure":
+        monkeypatch.setattr(mesure_memoire, "measure", interrupt)
+    elif where == "fsync":
+        monkeypatch.setattr(os, "fsync", interrupt)
+    elif where == "link":
+        monkeypatch.setattr(os, "link", interrupt)
+    else:  # no hard links, then Ctrl-C while the exclusive copy is written
+        monkeypatch.setattr(os, "link", raising(OSError(errno.EPERM, "")))
+        calls = []
+        monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or (interrupt() if len(calls) == 2 else None))
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 130
+    assert captured.out == ""
+    assert_one_line(captured.err, "interrupted")
+
+
+def test_temporary_names_never_collide_and_limits_have_a_fallback(folder, monkeypatch):
+    taken = folder / f".partial-{bytes(8).hex()}.tmp"
+    taken.write_bytes(b"someone else's")
+    draws = iter([bytes(8), bytes(8), b"\x01" * 8])
+    monkeypatch.setattr(os, "urandom", lambda size: next(draws))
+    mesure_memoire.write_new_file("r.json", "{}\n")
+    assert (folder / "r.json").read_bytes() == b"{}\n"
+    assert taken.read_bytes() == b"someone else's"
+    assert [path.name for path in folder.glob(".partial-*")] == [taken.name]  # ours removed, theirs kept
+    monkeypatch.setattr(os, "urandom", lambda size: bytes(8))
+    with pytest.raises(FileExistsError):
+        mesure_memoire.write_new_file("s.json", "{}\n")
+    assert not (folder / "s.json").exists()
+    taken.unlink()
+
+    def no_pathconf(*args):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "pathconf", no_pathconf)
+    assert mesure_memoire._name_limits(".") == (255, 4096)
+    with pytest.raises(mesure_memoire.KitError, match="too long"):
+        mesure_memoire.check_new_output("n" * 256)
+    assert mesure_memoire.check_new_output("n" * 255) == "n" * 255

@@ -1,0 +1,1042 @@
+"""`mesure_memoire.py measure`: the phase protocol (its order is a promise), the result's schema and figures,
+the PyTorch release gate, the dtype probe, the device and dtype of every tensor, the device-wide memory.
+
+No GPU can be had here.  The tests name their stand-ins: ``stand_in_gpu`` (conftest) for the device queries,
+and ``RecordingCudaStandIn`` for the allocator counters, while the model, the inputs and the forward passes
+are the real PyTorch ones, run on the CPU.
+"""
+
+import json
+import re
+import time
+import weakref
+from datetime import datetime, timezone
+
+import pytest
+import torch
+
+import mesure_memoire
+from conftest import (
+    GIB,
+    MEASURE,
+    MESSAGES,
+    MIB,
+    SMALL_TRIAL,
+    RecordingCudaStandIn,
+    assert_one_line,
+    config,
+    kit_error_of,
+    raising,
+    run_in_process,
+    stand_in_measurement,
+)
+
+# What measure_phases measures after the phases on a GPU whose BLAS workspaces are kept: no per-call workspace.
+NO_PER_CALL = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product in ("fc1", "fc2")}
+
+# PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
+pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
+
+
+# --- the protocol ------------------------------------------------------------------------------------
+
+
+def recording_clock(recorder, *ticks):
+    """A clock returning ``ticks`` in turn, each reading logged among the stand-in's calls."""
+    readings = iter(ticks)
+
+    def clock():
+        recorder.calls.append(("clock", None))
+        return next(readings)
+
+    return clock
+
+
+def test_run_phase_follows_the_protocol_order():
+    recorder = RecordingCudaStandIn()
+    clock = recording_clock(recorder, 100, 350)
+
+    def work():
+        recorder.calls.append(("work", None))
+        return "output"
+
+    record, output = mesure_memoire.run_phase(recorder, "dev", "inputs", work, clock)
+    assert [name for name, _ in recorder.calls] == [
+        "synchronize",
+        "memory_allocated",
+        "memory_reserved",
+        "memory_stats",
+        "reset_peak_memory_stats",
+        "current_stream",
+        "Event",
+        "Event",
+        "clock",
+        "event.record",
+        "work",
+        "event.record",
+        "synchronize",
+        "clock",
+        "elapsed_time",
+        "memory_allocated",
+        "memory_reserved",
+        "max_memory_allocated",
+        "max_memory_reserved",
+        "memory_stats",
+    ]
+    assert {device for _, device in recorder.devices} == {"dev"}  # every call names the measured device
+    assert output == "output"
+    assert record == {
+        "phase": "inputs",
+        "nanoseconds": 250,
+        "seconds": 250e-9,
+        "device_ms": 0.25,
+        "baseline_allocated_bytes": 1000,
+        "baseline_reserved_bytes": 2000,
+        "end_allocated_bytes": 1000,
+        "end_reserved_bytes": 2000,
+        "peak_allocated_bytes": 1500,
+        "peak_reserved_bytes": 2500,
+        "baseline_requested_bytes": 900,
+        "end_requested_bytes": 900,
+        "peak_requested_bytes": 1400,
+        "baseline_device_used_bytes": None,
+        "end_device_used_bytes": None,  # this stand-in has no mem_get_info
+    }
+
+
+def test_run_phase_without_requested_counters_or_events_says_null():
+    recorder = RecordingCudaStandIn(requested=False, events=False)
+    record, _ = mesure_memoire.run_phase(recorder, "dev", "inputs", lambda: None)
+    assert record["device_ms"] is None
+    assert record["baseline_requested_bytes"] is record["end_requested_bytes"] is record["peak_requested_bytes"] is None
+    assert "Event" not in [name for name, _ in recorder.calls]
+
+
+@pytest.fixture
+def forward_outputs():
+    """Weak references to every output of the synthetic model's forward (a global forward hook)."""
+    outputs = []
+    live_before_each_pass = []
+
+    def hook(module, args, output):
+        if isinstance(module, torch.nn.Sequential):
+            live_before_each_pass.append(sum(ref() is not None for ref in outputs))
+            outputs.append(weakref.ref(output))
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    yield outputs, live_before_each_pass
+    handle.remove()
+
+
+@pytest.mark.parametrize(("warmup", "repeats"), [(1, 2), (3, 2), (0, 1)])
+def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_outputs, warmup, repeats):
+    outputs, live_before_each_pass = forward_outputs
+    recorder = RecordingCudaStandIn(
+        observe=lambda: sum(ref() is not None for ref in outputs), device=torch.device("cpu")
+    )
+    records, summary, _ = mesure_memoire.measure_phases(
+        torch, recorder, torch.device("cpu"), config(warmup=warmup, repeats=repeats)
+    )
+
+    expected = ["model_load", "inputs", "cold_forward"] + (["warmup"] if warmup else []) + ["warm_forward"] * repeats
+    assert (
+        [r["phase"] for r in records] == expected == mesure_memoire.phase_names(config(warmup=warmup, repeats=repeats))
+    )
+    assert len(records) == (6 if (warmup, repeats) == (1, 2) else 3 + bool(warmup) + repeats)
+    assert [r["repetition"] for r in records if r["phase"] == "warm_forward"] == list(range(1, repeats + 1))
+    assert [r.get("passes") for r in records if r["phase"] == "warmup"] == ([warmup] if warmup else [])
+    for record in records:
+        assert set(mesure_memoire.PHASE_MEMORY_FIELDS) <= set(record)
+        assert record["seconds"] > 0
+        assert record["nanoseconds"] > 0
+        assert record["device_ms"] == 0.25
+        assert record["end_requested_bytes"] == 900
+
+    # Every pass runs with no earlier output alive: outputs are released before the next pass.
+    assert len(live_before_each_pass) == 1 + warmup + repeats
+    assert set(live_before_each_pass) == {0}
+    # The recorder sees 17 calls per phase (the clock and the work are not cuda calls): call 0 is
+    # the start synchronize, call 12 the end memory_allocated reading.
+    calls_per_phase = 17
+    phase_calls = calls_per_phase * len(records)
+    # Then the per-call workspace: each of the two products alone, once the last output is released.
+    product = ["synchronize", "reset_peak_memory_stats", "synchronize", "max_memory_allocated"]
+    product += ["memory_allocated", "memory_stats"]
+    assert recorder.calls[phase_calls:] == [(name, 0) for name in product * 2]
+    for index, record in enumerate(records):
+        calls = recorder.calls[index * calls_per_phase : (index + 1) * calls_per_phase]
+        assert calls[0] == ("synchronize", 0)  # no forward output alive when a phase starts
+        assert calls[12][0] == "memory_allocated"
+        if record["phase"] not in ("model_load", "inputs"):
+            assert calls[12][1] == 1  # the pass's output is alive at the end reading
+    # The summary is of the last output, after the phases: the real CPU output, seeded.
+    assert summary["elements"] == 1 * 16 * 64
+    assert summary["all_finite"] is True
+    torch.manual_seed(0)
+    model = mesure_memoire.build_model(torch, 64).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        last = model(torch.randn((1, 16, 64), generator=generator))
+    assert summary["checksum_float64"] == float(last.double().sum())
+
+
+def test_synthetic_model_matches_the_real_pytorch_model():
+    for dtype in mesure_memoire.DTYPE_BYTES:
+        summary = mesure_memoire.synthetic_model(config(width=48, batch=3, context=5, dtype=dtype))
+        model = mesure_memoire.build_model(torch, 48).to(dtype=getattr(torch, dtype))  # the model measure runs
+        assert [type(layer).__name__ for layer in model] == ["Linear", "GELU", "Linear"]
+        real = {name: (list(p.shape), p.numel() * p.element_size()) for name, p in model.named_parameters()}
+        assert {t["name"]: (t["shape"], t["bytes"]) for t in summary["parameter_tensors"]} == real
+        assert summary["parameters"] == sum(p.numel() for p in model.parameters()) == 8 * 48 * 48 + 5 * 48
+        assert summary["parameter_bytes"] == sum(b for _, b in real.values())
+        element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        assert summary["input_bytes"] == summary["output_bytes"] == 3 * 5 * 48 * element
+        assert summary["hidden_width"] == 192
+
+
+def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, monkeypatch, tmp_path, capsys):
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
+    output = tmp_path / "mesures-petit-essai.json"
+    assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(output.read_text(encoding="utf-8"))
+    assert set(result) == {
+        "kit",
+        "schema_version",
+        "tool",
+        "created_utc",
+        "environment",
+        "configuration",
+        "synthetic_model",
+        "phases",
+        "prediction_check",
+        "workspace",
+        "output_summary",
+        "predicted_peak_allocated_bytes",
+        "fit_margin_bytes",
+        "matmul_arithmetic",
+        "torch_version_warning",
+    }
+    assert result["schema_version"] == 5
+    assert result["tool"] == "mesure_memoire.py"
+    assert result["torch_version_warning"] is None  # this PyTorch's version reads as MAJOR.MINOR
+    assert result["created_utc"].endswith("Z")
+    assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
+    assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
+    assert result["environment"]["settings"]["allocator_backend"] == "native"
+    assert result["configuration"] == {
+        "device": "cuda:0",
+        "batch": 1,
+        "context": 16,
+        "width": 64,
+        "dtype": "float32",
+        "warmup": 1,
+        "repeats": 2,
+        "seed": 0,
+        "cuda_initialized_before_measure": False,
+        "allocated_bytes_before_measure": 0,
+        "reserved_bytes_before_measure": 0,
+        "device_used_bytes_before_measure": 2**30,
+        "fresh_process_warning": None,
+    }
+    assert result["synthetic_model"]["parameters"] == 8 * 64 * 64 + 5 * 64
+    assert [p["phase"] for p in result["phases"]] == [
+        "model_load",
+        "inputs",
+        "cold_forward",
+        "warmup",
+        "warm_forward",
+        "warm_forward",
+    ]
+    plan = mesure_memoire.memory_plan(config())
+    for record, predicted in zip(result["phases"], plan["phases"], strict=True):
+        assert record["device_ms"] == 0.25
+        assert (record["baseline_requested_bytes"], record["end_requested_bytes"], record["peak_requested_bytes"]) == (
+            900,
+            900,
+            1400,
+        )
+        assert {k: record["predicted"][k] for k in mesure_memoire.PREDICTED_COUNTERS} == {
+            k: predicted[k] for k in mesure_memoire.PREDICTED_COUNTERS
+        }
+        # The stand-in's fixed counters cannot match a prediction: every phase disagrees, visibly.
+        assert record["verdict"] == "disagrees"
+        assert record["disagreements"]
+    disagreements = result["prediction_check"]["disagreements"]
+    assert result["prediction_check"]["agrees"] is False
+    assert disagreements == [d for record in result["phases"] for d in record["disagreements"]]
+    inputs_end = next(d for d in disagreements if d["phase"] == "inputs" and d["counter"] == "end_requested_bytes")
+    assert inputs_end == {
+        "phase": "inputs",
+        "repetition": None,
+        "counter": "end_requested_bytes",
+        "predicted_bytes": 4096,
+        "measured_bytes": 0,
+        "difference_bytes": -4096,
+        "relative_to": "the phase's baseline",
+    }
+    assert result["workspace"]["measured_bytes"] == 0 - 4096  # end minus baseline, less the predicted output
+    assert result["output_summary"]["elements"] == 16 * 64
+    assert result["output_summary"]["all_finite"] is True
+    assert result["predicted_peak_allocated_bytes"] == plan["predicted_peak_allocated_bytes"]
+    assert "STANDIN-UUID" not in output.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporary file left
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "phase",
+        "ms",
+        "device",
+        "ms",
+        "end",
+        "alloc",
+        "MiB",
+        "peak",
+        "alloc",
+        "MiB",
+        "peak",
+        "reserved",
+        "MiB",
+        "prediction",
+    ]
+    assert lines[1].startswith("model_load")
+    assert lines[4].startswith("warmup x1")
+    assert lines[6].startswith("warm_forward #2")
+    assert all(line.rstrip().endswith("DISAGREES") for line in lines[1:7])
+    marked = [line for line in lines if line.startswith("DISAGREES ")]
+    assert len(marked) == len(disagreements)
+    assert (
+        "DISAGREES inputs: end_requested_bytes above baseline measured 0, predicted 4096 (difference -4096 bytes)"
+        in (lines)
+    )
+    assert lines[-1] == f"Result written to {output}"
+
+
+# --- the dtype probe and the host memory --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "capability", "hip", "bf16", "expected"),
+    [
+        ("bfloat16", (9, 0), None, False, "bfloat16 is not supported natively by this GPU"),
+        ("bfloat16", (9, 0), None, True, None),
+        ("float16", (5, 2), None, True, "float16 arithmetic needs compute capability 5.3 or newer"),
+        ("float16", (5, 3), None, True, None),
+        ("float16", (5, 2), "7.0", True, None),  # ROCm: every supported GPU has float16
+        ("float32", (3, 0), None, False, None),
+    ],
+)
+def test_the_dtype_probe(monkeypatch, dtype, capability, hip, bf16, expected):
+    seen = []
+
+    class Device:
+        def __init__(self, index):
+            seen.append(("device", index))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            return False
+
+    def is_bf16_supported(including_emulation=True):
+        seen.append(("is_bf16_supported", including_emulation))
+        return bf16
+
+    def get_device_capability(index):
+        seen.append(("get_device_capability", index))
+        return capability
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", get_device_capability)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    assert mesure_memoire._dtype_problem(torch, 2, dtype) == expected
+    if dtype == "bfloat16":
+        assert seen[:2] == [("device", 2), ("is_bf16_supported", False)]  # emulation does not count
+    assert ("get_device_capability", 2) in seen or hip is not None or (dtype == "bfloat16" and not bf16)
+
+
+def test_the_host_memory_is_pages_times_page_size(monkeypatch):
+    asked = []
+
+    def sysconf(name):
+        asked.append(name)
+        return {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000}[name]
+
+    monkeypatch.setattr(mesure_memoire.os, "sysconf", sysconf)
+    assert mesure_memoire._host_memory_bytes() == 4096000
+    assert sorted(asked) == ["SC_PAGE_SIZE", "SC_PHYS_PAGES"]
+    for error in (ValueError, OSError, AttributeError):
+
+        def unknown(name, error=error):
+            raise error(name)
+
+        monkeypatch.setattr(mesure_memoire.os, "sysconf", unknown)
+        assert mesure_memoire._host_memory_bytes() is None
+
+
+# --- measure(): every refusal's words, the devices it names, the result it returns ---------------------
+
+
+class SetUpCalls:
+    """Stand-ins for the torch.cuda set-up calls of measure(), recording the device each names."""
+
+    def __init__(self, monkeypatch, allocated=0, reserved=0):
+        self.calls = []
+        for name, answer in [("is_initialized", lambda: True), ("init", lambda: None)]:
+            monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=False))
+        for name, answer in [
+            ("set_device", lambda: None),
+            ("memory_allocated", lambda: allocated),
+            ("memory_reserved", lambda: reserved),
+        ]:
+            monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=True))
+
+    def recording(self, name, answer, with_device):
+        def call(*args):
+            self.calls.append((name, *args))
+            assert len(args) == with_device, (name, args)
+            return answer()
+
+        return call
+
+
+def agreeing_records(settings):
+    """Records whose counters equal the prediction (as a real GPU without a BLAS workspace would)."""
+    records, level = [], 0
+    for predicted in mesure_memoire.memory_plan(settings)["phases"]:
+        record = {"phase": predicted["phase"], "nanoseconds": 1000, "seconds": 1e-6, "device_ms": 0.001}
+        record.update({key: predicted[key] for key in ("passes", "repetition") if key in predicted})
+        record["baseline_allocated_bytes"] = record["baseline_requested_bytes"] = level
+        record["baseline_reserved_bytes"] = record["end_reserved_bytes"] = record["peak_reserved_bytes"] = 2**21
+        for counter in mesure_memoire.PREDICTED_COUNTERS:
+            record[counter] = level + predicted[counter]
+        if predicted["phase"] in ("model_load", "inputs"):
+            level += predicted["end_allocated_bytes"]
+        records.append(record)
+    return records
+
+
+@pytest.fixture
+def five_hours_east_of_utc(monkeypatch):
+    """A local time zone other than UTC (the machines here run in UTC)."""
+    monkeypatch.setenv("TZ", "Etc/GMT-5")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
+    stand_in_gpu, monkeypatch, five_hours_east_of_utc
+):
+    stand_in_gpu(count=3)
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    set_up = SetUpCalls(monkeypatch)
+    settings = config(device="cuda:2", batch=2, context=3, width=8, warmup=2, repeats=1)
+    seen = []
+    # Put back after the test; a flag every supported PyTorch has.
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", False)
+
+    def measure_phases(torch_module, cuda, device, configuration):
+        seen.append((torch_module, cuda, device, configuration))
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True  # changed while the forwards run
+        return agreeing_records(settings), {"all_finite": True, "checksum_float64": 0.5, "elements": 48}, NO_PER_CALL
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
+    result = mesure_memoire.measure(settings, tool="a tool")
+    device = torch.device("cuda", 2)
+    assert seen == [(torch, torch.cuda, device, settings)]
+    assert set_up.calls == [
+        ("is_initialized",),
+        ("set_device", device),
+        ("init",),
+        ("memory_allocated", device),
+        ("memory_reserved", device),
+    ]
+    assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z", result["created_utc"])
+    created = datetime.strptime(result["created_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert before <= created <= datetime.now(timezone.utc)  # UTC, not the local time five hours ahead
+    plan = mesure_memoire.memory_plan(settings)
+    assert result["environment"]["device"] == "cuda:2"
+    assert result["environment"]["gpu_available"] is True
+    assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
+        "kit": "iteragpu-lab-v1",
+        "schema_version": 5,
+        "tool": "a tool",
+        "torch_version_warning": None,
+        "matmul_arithmetic": mesure_memoire.matmul_arithmetic(torch),
+        "configuration": {
+            **settings,
+            "cuda_initialized_before_measure": True,
+            "allocated_bytes_before_measure": 0,
+            "reserved_bytes_before_measure": 0,
+            "device_used_bytes_before_measure": GIB,
+            "fresh_process_warning": None,
+        },
+        "synthetic_model": mesure_memoire.synthetic_model(settings),
+        "prediction_check": {"agrees": True, "disagreements": [], "not_checked": []},
+        "workspace": {
+            "measured_bytes": 0,
+            "requested_bytes": 0,
+            "how": "cold_forward's end level above its baseline, less its predicted output: what the "
+            "first forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
+            "allowance_bytes": 256 * MIB,
+            "per_call": NO_PER_CALL,
+            "per_call_how": "each matrix product of the forward (fc1, fc2) run once more after the phases, "
+            "alone: its peak above its end, what its call takes and gives back (a BLAS workspace allocated per "
+            "call); the forwards' predictions hold it while that product runs",
+        },
+        "output_summary": {"all_finite": True, "checksum_float64": 0.5, "elements": 48},
+        "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
+        "fit_margin_bytes": GIB,
+    }
+    assert [record["verdict"] for record in result["phases"]] == ["agrees"] * 5
+    # The result's flags are read once the forwards ran, the environment's before.
+    assert result["matmul_arithmetic"]["allow_fp16_reduced_precision_reduction"] is True
+    assert result["environment"]["matmul_arithmetic"]["allow_fp16_reduced_precision_reduction"] is False
+
+
+@pytest.mark.parametrize(("allocated", "reserved"), [(512, 0), (0, 2**21), (1, 1)])
+def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, monkeypatch, allocated, reserved):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch, allocated=allocated, reserved=reserved)
+    settings = config()
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}, NO_PER_CALL))
+    configuration = mesure_memoire.measure(settings, tool="t")["configuration"]
+    assert (configuration["allocated_bytes_before_measure"], configuration["reserved_bytes_before_measure"]) == (
+        allocated,
+        reserved,
+    )
+    assert configuration["fresh_process_warning"] == (
+        "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
+        "the figures are not comparable; restart it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("backend", "text", "verdict"),
+    [
+        ("native", "roundup_power2_divisions:4", "disagrees"),
+        ("cudaMallocAsync", "backend:cudaMallocAsync", "not checked"),
+    ],
+)
+def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
+    stand_in_gpu, monkeypatch, backend, text, verdict
+):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: backend)
+    # A stand-in for PyTorch 2.13's text, with no snapshot (as on a CPU build; a CUDA build's is asked first).
+    monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text, raising=False)
+    settings = config(batch=5, context=77, width=3000)  # no tensor a power of two: 4 divisions round each up
+    records = agreeing_records(settings)  # the default rounding's figures: too small for every phase under 4
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}, NO_PER_CALL))
+    result = mesure_memoire.measure(settings, tool="t")
+    assert result["environment"]["allocator_settings"]["backend"] == backend
+    # One plan, under the settings recorded: the peak the file states is the one the phases were checked by.
+    modelled = mesure_memoire.memory_plan(settings, result["environment"]["allocator_settings"])
+    assert result["predicted_peak_allocated_bytes"] == modelled["predicted_peak_allocated_bytes"]
+    assert {phase["verdict"] for phase in result["phases"]} == {verdict}
+
+
+# --- the PyTorch release: 2.4 or later, read from the version's leading digits --------------------------
+
+UNREADABLE = "is not MAJOR.MINOR...: measured as if it were 2.4 or later"
+
+
+@pytest.mark.parametrize(
+    ("version", "warning"),
+    [
+        ("2.4.1", None),
+        ("2.4.0a0+git1234567", None),  # a vendor build (NVIDIA's containers read like this)
+        ("2.8.0+rocm6.3", None),
+        ("2.10.0", None),  # two digits: 2.10 is newer than 2.4, as numbers
+        ("3.0", None),
+        ("nightly", f"PyTorch's version 'nightly' {UNREADABLE}"),
+        ("2", f"PyTorch's version '2' {UNREADABLE}"),
+        ("v2.4.1", f"PyTorch's version 'v2.4.1' {UNREADABLE}"),
+        (None, f"PyTorch's version None {UNREADABLE}"),  # the version query failed
+    ],
+)
+def test_a_pytorch_release_is_read_from_its_leading_digits(version, warning):
+    assert mesure_memoire.torch_release_warning(version) == warning
+
+
+@pytest.mark.parametrize("version", ["2.3.1", "2.3.0a0+81ea7a4", "1.13.1+cu117", "0.4.1"])
+def test_a_pytorch_below_2_4_is_refused_naming_both_versions(version):
+    assert kit_error_of(mesure_memoire.torch_release_warning, version) == (
+        f"PyTorch 2.4 or later is needed to measure; this is PyTorch {version!r}: nothing measured, nothing written"
+    )
+
+
+def test_measure_refuses_an_old_pytorch_before_any_gpu_work(stand_in_gpu, monkeypatch, folder, capsys):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(torch, "__version__", "2.3.1")
+    # Before any query that could start CUDA on the device (collect_environment's are the first).
+    monkeypatch.setattr(mesure_memoire, "collect_environment", lambda device: pytest.fail("the GPU was queried"))
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 2
+    assert_one_line(captured.err, "PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1'")
+
+
+def test_an_unreadable_pytorch_version_is_measured_with_a_warning_in_the_result(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(torch, "__version__", "custom-build")
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL))
+    result = mesure_memoire.measure(config(), tool="t")
+    assert result["torch_version_warning"] == f"PyTorch's version 'custom-build' {UNREADABLE}"
+    assert mesure_memoire.result_warnings(result) == [result["torch_version_warning"]]
+
+
+def workspace(kept_bytes, fc1_bytes, fc2_bytes):
+    taken = {"fc1": {"allocated_bytes": fc1_bytes}, "fc2": {"allocated_bytes": fc2_bytes}}
+    return {"measured_bytes": kept_bytes, "allowance_bytes": 256 * MIB, "per_call": taken}
+
+
+def test_workspaces_beyond_the_plan_s_allowance_are_a_warning():
+    result = {"configuration": {"fresh_process_warning": None}, "torch_version_warning": None}
+    assert mesure_memoire.result_warnings({**result, "workspace": workspace(255 * MIB, MIB, 0)}) == []
+    assert mesure_memoire.result_warnings({**result, "workspace": workspace(0, 0, 256 * MIB + 1)}) == [
+        "the BLAS workspaces measured (0 bytes kept, 268435457 per call) exceed the plan's 268435456-byte "
+        "allowance: --plan and its fit rule understate this run"
+    ]
+    assert mesure_memoire.result_warnings({**result, "workspace": {**workspace(8, 0, 0), "per_call": None}}) == []
+
+
+def measure_refusal(settings):
+    with pytest.raises(mesure_memoire.KitError) as refusal:
+        mesure_memoire.measure(settings, tool="t")
+    return refusal.value
+
+
+def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "import_torch", lambda: (None, "ImportError: gone"))
+    refusal = measure_refusal(config())
+    assert str(refusal) == "PyTorch is not importable (ImportError: gone): nothing measured, no file written"
+    assert refusal.exit_code == 2
+    monkeypatch.undo()
+    stand_in_gpu(count=1)
+    SetUpCalls(monkeypatch)
+    assert str(measure_refusal(config(device="cuda:1"))) == (
+        "no usable GPU for cuda:1: cuda:1 is out of range: PyTorch sees 1 device(s); "
+        "nothing measured, no CPU fallback, no file written"
+    )
+    stand_in_gpu(bf16=False)
+    assert str(measure_refusal(config(dtype="bfloat16"))) == (
+        "--dtype bfloat16: bfloat16 is not supported natively by this GPU (Stand-in GPU)"
+    )
+    stand_in_gpu(total_memory=GIB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (GIB, GIB))
+    plan = mesure_memoire.memory_plan(config())
+    assert str(measure_refusal(config())) == mesure_memoire.fit_problem(plan, {"gpu": {"mem_get_info_free_bytes": GIB}})
+    stand_in_gpu()
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4 - 1)
+    assert str(measure_refusal(config())) == (
+        "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB of RAM: shrink --width"
+    )
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4)
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL))
+    assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"  # exactly enough RAM
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: None)  # unknown: not checked
+    assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"
+
+
+def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, monkeypatch):
+    stand_in_gpu(count=2)
+    SetUpCalls(monkeypatch)
+
+    def fails(*args):
+        raise RuntimeError("CUDA error: busy")
+
+    monkeypatch.setattr(torch.cuda, "init", fails)
+    refusal = measure_refusal(config(device="cuda:1"))
+    assert (
+        str(refusal)
+        == "torch.cuda.init failed on cuda:1: RuntimeError: CUDA error: busy; nothing measured, no file written"
+    )
+    assert refusal.exit_code == 2
+    assert refusal.__cause__ is None
+    assert refusal.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            torch.OutOfMemoryError("CUDA out of memory. Tried"),
+            "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
+            "shrink one dimension and retry in a new process",
+        ),
+        (
+            RuntimeError("HIP: Out Of Memory"),
+            "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
+            "shrink one dimension and retry in a new process",
+        ),
+        (
+            RuntimeError("launch failure at /opt/x/y.so"),
+            "phase warmup failed (batch 1, context 16, width 64, dtype float32): RuntimeError: launch failure at "
+            "<path>; nothing written",
+        ),
+    ],
+)
+def test_a_failed_phase_exits_3_with_its_words(stand_in_gpu, monkeypatch, error, message):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+
+    def measure_phases(*args):
+        raise mesure_memoire.PhaseFailed("warmup", error)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
+    with pytest.raises(mesure_memoire.MeasurementFailed) as failure:
+        mesure_memoire.measure(config(), tool="t")
+    assert str(failure.value) == message
+    assert failure.value.exit_code == 3
+    assert failure.value.__cause__ is None
+    assert failure.value.__suppress_context__
+
+
+def test_phase_failed_keeps_the_phase_and_the_error():
+    error = RuntimeError("x")
+    failed = mesure_memoire.PhaseFailed("inputs", error)
+    assert (failed.phase, failed.error, failed.args) == ("inputs", error, ("inputs", error))
+
+
+# --- small pure parts ----------------------------------------------------------------------------------
+
+
+def test_requested_reads_only_whole_counters():
+    requested = mesure_memoire._requested
+    stats = {"requested_bytes.all.current": 5, "requested_bytes.all.peak": 9, "requested_bytes.all.freed": 1.5}
+    assert (requested(stats, "current"), requested(stats, "peak"), requested(stats, "freed")) == (5, 9, None)
+    assert requested({}, "current") is None
+    assert requested(None, "current") is None
+    assert requested(["requested_bytes.all.current"], "current") is None
+
+
+def test_summarize_output_of_a_real_tensor():
+    summary = mesure_memoire.summarize_output(torch, torch.tensor([[0.5, 0.25], [1.0, -2.0]], dtype=torch.float16))
+    assert summary == {"all_finite": True, "checksum_float64": -0.25, "elements": 4}
+    assert type(summary["elements"]) is int
+    assert type(summary["checksum_float64"]) is float
+    assert mesure_memoire.summarize_output(torch, torch.tensor([float("inf")]))["all_finite"] is False
+
+
+# --- measure_phases: the device and dtype of every tensor it creates ------------------------------------
+
+
+class DeviceRecordingTorch:
+    """The real torch module, except that Generator and randn record the device they are given and then
+    run on the CPU: a stand-in, because no GPU can be had here, so that a device argument left out
+    (which on the CPU would still work) fails the test."""
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def Generator(self, device=None):  # noqa: N802 -- torch's name
+        self.seen.append(("Generator", device))
+        return torch.Generator(device="cpu")
+
+    def randn(self, shape, generator=None, device=None, dtype=None):
+        self.seen.append(("randn", shape, device, dtype, generator is not None))
+        return torch.randn(shape, generator=generator, device="cpu", dtype=dtype)
+
+
+def test_measure_phases_puts_the_model_and_inputs_on_the_measured_device(monkeypatch):
+    from conftest import RecordingCudaStandIn
+
+    seen = []
+    real_build_model = mesure_memoire.build_model
+
+    def build_model(torch_module, width):
+        model = real_build_model(torch, width)
+        real_to = model.to
+
+        def to(*args, **kwargs):
+            seen.append(("to", args, kwargs))
+            return real_to(device="cpu", dtype=kwargs.get("dtype"))
+
+        model.to = to
+        return model
+
+    monkeypatch.setattr(mesure_memoire, "build_model", build_model)
+    settings = config(batch=2, context=3, width=4, dtype="bfloat16", warmup=2, repeats=3, seed=5)
+    recorder = RecordingCudaStandIn(device="cuda:7 stand-in")
+    ticks = iter(range(0, 10**6, 7))  # each phase reads the clock twice: 7 ns apart
+    records, summary, _ = mesure_memoire.measure_phases(
+        DeviceRecordingTorch(seen), recorder, "cuda:7 stand-in", settings, clock=lambda: next(ticks)
+    )
+    assert [r["nanoseconds"] for r in records] == [7] * 7
+    assert seen == [
+        ("to", (), {"device": "cuda:7 stand-in", "dtype": torch.bfloat16}),
+        ("Generator", "cuda:7 stand-in"),
+        ("randn", (2, 3, 4), "cuda:7 stand-in", torch.bfloat16, True),
+    ]
+    assert {device for _, device in recorder.devices} == {"cuda:7 stand-in"}
+    assert [(r["phase"], r.get("passes"), r.get("repetition")) for r in records] == [
+        ("model_load", None, None),
+        ("inputs", None, None),
+        ("cold_forward", None, None),
+        ("warmup", 2, None),
+        ("warm_forward", None, 1),
+        ("warm_forward", None, 2),
+        ("warm_forward", None, 3),
+    ]
+    # The seeds: the weights from torch.manual_seed, the inputs from their own generator.
+    torch.manual_seed(5)
+    model = real_build_model(torch, 4).to(dtype=torch.bfloat16).eval()
+    inputs = torch.randn((2, 3, 4), generator=torch.Generator().manual_seed(5), dtype=torch.bfloat16)
+    with torch.inference_mode():
+        expected = model(inputs)
+    assert summary == mesure_memoire.summarize_output(torch, expected)
+    assert summary["elements"] == 24
+
+
+def test_a_failing_seed_is_a_refusal_and_a_failing_phase_names_itself(monkeypatch):
+    from conftest import RecordingCudaStandIn
+
+    class NoSeed(DeviceRecordingTorch):
+        def manual_seed(self, seed):
+            raise RuntimeError("seed refused")
+
+    with pytest.raises(mesure_memoire.KitError) as refusal:
+        mesure_memoire.measure_phases(NoSeed([]), RecordingCudaStandIn(), "dev", config())
+    assert str(refusal.value) == "seeding failed: RuntimeError: seed refused; nothing measured, no file written"
+    assert refusal.value.__cause__ is None
+    assert refusal.value.__suppress_context__
+    error = RuntimeError("bad")
+    recorder = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(6, error))  # cold_forward
+    with pytest.raises(mesure_memoire.PhaseFailed) as failure:
+        mesure_memoire.measure_phases(torch, recorder, torch.device("cpu"), config())
+    assert (failure.value.phase, failure.value.error) == ("cold_forward", error)
+    assert failure.value.__cause__ is error
+    summary_error = ValueError("no summary")
+    monkeypatch.setattr(mesure_memoire, "summarize_output", raising(summary_error))
+    with pytest.raises(mesure_memoire.PhaseFailed) as failure:
+        mesure_memoire.measure_phases(
+            torch, RecordingCudaStandIn(device=torch.device("cpu")), torch.device("cpu"), config()
+        )
+    assert (failure.value.phase, failure.value.error) == ("output_summary", summary_error)
+
+
+class Raising:
+    """Any attribute read (or str()) raises: a stand-in for a PyTorch query that fails."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"{name} broke")
+
+    def __str__(self):
+        raise RuntimeError("version broke")
+
+
+def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+    monkeypatch.setattr(torch, "__version__", Raising())
+    monkeypatch.setattr(torch.backends.cuda, "matmul", Raising())
+    monkeypatch.setattr(torch.backends, "cudnn", Raising())
+    monkeypatch.setattr(torch, "version", Raising())
+
+    def broken():
+        raise RuntimeError("count broke")
+
+    monkeypatch.setattr(torch.cuda, "is_available", broken)
+    monkeypatch.setattr(torch.cuda, "device_count", broken)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["field_errors"] == {
+        "torch": "RuntimeError: version broke",
+        "cuda_matmul_allow_tf32": "RuntimeError: allow_tf32 broke",
+        "cudnn_allow_tf32": "RuntimeError: allow_tf32 broke",
+        "cuda_matmul_allow_fp16_reduced_precision_reduction": (
+            "RuntimeError: allow_fp16_reduced_precision_reduction broke"
+        ),
+        "cuda_matmul_allow_bf16_reduced_precision_reduction": (
+            "RuntimeError: allow_bf16_reduced_precision_reduction broke"
+        ),
+        "cuda_build": "RuntimeError: cuda broke",
+        "hip_build": "RuntimeError: hip broke",
+        "cudnn_or_miopen_version": "RuntimeError: version broke",
+        "cuda_available": "RuntimeError: count broke",
+        "device_count": "RuntimeError: count broke",
+    }
+    assert environment["torch"] is environment["cuda_build"] is environment["hip_build"] is None
+    assert environment["device_count"] is None
+    assert environment["gpu_available"] is False
+    assert environment["gpu_unavailable_reason"] == MESSAGES["no CUDA or ROCm build"]
+    for key in (
+        "cuda_matmul_allow_tf32",
+        "cudnn_allow_tf32",
+        "cuda_matmul_allow_fp16_reduced_precision_reduction",
+        "cuda_matmul_allow_bf16_reduced_precision_reduction",
+    ):
+        assert environment["settings"][key] is None
+
+
+class StandInOutOfMemory(Exception):
+    """A stand-in for PyTorch's out-of-memory error class, whose message does not say "out of memory"."""
+
+
+@pytest.mark.parametrize("where", ["torch.cuda", "torch", "neither"])
+def test_the_out_of_memory_class_is_looked_up_where_pytorch_keeps_it(stand_in_gpu, monkeypatch, where):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    error = StandInOutOfMemory("allocation refused") if where != "neither" else MemoryError("allocation refused")
+    if where == "torch.cuda":
+        monkeypatch.setattr(torch.cuda, "OutOfMemoryError", StandInOutOfMemory, raising=False)
+    else:
+        monkeypatch.delattr(torch.cuda, "OutOfMemoryError", raising=False)
+    if where == "torch":
+        monkeypatch.setattr(torch, "OutOfMemoryError", StandInOutOfMemory)
+    elif where == "neither":
+        monkeypatch.delattr(torch, "OutOfMemoryError")
+
+    def measure_phases(*args):
+        raise mesure_memoire.PhaseFailed("inputs", error)
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
+    with pytest.raises(mesure_memoire.MeasurementFailed) as failure:
+        mesure_memoire.measure(config(), tool="t")
+    assert str(failure.value).startswith("out of memory in phase inputs (batch 1, context 16, width 64, dtype float32)")
+
+
+def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stand_in_gpu, monkeypatch):
+    stand_in_gpu()
+    SetUpCalls(monkeypatch)
+    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: GIB)
+    # 8 * 8192**2 + 5 * 8192 parameters, built in float32 first: 2147647488 bytes.
+    assert str(measure_refusal(config(width=8192))) == (
+        "building the model on the CPU needs 2.00 GiB, more than this machine's 1.00 GiB of RAM: shrink --width"
+    )
+
+
+def test_device_index_reads_the_number_after_cuda():
+    assert mesure_memoire.device_index("cuda:0") == 0
+    assert mesure_memoire.device_index("cuda:12") == 12
+    assert mesure_memoire.device_index("cuda:9999") == 9999
+    for device in ("cuda:10000", "cuda:", "cpu", 0, None, "CUDA:0"):
+        assert (
+            kit_error_of(mesure_memoire.device_index, device)
+            == f"--device: expected cuda:N (for example cuda:0), got {device!r}"
+        )
+
+
+def test_measure_config_validates_each_option_by_its_name():
+    seed = str(mesure_memoire.MAX_SEED)
+    assert mesure_memoire.measure_config("cuda:3", "2", "3", "4", "bfloat16", "0", "1", seed) == {
+        "device": "cuda:3",
+        "batch": 2,
+        "context": 3,
+        "width": 4,
+        "dtype": "bfloat16",
+        "warmup": 0,
+        "repeats": 1,
+        "seed": 2**64 - 1,
+    }
+    assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0)["seed"] == 0
+    good = ["cuda:0", 1, 1, 1, "float32", 0, 1, 0]
+    positive = "a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
+    for index, option in ((1, "--batch"), (2, "--context"), (3, "--width")):
+        args = list(good)
+        args[index] = 0
+        assert kit_error_of(mesure_memoire.measure_config, *args) == f"{option}: expected {positive}"
+    bounded = "in ASCII digits, no leading zero (a measurement is a short, bounded trial), got"
+    for index, option, low, bad in ((5, "--warmup", 0, -1), (6, "--repeats", 1, 0), (5, "--warmup", 0, 1001)):
+        args = list(good)
+        args[index] = bad
+        assert kit_error_of(mesure_memoire.measure_config, *args) == (
+            f"{option}: expected a whole number from {low} to 1000 {bounded} {bad}"
+        )
+    args[5], args[6] = 1000, 1000
+    assert mesure_memoire.measure_config(*args)["warmup"] == 1000 == mesure_memoire.measure_config(*args)["repeats"]
+    args = list(good)
+    args[7] = -1
+    assert kit_error_of(mesure_memoire.measure_config, *args) == (
+        "--seed: expected a whole number from 0 to 18446744073709551615 in ASCII digits, no leading zero, got -1"
+    )
+    args = list(good)
+    args[4] = "float64"
+    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--dtype float64"]
+    args = list(good)
+    args[0] = "cuda"
+    assert kit_error_of(mesure_memoire.measure_config, *args).startswith("--device: expected cuda:N")
+
+
+# --- device-wide memory: mem_get_info outside the timed region (part "fit") --------------------------------
+
+
+class DeviceWideCudaStandIn(RecordingCudaStandIn):
+    """RecordingCudaStandIn with mem_get_info, because no GPU can be had here: each reading is recorded,
+    names the measured device, and the free memory drops by 1 MiB per reading (so baseline and end differ)."""
+
+    total_bytes = 80 * GIB
+
+    def __init__(self, *args, fail=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.readings, self.fail = 0, fail
+
+    def mem_get_info(self, device):
+        self._check("mem_get_info", device)
+        if self.fail is not None:
+            raise self.fail
+        self.readings += 1
+        return self._record("mem_get_info", (self.total_bytes - 2 * GIB - self.readings * MIB, self.total_bytes))
+
+
+def test_the_device_wide_readings_are_taken_outside_the_timed_region_on_the_measured_device():
+    recorder = DeviceWideCudaStandIn()
+    clock = recording_clock(recorder, 100, 350)
+
+    record, _ = mesure_memoire.run_phase(
+        recorder, "dev", "inputs", lambda: recorder.calls.append(("work", None)), clock
+    )
+    names = [name for name, _ in recorder.calls]
+    assert names[:2] == ["synchronize", "mem_get_info"]  # after the device is idle, before any other reading
+    first_clock, last_clock = names.index("clock"), len(names) - 1 - names[::-1].index("clock")
+    assert [i for i, name in enumerate(names) if name == "mem_get_info"] == [1, last_clock + 1]
+    assert names[first_clock : last_clock + 1].count("mem_get_info") == 0  # none inside the timing
+    assert ("mem_get_info", "dev") in recorder.devices
+    assert {device for _, device in recorder.devices} == {"dev"}
+    assert (record["baseline_device_used_bytes"], record["end_device_used_bytes"]) == (2 * GIB + MIB, 2 * GIB + 2 * MIB)
+    assert record["nanoseconds"] == 250
+
+
+def test_a_device_wide_reading_on_another_device_fails_and_a_runtime_error_leaves_null():
+    with pytest.raises(AssertionError, match="mem_get_info"):
+        mesure_memoire.device_used_bytes(DeviceWideCudaStandIn(device="dev"), "other")
+    failing = DeviceWideCudaStandIn(fail=RuntimeError("CUDA error: not supported"))
+    record, _ = mesure_memoire.run_phase(failing, "dev", "inputs", lambda: None)
+    assert record["baseline_device_used_bytes"] is record["end_device_used_bytes"] is None
+    assert record["end_allocated_bytes"] == 1000  # the phase itself is measured as usual
+    assert mesure_memoire.device_used_bytes(RecordingCudaStandIn(), "dev") is None  # no such API
+
+
+def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stand_in_gpu, monkeypatch):
+    stand_in_gpu(count=3)
+    set_up = SetUpCalls(monkeypatch)
+    settings = config(device="cuda:2")
+
+    def mem_get_info(index):
+        set_up.calls.append(("mem_get_info", index))
+        return (70 * GIB, 80 * GIB) if index == 2 else (0, 80 * GIB)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(
+        mesure_memoire,
+        "measure_phases",
+        lambda *args: (
+            agreeing_records(settings),
+            {"all_finite": True, "checksum_float64": 0.5, "elements": 1024},
+            NO_PER_CALL,
+        ),
+    )
+    result = mesure_memoire.measure(settings, tool="a tool")
+    assert result["schema_version"] == 5
+    assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB
+    names = [call[0] for call in set_up.calls]
+    assert names.index("init") < len(names) - 1 - names[::-1].index("mem_get_info")  # read after init
+    assert set_up.calls[-1] == ("mem_get_info", 2)  # the chosen device, by index, after the other set-up calls

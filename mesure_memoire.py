@@ -14,6 +14,10 @@ Usage::
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
 failures print one line on stderr and exit 2 (3 when the GPU runs out of memory).
 
+What only some commands need (PyTorch, matplotlib, and json, re, datetime, platform, stat, warnings, signal and
+subprocess from the standard library) is imported in the function that uses it, once, here said for all: the
+estimate starts nearly as fast as a bare Python, and nothing but a measurement or a diagnosis loads PyTorch.
+
 The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim into
 ``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.  A block
 titled ``N. `` opens step N, ``N.2 ``, ``N.3 `` ... right after it continue that step, and the others
@@ -215,7 +219,7 @@ _BARE_PATH = (
 
 def redact(text):
     """The first non-empty line of an error message, on one line, with file-system paths removed."""
-    import re  # only error messages need it: start-up time
+    import re
 
     text = re.sub(_QUOTED_PATH, lambda match: f"{match[1]}<path>{match[1]}", str(text))
     text = re.sub(_BARE_PATH, "<path>", text)
@@ -226,7 +230,7 @@ def redact(text):
 def as_notebook_message(error):
     """A refusal as the notebook shows it: the option it starts with (``--reserve-gib``) named as the
     notebook's parameter (``RESERVE_GIB``), which is what its user typed."""
-    import re  # only refusals need it
+    import re
 
     return re.sub(r"^--([a-z]+(?:-[a-z]+)*)(?=:| \S+:)", lambda found: found[1].replace("-", "_").upper(), str(error))
 
@@ -259,7 +263,7 @@ class CapturedWarnings:
         self.field_errors = field_errors
 
     def __enter__(self):
-        import warnings  # here only: the estimate never needs it
+        import warnings
 
         self._catcher = warnings.catch_warnings(record=True)
         self._caught = self._catcher.__enter__()
@@ -431,12 +435,16 @@ def _guarded(read):
 
 
 def collect_environment(device):
-    """What this process sees: Python, OS, PyTorch and the chosen GPU.
+    """What this process sees: Python, OS, PyTorch and the chosen GPU (``device``, as the user wrote it).
 
     Reads no environment variable and records no hostname, user name, path, GPU UUID
     or serial number.  Each query that fails leaves null and a line in ``field_errors``.
     """
-    index = device_index(device)
+    return environment_of(device, device_index(device))
+
+
+def environment_of(device, index):
+    """collect_environment's, for a device already read (``index``: its N)."""
     environment = _empty_environment(device)
     query = _field_query(environment["field_errors"])
     torch, environment["torch_error"] = import_torch()
@@ -481,7 +489,7 @@ def collect_environment(device):
 
 def _empty_environment(device):
     """The environment's fields before PyTorch is asked anything: Python and the OS only."""
-    import platform  # here only: the estimate's start-up does not pay for it
+    import platform
 
     return {
         "python": {
@@ -593,7 +601,7 @@ def _kept_divisions(divisions):
 
 def _settings_from_text(text):
     """The known keys' values of PyTorch's allocator-settings text, parsed as PyTorch parses them."""
-    import re  # only the environment needs it: start-up time
+    import re
 
     parsed = {"max_split_size_bytes": None, "expandable_segments": False, "roundup_power2_divisions": {}}
     text = text.replace(" ", "")
@@ -1288,55 +1296,70 @@ def summarize_output(torch, output):
 
 # >>> notebook: 3.4 The prediction check: the measured counters against the plan
 def check_against_plan(records, plan, per_call=None):
-    """Put each phase's prediction, verdict and disagreements beside its measurement.
+    """Each phase's record with its prediction, verdict and disagreements beside its measurement.
 
     Requested bytes must match exactly; allocated bytes must lie between the 512-byte rounded
     prediction and that plus the large blocks' slack.  The first forward's BLAS workspace is
     measured: what it leaves allocated beyond the predicted output.  ``per_call`` (from
     measure_per_call_workspace; None: not measured) is what each matrix product takes and gives back:
-    the forwards are predicted again with it held during each product's call.  Returns
-    (records, prediction_check, workspace).
+    the forwards are predicted again with it held during each product's call.  Returns new
+    (records, prediction_check, workspace); ``records`` are left as they were.
     """
-    disagreements, not_checked = [], []
-    workspace = {"measured_bytes": None, "requested_bytes": None,
+    forwards = forwards_with_workspaces(plan, per_call)
+    predictions = [forwards.get(planned["phase"], planned) for planned in plan["phases"]]
+    kept = _kept_workspace(records, predictions, plan)
+    checked = [
+        _checked_record(record, predicted, plan, kept) for record, predicted in zip(records, predictions, strict=True)
+    ]
+    disagreements = [disagreement for record in checked for disagreement in record["disagreements"]]
+    not_checked = [_phase_label(record) for record in checked if record["verdict"] == "not checked"]
+    prediction_check = {"agrees": not disagreements and not not_checked, "disagreements": disagreements,
+                        "not_checked": not_checked}  # fmt: skip
+    workspace = {"measured_bytes": kept["allocated_bytes"], "requested_bytes": kept["requested_bytes"],
                  "how": "cold_forward's end level above its baseline, less its predicted output: what the first "
                  "forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
                  "allowance_bytes": plan["blas_workspace_allowance_bytes"],
                  "per_call": per_call, "per_call_how": PER_CALL_HOW}  # fmt: skip
-    forwards = forwards_with_workspaces(plan, per_call)
-    checked = []
-    for record, planned in zip(records, plan["phases"], strict=True):
-        predicted = forwards.get(record["phase"], planned)
-        expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
-        measured = _above_baseline(record)
-        reason = _not_modelled(record["phase"], plan)
-        record_disagreements = []
-        if reason is None:
-            low, high = _accepted_range(record, predicted, expected, measured, workspace)
-            record_disagreements = _disagreements(record, measured, low, high)
-        record["predicted"] = {**expected, "relative_to": "the phase's baseline",
-                               "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
-                               "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"]}  # fmt: skip
-        if record["phase"] == "cold_forward":
-            # The peaks are checked with the measured workspace added (it is allocated and kept).
-            record["predicted"]["peaks_checked_plus_measured_workspace"] = {
-                "allocated_bytes": workspace["measured_bytes"],
-                "requested_bytes": workspace["requested_bytes"],
-            }
-        record["disagreements"] = record_disagreements
-        if record_disagreements:
-            record["verdict"], record["verdict_reason"] = "disagrees", None
-        elif reason or len(measured) < len(PREDICTED_COUNTERS):
-            record["verdict"] = "not checked"
-            record["verdict_reason"] = reason or "this PyTorch's memory_stats has no requested-bytes counters"
-            not_checked.append(_phase_label(record))
-        else:
-            record["verdict"], record["verdict_reason"] = "agrees", None
-        disagreements += record_disagreements
-        checked.append(record)
-    prediction_check = {"agrees": not disagreements and not not_checked, "disagreements": disagreements,
-                        "not_checked": not_checked}  # fmt: skip
     return checked, prediction_check, workspace
+
+
+def _kept_workspace(records, predictions, plan):
+    """What the first forward leaves allocated beyond its predicted output (the BLAS workspaces it keeps), as
+    {"allocated_bytes", "requested_bytes"}: None where not measured, or where that phase is not modelled."""
+    for record, predicted in zip(records, predictions, strict=True):
+        if record["phase"] == "cold_forward" and _not_modelled("cold_forward", plan) is None:
+            measured = _above_baseline(record)
+            requested = measured.get("end_requested_bytes")
+            return {
+                "allocated_bytes": measured["end_allocated_bytes"] - predicted["end_allocated_bytes"],
+                "requested_bytes": None if requested is None else requested - predicted["end_requested_bytes"],
+            }
+    return {"allocated_bytes": None, "requested_bytes": None}
+
+
+def _checked_record(record, predicted, plan, kept):
+    """``record`` with its prediction, disagreements and verdict."""
+    expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
+    measured = _above_baseline(record)
+    reason = _not_modelled(record["phase"], plan)
+    disagreements = []
+    if reason is None:
+        low, high = _accepted_range(record["phase"], predicted, measured, kept)
+        disagreements = _disagreements(record, measured, low, high)
+    checked = {**record, "predicted": {**expected, "relative_to": "the phase's baseline",
+               "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
+               "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"]}}  # fmt: skip
+    if record["phase"] == "cold_forward":
+        # The peaks are checked with the measured workspace added (it is allocated and kept).
+        checked["predicted"]["peaks_checked_plus_measured_workspace"] = dict(kept)
+    checked["disagreements"] = disagreements
+    checked["verdict"], checked["verdict_reason"] = "agrees", None
+    if disagreements:
+        checked["verdict"] = "disagrees"
+    elif reason or len(measured) < len(PREDICTED_COUNTERS):
+        checked["verdict"] = "not checked"
+        checked["verdict_reason"] = reason or "this PyTorch's memory_stats has no requested-bytes counters"
+    return checked
 
 
 def forwards_with_workspaces(plan, per_call):
@@ -1382,28 +1405,23 @@ def _above_baseline(record):
     return measured
 
 
-def _accepted_range(record, predicted, expected, measured, workspace):
-    """(low, high): the bounds each measured counter must lie within (high None: no upper bound).
-
-    On the first cold_forward, records the measured workspace in ``workspace`` and widens the bounds by it."""
-    low = {counter: expected[counter] for counter in measured}
+def _accepted_range(phase, predicted, measured, kept):
+    """(low, high): the bounds each measured counter must lie within (high None: no upper bound).  The first
+    forward's are widened by the workspace it keeps (``kept``, from _kept_workspace)."""
+    low = {counter: predicted[counter] for counter in measured}
     high = dict(low)
     high["end_allocated_bytes"] += predicted["end_allocated_slack_bytes"]
     high["peak_allocated_bytes"] += predicted["peak_allocated_slack_bytes"]
-    if record["phase"] == "cold_forward" and workspace["measured_bytes"] is None:
+    if phase == "cold_forward":
         # The workspace stays allocated: it sits in the end level and, from the first
         # product on, in the peak.  The end only has to hold at least the output.
-        workspace_bytes = measured["end_allocated_bytes"] - expected["end_allocated_bytes"]
-        workspace["measured_bytes"] = workspace_bytes
         high["end_allocated_bytes"] = None
-        low["peak_allocated_bytes"] += workspace_bytes - predicted["end_allocated_slack_bytes"]
-        high["peak_allocated_bytes"] += workspace_bytes
+        low["peak_allocated_bytes"] += kept["allocated_bytes"] - predicted["end_allocated_slack_bytes"]
+        high["peak_allocated_bytes"] += kept["allocated_bytes"]
         if "end_requested_bytes" in measured:
-            workspace_requested = measured["end_requested_bytes"] - expected["end_requested_bytes"]
-            workspace["requested_bytes"] = workspace_requested
             high["end_requested_bytes"] = None
-            low["peak_requested_bytes"] += workspace_requested
-            high["peak_requested_bytes"] += workspace_requested
+            low["peak_requested_bytes"] += kept["requested_bytes"]
+            high["peak_requested_bytes"] += kept["requested_bytes"]
     return low, high
 
 
@@ -1476,6 +1494,7 @@ def check_new_output(path):
             )
         if not os.path.isdir(folder):
             raise KitError(f"--output: the folder of {name_as_typed(path)} does not exist")
+        # The file is written after the measurement: a name too long for this file system is refused now.
         name_max, path_max = _name_limits(folder)
         if len(os.fsencode(name)) > name_max or len(os.fsencode(path)) >= path_max:
             raise KitError(
@@ -1611,18 +1630,19 @@ def measure(config, tool):
     with an unsupported dtype, sizes whose predicted peak cannot fit, or a failed set-up step; raises
     MeasurementFailed (exit 3) when a phase fails.
     """
-    from datetime import datetime, timezone  # here only: the estimate's start-up does not pay for it
+    from datetime import datetime, timezone
 
     model_summary = synthetic_model(config)
     torch, torch_version_warning = _torch_to_measure_with()
     cuda = torch.cuda
     set_up = _set_up_step(config["device"])
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
-    environment = collect_environment(config["device"])
+    index = device_index(config["device"])
+    environment = environment_of(config["device"], index)
     if ALLOCATOR_REFUSED in environment["field_errors"].values():
         raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
     plan = memory_plan(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
-    index = _refuse_what_cannot_run(torch, set_up, config, plan, environment)
+    _refuse_what_cannot_run(torch, set_up, config, index, plan, environment)
     device = torch.device("cuda", index)
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
@@ -1693,15 +1713,14 @@ def _set_up_step(device):
     return set_up
 
 
-def _refuse_what_cannot_run(torch, set_up, config, plan, environment):
+def _refuse_what_cannot_run(torch, set_up, config, index, plan, environment):
     """Refuse, before the kit allocates anything on the GPU: no usable GPU, a dtype it lacks, a predicted
-    peak that cannot fit, a model the host cannot build.  Returns the device's index."""
+    peak that cannot fit, a model the host cannot build."""
     if not environment["gpu_available"]:
         raise KitError(
             f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; "
             "nothing measured, no CPU fallback, no file written"
         )
-    index = device_index(config["device"])
     problem = set_up("the dtype probe", lambda: _dtype_problem(torch, index, config["dtype"]))
     if problem:
         raise KitError(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
@@ -1715,7 +1734,6 @@ def _refuse_what_cannot_run(torch, set_up, config, plan, environment):
             f"building the model on the CPU needs {in_units(cpu_build_bytes)} GiB, more than this "
             f"machine's {in_units(host_bytes)} GiB of RAM: shrink --width"
         )
-    return index
 
 
 def _measurement_failed(torch, config, failure):
@@ -1740,9 +1758,8 @@ def measure_to_file(config, output_path, tool):
     check_new_output(output_path)
     with CapturedWarnings():
         result = measure(config, tool)
-    environment = result.get("environment")
-    if PYTORCH_WARNINGS and isinstance(environment, dict) and isinstance(environment.get("field_errors"), dict):
-        environment["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
+    if PYTORCH_WARNINGS:
+        result["environment"]["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
     try:
         write_new_file(output_path, to_json(result))
     except OSError as error:
@@ -1897,7 +1914,7 @@ def read_result_file(path):
     FIFOs, devices and folders are refused without being read (opened non-blocking, then checked).
     """
     import json
-    import stat  # only this reader needs it
+    import stat
 
     # Non-blocking, so that a FIFO cannot hang the open; binary, so that Windows translates nothing.
     try:
@@ -2283,7 +2300,7 @@ FLAGGED_NOTE = "*: flagged in report's table"
 
 def import_pyplot():
     """matplotlib's pyplot; a KitError where it is not importable or too old: the kit never requires it."""
-    import re  # only the figure needs it
+    import re
 
     try:
         import matplotlib

@@ -238,12 +238,12 @@ CHILD = "import sys; sys.path[:0] = sys.argv[1:2]; import gpu_validation as g; g
 
 
 def command_for(kind, arguments):
-    """The real command of a child: (argv, shown).  The tests replace it with named stand-ins."""
+    """The real command of a child: (argv, displayed).  The tests replace it with named stand-ins."""
     argv = [sys.executable, str(ROOT / "mesure_memoire.py")] if kind == "kit" else [sys.executable, "-c"]
     argv += [CHILD, str(TOOLS)] if kind == "cross-check" else []
     argv = ["nvidia-smi"] if kind == "vendor" else argv
-    shown = {"kit": "python3 mesure_memoire.py", "vendor": "nvidia-smi"}.get(kind, f"python3 <the {kind} child>")
-    return [*argv, *arguments], " ".join([shown, *arguments]) if kind in ("kit", "vendor") else shown
+    displayed = {"kit": "python3 mesure_memoire.py", "vendor": "nvidia-smi"}.get(kind, f"python3 <the {kind} child>")
+    return [*argv, *arguments], " ".join([displayed, *arguments]) if kind in ("kit", "vendor") else displayed
 
 
 def without_owner(member):  # an archive member without this machine's user and group
@@ -265,12 +265,12 @@ class Runner:  # children one at a time, each in its own session, within a per-c
         self.records = []
 
     def run(self, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
-        argv, shown = command_for(kind, arguments)
+        argv, displayed = command_for(kind, arguments)
         # The one variable this tool sets, for one child: the allocator setting that child runs under.
         env = None if setting is None else {**os.environ, ALLOCATOR_VARIABLE: setting}
-        shown = shown if setting is None else f"{ALLOCATOR_VARIABLE}={setting} {shown}"
+        displayed = displayed if setting is None else f"{ALLOCATOR_VARIABLE}={setting} {displayed}"
         limit = min(timeout_seconds or self.timeout_seconds, self.deadline - time.monotonic())
-        record = dict(name=name, command=shown, outcome="not run", exit_status=None, seconds=0.0, stdout="")
+        record = dict(name=name, command=displayed, outcome="not run", exit_status=None, seconds=0.0, stdout="")
         record["stderr"] = "not run: the children's time budget is spent"
         self.records.append(record)
         if limit < 1:
@@ -326,8 +326,8 @@ def check_result(result, requested=None):
     names = [phase.get("phase") for phase in phases]
     rows.append(("structure", "phase lines", names == kit.phase_names(config), f"{len(names)} lines"))
     check = result.get("prediction_check") if isinstance(result.get("prediction_check"), dict) else {}
-    shown = "; ".join(kit.one_line(json.dumps(d)) for d in check.get("disagreements") or [])
-    rows.append(("prediction", "prediction_check agrees", check.get("agrees") is True, shown))
+    listed = "; ".join(kit.one_line(json.dumps(d)) for d in check.get("disagreements") or [])
+    rows.append(("prediction", "prediction_check agrees", check.get("agrees") is True, listed))
     verdicts = [phase.get("verdict") for phase in phases]
     rows.append(("prediction", "every phase's verdict agrees", set(verdicts) == {"agrees"}, verdicts))
     rows.append(recheck(result))

@@ -2549,14 +2549,19 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
 # <<< command-line contract
 
 
+def _print(text, flush=False):
+    """One line on stdout, escaped where stdout cannot encode it (PYTHONIOENCODING=ascii, a C locale): a GPU
+    or file name is data, not an error."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding), flush=flush)
+
+
 def _emit(args, data, formatter):
-    # The JSON and the text come from the same data.  JSON is ASCII; the text is escaped where stdout
-    # cannot encode it (PYTHONIOENCODING=ascii, a C locale): a GPU or file name is data, not an error.
+    # The JSON and the text come from the same data; JSON is ASCII.
     if args.json:
         sys.stdout.write(to_json(data))
     else:
-        encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
-        sys.stdout.write(formatter(data).encode(encoding, "backslashreplace").decode(encoding) + "\n")
+        _print(formatter(data))
 
 
 def _command_estimate(args):
@@ -2592,9 +2597,9 @@ def _command_measure(args):
     result = measure_to_file(config, output_path, tool="mesure_memoire.py")
     for warning in result_warnings(result):
         say("mesure_memoire.py", warning, prefix="warning: ")
-    print(format_phase_table(result))
+    _print(format_phase_table(result))
     # As typed, however long (the user needs the whole name); repr only when it would break the line.
-    print(f"Result written to {output_path if output_path.isprintable() else repr(output_path)}")
+    _print(f"Result written to {output_path if output_path.isprintable() else repr(output_path)}")
 
 
 def _command_report(args):
@@ -2761,7 +2766,7 @@ def sweep_children(dimension, configs, environment, folder, timeout_s):
             if status != 0 or not os.path.isfile(output):
                 return written, child_stopped(where, status, err, plan, timeout_s)
             written.append((value, output))
-            print(f"{where}: measured, {name_as_typed(output)}", flush=True)
+            _print(f"{where}: measured, {name_as_typed(output)}", flush=True)
         return written, None
     finally:
         if created and not written:  # nothing measured: no folder left behind (its leftovers are gone)
@@ -2789,9 +2794,9 @@ def _command_sweep(args):
     if not written:
         raise stop
     if stop is not None:
-        print(f"Sweep stopped: {stop}")
-    print(format_report(report([path for _, path in written])))
-    print(f"Largest {dimension} measured: {written[-1][0]}")
+        _print(f"Sweep stopped: {stop}")
+    _print(format_report(report([path for _, path in written])))
+    _print(f"Largest {dimension} measured: {written[-1][0]}")
 
 
 # The help: module constants, not __doc__, so that it survives python -OO.

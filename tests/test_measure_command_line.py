@@ -243,6 +243,28 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
     assert captured.out.endswith("\nResult written to plain name.json\n")
 
 
+def ascii_only_stdout(monkeypatch):
+    """sys.stdout as PYTHONIOENCODING=ascii (or a C locale) makes it; returns what was written to it."""
+    written = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(written, encoding="ascii"))
+    return written
+
+
+def test_a_name_an_ascii_only_stdout_cannot_encode_is_escaped_not_a_failure(monkeypatch):
+    result = {
+        "configuration": {"fresh_process_warning": None},
+        "torch_version_warning": None,
+        "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": None},
+        "phases": [],
+    }
+    monkeypatch.setattr(mesure_memoire, "measure_to_file", lambda configuration, output, tool: result)
+    written = ascii_only_stdout(monkeypatch)
+    # The result is written before its name is printed: the status must not say the command failed.
+    assert mesure_memoire.main([*MEASURE, "--output", "r\u00e9sultat.json"]) == 0
+    sys.stdout.flush()
+    assert written.getvalue().decode("ascii").endswith("Result written to r\\xe9sultat.json\n")
+
+
 # --- the phase table ---------------------------------------------------------------------------------
 
 PHASE_TABLE_RESULT = {

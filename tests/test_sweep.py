@@ -1,6 +1,7 @@
 """`sweep`: one `measure` per value, each in a fresh child, after the plan's fit check; every path is run
 with a stand-in interpreter for the children (tests/data/sweep/stand_in_python.py), since no GPU exists here."""
 
+import io
 import json
 import os
 import signal
@@ -120,6 +121,18 @@ def test_each_value_is_measured_in_a_fresh_child_then_reported(stand_in, capsys)
         table + "\nLargest width measured: 1024\n"
     )
     assert [row["width"] for row in mesure_memoire.report(files)["results"]] == [256, 512, 1024]
+
+
+def test_an_ascii_only_stdout_gets_the_folder_s_non_ascii_name_escaped(stand_in, monkeypatch):
+    stand_in({"256": "write"})
+    written = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(written, encoding="ascii"))
+    arguments = [*SWEEP[: SWEEP.index("--output-dir")], "--output-dir", "sortie-\u00e9", "--values", "256"]
+    assert mesure_memoire.main(arguments) == 0
+    sys.stdout.flush()
+    out = written.getvalue().decode("ascii")
+    assert out.startswith("width 256: measured, sortie-\\xe9/mesures-width-256.json\n")
+    assert out.endswith("Largest width measured: 256\n")
 
 
 def test_the_children_run_this_interpreter_and_this_script():

@@ -16,7 +16,7 @@ failures print one line on stderr and exit 2 (3 when the GPU runs out of memory)
 
 What only some commands need (PyTorch, matplotlib, and json, re, datetime, platform, stat, warnings, signal and
 subprocess from the standard library) is imported in the function that uses it, once, here said for all: the
-estimate starts nearly as fast as a bare Python, and nothing but a measurement or a diagnosis loads PyTorch.
+estimate starts quickly, and nothing but a measurement or a diagnosis loads PyTorch.
 
 The blocks between ``# >>> notebook`` and ``# <<< notebook`` are copied verbatim into
 ``mesure-memoire.ipynb`` by ``tools/build_notebook.py``: edit them here, then rebuild.  A block

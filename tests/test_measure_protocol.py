@@ -605,6 +605,12 @@ def test_workspaces_beyond_the_plan_s_allowance_are_a_warning():
         "allowance: --plan and its fit rule understate this run"
     ]
     assert mesure_memoire.result_warnings({**result, "workspace": {**workspace(8, 0, 0), "per_call": None}}) == []
+    assert mesure_memoire.result_warnings({**result, "workspace": workspace(256 * MIB, 0, 1)}) == [
+        "the BLAS workspaces measured (268435456 bytes kept, 1 per call) exceed the plan's 268435456-byte "
+        "allowance: --plan and its fit rule understate this run"
+    ]
+    # The kept workspace is not measured where cold_forward is not modelled: only the per-call one counts.
+    assert mesure_memoire.result_warnings({**result, "workspace": workspace(None, 256 * MIB, 0)}) == []
 
 
 def measure_refusal(settings):

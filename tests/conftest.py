@@ -475,5 +475,30 @@ MESSAGES = {
     "--output empty": "--output: a new file name is required",
     "dtype probe failed": "the dtype probe failed on cuda:0",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
-    "--output sub/o.json cannot be created": "--output: cannot create sub/o.json",
+    "--output too long": "--output: {name} is too long for this file system (names: {limit} bytes)",
+    "--output exists": "--output: {name} already exists; choose a new name (results are never overwritten)",
+    "--output a folder": "--output: {name} names a folder, not a new file",
+    "--output no folder": "--output: the folder of {name} does not exist",
+    "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
+    "--output appeared meanwhile": "--output: {name} appeared meanwhile; nothing overwritten",
+    "--output cannot write": "--output: cannot write {name}: {error}; nothing written",
 }
+
+
+def error_line(message, prog="mesure_memoire.py"):
+    """A refusal as the program prints it on stderr: its name, "error", the message, one line."""
+    return f"{prog}: error: {message}\n"
+
+
+def message_pattern(key, **values):
+    """MESSAGES[key] as a regular expression: each field given stands for its value, any other for any text
+    (for a variable part this machine cannot fix, such as an operating system's wording)."""
+    import re
+    import string
+
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(MESSAGES[key]):
+        parts.append(re.escape(literal))
+        if field is not None:
+            parts.append(re.escape(str(values[field])) if field in values else ".+")
+    return "".join(parts)

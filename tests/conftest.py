@@ -482,6 +482,53 @@ MESSAGES = {
     "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
     "--output appeared meanwhile": "--output: {name} appeared meanwhile; nothing overwritten",
     "--output cannot write": "--output: cannot write {name}: {error}; nothing written",
+    "not a fresh process": (
+        "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
+        "the figures are not comparable; restart it"
+    ),
+    "unreadable PyTorch version": (
+        "PyTorch's version {version} is not MAJOR.MINOR...: measured as if it were 2.4 or later"
+    ),
+    "PyTorch too old": (
+        "PyTorch 2.4 or later is needed to measure; this is PyTorch {version}: nothing measured, nothing written"
+    ),
+    "BLAS workspaces beyond the allowance": (
+        "the BLAS workspaces measured ({kept} bytes kept, {per_call} per call) exceed the plan's {allowance}-byte "
+        "allowance: --plan and its fit rule understate this run"
+    ),
+    "PyTorch not importable, nothing measured": (
+        "PyTorch is not importable ({error}): nothing measured, no file written"
+    ),
+    "no usable GPU, nothing measured": (
+        "no usable GPU for {device}: {reason}; nothing measured, no CPU fallback, no file written"
+    ),
+    "dtype not supported": "--dtype {dtype}: {problem} ({gpu})",
+    "bfloat16 not native": "bfloat16 is not supported natively by this GPU",
+    "host RAM too small": (
+        "building the model on the CPU needs {needed} GiB, more than this machine's {available} GiB of RAM: "
+        "shrink --width"
+    ),
+    "set-up step failed": "{step} failed on {device}: {error}; nothing measured, no file written",
+    "phase out of memory": (
+        "out of memory in phase {phase} ({dimensions}) on {device}: nothing written; shrink one dimension and "
+        "retry in a new process"
+    ),
+    "phase failed": "phase {phase} failed ({dimensions}): {error}; nothing written",
+    "seeding failed": "seeding failed: {error}; nothing measured, no file written",
+    "--device not cuda:N": "--device: expected cuda:N (for example cuda:0), got {device}",
+    "positive whole number": (
+        "{option}: expected a positive whole number of at most 30 ASCII digits, no leading zero, got {value}"
+    ),
+    "whole number at least": (
+        "{option}: expected a whole number >= {minimum} of at most 30 ASCII digits, no leading zero, got {value}"
+    ),
+    "whole number in range": (
+        "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero, got {value}"
+    ),
+    "bounded trial": (
+        "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
+        "(a measurement is a short, bounded trial), got {value}"
+    ),
 }
 
 

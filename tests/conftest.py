@@ -525,6 +525,23 @@ MESSAGES = {
     "whole number in range": (
         "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero, got {value}"
     ),
+    "report: not a kit result": "report: {file} is not a kit result: {why}",
+    "report: does not exist": "report: {file} does not exist",
+    "report: cannot be opened": "report: {file} cannot be opened ({error})",
+    "report: cannot be read": "report: {file} cannot be read ({error})",
+    "report: FILE missing": "report: the following arguments are required: FILE",
+    "report: not a regular file": "not a regular file",
+    "report: larger than 32 MiB": "larger than 32 MiB",
+    "report: too many digits": "a number has too many digits to read (ValueError)",
+    "report: nested too deep": "nested too deep to read (RecursionError); a kit result nests a few levels",
+    "report: not JSON": "not JSON ({error})",
+    "report: not UTF-8": "not UTF-8 text",
+    "report: a JSON list": "a JSON list, not an object",
+    "report: fresh_process_warning not text": "its configuration.fresh_process_warning is neither null nor text",
+    "report: device_ms not a time": "a warm_forward line's device_ms, {value}, is neither null nor a time >= 0",
+    "report: allocator_settings not measure's": (
+        "its environment's allocator_settings is neither null nor what measure writes"
+    ),
     "bounded trial": (
         "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
         "(a measurement is a short, bounded trial), got {value}"

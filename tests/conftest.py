@@ -471,7 +471,7 @@ MESSAGES = {
     "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required",
     "calculator: --gpu without value": "argument --gpu: expected one argument",
     "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
-    "Ctrl-C, no partial file": "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n",
+    "interrupted, no partial file": "mesure_memoire.py: interrupted ({signal}); no partial file left behind\n",
     "--output empty": "--output: a new file name is required",
     "dtype probe failed": "the dtype probe failed on cuda:0",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
@@ -542,6 +542,21 @@ MESSAGES = {
     "report: allocator_settings not measure's": (
         "its environment's allocator_settings is neither null nor what measure writes"
     ),
+    "no usable GPU, no folder created": "no usable GPU for {device}: {reason}; nothing measured, no folder created",
+    "sweep stopped": "Sweep stopped: {stop}",
+    "sweep: predicted not to fit": "{where}: predicted not to fit, not launched{also}: {problem}",
+    "sweep: nor the larger values": " (nor the {count} larger value(s))",
+    "sweep: does not fit": (
+        "{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
+        "({peak_gib} GiB), needing {needs} bytes ({needs_gib} GiB) free"
+    ),
+    "sweep: the child refused": "{where}: the child refused (exit status {status}): {line}",
+    "sweep: the child timed out": (
+        "{where}: the child did not finish within {seconds} s and was stopped; nothing kept for it"
+    ),
+    "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
+    "--values not increasing": "--values: expected strictly increasing whole numbers separated by commas, got {value}",
+    "--vary not a dimension": "--vary: expected one of batch, context, width, got {value}",
     "bounded trial": (
         "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
         "(a measurement is a short, bounded trial), got {value}"
@@ -552,6 +567,11 @@ MESSAGES = {
 def error_line(message, prog="mesure_memoire.py"):
     """A refusal as the program prints it on stderr: its name, "error", the message, one line."""
     return f"{prog}: error: {message}\n"
+
+
+def warning_line(message, prog="mesure_memoire.py"):
+    """A warning as the program prints it on stderr: its name, "warning", the message, one line."""
+    return f"{prog}: warning: {message}\n"
 
 
 def message_pattern(key, **values):

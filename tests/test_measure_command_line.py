@@ -536,7 +536,7 @@ def test_ctrl_c_is_one_exact_line_and_status_130(capsys, monkeypatch):
     monkeypatch.setattr(mesure_memoire, "estimate_weights", interrupted)
     assert mesure_memoire.main(["estimate", "--parameters", "1", "--bits", "1"]) == 130
     captured = capsys.readouterr()
-    assert captured.err == MESSAGES["Ctrl-C, no partial file"]
+    assert captured.err == MESSAGES["interrupted, no partial file"].format(signal="Ctrl-C")
     assert captured.out == ""
 
 
@@ -687,7 +687,7 @@ def test_a_signal_while_writing_removes_the_partial_file(tmp_path, sent, status,
         os.close(read_end)
         process.kill()
     assert (process.returncode, out) == (status, b"")
-    assert err.decode() == f"mesure_memoire.py: interrupted ({said}); no partial file left behind\n"
+    assert err.decode() == MESSAGES["interrupted, no partial file"].format(signal=said)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -557,6 +557,17 @@ MESSAGES = {
     "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
     "--values not increasing": "--values: expected strictly increasing whole numbers separated by commas, got {value}",
     "--vary not a dimension": "--vary: expected one of batch, context, width, got {value}",
+    "calculator: nothing computed": "{what}: {reason}; nothing computed",
+    "calculator: larger than": "larger than {limit} bytes",
+    "calculator: cannot be read": "cannot be read ({error})",
+    "calculator: no run recorded": "no run recorded yet (header only): add one row per real run",
+    "calculator: outside the folder": "resolves outside the results file's folder (through a link)",
+    "calculator: measurement files too large": (
+        "the distinct measurement files named so far total more than {bound} bytes, the most --results hashes "
+        "(a bound on its time)"
+    ),
+    "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
+    "calculator: --lots not positive": "--lots: expected a positive whole number, got {value}",
     "bounded trial": (
         "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
         "(a measurement is a short, bounded trial), got {value}"

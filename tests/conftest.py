@@ -471,9 +471,129 @@ MESSAGES = {
     "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required",
     "calculator: --gpu without value": "argument --gpu: expected one argument",
     "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
-    "Ctrl-C, no partial file": "mesure_memoire.py: interrupted (Ctrl-C); no partial file left behind\n",
+    "interrupted, no partial file": "mesure_memoire.py: interrupted ({signal}); no partial file left behind\n",
     "--output empty": "--output: a new file name is required",
     "dtype probe failed": "the dtype probe failed on cuda:0",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
-    "--output sub/o.json cannot be created": "--output: cannot create sub/o.json",
+    "--output too long": "--output: {name} is too long for this file system (names: {limit} bytes)",
+    "--output exists": "--output: {name} already exists; choose a new name (results are never overwritten)",
+    "--output a folder": "--output: {name} names a folder, not a new file",
+    "--output no folder": "--output: the folder of {name} does not exist",
+    "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
+    "--output appeared meanwhile": "--output: {name} appeared meanwhile; nothing overwritten",
+    "--output cannot write": "--output: cannot write {name}: {error}; nothing written",
+    "not a fresh process": (
+        "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
+        "the figures are not comparable; restart it"
+    ),
+    "unreadable PyTorch version": (
+        "PyTorch's version {version} is not MAJOR.MINOR...: measured as if it were 2.4 or later"
+    ),
+    "PyTorch too old": (
+        "PyTorch 2.4 or later is needed to measure; this is PyTorch {version}: nothing measured, nothing written"
+    ),
+    "BLAS workspaces beyond the allowance": (
+        "the BLAS workspaces measured ({kept} bytes kept, {per_call} per call) exceed the plan's {allowance}-byte "
+        "allowance: --plan and its fit rule understate this run"
+    ),
+    "PyTorch not importable, nothing measured": (
+        "PyTorch is not importable ({error}): nothing measured, no file written"
+    ),
+    "no usable GPU, nothing measured": (
+        "no usable GPU for {device}: {reason}; nothing measured, no CPU fallback, no file written"
+    ),
+    "dtype not supported": "--dtype {dtype}: {problem} ({gpu})",
+    "bfloat16 not native": "bfloat16 is not supported natively by this GPU",
+    "host RAM too small": (
+        "building the model on the CPU needs {needed} GiB, more than this machine's {available} GiB of RAM: "
+        "shrink --width"
+    ),
+    "set-up step failed": "{step} failed on {device}: {error}; nothing measured, no file written",
+    "phase out of memory": (
+        "out of memory in phase {phase} ({dimensions}) on {device}: nothing written; shrink one dimension and "
+        "retry in a new process"
+    ),
+    "phase failed": "phase {phase} failed ({dimensions}): {error}; nothing written",
+    "seeding failed": "seeding failed: {error}; nothing measured, no file written",
+    "--device not cuda:N": "--device: expected cuda:N (for example cuda:0), got {device}",
+    "positive whole number": (
+        "{option}: expected a positive whole number of at most 30 ASCII digits, no leading zero, got {value}"
+    ),
+    "whole number at least": (
+        "{option}: expected a whole number >= {minimum} of at most 30 ASCII digits, no leading zero, got {value}"
+    ),
+    "whole number in range": (
+        "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero, got {value}"
+    ),
+    "report: not a kit result": "report: {file} is not a kit result: {why}",
+    "report: does not exist": "report: {file} does not exist",
+    "report: cannot be opened": "report: {file} cannot be opened ({error})",
+    "report: cannot be read": "report: {file} cannot be read ({error})",
+    "report: FILE missing": "report: the following arguments are required: FILE",
+    "report: not a regular file": "not a regular file",
+    "report: larger than 32 MiB": "larger than 32 MiB",
+    "report: too many digits": "a number has too many digits to read (ValueError)",
+    "report: nested too deep": "nested too deep to read (RecursionError); a kit result nests a few levels",
+    "report: not JSON": "not JSON ({error})",
+    "report: not UTF-8": "not UTF-8 text",
+    "report: a JSON list": "a JSON list, not an object",
+    "report: fresh_process_warning not text": "its configuration.fresh_process_warning is neither null nor text",
+    "report: device_ms not a time": "a warm_forward line's device_ms, {value}, is neither null nor a time >= 0",
+    "report: allocator_settings not measure's": (
+        "its environment's allocator_settings is neither null nor what measure writes"
+    ),
+    "no usable GPU, no folder created": "no usable GPU for {device}: {reason}; nothing measured, no folder created",
+    "sweep stopped": "Sweep stopped: {stop}",
+    "sweep: predicted not to fit": "{where}: predicted not to fit, not launched{also}: {problem}",
+    "sweep: nor the larger values": " (nor the {count} larger value(s))",
+    "sweep: does not fit": (
+        "{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
+        "({peak_gib} GiB), needing {needs} bytes ({needs_gib} GiB) free"
+    ),
+    "sweep: the child refused": "{where}: the child refused (exit status {status}): {line}",
+    "sweep: the child timed out": (
+        "{where}: the child did not finish within {seconds} s and was stopped; nothing kept for it"
+    ),
+    "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
+    "--values not increasing": "--values: expected strictly increasing whole numbers separated by commas, got {value}",
+    "--vary not a dimension": "--vary: expected one of batch, context, width, got {value}",
+    "calculator: nothing computed": "{what}: {reason}; nothing computed",
+    "calculator: larger than": "larger than {limit} bytes",
+    "calculator: cannot be read": "cannot be read ({error})",
+    "calculator: no run recorded": "no run recorded yet (header only): add one row per real run",
+    "calculator: outside the folder": "resolves outside the results file's folder (through a link)",
+    "calculator: measurement files too large": (
+        "the distinct measurement files named so far total more than {bound} bytes, the most --results hashes "
+        "(a bound on its time)"
+    ),
+    "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
+    "calculator: --lots not positive": "--lots: expected a positive whole number, got {value}",
+    "bounded trial": (
+        "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
+        "(a measurement is a short, bounded trial), got {value}"
+    ),
 }
+
+
+def error_line(message, prog="mesure_memoire.py"):
+    """A refusal as the program prints it on stderr: its name, "error", the message, one line."""
+    return f"{prog}: error: {message}\n"
+
+
+def warning_line(message, prog="mesure_memoire.py"):
+    """A warning as the program prints it on stderr: its name, "warning", the message, one line."""
+    return f"{prog}: warning: {message}\n"
+
+
+def message_pattern(key, **values):
+    """MESSAGES[key] as a regular expression: each field given stands for its value, any other for any text
+    (for a variable part this machine cannot fix, such as an operating system's wording)."""
+    import re
+    import string
+
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(MESSAGES[key]):
+        parts.append(re.escape(literal))
+        if field is not None:
+            parts.append(re.escape(str(values[field])) if field in values else ".+")
+    return "".join(parts)

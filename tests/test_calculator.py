@@ -24,6 +24,7 @@ from conftest import (
     UnwritableStdout,
     assert_one_line_refusal,
     calculator_refusal,
+    error_line,
     half_up_cents,
     imported_modules,
     run_script,
@@ -183,7 +184,7 @@ def test_the_pricing_functions_refuse_a_prorated_duration():
     catalog = calcul_forfaits.load_catalog()
     with pytest.raises(calcul_forfaits.PricingError) as refusal:
         calcul_forfaits.price_package(catalog, "b200", 5)
-    assert str(refusal.value) == "--days: expected 3, 7 or 30 (fixed durations, no proration), got 5"
+    assert str(refusal.value) == MESSAGES["calculator: --days not a duration"].format(value=5)
 
 
 def test_json_is_indented_by_two_spaces(capsys):
@@ -208,12 +209,21 @@ def test_json_is_indented_by_two_spaces(capsys):
         (["--gpu", "h200", "--days", "07"], ["--days"]),
         (["--gpu", "h200", "--days", ""], ["--days: expected 3, 7 or 30", "got ''"]),
         (["--gpu", "h200"], ["--days is required"]),
-        (["--gpu", "h200", "--days", "7", "--lots", "0"], ["--lots: expected a positive whole number, got '0'"]),
-        (["--gpu", "h200", "--days", "7", "--lots", "-1"], ["--lots: expected a positive whole number, got '-1'"]),
+        (
+            ["--gpu", "h200", "--days", "7", "--lots", "0"],
+            [MESSAGES["calculator: --lots not positive"].format(value="'0'")],
+        ),
+        (
+            ["--gpu", "h200", "--days", "7", "--lots", "-1"],
+            [MESSAGES["calculator: --lots not positive"].format(value="'-1'")],
+        ),
         (["--gpu", "h200", "--days", "7", "--lots", "1.5"], ["--lots"]),
         (["--gpu", "h200", "--days", "7", "--lots", "9" * 31], ["--lots"]),
         (["--gpu", "h200", "--days", "7", "--lots", "02"], ["--lots"]),
-        (["--gpu", "h200", "--days", "7", "--lots", ""], ["--lots: expected a positive whole number, got ''"]),
+        (
+            ["--gpu", "h200", "--days", "7", "--lots", ""],
+            [MESSAGES["calculator: --lots not positive"].format(value="''")],
+        ),
         (["--gpu", "h200", "--days", "7", "--accepted-results", "0"], ["--accepted-results"]),
         (["--gpu", "h200", "--days", "7", "--accepted-results", "-3"], ["--accepted-results"]),
         (["--gpu", "h200", "--days", "7", "--accepted-results", "2.5"], ["--accepted-results"]),
@@ -253,7 +263,7 @@ def test_bad_options_are_refused(capsys, args, fragments):
             "--gpu: unknown GPU 'h100'; closest: h200, h100-sxm, h100-pcie; see --list for every slug",
         ),
         (["--gpu", "b200"], "--days is required with --gpu (3, 7 or 30)"),
-        (["--gpu", "b200", "--days", "5"], "--days: expected 3, 7 or 30 (fixed durations, no proration), got '5'"),
+        (["--gpu", "b200", "--days", "5"], MESSAGES["calculator: --days not a duration"].format(value="'5'")),
         (["--list", "--lots", "2"], MESSAGES["calculator: --lots with --list"]),
         (["--results", "", "--json"], MESSAGES["calculator: --results empty"]),
         (["--gpu", "b200", "--days", "7", "--days", "3"], "argument --days: given twice"),
@@ -261,7 +271,7 @@ def test_bad_options_are_refused(capsys, args, fragments):
     ],
 )
 def test_whole_refusal_lines(capsys, args, message):
-    assert calculator_refusal(capsys, *args) == f"calcul_forfaits.py: error: {message}\n"
+    assert calculator_refusal(capsys, *args) == error_line(message, prog="calcul_forfaits.py")
 
 
 def test_a_refusal_through_the_interpreter_has_status_2_and_one_line():
@@ -559,7 +569,9 @@ def test_the_reader_takes_exactly_the_bound_and_refuses_one_byte_more(tmp_path):
     assert calcul_forfaits.read_bounded(tmp_path / "empty", "'empty'", limit=10) == b""
     with pytest.raises(calcul_forfaits.PricingError) as refusal:
         calcul_forfaits.read_bounded(tmp_path / "eleven", "'eleven'", limit=10)
-    assert str(refusal.value) == "'eleven': larger than 10 bytes; nothing computed"
+    assert str(refusal.value) == MESSAGES["calculator: nothing computed"].format(
+        what="'eleven'", reason=MESSAGES["calculator: larger than"].format(limit=10)
+    )
     assert calcul_forfaits.MAX_TABLE_BYTES == 2**20
     assert calcul_forfaits.MAX_MEASUREMENT_BYTES == 64 * 2**20
 
@@ -598,7 +610,9 @@ def test_a_read_error_is_one_refusal(tmp_path, monkeypatch):
     (tmp_path / "f").write_bytes(b"x")
     with pytest.raises(calcul_forfaits.PricingError) as refusal:
         calcul_forfaits.read_bounded(tmp_path / "f", "'f'")
-    assert str(refusal.value) == "'f': cannot be read (Input/output error); nothing computed"
+    assert str(refusal.value) == MESSAGES["calculator: nothing computed"].format(
+        what="'f'", reason=MESSAGES["calculator: cannot be read"].format(error="Input/output error")
+    )
 
 
 # --- hostile catalogs: one stderr line, exit 2, no file changed ------------------------------------------

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import mesure_memoire
-from conftest import ROOT, calculator_refusal, call_calculator
+from conftest import MESSAGES, ROOT, calculator_refusal, call_calculator, error_line
 
 LARGE_RUN = ["measure", "--batch", "2", "--context", "128", "--width", "60000", "--dtype", "float32", "--plan"]
 
@@ -147,8 +147,8 @@ UNKNOWN = "plan_schema_version {} is not one this calculator reads (1)"
 def test_a_file_that_is_not_a_known_plan_is_refused_in_one_line(tmp_path, capsys, content, reason):
     path = tmp_path / "plan.json"
     path.write_bytes(content)
-    assert calculator_refusal(capsys, "--for-plan", path, "--days", "7") == (
-        f"calcul_forfaits.py: error: {str(path)!r}: {reason}; nothing computed\n"
+    assert calculator_refusal(capsys, "--for-plan", path, "--days", "7") == error_line(
+        MESSAGES["calculator: nothing computed"].format(what=repr(str(path)), reason=reason), prog="calcul_forfaits.py"
     )
 
 
@@ -166,14 +166,20 @@ def test_the_options_of_for_plan(tmp_path, capsys):
 
 def test_standard_input_is_bounded_and_may_be_missing(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b" " * (2**20 + 1))))
-    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == (
-        "calcul_forfaits.py: error: standard input: larger than 1048576 bytes; nothing computed\n"
+    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
+        MESSAGES["calculator: nothing computed"].format(
+            what="standard input", reason=MESSAGES["calculator: larger than"].format(limit=2**20)
+        ),
+        prog="calcul_forfaits.py",
     )
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b" " * 2**20)))
     assert NOT_A_PLAN in calculator_refusal(capsys, "--for-plan", "-", "--days", "7")
     monkeypatch.setattr(sys, "stdin", None)
-    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == (
-        "calcul_forfaits.py: error: standard input: cannot be read (AttributeError); nothing computed\n"
+    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
+        MESSAGES["calculator: nothing computed"].format(
+            what="standard input", reason=MESSAGES["calculator: cannot be read"].format(error="AttributeError")
+        ),
+        prog="calcul_forfaits.py",
     )
 
 
@@ -202,8 +208,11 @@ def test_an_unreadable_standard_input_is_refused_in_one_line(capsys, monkeypatch
             raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": Unreadable()})())
-    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == (
-        "calcul_forfaits.py: error: standard input: cannot be read (Input/output error); nothing computed\n"
+    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
+        MESSAGES["calculator: nothing computed"].format(
+            what="standard input", reason=MESSAGES["calculator: cannot be read"].format(error="Input/output error")
+        ),
+        prog="calcul_forfaits.py",
     )
 
 

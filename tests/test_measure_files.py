@@ -97,7 +97,7 @@ def test_check_new_output_bounds_the_name_and_the_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(os, "pathconf", lambda folder, name: {"PC_NAME_MAX": 10, "PC_PATH_MAX": 16}[name])
     assert mesure_memoire.check_new_output("n" * 10) == "n" * 10
-    too_long = "--output: nnnnnnnnnnn is too long for this file system (names: 10 bytes)"
+    too_long = MESSAGES["--output too long"].format(name="n" * 11, limit=10)
     assert kit_error_of(mesure_memoire.check_new_output, "n" * 11) == too_long
     os.mkdir("d")
     assert mesure_memoire.check_new_output("d/" + "p" * 9) == "d/" + "p" * 9  # 11 bytes of path
@@ -106,7 +106,7 @@ def test_check_new_output_bounds_the_name_and_the_path(tmp_path, monkeypatch):
     assert mesure_memoire.check_new_output("dd/" + "q" * 10) == "dd/" + "q" * 10  # 13 bytes
     os.makedirs("ddd/eee")
     assert kit_error_of(mesure_memoire.check_new_output, "ddd/eee/" + "r" * 10) == (  # 18 bytes of path
-        "--output: ddd/eee/rrrrrrrrrr is too long for this file system (names: 10 bytes)"
+        MESSAGES["--output too long"].format(name="ddd/eee/rrrrrrrrrr", limit=10)
     )
     assert sorted(os.listdir(tmp_path)) == ["d", "dd", "ddd"]  # the probe files are gone
 
@@ -115,16 +115,16 @@ def test_check_new_output_messages_are_whole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "old.json").write_text("{}")
     (tmp_path / "f").write_text("")
-    assert kit_error_of(mesure_memoire.check_new_output, "old.json") == (
-        "--output: old.json already exists; choose a new name (results are never overwritten)"
+    assert kit_error_of(mesure_memoire.check_new_output, "old.json") == MESSAGES["--output exists"].format(
+        name="old.json"
     )
-    assert kit_error_of(mesure_memoire.check_new_output, "a/..") == "--output: a/.. names a folder, not a new file"
-    assert kit_error_of(mesure_memoire.check_new_output, "..") == "--output: .. names a folder, not a new file"
-    assert (
-        kit_error_of(mesure_memoire.check_new_output, "f/x.json") == "--output: the folder of f/x.json does not exist"
+    assert kit_error_of(mesure_memoire.check_new_output, "a/..") == MESSAGES["--output a folder"].format(name="a/..")
+    assert kit_error_of(mesure_memoire.check_new_output, "..") == MESSAGES["--output a folder"].format(name="..")
+    assert kit_error_of(mesure_memoire.check_new_output, "f/x.json") == MESSAGES["--output no folder"].format(
+        name="f/x.json"
     )
-    assert kit_error_of(mesure_memoire.check_new_output, "x\0.json") == (
-        "--output: cannot create 'x\\x00.json': ValueError: embedded null character; nothing measured"
+    assert kit_error_of(mesure_memoire.check_new_output, "x\0.json") == MESSAGES["--output cannot create"].format(
+        name="'x\\x00.json'", error="ValueError: embedded null character"
     )
     for empty in ("", "  ", None, b"x.json"):
         assert kit_error_of(mesure_memoire.check_new_output, empty) == MESSAGES["--output empty"]
@@ -144,8 +144,8 @@ def test_check_new_output_probes_the_folder_and_removes_the_probe(tmp_path, monk
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(mesure_memoire, "_create_temporary", no_room)
-    assert kit_error_of(mesure_memoire.check_new_output, "r.json") == (
-        "--output: cannot create r.json: OSError: [Errno 28] No space left on device; nothing measured"
+    assert kit_error_of(mesure_memoire.check_new_output, "r.json") == MESSAGES["--output cannot create"].format(
+        name="r.json", error="OSError: [Errno 28] No space left on device"
     )
 
 
@@ -174,16 +174,14 @@ def test_write_new_file_writes_utf8_and_refuses_a_name_taken_meanwhile(tmp_path,
         raise FileExistsError(errno.EEXIST, "File exists")
 
     monkeypatch.setattr(os, "link", taken)
-    assert (
-        kit_error_of(mesure_memoire.write_new_file, "x.json", "{}")
-        == "--output: x.json appeared meanwhile; nothing overwritten"
-    )
+    assert kit_error_of(mesure_memoire.write_new_file, "x.json", "{}") == MESSAGES[
+        "--output appeared meanwhile"
+    ].format(name="x.json")
     (tmp_path / "y.json").write_bytes(b"theirs")
     monkeypatch.setattr(os, "link", raising(OSError(errno.EPERM, "no")))
-    assert (
-        kit_error_of(mesure_memoire.write_new_file, "y.json", "{}")
-        == "--output: y.json appeared meanwhile; nothing overwritten"
-    )
+    assert kit_error_of(mesure_memoire.write_new_file, "y.json", "{}") == MESSAGES[
+        "--output appeared meanwhile"
+    ].format(name="y.json")
     assert (tmp_path / "y.json").read_bytes() == b"theirs"
     mesure_memoire.write_new_file("z.json", "zz")  # no hard links: the exclusive create
     assert (tmp_path / "z.json").read_bytes() == b"zz"
@@ -246,16 +244,18 @@ def test_measure_to_file_records_warnings_and_writes_the_json(tmp_path, monkeypa
     monkeypatch.setattr(
         mesure_memoire, "measure", lambda config, tool: pytest.fail("measured before checking the output")
     )
-    assert kit_error_of(mesure_memoire.measure_to_file, {}, "r.json", "t").startswith("--output: r.json already exists")
+    assert kit_error_of(mesure_memoire.measure_to_file, {}, "r.json", "t") == MESSAGES["--output exists"].format(
+        name="r.json"
+    )
 
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: {"environment": {"field_errors": {}}})
     monkeypatch.setattr(mesure_memoire, "write_new_file", full)
-    assert kit_error_of(mesure_memoire.measure_to_file, {}, "new.json", "t") == (
-        "--output: cannot write new.json: OSError: [Errno 28] No space left on device; nothing written"
-    )
+    assert kit_error_of(mesure_memoire.measure_to_file, {}, "new.json", "t") == MESSAGES[
+        "--output cannot write"
+    ].format(name="new.json", error="OSError: [Errno 28] No space left on device")
 
 
 def test_measure_to_file_adds_no_warning_field_when_none_was_raised(tmp_path, monkeypatch):

@@ -23,8 +23,8 @@ from conftest import (
     MIB,
     SMALL_TRIAL,
     RecordingCudaStandIn,
-    assert_one_line,
     config,
+    error_line,
     kit_error_of,
     raising,
     run_in_process,
@@ -508,10 +508,7 @@ def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, mo
         allocated,
         reserved,
     )
-    assert configuration["fresh_process_warning"] == (
-        "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
-        "the figures are not comparable; restart it"
-    )
+    assert configuration["fresh_process_warning"] == MESSAGES["not a fresh process"]
 
 
 @pytest.mark.parametrize(
@@ -543,8 +540,6 @@ def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
 
 # --- the PyTorch release: 2.4 or later, read from the version's leading digits --------------------------
 
-UNREADABLE = "is not MAJOR.MINOR...: measured as if it were 2.4 or later"
-
 
 @pytest.mark.parametrize(
     ("version", "warning"),
@@ -554,10 +549,10 @@ UNREADABLE = "is not MAJOR.MINOR...: measured as if it were 2.4 or later"
         ("2.8.0+rocm6.3", None),
         ("2.10.0", None),  # two digits: 2.10 is newer than 2.4, as numbers
         ("3.0", None),
-        ("nightly", f"PyTorch's version 'nightly' {UNREADABLE}"),
-        ("2", f"PyTorch's version '2' {UNREADABLE}"),
-        ("v2.4.1", f"PyTorch's version 'v2.4.1' {UNREADABLE}"),
-        (None, f"PyTorch's version None {UNREADABLE}"),  # the version query failed
+        ("nightly", MESSAGES["unreadable PyTorch version"].format(version="'nightly'")),
+        ("2", MESSAGES["unreadable PyTorch version"].format(version="'2'")),
+        ("v2.4.1", MESSAGES["unreadable PyTorch version"].format(version="'v2.4.1'")),
+        (None, MESSAGES["unreadable PyTorch version"].format(version="None")),  # the version query failed
     ],
 )
 def test_a_pytorch_release_is_read_from_its_leading_digits(version, warning):
@@ -566,8 +561,8 @@ def test_a_pytorch_release_is_read_from_its_leading_digits(version, warning):
 
 @pytest.mark.parametrize("version", ["2.3.1", "2.3.0a0+81ea7a4", "1.13.1+cu117", "0.4.1"])
 def test_a_pytorch_below_2_4_is_refused_naming_both_versions(version):
-    assert kit_error_of(mesure_memoire.torch_release_warning, version) == (
-        f"PyTorch 2.4 or later is needed to measure; this is PyTorch {version!r}: nothing measured, nothing written"
+    assert kit_error_of(mesure_memoire.torch_release_warning, version) == MESSAGES["PyTorch too old"].format(
+        version=repr(version)
     )
 
 
@@ -579,7 +574,7 @@ def test_measure_refuses_an_old_pytorch_before_any_gpu_work(stand_in_gpu, monkey
     monkeypatch.setattr(mesure_memoire, "collect_environment", lambda device: pytest.fail("the GPU was queried"))
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
     assert code == 2
-    assert_one_line(captured.err, "PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1'")
+    assert captured.err == error_line(MESSAGES["PyTorch too old"].format(version="'2.3.1'"))
 
 
 def test_an_unreadable_pytorch_version_is_measured_with_a_warning_in_the_result(stand_in_gpu, monkeypatch):
@@ -588,7 +583,7 @@ def test_an_unreadable_pytorch_version_is_measured_with_a_warning_in_the_result(
     monkeypatch.setattr(torch, "__version__", "custom-build")
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL))
     result = mesure_memoire.measure(config(), tool="t")
-    assert result["torch_version_warning"] == f"PyTorch's version 'custom-build' {UNREADABLE}"
+    assert result["torch_version_warning"] == MESSAGES["unreadable PyTorch version"].format(version="'custom-build'")
     assert mesure_memoire.result_warnings(result) == [result["torch_version_warning"]]
 
 
@@ -601,8 +596,7 @@ def test_workspaces_beyond_the_plan_s_allowance_are_a_warning():
     result = {"configuration": {"fresh_process_warning": None}, "torch_version_warning": None}
     assert mesure_memoire.result_warnings({**result, "workspace": workspace(255 * MIB, MIB, 0)}) == []
     assert mesure_memoire.result_warnings({**result, "workspace": workspace(0, 0, 256 * MIB + 1)}) == [
-        "the BLAS workspaces measured (0 bytes kept, 268435457 per call) exceed the plan's 268435456-byte "
-        "allowance: --plan and its fit rule understate this run"
+        MESSAGES["BLAS workspaces beyond the allowance"].format(kept=0, per_call=268435457, allowance=268435456)
     ]
     assert mesure_memoire.result_warnings({**result, "workspace": {**workspace(8, 0, 0), "per_call": None}}) == []
     assert mesure_memoire.result_warnings({**result, "workspace": workspace(256 * MIB, 0, 1)}) == [
@@ -622,18 +616,17 @@ def measure_refusal(settings):
 def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
     monkeypatch.setattr(mesure_memoire, "import_torch", lambda: (None, "ImportError: gone"))
     refusal = measure_refusal(config())
-    assert str(refusal) == "PyTorch is not importable (ImportError: gone): nothing measured, no file written"
+    assert str(refusal) == MESSAGES["PyTorch not importable, nothing measured"].format(error="ImportError: gone")
     assert refusal.exit_code == 2
     monkeypatch.undo()
     stand_in_gpu(count=1)
     SetUpCalls(monkeypatch)
-    assert str(measure_refusal(config(device="cuda:1"))) == (
-        "no usable GPU for cuda:1: cuda:1 is out of range: PyTorch sees 1 device(s); "
-        "nothing measured, no CPU fallback, no file written"
+    assert str(measure_refusal(config(device="cuda:1"))) == MESSAGES["no usable GPU, nothing measured"].format(
+        device="cuda:1", reason="cuda:1 is out of range: PyTorch sees 1 device(s)"
     )
     stand_in_gpu(bf16=False)
-    assert str(measure_refusal(config(dtype="bfloat16"))) == (
-        "--dtype bfloat16: bfloat16 is not supported natively by this GPU (Stand-in GPU)"
+    assert str(measure_refusal(config(dtype="bfloat16"))) == MESSAGES["dtype not supported"].format(
+        dtype="bfloat16", problem=MESSAGES["bfloat16 not native"], gpu="Stand-in GPU"
     )
     stand_in_gpu(total_memory=GIB)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (GIB, GIB))
@@ -641,9 +634,7 @@ def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
     assert str(measure_refusal(config())) == mesure_memoire.fit_problem(plan, {"gpu": {"mem_get_info_free_bytes": GIB}})
     stand_in_gpu()
     monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4 - 1)
-    assert str(measure_refusal(config())) == (
-        "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB of RAM: shrink --width"
-    )
+    assert str(measure_refusal(config())) == MESSAGES["host RAM too small"].format(needed="0.00", available="0.00")
     monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4)
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL))
     assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"  # exactly enough RAM
@@ -660,9 +651,8 @@ def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, 
 
     monkeypatch.setattr(torch.cuda, "init", fails)
     refusal = measure_refusal(config(device="cuda:1"))
-    assert (
-        str(refusal)
-        == "torch.cuda.init failed on cuda:1: RuntimeError: CUDA error: busy; nothing measured, no file written"
+    assert str(refusal) == MESSAGES["set-up step failed"].format(
+        step="torch.cuda.init", device="cuda:1", error="RuntimeError: CUDA error: busy"
     )
     assert refusal.exit_code == 2
     assert refusal.__cause__ is None
@@ -674,18 +664,23 @@ def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, 
     [
         (
             torch.OutOfMemoryError("CUDA out of memory. Tried"),
-            "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
-            "shrink one dimension and retry in a new process",
+            MESSAGES["phase out of memory"].format(
+                phase="warmup", dimensions="batch 1, context 16, width 64, dtype float32", device="cuda:0"
+            ),
         ),
         (
             RuntimeError("HIP: Out Of Memory"),
-            "out of memory in phase warmup (batch 1, context 16, width 64, dtype float32) on cuda:0: nothing written; "
-            "shrink one dimension and retry in a new process",
+            MESSAGES["phase out of memory"].format(
+                phase="warmup", dimensions="batch 1, context 16, width 64, dtype float32", device="cuda:0"
+            ),
         ),
         (
             RuntimeError("launch failure at /opt/x/y.so"),
-            "phase warmup failed (batch 1, context 16, width 64, dtype float32): RuntimeError: launch failure at "
-            "<path>; nothing written",
+            MESSAGES["phase failed"].format(
+                phase="warmup",
+                dimensions="batch 1, context 16, width 64, dtype float32",
+                error="RuntimeError: launch failure at <path>",
+            ),
         ),
     ],
 )
@@ -813,7 +808,7 @@ def test_a_failing_seed_is_a_refusal_and_a_failing_phase_names_itself(monkeypatc
 
     with pytest.raises(mesure_memoire.KitError) as refusal:
         mesure_memoire.measure_phases(NoSeed([]), RecordingCudaStandIn(), "dev", config())
-    assert str(refusal.value) == "seeding failed: RuntimeError: seed refused; nothing measured, no file written"
+    assert str(refusal.value) == MESSAGES["seeding failed"].format(error="RuntimeError: seed refused")
     assert refusal.value.__cause__ is None
     assert refusal.value.__suppress_context__
     error = RuntimeError("bad")
@@ -907,7 +902,9 @@ def test_the_out_of_memory_class_is_looked_up_where_pytorch_keeps_it(stand_in_gp
     monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
     with pytest.raises(mesure_memoire.MeasurementFailed) as failure:
         mesure_memoire.measure(config(), tool="t")
-    assert str(failure.value).startswith("out of memory in phase inputs (batch 1, context 16, width 64, dtype float32)")
+    assert str(failure.value) == MESSAGES["phase out of memory"].format(
+        phase="inputs", dimensions="batch 1, context 16, width 64, dtype float32", device="cuda:0"
+    )
 
 
 def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stand_in_gpu, monkeypatch):
@@ -915,8 +912,8 @@ def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stan
     SetUpCalls(monkeypatch)
     monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: GIB)
     # 8 * 8192**2 + 5 * 8192 parameters, built in float32 first: 2147647488 bytes.
-    assert str(measure_refusal(config(width=8192))) == (
-        "building the model on the CPU needs 2.00 GiB, more than this machine's 1.00 GiB of RAM: shrink --width"
+    assert str(measure_refusal(config(width=8192))) == MESSAGES["host RAM too small"].format(
+        needed="2.00", available="1.00"
     )
 
 
@@ -925,9 +922,8 @@ def test_device_index_reads_the_number_after_cuda():
     assert mesure_memoire.device_index("cuda:12") == 12
     assert mesure_memoire.device_index("cuda:9999") == 9999
     for device in ("cuda:10000", "cuda:", "cpu", 0, None, "CUDA:0"):
-        assert (
-            kit_error_of(mesure_memoire.device_index, device)
-            == f"--device: expected cuda:N (for example cuda:0), got {device!r}"
+        assert kit_error_of(mesure_memoire.device_index, device) == MESSAGES["--device not cuda:N"].format(
+            device=repr(device)
         )
 
 
@@ -945,31 +941,31 @@ def test_measure_config_validates_each_option_by_its_name():
     }
     assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0)["seed"] == 0
     good = ["cuda:0", 1, 1, 1, "float32", 0, 1, 0]
-    positive = "a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
     for index, option in ((1, "--batch"), (2, "--context"), (3, "--width")):
         args = list(good)
         args[index] = 0
-        assert kit_error_of(mesure_memoire.measure_config, *args) == f"{option}: expected {positive}"
-    bounded = "in ASCII digits, no leading zero (a measurement is a short, bounded trial), got"
+        assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["positive whole number"].format(
+            option=option, value=0
+        )
     for index, option, low, bad in ((5, "--warmup", 0, -1), (6, "--repeats", 1, 0), (5, "--warmup", 0, 1001)):
         args = list(good)
         args[index] = bad
-        assert kit_error_of(mesure_memoire.measure_config, *args) == (
-            f"{option}: expected a whole number from {low} to 1000 {bounded} {bad}"
+        assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["bounded trial"].format(
+            option=option, minimum=low, maximum=1000, value=bad
         )
     args[5], args[6] = 1000, 1000
     assert mesure_memoire.measure_config(*args)["warmup"] == 1000 == mesure_memoire.measure_config(*args)["repeats"]
     args = list(good)
     args[7] = -1
-    assert kit_error_of(mesure_memoire.measure_config, *args) == (
-        "--seed: expected a whole number from 0 to 18446744073709551615 in ASCII digits, no leading zero, got -1"
+    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["whole number in range"].format(
+        option="--seed", minimum=0, maximum=2**64 - 1, value=-1
     )
     args = list(good)
     args[4] = "float64"
     assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--dtype float64"]
     args = list(good)
     args[0] = "cuda"
-    assert kit_error_of(mesure_memoire.measure_config, *args).startswith("--device: expected cuda:N")
+    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--device not cuda:N"].format(device="'cuda'")
 
 
 # --- device-wide memory: mem_get_info outside the timed region (part "fit") --------------------------------

@@ -22,6 +22,7 @@ from conftest import (
     MESSAGES,
     ROOT,
     assert_one_line_refusal,
+    error_line,
     kit_error_of,
     run_script,
     tree_digest,
@@ -289,7 +290,7 @@ def test_the_command_refuses_without_a_file(capsys):
     assert mesure_memoire.main(["report"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == "mesure_memoire.py: error: report: the following arguments are required: FILE\n"
+    assert captured.err == error_line(MESSAGES["report: FILE missing"])
 
 
 # --- hostile files: one line naming the file, exit 2, nothing printed on stdout, nothing changed ---------
@@ -316,15 +317,18 @@ def _two_cold(result):
 
 
 HOSTILE = {
-    "missing": (lambda folder: "absent.json", "'absent.json' does not exist"),
-    "newline in name": (lambda folder: "bad\nname.json", "'bad\\nname.json' does not exist"),
-    "empty name": (lambda folder: "", "'' does not exist"),
-    "a folder": (lambda folder: (folder / "sub").mkdir() or "sub", "'sub' is not a kit result: not a regular file"),
-    "/dev/zero": (lambda folder: "/dev/zero", "'/dev/zero' is not a kit result: not a regular file"),
+    "missing": (lambda folder: "absent.json", MESSAGES["report: does not exist"].format(file="'absent.json'")),
+    "newline in name": (
+        lambda folder: "bad\nname.json",
+        MESSAGES["report: does not exist"].format(file="'bad\\nname.json'"),
+    ),
+    "empty name": (lambda folder: "", MESSAGES["report: does not exist"].format(file="''")),
+    "a folder": (lambda folder: (folder / "sub").mkdir() or "sub", MESSAGES["report: not a regular file"]),
+    "/dev/zero": (lambda folder: "/dev/zero", MESSAGES["report: not a regular file"]),
     "empty": (lambda folder: _write(folder, "e.json", b""), "not JSON (Expecting value at line 1 column 1)"),
     "not JSON": (lambda folder: _write(folder, "t.json", "hello"), "'t.json' is not a kit result: not JSON"),
-    "not UTF-8": (lambda folder: _write(folder, "b.json", b"\xff\xfe{}"), "not UTF-8 text"),
-    "a JSON list": (lambda folder: _write(folder, "l.json", "[]"), "a JSON list, not an object"),
+    "not UTF-8": (lambda folder: _write(folder, "b.json", b"\xff\xfe{}"), MESSAGES["report: not UTF-8"]),
+    "a JSON list": (lambda folder: _write(folder, "l.json", "[]"), MESSAGES["report: a JSON list"]),
     "a JSON number": (lambda folder: _write(folder, "n.json", "3"), "a JSON int, not an object"),
     "truncated": (
         lambda folder: _write(folder, "cut.json", (DATA / "schema1.json").read_bytes()[:1000]),
@@ -336,11 +340,11 @@ HOSTILE = {
         lambda folder: _write(
             folder, "du.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "[" * 100000 + "]" * 100000 + "}"
         ),
-        "nested too deep to read (RecursionError); a kit result nests a few levels",
+        MESSAGES["report: nested too deep"],
     ),
     "a 5000-digit unused number": (
         lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "7" * 5000 + "}"),
-        "a number has too many digits to read (ValueError)",
+        MESSAGES["report: too many digits"],
     ),
     "device_ms a huge int": (
         lambda folder: _write(folder, "dh.json", _valid_with(lambda r: r["phases"][-1].update(device_ms=10**309))),
@@ -462,9 +466,10 @@ def test_a_gpu_name_of_256_characters_is_read_and_a_bad_warning_named_whole(tmp_
     assert mesure_memoire.report([name])["results"][0]["gpu"] == "G" * 256
     warned = _write(tmp_path, "w.json", _valid_with(lambda r: r["configuration"].update(fresh_process_warning=1)))
     assert mesure_memoire.main(["report", warned]) == 2
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: report: 'w.json' is not a kit result: its "
-        "configuration.fresh_process_warning is neither null nor text\n"
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["report: not a kit result"].format(
+            file="'w.json'", why=MESSAGES["report: fresh_process_warning not text"]
+        )
     )
 
 
@@ -492,9 +497,8 @@ def test_a_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, 
         stream.write(json.dumps(load("schema1.json")).encode() + b" ")
         stream.truncate(mesure_memoire.MAX_RESULT_BYTES + 1)  # valid JSON followed by NULs, one byte too many
     assert mesure_memoire.main(["report", "huge.json"]) == 2
-    assert (
-        capsys.readouterr().err
-        == "mesure_memoire.py: error: report: 'huge.json' is not a kit result: larger than 32 MiB\n"
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["report: not a kit result"].format(file="'huge.json'", why=MESSAGES["report: larger than 32 MiB"])
     )
     with open(tmp_path / "edge.json", "wb") as stream:
         text = json.dumps(load("schema1.json")).encode()
@@ -505,15 +509,16 @@ def test_a_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, 
 def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(["report", "x\0y"]) == 2
-    assert capsys.readouterr().err == "mesure_memoire.py: error: report: 'x\\x00y' cannot be opened (ValueError)\n"
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["report: cannot be opened"].format(file="'x\\x00y'", error="ValueError")
+    )
     (tmp_path / "sub").mkdir()
     assert mesure_memoire.main(["report", "sub/missing/deeper.json"]) == 2
     assert "does not exist" in capsys.readouterr().err
     _write(tmp_path, "f", "{}")
     assert mesure_memoire.main(["report", "f/inside.json"]) == 2
-    assert (
-        capsys.readouterr().err
-        == "mesure_memoire.py: error: report: 'f/inside.json' cannot be opened (NotADirectoryError)\n"
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["report: cannot be opened"].format(file="'f/inside.json'", error="NotADirectoryError")
     )
 
 
@@ -529,8 +534,10 @@ def test_a_fifo_is_refused_at_once_in_a_real_process(tmp_path):
         cwd=tmp_path,
         timeout=30,
     )
-    assert_one_line_refusal(
-        completed, "mesure_memoire.py: error: report: 'pipe.json' is not a kit result: not a regular file"
+    assert completed.returncode == 2
+    assert completed.stdout == ""
+    assert completed.stderr == error_line(
+        MESSAGES["report: not a kit result"].format(file="'pipe.json'", why=MESSAGES["report: not a regular file"])
     )
     assert tree_digest(tmp_path) == before
 
@@ -538,9 +545,14 @@ def test_a_fifo_is_refused_at_once_in_a_real_process(tmp_path):
 def test_refusals_through_the_interpreter_exit_2_in_one_line(tmp_path):
     _write(tmp_path, "list.json", "[1, 2]")
     completed = run_script("mesure_memoire.py", "report", "list.json", cwd=tmp_path)
-    assert_one_line_refusal(completed, "'list.json' is not a kit result: a JSON list, not an object")
+    assert_one_line_refusal(
+        completed, MESSAGES["report: not a kit result"].format(file="'list.json'", why=MESSAGES["report: a JSON list"])
+    )
     completed = run_script("mesure_memoire.py", "report", "/dev/zero", cwd=tmp_path)
-    assert_one_line_refusal(completed, "'/dev/zero' is not a kit result: not a regular file")
+    assert_one_line_refusal(
+        completed,
+        MESSAGES["report: not a kit result"].format(file="'/dev/zero'", why=MESSAGES["report: not a regular file"]),
+    )
 
 
 @pytest.mark.whole_kit
@@ -595,35 +607,38 @@ def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
     (tmp_path / "ok.json").write_text('{"a": 1}')
     assert mesure_memoire.read_result_file("ok.json") == {"a": 1}
     (tmp_path / "big.json").write_text("1" * 5000)
-    assert (
-        kit_error_of(mesure_memoire.read_result_file, "big.json")
-        == "report: 'big.json' is not a kit result: a number has too many digits to read (ValueError)"
+    assert kit_error_of(mesure_memoire.read_result_file, "big.json") == MESSAGES["report: not a kit result"].format(
+        file="'big.json'", why=MESSAGES["report: too many digits"]
     )
     (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)  # valid JSON, too deep for Python's reader
-    assert kit_error_of(mesure_memoire.read_result_file, "deep.json") == (
-        "report: 'deep.json' is not a kit result: nested too deep to read (RecursionError); a kit result nests a few "
-        "levels"
+    assert kit_error_of(mesure_memoire.read_result_file, "deep.json") == MESSAGES["report: not a kit result"].format(
+        file="'deep.json'", why=MESSAGES["report: nested too deep"]
     )
     deep_but_readable = '{"a": ' + "[" * 200 + "]" * 200 + "}"
     (tmp_path / "fine.json").write_text(deep_but_readable)
     assert mesure_memoire.read_result_file("fine.json") == json.loads(deep_but_readable)
     (tmp_path / "bad.json").write_text('{"a": 1,\n  x}')
-    assert kit_error_of(mesure_memoire.read_result_file, "bad.json") == (
-        "report: 'bad.json' is not a kit result: not JSON (Expecting property name enclosed in double quotes at line 2"
-        " column 3)"
+    assert kit_error_of(mesure_memoire.read_result_file, "bad.json") == MESSAGES["report: not a kit result"].format(
+        file="'bad.json'",
+        why=MESSAGES["report: not JSON"].format(
+            error="Expecting property name enclosed in double quotes at line 2 column 3"
+        ),
     )
-    assert kit_error_of(mesure_memoire.read_result_file, "no.json") == "report: 'no.json' does not exist"
+    assert kit_error_of(mesure_memoire.read_result_file, "no.json") == MESSAGES["report: does not exist"].format(
+        file="'no.json'"
+    )
     (tmp_path / "latin.json").write_bytes(b'{"a": "\xe9"}')
-    assert (
-        kit_error_of(mesure_memoire.read_result_file, "latin.json")
-        == "report: 'latin.json' is not a kit result: not UTF-8 text"
+    assert kit_error_of(mesure_memoire.read_result_file, "latin.json") == MESSAGES["report: not a kit result"].format(
+        file="'latin.json'", why=MESSAGES["report: not UTF-8"]
     )
 
     def unreadable(handle, size):
         raise OSError(errno.EIO, "I/O error")
 
     monkeypatch.setattr(os, "read", unreadable)
-    assert kit_error_of(mesure_memoire.read_result_file, "ok.json") == "report: 'ok.json' cannot be read (OSError)"
+    assert kit_error_of(mesure_memoire.read_result_file, "ok.json") == MESSAGES["report: cannot be read"].format(
+        file="'ok.json'", error="OSError"
+    )
 
 
 def test_counts_milliseconds_and_medians_are_exact():
@@ -733,9 +748,8 @@ def test_device_times_must_be_finite_numbers_and_not_booleans():
     for bad in (True, "1", float("inf"), float("nan"), -1, -0.001, 10**30, 10**400, [1], {"ms": 1}):
         warm[0]["device_ms"] = bad
         message = kit_error_of(mesure_memoire.report_rows, [("r", result)])
-        assert message == (
-            "report: 'r' is not a kit result: a warm_forward line's device_ms, "
-            f"{mesure_memoire.quoted(bad)}, is neither null nor a time >= 0"
+        assert message == MESSAGES["report: not a kit result"].format(
+            file="'r'", why=MESSAGES["report: device_ms not a time"].format(value=mesure_memoire.quoted(bad))
         ), bad
 
 
@@ -761,10 +775,14 @@ def test_a_refusal_echoes_a_bounded_excerpt_of_a_huge_value(change, tmp_path, mo
 
 def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond():
     whole = "d/" * 2000 + "r.json"  # 4006 characters: shown as typed
-    assert kit_error_of(mesure_memoire.read_result_file, whole) == f"report: {whole!r} does not exist"
+    assert kit_error_of(mesure_memoire.read_result_file, whole) == MESSAGES["report: does not exist"].format(
+        file=repr(whole)
+    )
     longer = "x" * 10_000_000
     message = kit_error_of(mesure_memoire.read_result_file, longer)
-    assert message == f"report: {mesure_memoire.quoted(longer, 4200)} cannot be opened (OSError)"
+    assert message == MESSAGES["report: cannot be opened"].format(
+        file=mesure_memoire.quoted(longer, 4200), error="OSError"
+    )
     assert len(message) < 4300
 
 
@@ -778,9 +796,8 @@ def test_read_result_file_opens_without_blocking(tmp_path, monkeypatch):
     os.mkfifo("pipe")
     writer = real_open("pipe", os.O_RDWR)  # a writer is there: even a blocking open would return
     try:
-        assert (
-            kit_error_of(mesure_memoire.read_result_file, "pipe")
-            == "report: 'pipe' is not a kit result: not a regular file"
+        assert kit_error_of(mesure_memoire.read_result_file, "pipe") == MESSAGES["report: not a kit result"].format(
+            file="'pipe'", why=MESSAGES["report: not a regular file"]
         )
     finally:
         os.close(writer)
@@ -790,7 +807,7 @@ def test_read_result_file_opens_without_blocking(tmp_path, monkeypatch):
 def test_after_two_dashes_a_file_name_may_start_with_a_dash(argv, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(argv) == 2
-    assert capsys.readouterr().err == f"mesure_memoire.py: error: report: {argv[-1]!r} does not exist\n"
+    assert capsys.readouterr().err == error_line(MESSAGES["report: does not exist"].format(file=repr(argv[-1])))
 
 
 def test_the_files_reach_the_report_in_order(monkeypatch, capsys):
@@ -968,7 +985,6 @@ def test_schema_5_reads_as_its_schema_4_twin():
 def test_schema_4_allocator_settings_not_as_measure_writes_them_are_refused(settings):
     result = load("schema4.json")
     result["environment"]["allocator_settings"] = settings
-    assert kit_error_of(mesure_memoire.report_rows, [("a.json", result)]) == (
-        "report: 'a.json' is not a kit result: its environment's allocator_settings is neither null nor what "
-        "measure writes"
-    )
+    assert kit_error_of(mesure_memoire.report_rows, [("a.json", result)]) == MESSAGES[
+        "report: not a kit result"
+    ].format(file="'a.json'", why=MESSAGES["report: allocator_settings not measure's"])

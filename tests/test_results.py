@@ -17,7 +17,7 @@ from fractions import Fraction
 import pytest
 
 import calcul_forfaits
-from conftest import MESSAGES, ROOT, assert_one_line_refusal, calculator_refusal, half_up_cents, tree_digest
+from conftest import MESSAGES, ROOT, assert_one_line_refusal, calculator_refusal, error_line, half_up_cents, tree_digest
 from conftest import call_calculator as call
 
 DATA = ROOT / "tests" / "data" / "results"
@@ -327,9 +327,11 @@ def test_the_shipped_template_says_that_no_run_is_recorded(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     status, out, err = call(capsys, "--results", "resultats-bruts.csv")
     assert (status, out) == (2, "")
-    assert err == (
-        "calcul_forfaits.py: error: 'resultats-bruts.csv': no run recorded yet (header only): add one row per real "
-        "run; nothing computed\n"
+    assert err == error_line(
+        MESSAGES["calculator: nothing computed"].format(
+            what="'resultats-bruts.csv'", reason=MESSAGES["calculator: no run recorded"]
+        ),
+        prog="calcul_forfaits.py",
     )
 
 
@@ -443,9 +445,12 @@ def test_a_measurement_file_resolving_outside_the_folder_is_refused_unnamed(insi
         sha = hashlib.sha256(stream.read()).hexdigest()
     path = write(inside, row(measurement_file=measurement_file, measurement_sha256=sha))
     err = calculator_refusal(capsys, "--results", path)
-    assert err == (
-        f"calcul_forfaits.py: error: {str(path)!r}: line 2: measurement_file {measurement_file!r}: "
-        "resolves outside the results file's folder (through a link); nothing computed\n"
+    assert err == error_line(
+        MESSAGES["calculator: nothing computed"].format(
+            what=f"{str(path)!r}: line 2: measurement_file {measurement_file!r}",
+            reason=MESSAGES["calculator: outside the folder"],
+        ),
+        prog="calcul_forfaits.py",
     )
     assert resolved not in err
     assert "/etc" not in err
@@ -492,10 +497,12 @@ def test_the_bytes_hashed_for_one_results_file_are_bounded(folder, capsys, monke
         assert (status, err) == (0, "")  # m.json counted once: the total equals the bound
         return
     assert (status, out) == (2, "")
-    assert err == (
-        f"calcul_forfaits.py: error: {str(path)!r}: line 5: measurement_file 'b.json': the distinct "
-        f"measurement files named so far total more than {bound} bytes, the most --results hashes "
-        "(a bound on its time); nothing computed\n"
+    assert err == error_line(
+        MESSAGES["calculator: nothing computed"].format(
+            what=f"{str(path)!r}: line 5: measurement_file 'b.json'",
+            reason=MESSAGES["calculator: measurement files too large"].format(bound=bound),
+        ),
+        prog="calcul_forfaits.py",
     )
 
 

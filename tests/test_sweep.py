@@ -12,7 +12,18 @@ import time
 import pytest
 
 import mesure_memoire
-from conftest import GIB, MESSAGES, MESURE_SCRIPT, ROOT, assert_one_line, config, sigint_as_from_a_terminal, tree_digest
+from conftest import (
+    GIB,
+    MESSAGES,
+    MESURE_SCRIPT,
+    ROOT,
+    assert_one_line,
+    config,
+    error_line,
+    sigint_as_from_a_terminal,
+    tree_digest,
+    warning_line,
+)
 
 DATA = ROOT / "tests" / "data"
 PYTHON = sys.executable  # the real interpreter: the stand_in fixture replaces sys.executable
@@ -145,9 +156,10 @@ def test_a_value_predicted_not_to_fit_is_not_launched_nor_any_larger(stand_in, c
     out = capsys.readouterr().out.splitlines()
     assert stand_in.calls() == [PROBE, measure_call(1024)]
     problem = mesure_memoire.fit_problem(sweep_plan(8192), environment())
-    assert (
-        out[1]
-        == f"Sweep stopped: width 8192: predicted not to fit, not launched (nor the 1 larger value(s)): {problem}"
+    assert out[1] == MESSAGES["sweep stopped"].format(
+        stop=MESSAGES["sweep: predicted not to fit"].format(
+            where="width 8192", also=MESSAGES["sweep: nor the larger values"].format(count=1), problem=problem
+        )
     )
     assert out[-1] == "Largest width measured: 1024"
     assert os.listdir("out") == ["mesures-width-1024.json"]
@@ -159,7 +171,9 @@ def test_when_the_first_value_is_predicted_not_to_fit_nothing_runs_and_no_folder
     captured = capsys.readouterr()
     problem = mesure_memoire.fit_problem(sweep_plan(8192), environment())
     assert captured.out == ""
-    assert captured.err == f"mesure_memoire.py: error: width 8192: predicted not to fit, not launched: {problem}\n"
+    assert captured.err == error_line(
+        MESSAGES["sweep: predicted not to fit"].format(where="width 8192", also="", problem=problem)
+    )
     assert stand_in.calls() == [PROBE]
     assert os.listdir(".") == []
 
@@ -172,9 +186,15 @@ def test_the_first_exit_3_stops_the_sweep_with_the_plan_s_figure(stand_in, capsy
     plan = sweep_plan(2048)
     peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
     assert (peak, needs) == (421568512, 1495310336)  # weights 134258688, inputs 2 MiB, allowance, 16 MiB
-    assert out[1] == (
-        f"Sweep stopped: width 2048 does not fit (the child's exit 3: mesure_memoire.py: error: {OOM}); the plan "
-        f"predicted a peak of {peak} bytes (0.39 GiB), needing {needs} bytes (1.39 GiB) free"
+    assert out[1] == MESSAGES["sweep stopped"].format(
+        stop=MESSAGES["sweep: does not fit"].format(
+            where="width 2048",
+            line=error_line(OOM).rstrip("\n"),
+            peak=peak,
+            peak_gib="0.39",
+            needs=needs,
+            needs_gib="1.39",
+        )
     )
     assert os.listdir("out") == ["mesures-width-1024.json"]
 
@@ -192,9 +212,10 @@ def test_a_child_s_refusal_stops_the_sweep_with_the_child_s_line(stand_in, capsy
     stand_in({"256": "exit2", "512": "write"})
     assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 2
     captured = capsys.readouterr()
-    assert captured.err == (
-        "mesure_memoire.py: error: width 256: the child refused (exit status 2): "
-        "mesure_memoire.py: error: --dtype bfloat16: not supported (stand-in)\n"
+    assert captured.err == error_line(
+        MESSAGES["sweep: the child refused"].format(
+            where="width 256", status=2, line=error_line("--dtype bfloat16: not supported (stand-in)").rstrip("\n")
+        )
     )
     assert stand_in.calls() == [PROBE, measure_call(256)]
     assert os.listdir(".") == []
@@ -213,8 +234,8 @@ def test_a_child_that_hangs_is_stopped_and_reported_and_leaves_nothing(stand_in,
         signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 20
     out = capsys.readouterr().out.splitlines()
-    assert (
-        out[1] == "Sweep stopped: width 512: the child did not finish within 1 s and was stopped; nothing kept for it"
+    assert out[1] == MESSAGES["sweep stopped"].format(
+        stop=MESSAGES["sweep: the child timed out"].format(where="width 512", seconds=1)
     )
     assert stand_in.calls() == [PROBE, measure_call(256), measure_call(512)]
     assert os.listdir("out") == ["mesures-width-256.json"]  # the hanging child's partial file is gone
@@ -259,7 +280,7 @@ def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_i
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
-    assert err == MESSAGES["Ctrl-C, no partial file"]
+    assert err == MESSAGES["interrupted, no partial file"].format(signal="Ctrl-C")
     assert out == "width 256: measured, out/mesures-width-256.json\n"
     assert os.listdir("out") == ["mesures-width-256.json"]
     with pytest.raises(ProcessLookupError):
@@ -287,7 +308,7 @@ def test_sigterm_stops_the_child_and_leaves_no_folder(stand_in):
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=30)
     assert (process.returncode, out) == (143, ""), err
-    assert err == "mesure_memoire.py: interrupted (SIGTERM); no partial file left behind\n"
+    assert err == MESSAGES["interrupted, no partial file"].format(signal="SIGTERM")
     assert os.listdir(".") == []
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
@@ -321,9 +342,10 @@ def test_ctrl_c_at_the_first_value_leaves_no_folder(stand_in, monkeypatch):
 def test_without_a_gpu_one_line_exit_2_and_no_folder(stand_in, capsys):
     stand_in({"256": "write"}, env=environment(available=False))
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: no usable GPU for cuda:0: torch.cuda.is_available() is False (stand-in); "
-        "nothing measured, no folder created\n"
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["no usable GPU, no folder created"].format(
+            device="cuda:0", reason="torch.cuda.is_available() is False (stand-in)"
+        )
     )
     assert stand_in.calls() == [PROBE]
     assert os.listdir(".") == []
@@ -332,10 +354,7 @@ def test_without_a_gpu_one_line_exit_2_and_no_folder(stand_in, capsys):
 def test_a_pytorch_below_2_4_is_refused_after_the_probe_and_no_folder_stays(stand_in, capsys):
     stand_in({"256": "write"}, env={**environment(), "torch": "2.3.1+cu121"})
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: PyTorch 2.4 or later is needed to measure; this is PyTorch '2.3.1+cu121': "
-        "nothing measured, nothing written\n"
-    )
+    assert capsys.readouterr().err == error_line(MESSAGES["PyTorch too old"].format(version="'2.3.1+cu121'"))
     assert stand_in.calls() == [PROBE]
     assert os.listdir(".") == []
 
@@ -343,9 +362,8 @@ def test_a_pytorch_below_2_4_is_refused_after_the_probe_and_no_folder_stays(stan
 def test_a_pytorch_version_that_cannot_be_read_is_said_and_the_sweep_goes_on(stand_in, capsys):
     stand_in({"256": "write"}, env={**environment(), "torch": "custom-build"})
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 0
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: warning: PyTorch's version 'custom-build' is not MAJOR.MINOR...: measured as if it "
-        "were 2.4 or later\n"
+    assert capsys.readouterr().err == warning_line(
+        MESSAGES["unreadable PyTorch version"].format(version="'custom-build'")
     )
     assert stand_in.calls() == [PROBE, measure_call(256)]
 
@@ -388,23 +406,23 @@ def test_the_parent_imports_no_pytorch(stand_in, tmp_path):
 SWEEP_REFUSALS = [
     (
         ["--values", "512,256"],
-        "--values: expected strictly increasing whole numbers separated by commas, got '512,256'",
+        MESSAGES["--values not increasing"].format(value="'512,256'"),
     ),
     (
         ["--values", "256,256"],
-        "--values: expected strictly increasing whole numbers separated by commas, got '256,256'",
+        MESSAGES["--values not increasing"].format(value="'256,256'"),
     ),
     (
         ["--values", "256,,512"],
-        "--values: expected a positive whole number of at most 30 ASCII digits, no leading zero, got ''",
+        MESSAGES["positive whole number"].format(option="--values", value="''"),
     ),
     (
         ["--values", "0,1"],
-        "--values: expected a positive whole number of at most 30 ASCII digits, no leading zero, got '0'",
+        MESSAGES["positive whole number"].format(option="--values", value="'0'"),
     ),
     (
         ["--values", "1.5"],
-        "--values: expected a positive whole number of at most 30 ASCII digits, no leading zero, got '1.5'",
+        MESSAGES["positive whole number"].format(option="--values", value="'1.5'"),
     ),
     (["--values", "256", "--width", "64"], "--width: --vary width takes its values from --values; drop --width"),
     (["--values", "256", "--vary", "dtype"], "argument --vary: given twice"),
@@ -440,10 +458,7 @@ def test_vary_names_a_dimension(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argv = ["sweep", "--device", "cuda:0", "--vary", "dtype", "--values", "1", "--output-dir", "out"]
     assert mesure_memoire.main(argv) == 2
-    assert (
-        capsys.readouterr().err
-        == "mesure_memoire.py: error: --vary: expected one of batch, context, width, got 'dtype'\n"
-    )
+    assert capsys.readouterr().err == error_line(MESSAGES["--vary not a dimension"].format(value="'dtype'"))
 
 
 def test_batch_and_context_can_be_varied_too(stand_in, capsys):
@@ -549,8 +564,8 @@ def test_a_probe_that_hangs_is_stopped_and_said(stand_in, capsys, monkeypatch):
     behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
     (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "probe": {"hang": True}}))
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: the child reading cuda:0 did not answer within 1 s; nothing measured\n"
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["sweep: the probe timed out"].format(device="cuda:0", seconds=1)
     )
     assert os.listdir(".") == []
 

@@ -1253,10 +1253,11 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
 # validation/blas-workspaces.md).  cuBLASLt's (1 MiB unless CUBLASLT_WORKSPACE_SIZE says otherwise) is taken
 # per call in 2.4 to 2.8 (gemm_and_bias in aten/src/ATen/cuda/CUDABlas.cpp allocates it and frees it on return),
 # kept per handle and stream from 2.9 (getCUDABlasLtWorkspace), shared with cuBLAS's from 2.12
-# (unified_cublas_and_lt_workspaces), and per call again in 2.15, cuBLAS's too (TORCH_CUBLAS_WORKSPACE_CACHE,
-# off by default).  cuBLAS's is kept per handle and stream in 2.4 to 2.14 (cublas_handle_stream_to_workspace).
-# Not established: the patch releases not read (2.9.0 among them), ROCm's hipBLAS and hipBLASLt.  So the
-# kit assumes neither: cold_forward's end shows what is kept, measure_per_call_workspace what a call takes.
+# (unified_cublas_and_lt_workspaces), and per call again in 2.15 (TORCH_CUBLAS_WORKSPACE_CACHE, off by
+# default).  cuBLAS's is kept per handle and stream in 2.4 to 2.14 (cublas_handle_stream_to_workspace).  Not
+# established: whether 2.15's cuBLAS path takes its workspace per call too, the patch releases not read (2.9.0
+# among them), ROCm's hipBLAS and hipBLASLt.  So the kit assumes none of it: cold_forward's end shows what is
+# kept, measure_per_call_workspace what a call takes.
 def _product_transient(cuda, device, product):
     """(product's output, the allocated bytes and the requested bytes it took and gave back within the call):
     its peak above its end, the output alive.  Requested bytes are None where memory_stats lacks them."""

@@ -259,15 +259,15 @@ def test_a_child_that_ignores_the_interrupt_is_killed(stand_in, capsys, monkeypa
     assert os.listdir(".") == []
 
 
-def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_in):
-    """A real SIGINT to a real sweep process whose children are the stand-in (set as sys.executable there)."""
-    stand_in({"256": "write", "512": "hang"})
+def sweep_process_with_a_hanging_child(stand_in, values):
+    """A real sweep process over ``values`` whose children are the stand-in (set as sys.executable there),
+    returned once a child hangs: (the process, the file holding the hanging child's process id)."""
     wrapper = (
         "import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
         "runpy.run_path(sys.argv[0], run_name='__main__')"
     )
     process = subprocess.Popen(
-        [PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP, "--values", "256,512"],
+        [PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP, "--values", values],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -277,6 +277,13 @@ def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_i
     deadline = time.monotonic() + 30
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    return process, pid_file
+
+
+def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_in):
+    """A real SIGINT to a real sweep process whose children are the stand-in (set as sys.executable there)."""
+    stand_in({"256": "write", "512": "hang"})
+    process, pid_file = sweep_process_with_a_hanging_child(stand_in, "256,512")
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
@@ -290,21 +297,7 @@ def test_ctrl_c_stops_the_child_and_the_sweep_and_leaves_no_partial_file(stand_i
 def test_sigterm_stops_the_child_and_leaves_no_folder(stand_in):
     """A real SIGTERM (timeout, a scheduler, docker stop) to a real sweep process: handled as Ctrl-C, 143."""
     stand_in({"256": "write-then-hang"})  # its result already written: it goes too
-    wrapper = (
-        "import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
-        "runpy.run_path(sys.argv[0], run_name='__main__')"
-    )
-    process = subprocess.Popen(
-        [PYTHON, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP, "--values", "256"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=sigint_as_from_a_terminal,
-    )
-    pid_file = stand_in.home / "hanging.pid"
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    process, pid_file = sweep_process_with_a_hanging_child(stand_in, "256")
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=30)
     assert (process.returncode, out) == (143, ""), err

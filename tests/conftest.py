@@ -458,7 +458,11 @@ MESSAGES = {
     "no CUDA or ROCm build": "this PyTorch build has no CUDA or ROCm support",
     "no GPU visible": "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)",
     "--reserve-gib not a number": "--reserve-gib: expected a number >= 0",
-    "stdout full": "mesure_memoire.py: error: cannot write the output: OSError: [Errno 28] No space left on device\n",
+    "cannot write the output": "cannot write the output: {error}",
+    "stdout closed": "standard output is closed",
+    "matplotlib not importable": "matplotlib is not importable in this kernel (the tables stay)",
+    "matplotlib too old": "matplotlib {version} cannot draw: 3.5 or later is needed (the tables stay)",
+    "no figure": "No figure: {why}",
     "--warmup out of range": "--warmup: expected a whole number from 0 to 1000",
     "--repeats out of range": "--repeats: expected a whole number from 1 to 1000",
     "--width not positive": "--width: expected a positive whole number",
@@ -525,6 +529,26 @@ MESSAGES = {
     "whole number in range": (
         "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero, got {value}"
     ),
+    "number >= 0": (
+        "{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one decimal point "
+        "between digits (at most 30 digits on each side), got {value}"
+    ),
+    "--output required unless --plan": (
+        "--output: a new file name is required (or --plan, which measures nothing and writes nothing)"
+    ),
+    "--plan with --output": "--plan writes nothing: drop --output",
+    "--json without --plan": "--json goes with --plan; measure writes its JSON to --output",
+    "--memory-gib without --plan": "--memory-gib goes with --plan",
+    "--device required": "--device is required (unless --plan)",
+    "--memory-gib not a card's memory": (
+        "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most one "
+        "decimal point between digits (80, 0.5), got {value}"
+    ),
+    "does not fit the card": "the run does not fit a card of {gib} GiB (exit 3)",
+    "predicted peak does not fit": (
+        "the predicted peak, {peak} bytes ({peak_gib} GiB), exceeds the {free} bytes ({free_gib} GiB) {source} "
+        "less a 1.00 GiB margin: {advice}"
+    ),
     "report: not a kit result": "report: {file} is not a kit result: {why}",
     "report: does not exist": "report: {file} does not exist",
     "report: cannot be opened": "report: {file} cannot be opened ({error})",
@@ -568,6 +592,11 @@ MESSAGES = {
     ),
     "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
     "calculator: --lots not positive": "--lots: expected a positive whole number, got {value}",
+    "torch import error, scrubbed": '{type} at import; python -c "import torch" shows PyTorch\'s message',
+    "PyTorch not importable": "PyTorch is not importable",
+    "GPU properties unreadable": "the properties of {device} cannot be read",
+    "allocator settings refused": "PyTorch refused its allocator settings (its message is not kept: it may echo them)",
+    "allocator settings refused, nothing measured": "{refused}; nothing measured, no file written",
     "bounded trial": (
         "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
         "(a measurement is a short, bounded trial), got {value}"

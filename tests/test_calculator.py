@@ -345,25 +345,20 @@ def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("stdout", "line"),
+    ("stdout", "error"),
     [
-        (
-            UnwritableStdout(OSError(28, "No space left on device")),
-            "error: cannot write the output: OSError: [Errno 28] No space left on device",
-        ),
-        (
-            UnwritableStdout(ValueError("I/O operation on closed file.")),
-            "error: cannot write the output: ValueError: I/O operation on closed file.",
-        ),
-        (UnwritableStdout(ValueError("")), "error: cannot write the output: ValueError"),  # no message: its type
-        (None, "error: cannot write the output: standard output is closed"),
+        (UnwritableStdout(OSError(28, "No space left on device")), "OSError: [Errno 28] No space left on device"),
+        (UnwritableStdout(ValueError("I/O operation on closed file.")), "ValueError: I/O operation on closed file."),
+        (UnwritableStdout(ValueError("")), "ValueError"),  # no message: its type
+        (None, MESSAGES["stdout closed"]),
         (UnwritableStdout(BrokenPipeError(32, "Broken pipe")), None),  # the reader left: nothing to say
     ],
 )
-def test_the_calculators_lines_for_an_unwritable_output(capsys, monkeypatch, stdout, line):
+def test_the_calculators_lines_for_an_unwritable_output(capsys, monkeypatch, stdout, error):
     monkeypatch.setattr(sys, "stdout", stdout)
     status = calcul_forfaits.main(["--gpu", "b200", "--days", "7"])
-    assert (status, capsys.readouterr().err) == (1, f"calcul_forfaits.py: {line}\n" if line else "")
+    said = MESSAGES["cannot write the output"].format(error=error)
+    assert (status, capsys.readouterr().err) == (1, error_line(said, prog="calcul_forfaits.py") if error else "")
 
 
 def test_an_interrupt_while_computing_gives_the_calculators_line_and_130(capsys, monkeypatch):

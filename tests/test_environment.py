@@ -24,6 +24,7 @@ from conftest import (
     MIB,
     ROOT,
     assert_one_line_refusal,
+    error_line,
     run_script,
 )
 
@@ -40,7 +41,7 @@ def test_without_torch_it_reports_why_and_exits_0():
     assert "torch" in data["torch_error"]
     assert data["gpu_available"] is False
     assert data["gpu"] is None
-    assert data["gpu_unavailable_reason"] == "PyTorch is not importable"
+    assert data["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]
 
 
 def _no_gpu_reason():
@@ -299,8 +300,8 @@ def torch_import_quotes_a_list(monkeypatch):
 def test_an_import_error_quoting_a_path_list_is_scrubbed_in_environment_json(torch_import_quotes_a_list, capsys):
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["torch_error"] == (
-        'ImportError at import; python -c "import torch" shows PyTorch\'s message'
+    assert json.loads(captured.out)["torch_error"] == MESSAGES["torch import error, scrubbed"].format(
+        type="ImportError"
     )
     assert "alice" not in captured.out + captured.err
 
@@ -311,20 +312,20 @@ def test_an_import_error_quoting_a_path_list_is_scrubbed_in_the_refusal_of_measu
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "new.json"]) == 2
     captured = capsys.readouterr()
-    assert captured.err == (
-        'mesure_memoire.py: error: PyTorch is not importable (ImportError at import; python -c "import torch" '
-        "shows PyTorch's message): nothing measured, no file written\n"
-    )
+    scrubbed = MESSAGES["torch import error, scrubbed"].format(type="ImportError")
+    said = MESSAGES["PyTorch not importable, nothing measured"].format(error=scrubbed)
+    assert captured.err == error_line(said)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_name_the_file_system_cannot_encode_keeps_its_character_in_the_refusal(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a lone surrogate: UnicodeEncodeError quotes it as '\ud800'
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "\ud800.json"]) == 2
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: --output: cannot create '\\ud800.json': UnicodeEncodeError: 'utf-8' codec can't "
-        "encode character '\\ud800' in position 0: surrogates not allowed; nothing measured\n"
+    python_says = (
+        "UnicodeEncodeError: 'utf-8' codec can't encode character '\\ud800' in position 0: surrogates not allowed"
     )
+    said = MESSAGES["--output cannot create"].format(name="'\\ud800.json'", error=python_says)
+    assert capsys.readouterr().err == error_line(said)
 
 
 # --- the device probes (stand-ins record the device index of every query) -----------------------------
@@ -555,7 +556,7 @@ def test_the_collector_when_the_gpu_is_not_visible_or_unreadable(stand_in_gpu, m
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", unreadable)
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["gpu_unavailable_reason"] == "the properties of cuda:0 cannot be read"
+    assert environment["gpu_unavailable_reason"] == MESSAGES["GPU properties unreadable"].format(device="cuda:0")
     assert environment["gpu_available"] is False
     assert environment["gpu"] is None
     assert environment["field_errors"] == {"properties": "RuntimeError: no properties"}
@@ -610,7 +611,7 @@ def test_the_collector_without_pytorch(monkeypatch):
     assert environment["gpu"] is None
     assert environment["gpu_available"] is False
     assert environment["torch_error"] == "ModuleNotFoundError: No module named 'torch'"
-    assert environment["gpu_unavailable_reason"] == "PyTorch is not importable"
+    assert environment["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]
     assert environment["settings"] == dict.fromkeys(mesure_memoire.SETTINGS)
     assert environment["matmul_arithmetic"] is None  # nothing asked: no PyTorch to ask
     assert environment["device_count"] is None
@@ -827,10 +828,8 @@ def test_import_torch_reports_why_in_one_line(monkeypatch):
     assert why is None
     assert torch is sys.modules["torch"]
     monkeypatch.setitem(sys.modules, "torch", None)
-    assert mesure_memoire.import_torch() == (
-        None,
-        'ModuleNotFoundError at import; python -c "import torch" shows PyTorch\'s message',
-    )
+    scrubbed = MESSAGES["torch import error, scrubbed"].format(type="ModuleNotFoundError")
+    assert mesure_memoire.import_torch() == (None, scrubbed)
 
 
 @pytest.mark.whole_kit
@@ -840,9 +839,8 @@ def test_pytorch_s_import_error_quoting_an_environment_variable_is_not_recorded(
     completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", cwd=tmp_path, env=env)
     assert completed.returncode == 0, completed.stderr
     assert "s3cret" not in completed.stdout + completed.stderr
-    assert (
-        'not importable (ValueError at import; python -c "import torch" shows PyTorch\'s message)' in completed.stdout
-    )
+    scrubbed = MESSAGES["torch import error, scrubbed"].format(type="ValueError")
+    assert f"not importable ({scrubbed})" in completed.stdout
 
 
 @pytest.mark.parametrize("without_numpy", ["this interpreter", "numpy blocked"])
@@ -1006,16 +1004,12 @@ def test_settings_pytorch_refuses_leave_null_and_a_line_that_names_no_key(stand_
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", refusing)
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["allocator_settings"] is None
-    assert environment["field_errors"]["allocator_settings"] == (
-        "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
-    )
+    refused = MESSAGES["allocator settings refused"]
+    assert environment["field_errors"]["allocator_settings"] == refused
     assert "secret_key_42" not in mesure_memoire.to_json(environment)
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "never.json"]) == 2
     err = capsys.readouterr().err
-    assert err == (
-        "mesure_memoire.py: error: PyTorch refused its allocator settings (its message is not kept: it may echo "
-        "them); nothing measured, no file written\n"
-    )
+    assert err == error_line(MESSAGES["allocator settings refused, nothing measured"].format(refused=refused))
 
 
 def test_the_cuda_malloc_async_backend_is_never_asked_for_a_snapshot(stand_in_gpu, monkeypatch):

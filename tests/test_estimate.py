@@ -1,6 +1,7 @@
 """`mesure_memoire.py estimate`: integer arithmetic, labels, refusals, standard library only."""
 
 import json
+import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -14,6 +15,7 @@ from conftest import (
     ROOT,
     assert_one_line_refusal,
     kit_error_of,
+    message_pattern,
     run_script,
 )
 
@@ -302,52 +304,49 @@ def test_whole_number_accepts_exactly_max_digits_and_refuses_more():
     assert mesure_memoire.whole_number("--x", 10**30 - 1, 1) == 10**30 - 1
     assert mesure_memoire.whole_number("--x", 1, 1) == 1
     assert mesure_memoire.whole_number("--x", "0", 0) == 0
-    message = "--x: expected a positive whole number of at most 30 ASCII digits, no leading zero, got "
-    assert kit_error_of(mesure_memoire.whole_number, "--x", 10**30, 1) == message + "1" + "0" * 30
-    assert kit_error_of(mesure_memoire.whole_number, "--x", "0" * 29 + "7", 1) == message + "'" + "0" * 29 + "7'"
-    assert kit_error_of(mesure_memoire.whole_number, "--x", "0", 1) == message + "'0'"
-    assert kit_error_of(mesure_memoire.whole_number, "--x", 0, 1) == message + "0"
-    assert (
-        kit_error_of(mesure_memoire.whole_number, "--x", -1, 0)
-        == "--x: expected a whole number >= 0 of at most 30 ASCII digits, no leading zero, got -1"
+    positive = MESSAGES["positive whole number"]
+    assert kit_error_of(mesure_memoire.whole_number, "--x", 10**30, 1) == positive.format(
+        option="--x", value="1" + "0" * 30
     )
-    assert (
-        kit_error_of(mesure_memoire.whole_number, "--x", 1, 2)
-        == "--x: expected a whole number >= 2 of at most 30 ASCII digits, no leading zero, got 1"
+    zeros = "'" + "0" * 29 + "7'"
+    assert kit_error_of(mesure_memoire.whole_number, "--x", "0" * 29 + "7", 1) == positive.format(
+        option="--x", value=zeros
     )
+    assert kit_error_of(mesure_memoire.whole_number, "--x", "0", 1) == positive.format(option="--x", value="'0'")
+    assert kit_error_of(mesure_memoire.whole_number, "--x", 0, 1) == positive.format(option="--x", value="0")
+    at_least = MESSAGES["whole number at least"]
+    assert kit_error_of(mesure_memoire.whole_number, "--x", -1, 0) == at_least.format(option="--x", minimum=0, value=-1)
+    assert kit_error_of(mesure_memoire.whole_number, "--x", 1, 2) == at_least.format(option="--x", minimum=2, value=1)
     assert kit_error_of(mesure_memoire.whole_number, "--x", None, 0).endswith("got None")
     assert kit_error_of(mesure_memoire.whole_number, "--x", False, 0).endswith("got False")
 
 
 def test_whole_number_with_an_upper_bound_names_both_ends():
     assert mesure_memoire.whole_number("--y", 10**30 - 2, 1, 10**30 - 2) == 10**30 - 2
-    assert kit_error_of(mesure_memoire.whole_number, "--y", 10**30 - 1, 1, 10**30 - 2) == (
-        f"--y: expected a whole number from 1 to {10**30 - 2} in ASCII digits, no leading zero, got {10**30 - 1}"
+    in_range = MESSAGES["whole number in range"]
+    assert kit_error_of(mesure_memoire.whole_number, "--y", 10**30 - 1, 1, 10**30 - 2) == in_range.format(
+        option="--y", minimum=1, maximum=10**30 - 2, value=10**30 - 1
     )
-    assert (
-        kit_error_of(mesure_memoire.whole_number, "--y", "8", 3, 7)
-        == "--y: expected a whole number from 3 to 7 in ASCII digits, no leading zero, got '8'"
+    assert kit_error_of(mesure_memoire.whole_number, "--y", "8", 3, 7) == in_range.format(
+        option="--y", minimum=3, maximum=7, value="'8'"
     )
-    assert (
-        kit_error_of(mesure_memoire.whole_number, "--y", 2, 3, 7)
-        == "--y: expected a whole number from 3 to 7 in ASCII digits, no leading zero, got 2"
+    assert kit_error_of(mesure_memoire.whole_number, "--y", 2, 3, 7) == in_range.format(
+        option="--y", minimum=3, maximum=7, value=2
     )
     assert mesure_memoire.whole_number("--y", "7", 3, 7) == 7
     assert mesure_memoire.whole_number("--y", 3, 3, 7) == 3
 
 
 def test_non_negative_decimal_message_and_value():
-    message = (
-        "--r: expected a number >= 0 written with ASCII digits, no leading zero, and at most one decimal point "
-        "between digits (at most 30 digits"
-    )
-    assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", "x") == message + " on each side), got 'x'"
+    said = MESSAGES["number >= 0"].format(option="--r", value="'x'")
+    assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", "x") == said
     assert str(mesure_memoire.non_negative_decimal("--r", "9" * 30 + "." + "9" * 30)) == "9" * 30 + "." + "9" * 30
     assert mesure_memoire.non_negative_decimal("--r", "0." + "0" * 29 + "1") == Decimal("1E-30")
     assert str(mesure_memoire.non_negative_decimal("--r", "5")) == "5.0"
     assert str(mesure_memoire.non_negative_decimal("--r", "0.5")) == "0.5"
     for value in ("9" * 31, "9" * 31 + ".5", "0." + "0" * 30 + "1", b"1", [1], Fraction(1), True):
-        assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", value).startswith(message), value
+        said = kit_error_of(mesure_memoire.non_negative_decimal, "--r", value)
+        assert re.fullmatch(message_pattern("number >= 0", option="--r"), said), value
 
 
 # --- messages on one line ------------------------------------------------------------------------------------
@@ -424,13 +423,9 @@ def test_estimate_weights_returns_every_field():
         ],
     }
     assert mesure_memoire.estimate_weights("3", "9", "0.5")["total_gib"] == Decimal("0.50000000558793544769287109375")
-    assert kit_error_of(mesure_memoire.estimate_weights, 0, 8) == (
-        "--parameters: expected a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
-    )
-    assert (
-        kit_error_of(mesure_memoire.estimate_weights, 1, 0)
-        == "--bits: expected a positive whole number of at most 30 ASCII digits, no leading zero, got 0"
-    )
+    positive = MESSAGES["positive whole number"]
+    assert kit_error_of(mesure_memoire.estimate_weights, 0, 8) == positive.format(option="--parameters", value=0)
+    assert kit_error_of(mesure_memoire.estimate_weights, 1, 0) == positive.format(option="--bits", value=0)
     assert kit_error_of(mesure_memoire.estimate_weights, 1, 1, "-1").startswith(MESSAGES["--reserve-gib not a number"])
 
 

@@ -248,7 +248,7 @@ def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_ma
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     namespace["measurement"] = load(DATA / "schema3.json")
     exec(run_figure, namespace)
-    assert capsys.readouterr().out == "No figure: matplotlib is not importable in this kernel (the tables stay)\n"
+    assert capsys.readouterr().out == MESSAGES["no figure"].format(why=MESSAGES["matplotlib not importable"]) + "\n"
     assert "figure" not in namespace
 
 
@@ -258,7 +258,7 @@ def test_without_matplotlib_the_kit_refuses_to_draw_in_one_line(monkeypatch):
     for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "schema3.json")), (mesure_memoire.draw_sizes, [])):
         with pytest.raises(mesure_memoire.KitError) as refused:
             drawing(data)
-        assert str(refused.value) == "matplotlib is not importable in this kernel (the tables stay)"
+        assert str(refused.value) == MESSAGES["matplotlib not importable"]
 
 
 @pytest.mark.parametrize(
@@ -273,7 +273,7 @@ def test_a_matplotlib_too_old_or_of_unknown_version_is_refused_in_one_line(versi
     for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "schema3.json")), (mesure_memoire.draw_sizes, [])):
         with pytest.raises(mesure_memoire.KitError) as refused:
             drawing(data)
-        assert str(refused.value) == f"matplotlib {shown} cannot draw: 3.5 or later is needed (the tables stay)"
+        assert str(refused.value) == MESSAGES["matplotlib too old"].format(version=shown)
 
 
 @pytest.mark.parametrize("version", ["3.5.0", "3.10.9", "3.11.2", "4.0.0rc1"])

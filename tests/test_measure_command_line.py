@@ -44,6 +44,10 @@ from conftest import (
     tree_digest,
 )
 
+STDOUT_FULL = error_line(
+    MESSAGES["cannot write the output"].format(error="OSError: [Errno 28] No space left on device")
+)
+
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
 
@@ -465,7 +469,7 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
             sys.__stdout__ = real_stdout
         assert code == 1
         assert os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
-    assert capsys.readouterr().err == (MESSAGES["stdout full"])
+    assert capsys.readouterr().err == STDOUT_FULL
     with open(tmp_path / "other.txt", "w") as other:  # not the interpreter's stdout: left alone
         assert (
             mesure_memoire.stdout_failed(
@@ -476,7 +480,8 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
         assert os.path.realpath(f"/proc/self/fd/{other.fileno()}") == str(tmp_path / "other.txt")
     assert capsys.readouterr().err == ""
     assert mesure_memoire.stdout_failed("mesure_memoire.py", mesure_memoire.StdoutFailed(), None) == 1
-    assert capsys.readouterr().err == "mesure_memoire.py: error: cannot write the output: standard output is closed\n"
+    closed = MESSAGES["cannot write the output"].format(error=MESSAGES["stdout closed"])
+    assert capsys.readouterr().err == error_line(closed)
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="this system has no /dev/full")
@@ -492,7 +497,7 @@ def test_main_points_the_interpreters_own_stdout_at_devnull_when_it_fails(monkey
             sys.__stdout__ = real_stdout
         assert code == 1
         assert os.path.realpath(f"/proc/self/fd/{full.fileno()}") == os.devnull
-    assert capsys.readouterr().err == (MESSAGES["stdout full"])
+    assert capsys.readouterr().err == STDOUT_FULL
 
 
 def test_main_restores_stdout_and_returns_each_status(capsys, monkeypatch):
@@ -526,7 +531,7 @@ def test_a_stdout_that_fails_only_on_flush_is_one_line_and_exit_1(capsys, monkey
         written.clear()
         assert mesure_memoire.main(argv) == 1
         assert written
-        assert capsys.readouterr().err == (MESSAGES["stdout full"])
+        assert capsys.readouterr().err == STDOUT_FULL
 
 
 def test_ctrl_c_is_one_exact_line_and_status_130(capsys, monkeypatch):

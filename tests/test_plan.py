@@ -23,6 +23,7 @@ from conftest import (
     RecordingCudaStandIn,
     assert_one_line_refusal,
     config,
+    error_line,
     plain_ids,
     plan,
     run_script,
@@ -242,19 +243,28 @@ def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, fragment):
     assert list(tmp_path.iterdir()) == []
 
 
-BOUNDED = "no leading zero (a measurement is a short, bounded trial), got"
+NINES = "'" + "9" * 30 + "'"
 HUGE_COUNTS = [
     (
         ["--repeats", "9" * 30],
-        f"--repeats: expected a whole number from 1 to 1000 in ASCII digits, {BOUNDED} '{'9' * 30}'",
+        MESSAGES["bounded trial"].format(option="--repeats", minimum=1, maximum=1000, value=NINES),
     ),
     (
         ["--warmup", "9" * 30],
-        f"--warmup: expected a whole number from 0 to 1000 in ASCII digits, {BOUNDED} '{'9' * 30}'",
+        MESSAGES["bounded trial"].format(option="--warmup", minimum=0, maximum=1000, value=NINES),
     ),
-    (["--warmup", "1000000000"], MESSAGES["--warmup out of range"]),
-    (["--repeats", "1001"], MESSAGES["--repeats out of range"]),
-    (["--warmup", "1001"], MESSAGES["--warmup out of range"]),
+    (
+        ["--warmup", "1000000000"],
+        MESSAGES["bounded trial"].format(option="--warmup", minimum=0, maximum=1000, value="'1000000000'"),
+    ),
+    (
+        ["--repeats", "1001"],
+        MESSAGES["bounded trial"].format(option="--repeats", minimum=1, maximum=1000, value="'1001'"),
+    ),
+    (
+        ["--warmup", "1001"],
+        MESSAGES["bounded trial"].format(option="--warmup", minimum=0, maximum=1000, value="'1001'"),
+    ),
 ]
 
 
@@ -272,8 +282,7 @@ def test_counts_are_bounded_with_their_reason_before_any_prediction(
     assert mesure_memoire.main([*MEASURE_TRIAL[:3], *arguments, *mode]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith(f"mesure_memoire.py: error: {message}")
-    assert len(captured.err.splitlines()) == 1
+    assert captured.err == error_line(message)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -309,10 +318,9 @@ def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatc
     assert mesure_memoire.main(MEASURE_TRIAL) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert MESSAGES["--output empty"] in err
-    assert "--plan" in err
+    assert err == error_line(MESSAGES["--output required unless --plan"])
     assert mesure_memoire.main([*MEASURE_TRIAL, "--json", "--output", "x.json"]) == 2
-    assert "--json goes with --plan" in capsys.readouterr().err
+    assert capsys.readouterr().err == error_line(MESSAGES["--json without --plan"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -479,16 +487,11 @@ def test_the_plan_command_passes_each_option_to_its_place(capsys):
 def test_the_plan_refusals_exactly(capsys):
     base = ["measure", "--device", "cuda:0"]
     assert mesure_memoire.main([*base, "--plan", "--output", "x.json"]) == 2
-    assert capsys.readouterr().err == "mesure_memoire.py: error: --plan writes nothing: drop --output\n"
+    assert capsys.readouterr().err == error_line(MESSAGES["--plan with --output"])
     assert mesure_memoire.main([*base, "--json", "--output", "x.json"]) == 2
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: --json goes with --plan; measure writes its JSON to --output\n"
-    )
+    assert capsys.readouterr().err == error_line(MESSAGES["--json without --plan"])
     assert mesure_memoire.main(base) == 2
-    assert capsys.readouterr().err == (
-        "mesure_memoire.py: error: --output: a new file name is required (or --plan, which measures nothing and "
-        "writes nothing)\n"
-    )
+    assert capsys.readouterr().err == error_line(MESSAGES["--output required unless --plan"])
 
 
 # --- the fit check -----------------------------------------------------------------------------------
@@ -502,14 +505,23 @@ def test_the_fit_message_exactly():
     plan = mesure_memoire.memory_plan(config(batch=8, context=1024, width=4096, dtype="bfloat16"))
     peak = plan["predicted_peak_allocated_bytes"]
     assert mesure_memoire.fit_problem(plan, fit_environment(peak + GIB)) is None  # exactly enough
-    assert mesure_memoire.fit_problem(plan, fit_environment(peak + GIB - 1)) == (
-        f"the predicted peak, {peak} bytes (1.06 GiB), exceeds the {peak + GIB - 1} bytes (2.06 GiB) "
-        "free (mem_get_info) less a 1.00 GiB margin: shrink --context (the activations dominate)"
+    does_not_fit = MESSAGES["predicted peak does not fit"]
+    assert mesure_memoire.fit_problem(plan, fit_environment(peak + GIB - 1)) == does_not_fit.format(
+        peak=peak,
+        peak_gib="1.06",
+        free=peak + GIB - 1,
+        free_gib="2.06",
+        source="free (mem_get_info)",
+        advice=MESSAGES["shrink context"],
     )
     assert mesure_memoire.fit_problem(plan, fit_environment(None, total=peak + GIB)) is None
-    assert mesure_memoire.fit_problem(plan, fit_environment(None, total=GIB + 2**27)) == (
-        f"the predicted peak, {peak} bytes (1.06 GiB), exceeds the {GIB + 2**27} bytes (1.13 GiB) "
-        "announced in total (mem_get_info failed) less a 1.00 GiB margin: shrink --context (the activations dominate)"
+    assert mesure_memoire.fit_problem(plan, fit_environment(None, total=GIB + 2**27)) == does_not_fit.format(
+        peak=peak,
+        peak_gib="1.06",
+        free=GIB + 2**27,
+        free_gib="1.13",
+        source="announced in total (mem_get_info failed)",
+        advice=MESSAGES["shrink context"],
     )
 
 

@@ -13,9 +13,11 @@ import mesure_memoire
 from conftest import (
     GIB,
     MEASURE_TRIAL,
+    MESSAGES,
     MIB,
     ROOT,
     config,
+    error_line,
     plan,
     run_script,
 )
@@ -118,21 +120,18 @@ def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
     assert mesure_memoire.card_memory_bytes("3")[1] == 3 * GIB
     for zero in ("0", "0.0", "0.000", ".5", "-1", "1e3", "8 ", "1.2.3", "", "5.", "01"):  # one wording for all
         assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", zero]) == 2
-        assert capsys.readouterr().err == (
-            "mesure_memoire.py: error: --memory-gib: expected a card's memory in GiB, more than 0, written with ASCII "
-            f"digits and at most one decimal point between digits (80, 0.5), got '{zero}'\n"
-        )
+        said = MESSAGES["--memory-gib not a card's memory"].format(value=f"'{zero}'")
+        assert capsys.readouterr().err == error_line(said)
     for bad in ("x" * 100, "\x1b"):
         assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", bad]) == 2
-        err = capsys.readouterr().err
-        assert err.startswith("mesure_memoire.py: error: --memory-gib: "), err
-        assert err.count("\n") == 1, err
+        said = MESSAGES["--memory-gib not a card's memory"].format(value=mesure_memoire.quoted(bad))
+        assert capsys.readouterr().err == error_line(said)
 
 
 def test_memory_gib_goes_with_plan(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main([*MEASURE_TRIAL, "--memory-gib", "80", "--output", "x.json"]) == 2
-    assert capsys.readouterr().err == "mesure_memoire.py: error: --memory-gib goes with --plan\n"
+    assert capsys.readouterr().err == error_line(MESSAGES["--memory-gib without --plan"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -250,7 +249,7 @@ def test_a_run_that_does_not_fit_exits_3_with_the_plan_and_its_verdict_printed(c
     plan_ = mesure_memoire.plan_with_fit(config(), "2")
     assert captured.out == mesure_memoire.format_plan_and_fit(plan_) + "\n"
     assert "does NOT fit (268604928 bytes short)" in captured.out
-    assert captured.err == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)\n"
+    assert captured.err == error_line(MESSAGES["does not fit the card"].format(gib="2.0"))
     assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", "2", "--json"]) == 3
     captured = capsys.readouterr()
     assert json.loads(captured.out)["fits"] is False
@@ -272,7 +271,7 @@ def test_the_plan_needs_no_device(capsys):
     assert mesure_memoire.main([*without, "--plan"]) == 0
     assert "(the largest default of any backend; " in capsys.readouterr().out
     assert mesure_memoire.main([*without, "--output", "o.json"]) == 2
-    assert capsys.readouterr().err == "mesure_memoire.py: error: --device is required (unless --plan)\n"
+    assert capsys.readouterr().err == error_line(MESSAGES["--device required"])
 
 
 def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monkeypatch, tmp_path, capsys):
@@ -281,7 +280,8 @@ def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monke
     assert predicted["needs_host_memory_bytes"] == 4 * (64 * 256 + 256 + 256 * 64 + 64) == 132352
     monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 132351)
     assert mesure_memoire.main([*MEASURE_TRIAL, "--output", "o.json"]) == 2
-    assert "building the model on the CPU needs 0.00 GiB, more than this machine's 0.00 GiB" in capsys.readouterr().err
+    said = MESSAGES["host RAM too small"].format(needed="0.00", available="0.00")
+    assert capsys.readouterr().err == error_line(said)
 
 
 @pytest.mark.whole_kit
@@ -306,7 +306,7 @@ def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
     lines = completed.stdout.splitlines()
     assert lines[0].startswith("Plan for measure")
     assert lines[-2].startswith("Fits: measure and sweep accept")
-    assert lines[-1] == "mesure_memoire.py: error: the run does not fit a card of 2.0 GiB (exit 3)"
+    assert lines[-1] + "\n" == error_line(MESSAGES["does not fit the card"].format(gib="2.0"))
     assert list(tmp_path.iterdir()) == []
 
 

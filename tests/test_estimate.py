@@ -14,6 +14,7 @@ from conftest import (
     MESSAGES,
     ROOT,
     assert_one_line_refusal,
+    error_line,
     kit_error_of,
     message_pattern,
     run_script,
@@ -234,8 +235,8 @@ def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
     ],
 )
 def test_one_number_grammar_refuses_the_rest(reserve):
-    with pytest.raises(mesure_memoire.KitError, match=MESSAGES["--reserve-gib not a number"]):
-        mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
+    said = MESSAGES["number >= 0"].format(option="--reserve-gib", value=mesure_memoire.quoted(reserve))
+    assert kit_error_of(mesure_memoire.non_negative_decimal, "--reserve-gib", reserve) == said
 
 
 def test_to_json_writes_what_json_dumps_writes_except_for_decimals():
@@ -426,7 +427,8 @@ def test_estimate_weights_returns_every_field():
     positive = MESSAGES["positive whole number"]
     assert kit_error_of(mesure_memoire.estimate_weights, 0, 8) == positive.format(option="--parameters", value=0)
     assert kit_error_of(mesure_memoire.estimate_weights, 1, 0) == positive.format(option="--bits", value=0)
-    assert kit_error_of(mesure_memoire.estimate_weights, 1, 1, "-1").startswith(MESSAGES["--reserve-gib not a number"])
+    said = MESSAGES["number >= 0"].format(option="--reserve-gib", value="'-1'")
+    assert kit_error_of(mesure_memoire.estimate_weights, 1, 1, "-1") == said
 
 
 def test_estimate_json_rounds_halves_up_to_six_decimals(capsys):
@@ -496,4 +498,4 @@ def test_the_options_reach_the_estimate_with_its_default_reserve(monkeypatch, ca
 )
 def test_a_typo_of_a_required_option_is_named_as_typed(argv, said, capsys):
     assert mesure_memoire.main(["estimate", "--parameters", "7", *argv]) == 2
-    assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
+    assert capsys.readouterr().err == error_line(said)

@@ -962,7 +962,9 @@ def test_measure_config_validates_each_option_by_its_name():
     )
     args = list(good)
     args[4] = "float64"
-    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--dtype float64"]
+    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--dtype not a kit dtype"].format(
+        value="'float64'"
+    )
     args = list(good)
     args[0] = "cuda"
     assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--device not cuda:N"].format(device="'cuda'")

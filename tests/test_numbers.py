@@ -11,7 +11,7 @@ import pytest
 
 import calcul_forfaits
 import mesure_memoire
-from conftest import MESSAGES, calculator_refusal, call_calculator
+from conftest import MESSAGES, calculator_refusal, call_calculator, error_line, kit_error_of
 
 # (text, a whole number?, a decimal?)
 NUMBERS = [
@@ -58,14 +58,14 @@ def test_each_script_checks_the_grammar_alike(text, whole, decimal):
     assert calcul_forfaits.is_whole(text, zero=True) is whole
     assert (mesure_memoire.device_index(f"cuda:{text}") == int(text)) if whole else True
     if not whole:
-        with pytest.raises(mesure_memoire.KitError, match="--device: expected cuda:N"):
-            mesure_memoire.device_index(f"cuda:{text}")
+        said = MESSAGES["--device not cuda:N"].format(device=mesure_memoire.quoted(f"cuda:{text}"))
+        assert kit_error_of(mesure_memoire.device_index, f"cuda:{text}") == said
     assert calcul_forfaits.is_number(text) is decimal
     if decimal:
         assert str(mesure_memoire.non_negative_decimal("--reserve-gib", text)) == (text if "." in text else f"{text}.0")
     else:
-        with pytest.raises(mesure_memoire.KitError, match=MESSAGES["--reserve-gib not a number"]):
-            mesure_memoire.non_negative_decimal("--reserve-gib", text)
+        said = MESSAGES["number >= 0"].format(option="--reserve-gib", value=mesure_memoire.quoted(text))
+        assert kit_error_of(mesure_memoire.non_negative_decimal, "--reserve-gib", text) == said
 
 
 @pytest.mark.parametrize(("text", "whole", "decimal"), [case for case in NUMBERS if case[0] != "0"], ids=IDS[1:])
@@ -80,9 +80,11 @@ def test_a_whole_number_option_of_either_script_follows_the_grammar(text, whole,
         assert f", {text} lot(s)\n" in out
     else:
         assert mesure_memoire.main(estimate) == 2
-        assert capsys.readouterr().err.startswith("mesure_memoire.py: error: --parameters: expected a positive whole")
+        said = MESSAGES["positive whole number"].format(option="--parameters", value=mesure_memoire.quoted(text))
+        assert capsys.readouterr().err == error_line(said)
         err = calculator_refusal(capsys, "--gpu", "b200", "--days", "7", "--lots", text)
-        assert err.startswith("calcul_forfaits.py: error: --lots: expected a positive whole number, got ")
+        said = MESSAGES["calculator: --lots not positive"].format(value=repr(text))
+        assert err == error_line(said, prog="calcul_forfaits.py")
 
 
 @pytest.mark.parametrize(("text", "whole", "decimal"), NUMBERS, ids=IDS)
@@ -93,14 +95,16 @@ def test_the_decimal_option_follows_the_grammar(text, whole, decimal, capsys):
         assert (status, captured.err) == (0, "")
     else:
         assert status == 2
-        assert captured.err.startswith("mesure_memoire.py: error: --reserve-gib: expected a number >= 0 written")
+        said = MESSAGES["number >= 0"].format(option="--reserve-gib", value=mesure_memoire.quoted(text))
+        assert captured.err == error_line(said)
 
 
 def test_zero_is_a_whole_number_where_an_option_takes_it(capsys):
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--warmup", "0", "--plan", "--json"]) == 0
     assert '"warmup": 0,' in capsys.readouterr().out
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--warmup", "00", "--plan"]) == 2
-    assert MESSAGES["--warmup out of range"] in capsys.readouterr().err
+    said = MESSAGES["bounded trial"].format(option="--warmup", minimum=0, maximum=1000, value="'00'")
+    assert capsys.readouterr().err == error_line(said)
 
 
 @pytest.mark.parametrize(("digits", "accepted"), [(30, True), (31, False)])

@@ -222,24 +222,26 @@ def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("arguments", "fragment"),
+    ("arguments", "message"),
     [
-        (["--width", "0"], MESSAGES["--width not positive"]),
-        (["--batch", "1.5"], "--batch: expected a positive whole number"),
-        (["--context", "-3"], "--context: expected a positive whole number"),
-        (["--dtype", "float64"], MESSAGES["--dtype float64"]),
-        (["--repeats", "0"], MESSAGES["--repeats out of range"]),
-        (["--output", "x.json"], "--plan writes nothing"),
+        (["--width", "0"], MESSAGES["positive whole number"].format(option="--width", value="'0'")),
+        (["--batch", "1.5"], MESSAGES["positive whole number"].format(option="--batch", value="'1.5'")),
+        (["--context", "-3"], MESSAGES["positive whole number"].format(option="--context", value="'-3'")),
+        (["--dtype", "float64"], MESSAGES["--dtype not a kit dtype"].format(value="'float64'")),
+        (
+            ["--repeats", "0"],
+            MESSAGES["bounded trial"].format(option="--repeats", minimum=1, maximum=1000, value="'0'"),
+        ),
+        (["--output", "x.json"], MESSAGES["--plan with --output"]),
     ],
 )
-def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, fragment):
+def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, message):
     monkeypatch.chdir(tmp_path)
     base = MEASURE_TRIAL[:3]  # the device alone: each option below is then given once
     assert mesure_memoire.main([*base, "--plan", *arguments]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert len(captured.err.splitlines()) == 1
-    assert fragment in captured.err
+    assert captured.err == error_line(message)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -329,7 +331,7 @@ def test_plan_refuses_a_bad_dimension_like_measure_from_the_command_line(tmp_pat
     completed = run_script(
         "mesure_memoire.py", *MEASURE_TRIAL[:7], "--width", "0", "--plan", python_flags=("-S",), cwd=tmp_path
     )
-    assert_one_line_refusal(completed, MESSAGES["--width not positive"])
+    assert_one_line_refusal(completed, MESSAGES["positive whole number"].format(option="--width", value="'0'"))
     assert list(tmp_path.iterdir()) == []
 
 

@@ -417,15 +417,24 @@ SWEEP_REFUSALS = [
         ["--values", "1.5"],
         MESSAGES["positive whole number"].format(option="--values", value="'1.5'"),
     ),
-    (["--values", "256", "--width", "64"], "--width: --vary width takes its values from --values; drop --width"),
-    (["--values", "256", "--vary", "dtype"], "argument --vary: given twice"),
-    (["--values", "256", "--timeout-s", "0"], "--timeout-s: expected a whole number from 1 to 604800"),
-    (["--values", "256", "--output-dir", "existing"], "--output-dir: existing already exists; the sweep writes only"),
-    (["--values", "256", "--output-dir", "file.json"], "--output-dir: file.json already exists"),
-    (["--values", "256", "--output-dir", "missing/out"], "--output-dir: the folder that would hold missing/out does"),
-    (["--values", "256", "--output-dir", " "], "--output-dir: expected the name of a new folder, got ' '"),
-    (["--values", "256", "--output-dir", "a\0b"], "--output-dir: expected the name of a new folder, got 'a\\x00b'"),
-    (["--values", "256", "--dtype", "int8"], "--dtype: expected one of float32, float16, bfloat16, got 'int8'"),
+    (["--values", "256", "--width", "64"], MESSAGES["swept dimension given"].format(dimension="width")),
+    (["--values", "256", "--vary", "dtype"], "sweep: " + MESSAGES["option given twice"].format(option="--vary")),
+    (
+        ["--values", "256", "--timeout-s", "0"],
+        MESSAGES["whole number in range"].format(option="--timeout-s", minimum=1, maximum=604800, value="'0'"),
+    ),
+    (["--values", "256", "--output-dir", "existing"], MESSAGES["--output-dir exists"].format(name="existing")),
+    (["--values", "256", "--output-dir", "file.json"], MESSAGES["--output-dir exists"].format(name="file.json")),
+    (
+        ["--values", "256", "--output-dir", "missing/out"],
+        MESSAGES["--output-dir without its folder"].format(name="missing/out"),
+    ),
+    (["--values", "256", "--output-dir", " "], MESSAGES["--output-dir not a folder name"].format(value="' '")),
+    (
+        ["--values", "256", "--output-dir", "a\0b"],
+        MESSAGES["--output-dir not a folder name"].format(value="'a\\x00b'"),
+    ),
+    (["--values", "256", "--dtype", "int8"], MESSAGES["--dtype not a kit dtype"].format(value="'int8'")),
 ]
 
 
@@ -442,7 +451,7 @@ def test_refusals_come_before_any_child_and_create_nothing(tmp_path, monkeypatch
     before = tree_digest(tmp_path)
     argv = [*SWEEP[:-2], *extra] if "--output-dir" in extra else [*SWEEP, *extra]
     assert mesure_memoire.main(argv) == 2
-    assert_one_line(capsys.readouterr().err, message)
+    assert capsys.readouterr().err == error_line(message)
     assert tree_digest(tmp_path) == before
     assert sorted(os.listdir(tmp_path)) == ["existing", "file.json"]
 
@@ -527,7 +536,7 @@ def test_the_children_read_no_input_and_their_output_stays_theirs(stand_in, capf
 def test_how_a_child_ended_is_said_in_one_line(stand_in, capsys, behaviour, said):
     stand_in({"256": behaviour})
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
-    assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
+    assert capsys.readouterr().err == error_line(said)
     assert os.listdir(".") == []
 
 
@@ -546,7 +555,7 @@ def test_a_probe_that_fails_stops_the_sweep_before_any_measurement(stand_in, cap
     behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
     (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "probe": probe}))
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
-    assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
+    assert capsys.readouterr().err == error_line(said)
     assert stand_in.calls() == [PROBE]
     assert os.listdir(".") == []
 
@@ -566,10 +575,12 @@ def test_a_probe_that_hangs_is_stopped_and_said(stand_in, capsys, monkeypatch):
 @pytest.mark.parametrize(
     ("error", "said"),
     [
-        (FileExistsError(17, "File exists"), "--output-dir: out appeared meanwhile; nothing measured"),
+        (FileExistsError(17, "File exists"), MESSAGES["--output-dir appeared meanwhile"].format(name="out")),
         (
             PermissionError(13, "Permission denied"),
-            "--output-dir: cannot create out: PermissionError: [Errno 13] Permission denied",
+            MESSAGES["--output-dir cannot create"].format(
+                name="out", error="PermissionError: [Errno 13] Permission denied"
+            ),
         ),
     ],
     ids=["created by someone else meanwhile", "cannot be created"],
@@ -584,7 +595,7 @@ def test_a_folder_that_cannot_be_made_when_the_first_child_starts_is_one_line(
 
     monkeypatch.setattr(os, "mkdir", refusing_mkdir)
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
-    assert capsys.readouterr().err == f"mesure_memoire.py: error: {said}\n"
+    assert capsys.readouterr().err == error_line(said)
     assert stand_in.calls() == [PROBE]
 
 

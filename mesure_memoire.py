@@ -1939,7 +1939,7 @@ def read_result_file(path):
     except UnicodeDecodeError:
         raise _result_problem(path, "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise _result_problem(path, f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise _result_problem(path, f"not JSON ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
     except ValueError:  # valid JSON, but Python reads no int of more digits (sys.get_int_max_str_digits)
         raise _result_problem(path, "a number has too many digits to read (ValueError)") from None
     except RecursionError:  # valid JSON maybe, but deeper than Python's json reader goes: a kit result is not

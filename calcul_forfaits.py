@@ -273,10 +273,15 @@ def load_catalog(path=None):
     return parse_catalog(read_bounded(path, name), name)
 
 
-def find_tariff(catalog, gpu, days, option="--gpu"):
-    """The catalog's row for a slug (any case) and a duration of 3, 7 or 30 days."""
+def check_days(days):
+    """Refuse a duration other than the catalog's 3, 7 or 30 days (a PricingError naming --days)."""
     if str(days) not in DURATIONS_TEXT:
         raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
+
+
+def find_tariff(catalog, gpu, days, option="--gpu"):
+    """The catalog's row for a slug (any case) and a duration of 3, 7 or 30 days."""
+    check_days(days)
     slug = str(gpu).lower()
     for tariff in catalog:
         if tariff["gpu"] == slug and tariff["days"] == int(days):
@@ -685,8 +690,8 @@ def parse_command_line(argv):
         if OPTIONS[option][0] in ("CSV", "FILE") and given[option] == "":
             raise PricingError(f"{option}: expected a file name, got ''")
     days = given.get("--days")
-    if days is not None and days not in DURATIONS_TEXT:
-        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
+    if days is not None:
+        check_days(days)
     if mode in ("--gpu", "--for-plan") and days is None:
         raise PricingError(f"--days is required with {mode} (3, 7 or 30)")
     return mode, given

@@ -466,9 +466,11 @@ MESSAGES = {
     "report: not a measure configuration": "its configuration or parameter count is not one measure writes",
     "report: a section is missing": "configuration, synthetic_model or environment is missing",
     "calculator: /dev/zero not a regular file": "'/dev/zero': not a regular file",
-    "calculator: --lots with --list": "--lots: not allowed with --list",
-    "calculator: --results empty": "--results: expected a file name, got ''",
-    "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required",
+    "calculator: not allowed with": "{option}: not allowed with {mode}",
+    "calculator: file name empty": "{option}: expected a file name, got ''",
+    "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required; see --help",
+    "calculator: --days required": "--days is required with {mode} (3, 7 or 30)",
+    "calculator: unknown GPU": "{option}: unknown GPU {gpu}; {closest}see --list for every slug",
     "calculator: --gpu without value": "argument --gpu: expected one argument",
     "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
     "interrupted, no partial file": "mesure_memoire.py: interrupted ({signal}); no partial file left behind\n",
@@ -577,6 +579,9 @@ MESSAGES = {
         "({peak_gib} GiB), needing {needs} bytes ({needs_gib} GiB) free"
     ),
     "sweep: the child refused": "{where}: the child refused (exit status {status}): {line}",
+    "sweep: the child failed": "{where}: the child failed (exit status {status}): {line}",
+    "sweep: the child wrote nothing": "{where}: the child exited 0 without writing its result",
+    "sweep: the probe failed": "the child reading {device} failed (exit status {status}); nothing measured",
     "sweep: the child timed out": (
         "{where}: the child did not finish within {seconds} s and was stopped; nothing kept for it"
     ),
@@ -600,7 +605,7 @@ MESSAGES = {
         "(a bound on its time)"
     ),
     "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
-    "calculator: --lots not positive": "--lots: expected a positive whole number, got {value}",
+    "calculator: not a positive whole number": "{option}: expected a positive whole number, got {value}",
     "torch import error, scrubbed": '{type} at import; python -c "import torch" shows PyTorch\'s message',
     "PyTorch not importable": "PyTorch is not importable",
     "GPU properties unreadable": "the properties of {device} cannot be read",

@@ -154,12 +154,18 @@ def test_a_file_that_is_not_a_known_plan_is_refused_in_one_line(tmp_path, capsys
 
 def test_the_options_of_for_plan(tmp_path, capsys):
     path, _ = plan_file(tmp_path, capsys)
-    assert calculator_refusal(capsys, "--for-plan", path).endswith("--days is required with --for-plan (3, 7 or 30)\n")
-    assert "--days: expected 3, 7 or 30" in calculator_refusal(capsys, "--for-plan", path, "--days", "5")
-    assert "--lots: not allowed with --for-plan" in calculator_refusal(
-        capsys, "--for-plan", path, "--days", "7", "--lots", "2"
-    )
-    assert "--for-plan: expected a file name, got ''" in calculator_refusal(capsys, "--for-plan", "", "--days", "7")
+
+    def refused(message):
+        return error_line(message, prog="calcul_forfaits.py")
+
+    said = MESSAGES["calculator: --days required"].format(mode="--for-plan")
+    assert calculator_refusal(capsys, "--for-plan", path) == refused(said)
+    said = MESSAGES["calculator: --days not a duration"].format(value="'5'")
+    assert calculator_refusal(capsys, "--for-plan", path, "--days", "5") == refused(said)
+    said = MESSAGES["calculator: not allowed with"].format(option="--lots", mode="--for-plan")
+    assert calculator_refusal(capsys, "--for-plan", path, "--days", "7", "--lots", "2") == refused(said)
+    said = MESSAGES["calculator: file name empty"].format(option="--for-plan")
+    assert calculator_refusal(capsys, "--for-plan", "", "--days", "7") == refused(said)
     assert "'missing.json': cannot be read" in calculator_refusal(capsys, "--for-plan", "missing.json", "--days", "7")
     assert "not a regular file" in calculator_refusal(capsys, "--for-plan", tmp_path, "--days", "7")
 

@@ -66,7 +66,7 @@ def test_no_torch_is_refused(tmp_path):
     completed = run_script(
         "mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path, python_flags=("-S",)
     )
-    assert_one_line_refusal(completed, "PyTorch is not importable")
+    assert_one_line_refusal(completed, MESSAGES["PyTorch not importable"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -700,7 +700,7 @@ def test_a_signal_while_writing_removes_the_partial_file(tmp_path, sent, status,
 def test_without_site_packages_measure_refuses_in_one_line(tmp_path):
     completed = run_script("mesure_memoire.py", *MEASURE, "--output", "o.json", cwd=tmp_path, python_flags=("-S",))
     assert completed.returncode == 2
-    assert_one_line(completed.stderr, "PyTorch is not importable")
+    assert_one_line(completed.stderr, MESSAGES["PyTorch not importable"])
     assert list(tmp_path.iterdir()) == []
 
 

@@ -19,6 +19,7 @@ from conftest import (
     MIB,
     RecordingCudaStandIn,
     assert_one_line,
+    error_line,
     kit_error_of,
     raising,
     run_in_process,
@@ -365,7 +366,8 @@ def test_a_full_disk_after_the_measurement_is_one_line(folder, capsys, monkeypat
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
     assert code == 2
     assert captured.out == ""
-    assert_one_line(captured.err, "--output: cannot write o.json", "No space left on device", "nothing written")
+    said = MESSAGES["--output cannot write"].format(name="o.json", error="OSError: [Errno 28] No space left on device")
+    assert captured.err == error_line(said)
 
 
 @pytest.mark.parametrize("where", ["measure", "fsync", "link", "fallback"])

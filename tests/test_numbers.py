@@ -83,7 +83,7 @@ def test_a_whole_number_option_of_either_script_follows_the_grammar(text, whole,
         said = MESSAGES["positive whole number"].format(option="--parameters", value=mesure_memoire.quoted(text))
         assert capsys.readouterr().err == error_line(said)
         err = calculator_refusal(capsys, "--gpu", "b200", "--days", "7", "--lots", text)
-        said = MESSAGES["calculator: --lots not positive"].format(value=repr(text))
+        said = MESSAGES["calculator: not a positive whole number"].format(option="--lots", value=repr(text))
         assert err == error_line(said, prog="calcul_forfaits.py")
 
 

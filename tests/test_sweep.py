@@ -4,6 +4,7 @@ with a stand-in interpreter for the children (tests/data/sweep/stand_in_python.p
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from conftest import (
     assert_one_line,
     config,
     error_line,
+    message_pattern,
     sigint_as_from_a_terminal,
     tree_digest,
     warning_line,
@@ -372,9 +374,8 @@ def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
     )
     assert completed.returncode == 2
     assert completed.stdout == ""
-    assert completed.stderr.startswith("mesure_memoire.py: error: no usable GPU for cuda:0: ")
-    assert completed.stderr.endswith("; nothing measured, no folder created\n")
-    assert completed.stderr.count("\n") == 1
+    pattern = error_line(message_pattern("no usable GPU, no folder created", device="cuda:0"))
+    assert re.fullmatch(pattern, completed.stderr), completed.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -524,11 +525,13 @@ def test_the_children_read_no_input_and_their_output_stays_theirs(stand_in, capf
 @pytest.mark.parametrize(
     ("behaviour", "said"),
     [
-        ("exit1", "width 256: the child failed (exit status 1): no message"),
-        ("exit0", "width 256: the child exited 0 without writing its result"),
+        ("exit1", MESSAGES["sweep: the child failed"].format(where="width 256", status=1, line="no message")),
+        ("exit0", MESSAGES["sweep: the child wrote nothing"].format(where="width 256")),
         (
             "exit2-bytes",
-            "width 256: the child refused (exit status 2): mesure_memoire.py: error: not UTF-8: \ufffd\ufffd",
+            MESSAGES["sweep: the child refused"].format(
+                where="width 256", status=2, line="mesure_memoire.py: error: not UTF-8: \ufffd\ufffd"
+            ),
         ),
     ],
     ids=["exit 1 without a word", "exit 0 without a result", "a message that is not UTF-8"],
@@ -543,10 +546,14 @@ def test_how_a_child_ended_is_said_in_one_line(stand_in, capsys, behaviour, said
 @pytest.mark.parametrize(
     ("probe", "env", "said"),
     [
-        ({"exit": 1}, None, "the child reading cuda:0 failed (exit status 1); nothing measured"),
-        ({"stdout": "not JSON"}, None, "the child reading cuda:0 failed (exit status 0); nothing measured"),
-        ({"stdout": '{"gpu": 1}'}, None, "the child reading cuda:0 failed (exit status 0); nothing measured"),
-        ({}, {**environment(), "gpu": None}, "no usable GPU for cuda:0: None; nothing measured, no folder created"),
+        ({"exit": 1}, None, MESSAGES["sweep: the probe failed"].format(device="cuda:0", status=1)),
+        ({"stdout": "not JSON"}, None, MESSAGES["sweep: the probe failed"].format(device="cuda:0", status=0)),
+        ({"stdout": '{"gpu": 1}'}, None, MESSAGES["sweep: the probe failed"].format(device="cuda:0", status=0)),
+        (
+            {},
+            {**environment(), "gpu": None},
+            MESSAGES["no usable GPU, no folder created"].format(device="cuda:0", reason=None),
+        ),
     ],
     ids=["exit 1 with an environment", "not JSON", "gpu not an object", "available but no gpu"],
 )

@@ -88,7 +88,7 @@ def test_name_limits_ask_the_file_system_and_fall_back(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "pathconf", pathconf)
     assert mesure_memoire._name_limits("here") == (11, 22)
-    assert asked == [("here", "PC_NAME_MAX"), ("here", "PC_PATH_MAX")]
+    assert {folder for folder, _ in asked} == {"here"}  # the file system that will hold the file
     for error in (AttributeError("no pathconf"), ValueError("unknown name"), OSError(errno.EINVAL, "no")):
         monkeypatch.setattr(os, "pathconf", raising(error))
         assert mesure_memoire._name_limits("here") == (255, 4096)

@@ -289,16 +289,20 @@ def test_counts_are_bounded_with_their_reason_before_any_prediction(
 
 
 def test_the_prediction_costs_the_same_whatever_the_counts(monkeypatch):
-    """Every warm pass is predicted alike: each phase is simulated once, on at most two warm-up passes."""
-    simulate, calls = mesure_memoire._simulate, []
+    """Every warm pass is predicted alike: counts of 1000 simulate no more allocator events than counts of 2
+    (the plan is cheap whatever a user asks, which --plan --memory-gib relies on when it searches)."""
+    simulate, simulated_events = mesure_memoire._simulate, []
 
     def counted(events, tensor_bytes, allocator):
-        calls.append(len(events))
+        simulated_events.extend(events)
         return simulate(events, tensor_bytes, allocator)
 
     monkeypatch.setattr(mesure_memoire, "_simulate", counted)
+    mesure_memoire.memory_plan(config(warmup=2, repeats=2))
+    events_for_two = len(simulated_events)
+    simulated_events.clear()
     largest = mesure_memoire.memory_plan(config(warmup=1000, repeats=1000))
-    assert calls == [4, 1, 5, 11, 5]  # model_load, inputs, cold_forward, warmup (two passes), warm_forward
+    assert len(simulated_events) == events_for_two
     assert len(largest["phases"]) == 3 + 1 + 1000
     assert [record["repetition"] for record in largest["phases"][4:]] == list(range(1, 1001))
     assert largest["phases"][4]["alive_at_end"] is not largest["phases"][5]["alive_at_end"]

@@ -453,6 +453,7 @@ def half_up_cents(fraction):
 # (a change of wording is one edit here, with the code and the README).
 MESSAGES = {
     "shrink context": "shrink --context (the activations dominate)",
+    "shrink batch": "shrink --batch (the activations dominate)",
     "shrink width": "shrink --width (the weights dominate)",
     "report: phase line incomplete": "a phase line is missing its name, time or peak counters",
     "no CUDA or ROCm build": "this PyTorch build has no CUDA or ROCm support",
@@ -465,7 +466,6 @@ MESSAGES = {
     "--dtype not a kit dtype": "--dtype: expected one of float32, float16, bfloat16, got {value}",
     "report: not a measure configuration": "its configuration or parameter count is not one measure writes",
     "report: a section is missing": "configuration, synthetic_model or environment is missing",
-    "calculator: /dev/zero not a regular file": "'/dev/zero': not a regular file",
     "calculator: not allowed with": "{option}: not allowed with {mode}",
     "calculator: file name empty": "{option}: expected a file name, got ''",
     "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required; see --help",
@@ -475,7 +475,7 @@ MESSAGES = {
     "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
     "interrupted, no partial file": "mesure_memoire.py: interrupted ({signal}); no partial file left behind\n",
     "--output empty": "--output: a new file name is required",
-    "dtype probe failed": "the dtype probe failed on cuda:0",
+    "device out of range": "{device} is out of range: PyTorch sees {count} device(s)",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
     "--output too long": "--output: {name} is too long for this file system (names: {limit} bytes)",
     "--output exists": "--output: {name} already exists; choose a new name (results are never overwritten)",
@@ -506,6 +506,7 @@ MESSAGES = {
     ),
     "dtype not supported": "--dtype {dtype}: {problem} ({gpu})",
     "bfloat16 not native": "bfloat16 is not supported natively by this GPU",
+    "float16 needs 5.3": "float16 arithmetic needs compute capability 5.3 or newer",
     "host RAM too small": (
         "building the model on the CPU needs {needed} GiB, more than this machine's {available} GiB of RAM: "
         "shrink --width"
@@ -552,7 +553,7 @@ MESSAGES = {
     "report: cannot be opened": "report: {file} cannot be opened ({error})",
     "report: cannot be read": "report: {file} cannot be read ({error})",
     "report: FILE missing": "report: the following arguments are required: FILE",
-    "report: not a regular file": "not a regular file",
+    "not a regular file": "not a regular file",
     "report: larger than 32 MiB": "larger than 32 MiB",
     "report: too many digits": "a number has too many digits to read (ValueError)",
     "report: nested too deep": "nested too deep to read (RecursionError); a kit result nests a few levels",
@@ -598,6 +599,10 @@ MESSAGES = {
     "calculator: nothing computed": "{what}: {reason}; nothing computed",
     "calculator: larger than": "larger than {limit} bytes",
     "calculator: cannot be read": "cannot be read ({error})",
+    "calculator: not a plan": "not a plan: expected the JSON of mesure_memoire.py measure --plan --json",
+    "calculator: invalid plan": "a plan with a missing or invalid configuration or needs figure",
+    "calculator: unknown plan schema": "plan_schema_version {version} is not one this calculator reads (1)",
+    "calculator: closest": "closest: {slugs}; ",
     "calculator: no run recorded": "no run recorded yet (header only): add one row per real run",
     "calculator: outside the folder": "resolves outside the results file's folder (through a link)",
     "calculator: measurement files too large": (

@@ -197,7 +197,8 @@ def test_json_is_indented_by_two_spaces(capsys):
 # --- the calculator's command line -----------------------------------------------------------------------
 
 
-def unknown_gpu(gpu, closest=""):
+def unknown_gpu(gpu, slugs=None):
+    closest = MESSAGES["calculator: closest"].format(slugs=slugs) if slugs else ""
     return MESSAGES["calculator: unknown GPU"].format(option="--gpu", gpu=gpu, closest=closest)
 
 
@@ -216,10 +217,10 @@ def not_allowed(option, mode):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gpu", "h300", "--days", "7"], unknown_gpu("'h300'", "closest: h200, b300, mi300x; ")),
+        (["--gpu", "h300", "--days", "7"], unknown_gpu("'h300'", "h200, b300, mi300x")),
         (
             ["--gpu", "h100", "--days", "7"],
-            unknown_gpu("'h100'", "closest: h200, h100-sxm, h100-pcie; "),
+            unknown_gpu("'h100'", "h200, h100-sxm, h100-pcie"),
         ),
         (["--gpu", "zzz", "--days", "7"], unknown_gpu("'zzz'")),
         (["--gpu", "", "--days", "7"], unknown_gpu("''")),
@@ -660,7 +661,7 @@ def kit_digest():
 
 HOSTILE_CATALOGS = {  # case -> (argv, fragment of the one stderr line)
     "larger than the bound": (["--catalog", "big.csv", "--list"], f"'big.csv': larger than {LIMIT} bytes"),
-    "a folder": (["--catalog", "folder", "--list"], "'folder': not a regular file"),
+    "a folder": (["--catalog", "folder", "--list"], "'folder': " + MESSAGES["not a regular file"]),
     "name with a newline": (["--catalog", "a\nb.csv", "--list"], "'a\\nb.csv': cannot be read"),
     "name with a NUL": (["--catalog", "a\0b.csv", "--list"], "'a\\x00b.csv': cannot be read"),
     "snapshot 20260924": (["--catalog", "basic-date.csv", "--list"], "line 2: snapshot_date must be a date"),
@@ -697,9 +698,9 @@ def test_a_hostile_catalog_or_value_is_one_line(tmp_path, capsys, monkeypatch, c
 
 
 BLOCKING_CATALOGS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
-    "a FIFO": (["--catalog", "fifo", "--list"], "'fifo': not a regular file"),
-    "/dev/zero": (["--catalog", "/dev/zero", "--list"], MESSAGES["calculator: /dev/zero not a regular file"]),
-    "a link to /dev/zero": (["--catalog", "zero.csv", "--list"], "'zero.csv': not a regular file"),
+    "a FIFO": (["--catalog", "fifo", "--list"], "'fifo': " + MESSAGES["not a regular file"]),
+    "/dev/zero": (["--catalog", "/dev/zero", "--list"], "'/dev/zero': " + MESSAGES["not a regular file"]),
+    "a link to /dev/zero": (["--catalog", "zero.csv", "--list"], "'zero.csv': " + MESSAGES["not a regular file"]),
 }
 
 

@@ -114,9 +114,8 @@ def plan_text(**changes):
     return json.dumps({key: value for key, value in plan.items() if value != "DROP"})
 
 
-NOT_A_PLAN = "not a plan: expected the JSON of mesure_memoire.py measure --plan --json"
-INVALID = "a plan with a missing or invalid configuration or needs figure"
-UNKNOWN = "plan_schema_version {} is not one this calculator reads (1)"
+NOT_A_PLAN = MESSAGES["calculator: not a plan"]
+INVALID = MESSAGES["calculator: invalid plan"]
 
 
 @pytest.mark.parametrize(
@@ -129,10 +128,19 @@ UNKNOWN = "plan_schema_version {} is not one this calculator reads (1)"
         (b'{"kit": "iteragpu-lab-v1"}', NOT_A_PLAN),
         (plan_text(kit="other").encode(), NOT_A_PLAN),
         (plan_text(plan_schema_version="DROP").encode(), NOT_A_PLAN),
-        (plan_text(plan_schema_version=2).encode(), UNKNOWN.format(2)),
-        (plan_text(plan_schema_version=True).encode(), UNKNOWN.format("true")),
-        (plan_text(plan_schema_version="1").encode(), UNKNOWN.format('"1"')),
-        (plan_text(plan_schema_version="9" * 100).encode(), UNKNOWN.format('"' + "9" * 39)),
+        (plan_text(plan_schema_version=2).encode(), MESSAGES["calculator: unknown plan schema"].format(version=2)),
+        (
+            plan_text(plan_schema_version=True).encode(),
+            MESSAGES["calculator: unknown plan schema"].format(version="true"),
+        ),
+        (
+            plan_text(plan_schema_version="1").encode(),
+            MESSAGES["calculator: unknown plan schema"].format(version='"1"'),
+        ),
+        (
+            plan_text(plan_schema_version="9" * 100).encode(),
+            MESSAGES["calculator: unknown plan schema"].format(version='"' + "9" * 39),
+        ),
         (plan_text(needs_card_memory_bytes="DROP").encode(), INVALID),
         (plan_text(needs_card_memory_bytes=0).encode(), INVALID),
         (plan_text(needs_card_memory_bytes=1.5).encode(), INVALID),
@@ -166,8 +174,13 @@ def test_the_options_of_for_plan(tmp_path, capsys):
     assert calculator_refusal(capsys, "--for-plan", path, "--days", "7", "--lots", "2") == refused(said)
     said = MESSAGES["calculator: file name empty"].format(option="--for-plan")
     assert calculator_refusal(capsys, "--for-plan", "", "--days", "7") == refused(said)
-    assert "'missing.json': cannot be read" in calculator_refusal(capsys, "--for-plan", "missing.json", "--days", "7")
-    assert "not a regular file" in calculator_refusal(capsys, "--for-plan", tmp_path, "--days", "7")
+    reason = MESSAGES["calculator: cannot be read"].format(error="No such file or directory")
+    said = MESSAGES["calculator: nothing computed"].format(what="'missing.json'", reason=reason)
+    assert calculator_refusal(capsys, "--for-plan", "missing.json", "--days", "7") == refused(said)
+    said = MESSAGES["calculator: nothing computed"].format(
+        what=repr(str(tmp_path)), reason=MESSAGES["not a regular file"]
+    )
+    assert calculator_refusal(capsys, "--for-plan", tmp_path, "--days", "7") == refused(said)
 
 
 def test_standard_input_is_bounded_and_may_be_missing(capsys, monkeypatch):

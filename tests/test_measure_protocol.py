@@ -317,9 +317,9 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
 @pytest.mark.parametrize(
     ("dtype", "capability", "hip", "bf16", "expected"),
     [
-        ("bfloat16", (9, 0), None, False, "bfloat16 is not supported natively by this GPU"),
+        ("bfloat16", (9, 0), None, False, MESSAGES["bfloat16 not native"]),
         ("bfloat16", (9, 0), None, True, None),
-        ("float16", (5, 2), None, True, "float16 arithmetic needs compute capability 5.3 or newer"),
+        ("float16", (5, 2), None, True, MESSAGES["float16 needs 5.3"]),
         ("float16", (5, 3), None, True, None),
         ("float16", (5, 2), "7.0", True, None),  # ROCm: every supported GPU has float16
         ("float32", (3, 0), None, False, None),

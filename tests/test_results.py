@@ -271,7 +271,14 @@ REFUSALS = {
     "decimal hours with a comma": ({}, [row(wall_clock_hours='"2,5"')], "line 2: wall_clock_hours must be a number"),
     "non-numeric threshold": ({}, [row(threshold="high")], "line 2: threshold must be a number"),
     "malformed SHA-256": ({}, [row(measurement_sha256="abc")], "line 2: measurement_sha256 must be 64 hexadecimal"),
-    "unknown package": ({}, [row(gpu="h300")], "line 2: gpu: unknown GPU 'h300'; closest: h200"),
+    "unknown package": (
+        {},
+        [row(gpu="h300")],
+        "line 2: "
+        + MESSAGES["calculator: unknown GPU"].format(
+            option="gpu", gpu="'h300'", closest=MESSAGES["calculator: closest"].format(slugs="h200, b300, mi300x")
+        ),
+    ),
     "a duration the catalog lacks": ({}, [row(days="5")], "line 2: days must be one of 3, 7, 30"),
     "zero lots": ({}, [row(lots="0")], "line 2: lots must be a whole positive number"),
     "a rental that changes gpu": ({}, [row(), row(run_id="r2", gpu="h200")], "line 3: rental 'rent-1' differs"),
@@ -296,7 +303,11 @@ REFUSALS = {
     "absolute measurement path": ({}, [row(measurement_file="/etc/hostname")], "measurement_file must be a path"),
     "measurement outside the folder": ({}, [row(measurement_file="../m.json")], "line 2: measurement_file must be"),
     "backslash parent": ({}, [row(measurement_file="a\\..\\m.json")], "line 2: measurement_file must be"),
-    "measurement is a folder": ({}, [row(measurement_file=".")], "line 2: measurement_file '.': not a regular file"),
+    "measurement is a folder": (
+        {},
+        [row(measurement_file=".")],
+        "line 2: measurement_file '.': " + MESSAGES["not a regular file"],
+    ),
     "empty rental_id": ({}, [row(rental_id="")], "line 2: rental_id must be a non-empty text"),
     "control character in notes": ({}, [row(notes="a\x1b[31mred")], "line 2: notes holds a control"),
     "tab in gpu_name": ({}, [row(gpu_name="A\tB")], "line 2: gpu_name holds a control"),
@@ -305,7 +316,7 @@ REFUSALS = {
     "a blank line between runs": ({}, [row(), "", row(run_id="r2")], "line 3: expected 20 fields, found 1"),
     "a file without its SHA-256": ({}, [row(measurement_sha256="")], "line 2: " + PAIR),
     "a SHA-256 without its file": ({}, [row(measurement_file="")], "line 2: " + PAIR),
-    "header only": ({}, [], "no run recorded yet"),
+    "header only": ({}, [], MESSAGES["calculator: no run recorded"]),
 }
 
 
@@ -540,11 +551,14 @@ def hostile(folder):
 
 HOSTILE_RESULTS = {  # case -> (argv, fragment of the one stderr line)
     "larger than the bound": (["--results", "runs-big.csv"], f"larger than {LIMIT} bytes"),
-    "a folder": (["--results", "folder"], "'folder': not a regular file"),
+    "a folder": (["--results", "folder"], "'folder': " + MESSAGES["not a regular file"]),
     "name with a newline": (["--results", "r\n.csv"], "'r\\n.csv': cannot be read"),
     "not UTF-8": (["--results", "runs-latin1.csv"], "not UTF-8"),
     "a field with an escape": (["--results", "runs-escape.csv"], "quality_metric holds a control"),
-    "measurement a folder": (["--results", "runs-folder.csv"], "measurement_file 'folder': not a regular file"),
+    "measurement a folder": (
+        ["--results", "runs-folder.csv"],
+        "measurement_file 'folder': " + MESSAGES["not a regular file"],
+    ),
 }
 
 
@@ -558,9 +572,12 @@ def test_a_hostile_results_file_is_one_line(hostile, capsys, monkeypatch, case):
 
 
 BLOCKING_RESULTS = {  # a regression would block (FIFO) or read without end (/dev/zero): a timeout guards them
-    "a FIFO": (["--results", "fifo"], "'fifo': not a regular file"),
-    "/dev/zero": (["--results", "/dev/zero"], MESSAGES["calculator: /dev/zero not a regular file"]),
-    "measurement a FIFO": (["--results", "runs-fifo.csv"], "measurement_file 'fifo': not a regular file"),
+    "a FIFO": (["--results", "fifo"], "'fifo': " + MESSAGES["not a regular file"]),
+    "/dev/zero": (["--results", "/dev/zero"], "'/dev/zero': " + MESSAGES["not a regular file"]),
+    "measurement a FIFO": (
+        ["--results", "runs-fifo.csv"],
+        "measurement_file 'fifo': " + MESSAGES["not a regular file"],
+    ),
     "measurement a link to /dev/zero": (["--results", "runs-zero.csv"], "measurement_file 'zero.csv': resolves out"),
 }
 

@@ -18,7 +18,6 @@ from conftest import (
     MESSAGES,
     MESURE_SCRIPT,
     ROOT,
-    assert_one_line,
     config,
     error_line,
     message_pattern,
@@ -206,7 +205,8 @@ def test_an_exit_3_at_the_first_value_exits_3_in_one_line_and_leaves_no_folder(s
     assert mesure_memoire.main([*SWEEP, "--values", "2048,4096"]) == 3
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert_one_line(captured.err, "error: width 2048 does not fit (the child's exit 3: ", "421568512 bytes")
+    pattern = message_pattern("sweep: does not fit", where="width 2048", peak=421568512)
+    assert re.fullmatch(error_line(pattern), captured.err), captured.err
     assert os.listdir(".") == []
 
 
@@ -257,7 +257,8 @@ def test_a_child_that_ignores_the_interrupt_is_killed(stand_in, capsys, monkeypa
 
     monkeypatch.setattr(subprocess, "Popen", ignoring_sigint)
     assert mesure_memoire.main([*SWEEP, "--values", "256", "--timeout-s", "1"]) == 2
-    assert_one_line(capsys.readouterr().err, "width 256: the child did not finish within 1 s and was stopped")
+    said = MESSAGES["sweep: the child timed out"].format(where="width 256", seconds=1)
+    assert capsys.readouterr().err == error_line(said)
     assert os.listdir(".") == []
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import mesure_memoire
-from conftest import ROOT, RecordingCudaStandIn, tree_digest
+from conftest import MESSAGES, ROOT, RecordingCudaStandIn, tree_digest
 
 FAKE_CHILD = ROOT / "tests" / "data" / "gpu_validation" / "fake_child.py"
 
@@ -188,10 +188,10 @@ def test_an_existing_folder_or_archive_is_refused_and_left_as_it_was(tmp_path, c
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
-        (["--device", "cpu"], "--device: expected cuda:N"),
+        (["--device", "cpu"], MESSAGES["--device not cuda:N"].format(device="'cpu'")),
         (["--timeout-seconds", "0"], "--timeout-seconds"),
         (["--budget-seconds", "1e3"], "--budget-seconds"),
-        (["--output-dir", ""], "--output-dir: expected the name of a new folder, got ''"),
+        (["--output-dir", ""], MESSAGES["--output-dir not a folder name"].format(value="''")),
     ],  # not the current folder
 )
 def test_bad_values_are_one_line(tmp_path, capsys, argv, fragment):

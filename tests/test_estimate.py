@@ -477,14 +477,13 @@ def test_shown_quotes_escapes_and_shortens_user_values():
     assert mesure_memoire.one_line("a\nb\r\tc\x1b\u2028é") == "a\\nb\\r\\tc\\x1b\\u2028é"
 
 
-def test_the_options_reach_the_estimate_with_its_default_reserve(monkeypatch, capsys):
-    seen = []
-    monkeypatch.setattr(mesure_memoire, "estimate_weights", lambda *args: seen.append(args) or {})
-    monkeypatch.setattr(mesure_memoire, "format_estimate", lambda estimate: "shown")
-    assert mesure_memoire.main(["estimate", "--bits", "4", "--parameters=7"]) == 0
+def test_the_options_reach_the_estimate_with_its_default_reserve(capsys):
+    """--parameters=7 and --bits in any order; --reserve-gib defaults to 0."""
+    assert mesure_memoire.main(["estimate", "--bits", "4", "--parameters=7", "--json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)
+    assert (estimate["parameters"], estimate["bits"], estimate["reserve_gib"]) == (7, 4, 0)
     assert mesure_memoire.main(["estimate", "--parameters", "7", "--bits", "4", "--reserve-gib", "0.5", "--json"]) == 0
-    assert seen == [("7", "4", "0"), ("7", "4", "0.5")]
-    assert capsys.readouterr().out == "shown\n{}\n"
+    assert json.loads(capsys.readouterr().out)["reserve_gib"] == 0.5
 
 
 @pytest.mark.parametrize(

@@ -724,37 +724,18 @@ def test_a_closed_stderr_is_not_a_crash(folder, monkeypatch, capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_the_options_and_their_defaults_reach_measure_config(monkeypatch, capsys):
-    seen = []
-    monkeypatch.setattr(mesure_memoire, "measure_config", lambda *args: seen.append(args) or {})
-    monkeypatch.setattr(mesure_memoire, "memory_plan", lambda config: {"plan": 1})
+def test_the_options_and_their_defaults_reach_the_configuration(capsys):
+    """What --plan --json shows as its configuration: the defaults, then every option given."""
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--plan", "--json"]) == 0
-    arguments = [
-        "--device",
-        "cuda:2",
-        "--batch",
-        "3",
-        "--context",
-        "4",
-        "--width",
-        "5",
-        "--dtype",
-        "float16",
-        "--warmup",
-        "6",
-        "--repeats",
-        "7",
-        "--seed",
-        "8",
-        "--plan",
-        "--json",
-    ]
+    defaults = json.loads(capsys.readouterr().out)["configuration"]
+    expected = {"device": "cuda:0", "batch": 1, "context": 16, "width": 64, "dtype": "float32"}
+    assert defaults == {**expected, "warmup": 1, "repeats": 2, "seed": 0}
+    arguments = ["--device", "cuda:2", "--batch", "3", "--context", "4", "--width", "5", "--dtype", "float16"]
+    arguments += ["--warmup", "6", "--repeats", "7", "--seed", "8", "--plan", "--json"]
     assert mesure_memoire.main(["measure", *arguments]) == 0
-    assert seen == [
-        ("cuda:0", "1", "16", "64", "float32", "1", "2", "0"),
-        ("cuda:2", "3", "4", "5", "float16", "6", "7", "8"),
-    ]
-    assert capsys.readouterr().out == '{\n  "plan": 1\n}\n' * 2
+    given = json.loads(capsys.readouterr().out)["configuration"]
+    expected = {"device": "cuda:2", "batch": 3, "context": 4, "width": 5, "dtype": "float16"}
+    assert given == {**expected, "warmup": 6, "repeats": 7, "seed": 8}
 
 
 # Each command's help: its summary and every option's line, as the README documents them.

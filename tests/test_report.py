@@ -841,13 +841,14 @@ def test_after_two_dashes_a_file_name_may_start_with_a_dash(argv, capsys, tmp_pa
     assert capsys.readouterr().err == error_line(MESSAGES["report: does not exist"].format(file=repr(argv[-1])))
 
 
-def test_the_files_reach_the_report_in_order(monkeypatch, capsys):
-    seen = []
-    monkeypatch.setattr(mesure_memoire, "report", lambda paths: seen.append(paths) or {})
+def test_the_files_reach_the_report_in_order(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b", "c", "-d", "--e"):
+        _write(tmp_path, name, (DATA / "schema1.json").read_bytes())
     assert mesure_memoire.main(["report", "a", "b", "--json"]) == 0
+    assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["a", "b"]
     assert mesure_memoire.main(["report", "--json", "c", "--", "-d", "--e"]) == 0
-    assert seen == [["a", "b"], ["c", "-d", "--e"]]
-    assert capsys.readouterr().out == "{}\n{}\n"
+    assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["c", "-d", "--e"]
 
 
 # --- schema 3: the device-wide memory and the part outside the allocator (part "fit") ----------------------

@@ -72,7 +72,8 @@ def one_line(text):
 
 def describe_error(exc):
     # mesure_memoire.py's also removes file-system paths: the only errors told here, writing stdout, name none.
-    return f"{type(exc).__name__}: {one_line(exc)}".rstrip(": ")
+    message = one_line(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def fail(name, reason, line_number=None):
@@ -464,7 +465,8 @@ def read_input(path):
 
 
 def is_positive_int(value):
-    return type(value) is int and value > 0
+    """A JSON whole number from 1 to MAX_DIGITS digits (a longer one would overflow the 200-digit decimals)."""
+    return type(value) is int and 0 < value < 10**MAX_DIGITS
 
 
 def parse_plan(data, name):
@@ -823,7 +825,7 @@ def stdout_failed(prog, failure, stream):
 
     The interpreter flushes stdout again at exit: to_devnull keeps that flush from printing a second error.
     """
-    error = failure.args[0] if failure.args else None
+    (error,) = failure.args  # None: descriptor 1 was closed at start-up
     if not isinstance(error, BrokenPipeError):
         say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
     to_devnull(stream)

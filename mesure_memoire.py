@@ -2483,7 +2483,7 @@ def stdout_failed(prog, failure, stream):
 
     The interpreter flushes stdout again at exit: to_devnull keeps that flush from printing a second error.
     """
-    error = failure.args[0] if failure.args else None
+    (error,) = failure.args  # None: descriptor 1 was closed at start-up
     if not isinstance(error, BrokenPipeError):
         say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
     to_devnull(stream)

@@ -373,6 +373,44 @@ def test_the_calculator_s_copy_names_a_typo_of_a_required_option_as_typed(argv, 
     assert str(refusal.value) == said
 
 
+def test_the_calculator_s_copy_names_a_subcommand_and_every_typo():
+    """As the kit's parser does for `measure`: a subcommand's parser names its command, and two typos are
+    named together."""
+    parser = calcul_forfaits.ArgumentParser(prog="tool.py sub")
+    parser.add_argument("--size", required=True, action=calcul_forfaits.Once)
+    parser.add_argument("rest", nargs="*")
+    with pytest.raises(calcul_forfaits.PricingError) as refusal:
+        parser.parse_args(["--sizex", "1", "--other", "2"])
+    assert str(refusal.value) == "sub: unrecognized arguments: --sizex --other"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="this system has no /dev/full")
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        (mesure_memoire, ["estimate", "--parameters", "1", "--bits", "8"]),
+        (calcul_forfaits, ["--gpu", "b200", "--days", "7"]),
+    ],
+    ids=["mesure_memoire.py", "calcul_forfaits.py"],
+)
+def test_output_held_in_the_buffer_is_flushed_and_a_full_disk_reported(module, argv, monkeypatch, capsys):
+    """The output fits the stream's buffer, so only the flush meets the full disk: it is reported as one line,
+    exit 1, and the real descriptor is pointed at os.devnull, so that the interpreter's last flush at exit
+    cannot print a second error."""
+    real_stdout = sys.__stdout__
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        sys.__stdout__ = full  # restored before the file closes: the test runner writes there between tests
+        try:
+            code = module.main(argv)
+        finally:
+            sys.__stdout__ = real_stdout
+        assert code == 1
+        assert os.path.realpath(f"/proc/self/fd/{full.fileno()}") == os.devnull
+    said = MESSAGES["cannot write the output"].format(error="OSError: [Errno 28] No space left on device")
+    assert capsys.readouterr().err == error_line(said, prog=module.__name__ + ".py")
+
+
 @pytest.mark.parametrize("module", [mesure_memoire, calcul_forfaits])  # the kit's and the calculator's copy
 def test_the_guarded_stdout_answers_for_the_stream_it_guards(module, monkeypatch):
     """A command under the contract still sees its stdout's encoding (text is escaped to fit it)."""

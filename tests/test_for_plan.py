@@ -118,6 +118,17 @@ NOT_A_PLAN = MESSAGES["calculator: not a plan"]
 INVALID = MESSAGES["calculator: invalid plan"]
 
 
+def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
+    """The quotient is rounded once, half-up to the cent: 28 digits would round it twice (…0.0049999999 to
+    …0.0050000, then up to …0.01)."""
+    needs = 10**20 * 2**30 + 5368709  # 10**20 GiB and 0.0049999998882 GiB
+    path = tmp_path / "plan.json"
+    path.write_text(plan_text(needs_card_memory_bytes=needs))
+    status, out, err = call_calculator(capsys, "--for-plan", str(path), "--days", "7")
+    assert (status, err) == (0, "")
+    assert f"one card needs {needs} bytes = 100000000000000000000.00 GiB = " in out
+
+
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
@@ -145,6 +156,8 @@ INVALID = MESSAGES["calculator: invalid plan"]
         (plan_text(needs_card_memory_bytes=0).encode(), INVALID),
         (plan_text(needs_card_memory_bytes=1.5).encode(), INVALID),
         (plan_text(needs_host_memory_bytes=True).encode(), INVALID),
+        (plan_text(needs_card_memory_bytes=10**30).encode(), INVALID),  # 31 digits: past the kit's bound
+        (plan_text(needs_host_memory_bytes=10**300).encode(), INVALID),  # was a decimal.InvalidOperation traceback
         (plan_text(configuration=[]).encode(), INVALID),
         (plan_text(configuration={"batch": 1, "context": 16, "width": 64, "dtype": "float64"}).encode(), INVALID),
         (plan_text(configuration={"batch": 1, "context": 16, "dtype": "float32"}).encode(), INVALID),

@@ -455,7 +455,7 @@ def environment_of(device, index):
     _read_settings(torch, query, environment["settings"])
     environment["matmul_arithmetic"] = matmul_arithmetic(torch)
     environment["cuda_build"] = query("cuda_build", lambda: torch.version.cuda)
-    environment["hip_build"] = query("hip_build", lambda: getattr(torch.version, "hip", None))
+    environment["hip_build"] = query("hip_build", lambda: torch.version.hip)
     environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: torch.backends.cudnn.version())
     available = query("cuda_available", lambda: bool(torch.cuda.is_available()))
     count = environment["device_count"] = query("device_count", lambda: int(torch.cuda.device_count()))
@@ -1461,17 +1461,16 @@ def _name_limits(folder):
         return 255, 4096
 
 
+def _open_new(path):
+    """Create ``path`` for writing, exclusively (never an existing file), with the umask's mode; its descriptor."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+
+
 def _create_temporary(folder):
-    """Create a new hidden file in ``folder``, exclusively, with the umask's mode; returns (path, descriptor)."""
-    for _ in range(100):
-        temporary = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
-        try:
-            return temporary, os.open(
-                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
-            )
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name in {folder}")
+    """Create a new hidden file in ``folder``; returns (path, descriptor).  Its 64 random bits make a name
+    already taken a case no one meets; were it taken, the exclusive creation fails and overwrites nothing."""
+    temporary = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
+    return temporary, _open_new(temporary)
 
 
 def check_new_output(path):
@@ -1515,7 +1514,7 @@ def check_new_output(path):
 
 def _write_exclusively(path, data):
     """Create ``path`` (never an existing file) and write ``data``; on any failure, remove it again."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    descriptor = _open_new(path)
     try:
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(data)
@@ -1810,7 +1809,7 @@ def _workspace_warning(workspace):
     """A line when the workspaces kept and taken per call exceed the plan's allowance (its peak then
     understates this run), else None."""
     kept_bytes = workspace["measured_bytes"] or 0
-    per_call_bytes = max((taken["allocated_bytes"] for taken in (workspace["per_call"] or {}).values()), default=0)
+    per_call_bytes = max(taken["allocated_bytes"] for taken in workspace["per_call"].values())
     if kept_bytes + per_call_bytes <= workspace["allowance_bytes"]:
         return None
     return (

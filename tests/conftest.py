@@ -451,6 +451,9 @@ def half_up_cents(fraction):
 
 # --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
 # (a change of wording is one edit here, with the code and the README).
+# What measure_phases measures after the phases on a GPU whose BLAS workspaces are kept: no per-call workspace.
+NO_PER_CALL = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product in ("fc1", "fc2")}
+
 MESSAGES = {
     "shrink context": "shrink --context (the activations dominate)",
     "shrink batch": "shrink --batch (the activations dominate)",

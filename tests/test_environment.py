@@ -917,6 +917,11 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
             "roundup_power2_divisions:[4:2, 256:8,>:16],garbage_collection_threshold:0.5",
             {"roundup_power2_divisions": {"1": 2, "2": 2, "4": 2, **{str(2**i): 16 for i in range(8, 16)}}},
         ),
+        ("roundup_power2_divisions:[>:4]", {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}),
+        (  # after '>', the first interval named sets those below it too
+            "roundup_power2_divisions:[>:4, 64:2]",
+            {"roundup_power2_divisions": {**{str(2**i): 2 for i in range(7)}, **{str(2**i): 4 for i in range(7, 16)}}},
+        ),
         (
             "roundup_power2_divisions:[65536:4]",
             {"roundup_power2_divisions": {**{str(2**i): 4 for i in range(15)}, "32768": 4}},

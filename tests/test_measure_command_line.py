@@ -29,6 +29,7 @@ from conftest import (
     MESURE_SCRIPT,
     MIB,
     MINE,
+    NO_PER_CALL,
     ROOT,
     SMALL_TRIAL,
     RecordingCudaStandIn,
@@ -227,7 +228,7 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
     result = {
         "configuration": {"fresh_process_warning": "not a fresh\nprocess"},
         "torch_version_warning": None,
-        "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": None},
+        "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": NO_PER_CALL},
         "phases": [
             {
                 "phase": "inputs",
@@ -275,7 +276,7 @@ def test_a_name_an_ascii_only_stdout_cannot_encode_is_escaped_not_a_failure(monk
     result = {
         "configuration": {"fresh_process_warning": None},
         "torch_version_warning": None,
-        "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": None},
+        "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": NO_PER_CALL},
         "phases": [],
     }
     monkeypatch.setattr(mesure_memoire, "measure_to_file", lambda configuration, output, tool: result)
@@ -361,6 +362,13 @@ Last output: 1024 elements, all finite, float64 checksum -1.25"""
 
 def test_the_phase_table_exactly():
     assert mesure_memoire.format_phase_table(PHASE_TABLE_RESULT) == PHASE_TABLE_TEXT
+
+
+def test_the_phase_table_lists_each_product_that_takes_a_workspace_per_call():
+    both = {"fc1": {"allocated_bytes": MIB}, "fc2": {"allocated_bytes": 2 * MIB}}
+    result = {**PHASE_TABLE_RESULT, "workspace": {**PHASE_TABLE_RESULT["workspace"], "per_call": both}}
+    line = "BLAS workspace per call: fc1 1048576 bytes, fc2 2097152 bytes, taken and given back within the product"
+    assert f"\n{line} (predicted so)\n" in mesure_memoire.format_phase_table(result)
 
 
 def test_the_phase_table_names_each_reason_a_phase_was_not_checked_once():

@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 
 import build_notebook
 import mesure_memoire
-from conftest import MESSAGES, ROOT, code_cells_as_script, run_script, tree_digest
+from conftest import MESSAGES, NO_PER_CALL, ROOT, code_cells_as_script, run_script, tree_digest
 
 REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
@@ -368,7 +368,7 @@ def test_the_results_cell_prints_report_for_the_file_it_wrote(tmp_path, monkeypa
         assert (config["batch"], config["width"], tool) == (1, 64, "mesure-memoire.ipynb")
         (tmp_path / output).write_text(json.dumps(crafted), encoding="utf-8")
         # Schema 5's fields, as measure returns them.
-        workspace = {**crafted["workspace"], "allowance_bytes": 256 * 2**20, "per_call": None}
+        workspace = {**crafted["workspace"], "allowance_bytes": 256 * 2**20, "per_call": NO_PER_CALL}
         return {**crafted, "torch_version_warning": "an unreadable version", "workspace": workspace}
 
     namespace["measure_to_file"] = stand_in_measure_to_file

@@ -977,9 +977,9 @@ def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypa
     }
     result = load("schema4.json")
     changed = {"backend": "cudaMallocAsync", "expandable_segments": False, "max_split_size_bytes": 21 * MIB}
-    result["environment"]["allocator_settings"].update(changed, roundup_power2_divisions={"1": 4})
+    result["environment"]["allocator_settings"].update(changed, roundup_power2_divisions={"1": 2})  # 2: the least kept
     assert row_of(result)["flags"] == [
-        "allocator backend 'cudaMallocAsync', max_split_size_bytes 22020096, roundup_power2_divisions {'1': 4}"
+        "allocator backend 'cudaMallocAsync', max_split_size_bytes 22020096, roundup_power2_divisions {'1': 2}"
     ]
     result["environment"]["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
     assert row_of(result)["flags"] == []

@@ -92,9 +92,11 @@ def is_whole(text, zero=False):
 
 
 def is_number(text):
-    """A non-negative number: a whole number (is_whole's, "0" too), then optionally "." and ASCII digits."""
+    """A non-negative number: a whole number (is_whole's, "0" too), then optionally "." and 1 to MAX_DIGITS
+    ASCII digits."""
     whole, point, fraction = text.partition(".")
-    return is_whole(whole, zero=True) and (fraction.isascii() and fraction.isdigit() or not point)
+    digits = fraction.isascii() and fraction.isdigit() and len(fraction) <= MAX_DIGITS
+    return is_whole(whole, zero=True) and (digits or not point)
 
 
 def is_date(text):

@@ -1967,6 +1967,23 @@ def _median(values):
         return (Decimal(ordered[middle - 1]) + Decimal(ordered[middle])) / 2
 
 
+def _identity(path, environment):
+    """The GPU's name, the PyTorch version and the builds a result records, each null or short text."""
+    gpu = environment.get("gpu")
+    if not isinstance(gpu, (dict, type(None))):
+        raise _result_problem(path, "its environment's gpu is neither null nor an object")
+    identity = {
+        "gpu": None if gpu is None else gpu.get("name"),
+        **{key: environment.get(key) for key in ("torch", "cuda_build", "hip_build")},
+    }
+    if not all(value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS
+               for value in identity.values()):  # fmt: skip
+        raise _result_problem(
+            path, f"its environment's GPU name, PyTorch or build is not text (at most {MAX_NAME_CHARACTERS} characters)"
+        )
+    return identity
+
+
 def _result_summary(path, result):
     """Return what the report reads from one result, or raise KitError naming the file and the field."""
     if not isinstance(result, dict):
@@ -1987,16 +2004,7 @@ def _result_summary(path, result):
         or _count_or_none(model.get("parameters")) is None
     ):
         raise _result_problem(path, "its configuration or parameter count is not one measure writes")
-    gpu = environment.get("gpu")
-    identity = {
-        "gpu": gpu.get("name") if isinstance(gpu, dict) else None,
-        **{key: environment.get(key) for key in ("torch", "cuda_build", "hip_build")},
-    }
-    if not all(value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS
-               for value in identity.values()):  # fmt: skip
-        raise _result_problem(
-            path, f"its environment's GPU name, PyTorch or build is not text (at most {MAX_NAME_CHARACTERS} characters)"
-        )
+    identity = _identity(path, environment)
     if not isinstance(config.get("fresh_process_warning"), (str, type(None))):
         raise _result_problem(path, "its configuration.fresh_process_warning is neither null nor text")
     phases, cold, warm = _checked_phases(path, result.get("phases"))
@@ -2080,6 +2088,9 @@ def _checked_phases(path, phases):
     warm = [line for line in phases if line["phase"] == "warm_forward"]
     if len(cold) != 1 or not warm:
         raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
+    readings = ("end_reserved_bytes", "end_device_used_bytes")  # schema 3's device-wide figure reads them
+    if not all(phases[-1].get(key) is None or _count_or_none(phases[-1].get(key)) is not None for key in readings):
+        raise _result_problem(path, "its last phase line's end_reserved_bytes or end_device_used_bytes is not a count")
     for line in warm:
         value = line.get("device_ms")  # null where this PyTorch had no CUDA events
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -2114,7 +2125,8 @@ def _device_median_ms(warm):
     values = [phase.get("device_ms") for phase in warm]  # _checked_phases checked each: null or a time
     if any(value is None for value in values):
         return None
-    return _median([Decimal(repr(float(value))) for value in values])
+    # An int stays exact (a float has 17 digits); abs() writes a crafted -0.0 as 0.
+    return _median([Decimal(value) if isinstance(value, int) else abs(Decimal(repr(value))) for value in values])
 
 
 def forward_flop(batch, context, width):

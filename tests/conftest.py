@@ -566,6 +566,10 @@ MESSAGES = {
     "report: another kit": "its 'kit' is not 'iteragpu-lab-v1'",
     "report: schema not read": "schema_version {version} is not one this version reads (1 to 5)",
     "report: names not text": "its environment's GPU name, PyTorch or build is not text (at most 256 characters)",
+    "report: device readings not counts": (
+        "its last phase line's end_reserved_bytes or end_device_used_bytes is not a count"
+    ),
+    "report: gpu not an object": "its environment's gpu is neither null nor an object",
     "report: cold and warm lines": "it needs one cold_forward line and at least one warm_forward line",
     "report: schema 2 verdict": "schema 2 needs {field}, true or false",
     "report: schema 2 list": "schema 2 needs prediction_check.{key} as a list",

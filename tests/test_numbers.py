@@ -22,6 +22,7 @@ NUMBERS = [
     ("0.5", False, True),
     ("0.0", False, True),
     ("10.25", False, True),
+    ("0." + "0" * 30 + "1", False, False),  # 31 digits after the point: past the bound of each side
     ("07", False, False),
     ("00", False, False),
     ("0007", False, False),

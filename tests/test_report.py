@@ -138,6 +138,17 @@ def test_device_median_is_the_decimal_of_the_written_figures():
     assert row_of(result)["warm_median_device_ms"] == Decimal("0.2")  # not the binary float's expansion
 
 
+def test_device_median_keeps_whole_numbers_exact_and_writes_no_negative_zero():
+    result = load("schema2.json")
+    warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
+    for phase in warm:
+        phase["device_ms"] = 123456789012345678901  # a float would keep 17 digits
+    assert row_of(result)["warm_median_device_ms"] == Decimal(123456789012345678901)
+    for phase in warm:
+        phase["device_ms"] = -0.0
+    assert str(row_of(result)["warm_median_device_ms"]) == "0.0"
+
+
 def test_device_median_needs_every_warm_line_to_have_device_ms():
     result = load("schema2.json")
     result["phases"][-1]["device_ms"] = None
@@ -480,6 +491,42 @@ HOSTILE = {
     "schema 2 without its checks": (
         lambda folder: _write(folder, "s2.json", _valid_with(lambda r: r.pop("prediction_check"))),
         MESSAGES["report: schema 2 verdict"].format(field="prediction_check.agrees"),
+    ),
+    "end_reserved_bytes text": (
+        lambda folder: _write(folder, "er.json", _valid_with(lambda r: r["phases"][-1].update(end_reserved_bytes="x"))),
+        MESSAGES["report: device readings not counts"],
+    ),
+    "end_device_used_bytes NaN": (
+        lambda folder: _write(
+            folder, "eu.json", _valid_with(lambda r: r["phases"][-1].update(end_device_used_bytes=math.nan))
+        ),
+        MESSAGES["report: device readings not counts"],
+    ),
+    "end_device_used_bytes true": (
+        lambda folder: _write(
+            folder, "et.json", _valid_with(lambda r: r["phases"][-1].update(end_device_used_bytes=True))
+        ),
+        MESSAGES["report: device readings not counts"],
+    ),
+    "end_device_used_bytes -1": (
+        lambda folder: _write(
+            folder, "en.json", _valid_with(lambda r: r["phases"][-1].update(end_device_used_bytes=-1))
+        ),
+        MESSAGES["report: device readings not counts"],
+    ),
+    "end_device_used_bytes 10**40": (
+        lambda folder: _write(
+            folder, "eb.json", _valid_with(lambda r: r["phases"][-1].update(end_device_used_bytes=10**40))
+        ),
+        MESSAGES["report: device readings not counts"],
+    ),
+    "gpu a list": (
+        lambda folder: _write(folder, "gl2.json", _valid_with(lambda r: r["environment"].update(gpu=[]))),
+        MESSAGES["report: gpu not an object"],
+    ),
+    "gpu a text": (
+        lambda folder: _write(folder, "gt.json", _valid_with(lambda r: r["environment"].update(gpu="H100"))),
+        MESSAGES["report: gpu not an object"],
     ),
     "schema 2 all_finite not a bool": (
         lambda folder: _write(folder, "s2f.json", _valid_with(lambda r: r["output_summary"].update(all_finite=0))),
@@ -875,8 +922,6 @@ def test_schema_3_row_adds_the_device_wide_memory_and_the_part_outside_the_alloc
 DEVICE_WIDE_CHANGES = [
     (lambda line: line.pop("end_device_used_bytes"), None),
     (lambda line: line.update(end_device_used_bytes=None), None),
-    (lambda line: line.update(end_device_used_bytes=True), None),
-    (lambda line: line.update(end_device_used_bytes=-1), None),
     (lambda line: line.update(end_device_used_bytes=10 * MIB), 10 * MIB),
     (lambda line: line.update(end_device_used_bytes=20 * MIB), 20 * MIB),  # all of it reserved: 0 outside, possible
 ]

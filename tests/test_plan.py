@@ -20,6 +20,7 @@ from conftest import (
     MEASURE_TRIAL,
     MESSAGES,
     MIB,
+    NO_PER_CALL,
     ROOT,
     RecordingCudaStandIn,
     assert_one_line_refusal,
@@ -871,6 +872,13 @@ def test_a_workspace_taken_per_call_is_measured_per_product_and_predicted_while_
     smaller = {**per_call, "fc2": per_call["fc1"]}
     _, check, _ = mesure_memoire.check_against_plan(copy.deepcopy(records), plan, smaller)
     assert {d["phase"] for d in check["disagreements"]} == forwards
+
+
+def test_the_first_product_s_workspace_is_predicted_beside_its_output():
+    plan = mesure_memoire.memory_plan(config())
+    only_fc1 = {**NO_PER_CALL, "fc1": {"allocated_bytes": 4 * MIB, "requested_bytes": 4 * MIB}}
+    cold = mesure_memoire.forwards_with_workspaces(plan, only_fc1)["cold_forward"]
+    assert cold["peak_requested_bytes"] == 4 * MIB + 1 * 16 * 256 * 4  # fc1's output, 16 KiB, beside it
 
 
 def test_a_per_call_workspace_hides_no_error_at_a_moment_no_product_runs(monkeypatch):

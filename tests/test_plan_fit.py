@@ -342,6 +342,11 @@ def test_roundup_power2_divisions_rounds_as_pytorchs_round_size():
     only_large = {**four, "roundup_power2_divisions": {"128": 2}}  # one interval: 128 MiB to 256 MiB
     assert block(144_000_000, only_large) == 192 * MIB
     assert block(100 * MIB + 1, only_large) == 100 * MIB + 512
+    assert block(600, four) == 1024  # 512-byte steps up to 512 * 4, as round_size's
+    first = {**four, "roundup_power2_divisions": {"1": 4}}  # below 2 MiB: the first interval's count
+    assert block(3 * MIB // 2 + 1, first) == 7 * MIB // 4
+    last = {**four, "roundup_power2_divisions": {"32768": 2}}  # 32 GiB and above: the last interval's count
+    assert block(100 * GIB, last) == 128 * GIB
 
 
 @pytest.mark.parametrize("name", ALLOCATORS)

@@ -180,6 +180,7 @@ def phase_failed(phase, error=SHOWN_BOOM):
         ("a phase", "float32", 3, phase_failed("inputs", "RuntimeError: bad")),
         ("events", "float32", 3, phase_failed("model_load")),
         ("the output summary", "float32", 3, phase_failed("output_summary")),
+        ("the products once more", "float32", 3, phase_failed("per_call_workspace")),
     ],
 )
 def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
@@ -205,6 +206,8 @@ def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
         recorder.Event = _boom
     elif step == "the output summary":
         monkeypatch.setattr(mesure_memoire, "summarize_output", _boom)
+    elif step == "the products once more":
+        monkeypatch.setattr(mesure_memoire, "measure_per_call_workspace", _boom)
     arguments = ["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")]
     arguments[arguments.index("--dtype") + 1] = dtype
     assert mesure_memoire.main(arguments) == exit_code

@@ -407,6 +407,18 @@ def raising(error):
     return raise_it
 
 
+def plain_id(value):
+    """A parameter's id in ASCII letters, digits, dots and dashes, for a text, bytes or a list (see plain_ids);
+    None, pytest's own id, for anything else."""
+    import re
+
+    if not isinstance(value, (str, bytes, list, tuple)):
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text if isinstance(text, str) else " ".join(map(str, text))
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", text)[:40] or "empty"
+
+
 def plain_ids(cases):
     """Plain ASCII ids, unique by their number: the mutation pass selects tests by id, and ids holding
     quotes, brackets or escapes were not found again when it ran a second session in the same process."""

@@ -27,6 +27,7 @@ from conftest import (
     error_line,
     half_up_cents,
     imported_modules,
+    plain_id,
     run_script,
     tree_digest,
 )
@@ -266,6 +267,7 @@ def not_allowed(option, mode):
         (["--gpu", "b200", "--days", "7", "--days", "3"], MESSAGES["option given twice"].format(option="--days")),
         (["--list", "--json", "--json"], MESSAGES["option given twice"].format(option="--json")),
     ],
+    ids=plain_id,
 )
 def test_bad_options_are_refused_in_one_whole_line(capsys, args, message):
     assert calculator_refusal(capsys, *args) == error_line(message, prog="calcul_forfaits.py")
@@ -350,6 +352,7 @@ def test_a_refusal_without_a_stderr_still_exits_2(capsys, monkeypatch):
         (None, MESSAGES["stdout closed"]),
         (UnwritableStdout(BrokenPipeError(32, "Broken pipe")), None),  # the reader left: nothing to say
     ],
+    ids=plain_id,
 )
 def test_the_calculators_lines_for_an_unwritable_output(capsys, monkeypatch, stdout, error):
     monkeypatch.setattr(sys, "stdout", stdout)

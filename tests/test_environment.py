@@ -25,6 +25,7 @@ from conftest import (
     ROOT,
     assert_one_line_refusal,
     error_line,
+    plain_id,
     run_script,
 )
 
@@ -224,6 +225,7 @@ def test_redact_removes_paths():
         ),
         ("cannot open '/x'", "cannot open '<path>'"),  # two characters: a path
     ],
+    ids=plain_id,
 )
 def test_redact_removes_whole_paths_even_with_spaces(message, expected):
     assert mesure_memoire.redact(message) == expected
@@ -775,6 +777,7 @@ def test_the_environment_text_exactly_without_a_gpu():
         ("", ""),
         ("   \n \n", ""),
     ],
+    ids=plain_id,
 )
 def test_redact_keeps_the_first_line_without_paths(text, expected):
     assert mesure_memoire.redact(text) == expected
@@ -927,6 +930,7 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
             {"roundup_power2_divisions": {**{str(2**i): 4 for i in range(15)}, "32768": 4}},
         ),
     ],
+    ids=plain_id,
 )
 def test_the_settings_text_of_pytorch_2_13_is_parsed_in_memory(stand_in_gpu, monkeypatch, text, expected):
     # A stand-in for the text PyTorch parsed (its own getter reads what was set in this process, not the
@@ -982,6 +986,7 @@ def test_a_refusal_of_the_settings_in_any_query_echoes_no_key(stand_in_gpu, monk
             False,
         ),
     ],
+    ids=plain_id,
 )
 def test_only_a_refusal_of_the_allocator_settings_is_worded_as_one(message, refused):
     described = mesure_memoire.describe_error(RuntimeError(message))

@@ -17,6 +17,7 @@ from conftest import (
     error_line,
     kit_error_of,
     message_pattern,
+    plain_id,
     run_script,
 )
 
@@ -233,6 +234,7 @@ def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
         "0." + "1" * 31,
         "1" * 31,
     ],
+    ids=plain_id,
 )
 def test_one_number_grammar_refuses_the_rest(reserve):
     said = MESSAGES["number >= 0"].format(option="--reserve-gib", value=mesure_memoire.quoted(reserve))

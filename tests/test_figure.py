@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 import mesure_memoire
-from conftest import MESSAGES, ROOT
+from conftest import MESSAGES, ROOT, plain_id
 
 matplotlib.use("Agg")  # before pyplot: no screen, and the same drawing everywhere
 from matplotlib import pyplot  # noqa: E402
@@ -262,7 +262,9 @@ def test_without_matplotlib_the_kit_refuses_to_draw_in_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("version", "shown"), [("3.4.3", "'3.4.3'"), ("2.2", "'2.2'"), ("", "''"), ("x.y", "'x.y'"), (None, "''")]
+    ("version", "shown"),
+    [("3.4.3", "'3.4.3'"), ("2.2", "'2.2'"), ("", "''"), ("x.y", "'x.y'"), (None, "''")],
+    ids=plain_id,
 )
 def test_a_matplotlib_too_old_or_of_unknown_version_is_refused_in_one_line(version, shown, monkeypatch):
     """A stand-in matplotlib module (not installed here) of another version, or none said: refused."""

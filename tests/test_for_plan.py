@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import mesure_memoire
-from conftest import MESSAGES, ROOT, calculator_refusal, call_calculator, error_line
+from conftest import MESSAGES, ROOT, calculator_refusal, call_calculator, error_line, plain_id
 
 LARGE_RUN = ["measure", "--batch", "2", "--context", "128", "--width", "60000", "--dtype", "float32", "--plan"]
 
@@ -163,7 +163,7 @@ def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
         (plan_text(configuration={"batch": 1, "context": 16, "dtype": "float32"}).encode(), INVALID),
         (plan_text(configuration={"batch": 0, "context": 16, "width": 64, "dtype": "float32"}).encode(), INVALID),
     ],
-    ids=lambda case: None if isinstance(case, str) else repr(case[:30]),
+    ids=plain_id,
 )
 def test_a_file_that_is_not_a_known_plan_is_refused_in_one_line(tmp_path, capsys, content, reason):
     path = tmp_path / "plan.json"

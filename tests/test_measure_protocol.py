@@ -27,6 +27,7 @@ from conftest import (
     config,
     error_line,
     kit_error_of,
+    plain_id,
     raising,
     run_in_process,
     stand_in_measurement,
@@ -552,6 +553,7 @@ def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
         ("v2.4.1", MESSAGES["unreadable PyTorch version"].format(version="'v2.4.1'")),
         (None, MESSAGES["unreadable PyTorch version"].format(version="None")),  # the version query failed
     ],
+    ids=plain_id,
 )
 def test_a_pytorch_release_is_read_from_its_leading_digits(version, warning):
     assert mesure_memoire.torch_release_warning(version) == warning

@@ -27,6 +27,7 @@ from conftest import (
     config,
     error_line,
     message_pattern,
+    plain_id,
     plain_ids,
     plan,
     run_script,
@@ -237,6 +238,7 @@ def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
         ),
         (["--output", "x.json"], MESSAGES["--plan with --output"]),
     ],
+    ids=plain_id,
 )
 def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, message):
     monkeypatch.chdir(tmp_path)

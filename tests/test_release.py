@@ -20,7 +20,7 @@ import pytest
 
 import build_notebook
 import build_zip
-from conftest import ROOT, SHIPPED_ROOT, tree_digest
+from conftest import ROOT, SHIPPED_ROOT, plain_id, tree_digest
 
 SHIPPED = sorted(
     [
@@ -363,7 +363,7 @@ REFUSALS = {
 }
 
 
-@pytest.mark.parametrize("case", REFUSALS)
+@pytest.mark.parametrize("case", REFUSALS, ids=plain_id)
 def test_a_refusal_is_one_line_and_changes_nothing(case, source, tmp_path, capsys):
     spoil, expected = REFUSALS[case]
     argv = spoil(source, tmp_path)

@@ -24,6 +24,7 @@ from conftest import (
     assert_one_line_refusal,
     error_line,
     kit_error_of,
+    plain_id,
     run_script,
     tree_digest,
 )
@@ -794,6 +795,7 @@ def _schema2():
             MESSAGES["report: cold and warm lines"],
         ),
     ],
+    ids=plain_id,
 )
 def test_result_summary_refuses_each_missing_part_by_name(change, why):
     result = _schema2()

@@ -467,7 +467,8 @@ def read_input(path):
 
 
 def is_positive_int(value):
-    """A JSON whole number from 1 to MAX_DIGITS digits (a longer one would overflow the 200-digit decimals)."""
+    """A JSON whole number of 1 to MAX_DIGITS digits: what mesure_memoire.py writes (in_units' 200-digit
+    decimals would fail past about 200)."""
     return type(value) is int and 0 < value < 10**MAX_DIGITS
 
 

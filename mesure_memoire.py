@@ -1368,9 +1368,10 @@ def forwards_with_workspaces(plan, per_call):
     (measure_per_call_workspace's figures) held while that product runs; {} when none took one."""
     sizes = {}
     for product, taken in (per_call or {}).items():
-        # None where PyTorch counts no requests (cudaMallocAsync): the forwards are not checked there.
-        if taken["requested_bytes"]:
-            sizes[f"{product}_workspace"] = taken["requested_bytes"]
+        # The request where PyTorch counts requests; else the block, which the model rounds to itself.
+        size = taken["allocated_bytes"] if taken["requested_bytes"] is None else taken["requested_bytes"]
+        if size:
+            sizes[f"{product}_workspace"] = size
     if not sizes:
         return {}
     tensor_bytes = {**plan["tensor_bytes"], **sizes}

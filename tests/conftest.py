@@ -422,11 +422,7 @@ def plain_id(value):
 def plain_ids(cases):
     """Plain ASCII ids, unique by their number: the mutation pass selects tests by id, and ids holding
     quotes, brackets or escapes were not found again when it ran a second session in the same process."""
-    import re
-
-    return [
-        f"{number:02d}-" + re.sub(r"[^A-Za-z0-9.-]+", "_", " ".join(case[0]))[:50] for number, case in enumerate(cases)
-    ]
+    return [f"{number:02d}-" + plain_id(case[0]) for number, case in enumerate(cases)]
 
 
 # --- part "tools": the maintainer's tools importable by name (test_notebook.py, test_release.py) ---
@@ -461,11 +457,12 @@ def half_up_cents(fraction):
     return f"{cents // 100}.{cents % 100:02d}"
 
 
-# --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
-# (a change of wording is one edit here, with the code and the README).
 # What measure_phases measures after the phases on a GPU whose BLAS workspaces are kept: no per-call workspace.
 NO_PER_CALL = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product in ("fc1", "fc2")}
 
+
+# --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
+# (a change of wording is one edit here, with the code and the README).
 MESSAGES = {
     "shrink context": "shrink --context (the activations dominate)",
     "shrink batch": "shrink --batch (the activations dominate)",

@@ -885,6 +885,8 @@ def test_the_first_product_s_workspace_is_predicted_beside_its_output(requested,
     only_fc1 = {**NO_PER_CALL, "fc1": {"allocated_bytes": 4 * MIB, "requested_bytes": requested}}
     cold = mesure_memoire.forwards_with_workspaces(plan, only_fc1)["cold_forward"]
     assert cold["peak_requested_bytes"] == held + 1 * 16 * 256 * 4  # fc1's output, 16 KiB, beside it
+    unknown = mesure_memoire.memory_plan(config(), None)  # settings unreadable: modelled as the defaults
+    assert mesure_memoire.forwards_with_workspaces(unknown, only_fc1)["cold_forward"] == cold
 
 
 def test_a_per_call_workspace_hides_no_error_at_a_moment_no_product_runs(monkeypatch):

@@ -1035,21 +1035,13 @@ def card_memory_bytes(memory_gib):
         return gib, int(gib * GIB_BYTES)
 
 
-def planned_needs_card_memory_bytes(config):
-    """The plan's needs_card_memory_bytes.  Planned with at most 2 warm-up passes and 2 repetitions, so that a search
-    costs the same whatever the counts: every pass after the first repeats the same tensors from the same
-    baseline, so the peak, and what the run needs, do not change with them."""
-    bounded = {**config, "warmup": min(config["warmup"], 2), "repeats": min(config["repeats"], 2)}
-    return memory_plan(bounded)["needs_card_memory_bytes"]
-
-
 def largest_that_fits(config, memory_bytes, dimension):
     """The largest whole value of ``dimension`` (the others as in ``config``) whose plan needs at most
     ``memory_bytes``; None when even 1 does not fit.  The plan grows with each dimension: doubling finds a
     value that does not fit, then halving the interval finds the last one that does."""
 
     def fits(value):
-        return planned_needs_card_memory_bytes({**config, dimension: value}) <= memory_bytes
+        return memory_plan({**config, dimension: value})["needs_card_memory_bytes"] <= memory_bytes
 
     if not fits(1):
         return None
@@ -2125,8 +2117,8 @@ def _device_median_ms(warm):
     values = [phase.get("device_ms") for phase in warm]  # _checked_phases checked each: null or a time
     if any(value is None for value in values):
         return None
-    # An int stays exact (a float has 17 digits); abs() writes a crafted -0.0 as 0.
-    return _median([Decimal(value) if isinstance(value, int) else abs(Decimal(repr(value))) for value in values])
+    # repr, not float(): an int keeps its digits (a float has 17); abs() writes a crafted -0.0 as 0.
+    return _median([abs(Decimal(repr(value))) for value in values])
 
 
 def forward_flop(batch, context, width):

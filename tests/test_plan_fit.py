@@ -100,9 +100,7 @@ def test_only_one_dimension_does_not_fit_at_one():
     assert needs(context=2 * 10**7, width=width) <= 4 * GIB < needs(context=2 * 10**7, width=width + 1)
 
 
-def test_the_search_finds_the_same_needs_and_largest_value_whatever_the_counts():
-    for counts in (dict(warmup=0, repeats=1), dict(warmup=1, repeats=2), dict(warmup=9, repeats=13)):
-        assert mesure_memoire.planned_needs_card_memory_bytes(config(**counts)) == needs(**counts)
+def test_the_search_finds_the_same_largest_value_whatever_the_counts():
     many = config(warmup=1000, repeats=1000)
     assert mesure_memoire.largest_that_fits(many, 80 * GIB, "width") == mesure_memoire.largest_that_fits(
         config(warmup=2, repeats=2), 80 * GIB, "width"

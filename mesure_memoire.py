@@ -834,7 +834,7 @@ def _forward_pass(workspaces=()):
     ]
 
 
-def _phase_events(name, config, workspaces=()):
+def _phase_events(name, workspaces=()):
     """The GPU tensors a phase allocates and releases, in order (``workspaces``: see _forward_pass)."""
     if name == "model_load":
         # Module.to(device, dtype) converts each float32 CPU parameter on the CPU, then copies
@@ -842,11 +842,8 @@ def _phase_events(name, config, workspaces=()):
         return [("alloc", tensor) for tensor in ("0.weight", "0.bias", "2.weight", "2.bias")]
     if name == "inputs":
         return [("alloc", "inputs")]  # randn fills a new tensor in place; the generator holds no GPU memory
-    if name == "warmup":
-        # Each pass after the first releases the previous pass's output before it starts; every pass
-        # after the second repeats the second's states exactly, so two stand for any count.
-        passes = min(config["warmup"], 2)
-        return _forward_pass(workspaces) + ([("free", "output")] + _forward_pass(workspaces)) * (passes - 1)
+    # A warm-up pass after the first releases the previous pass's output before it starts: it repeats the
+    # first pass's states exactly, so one pass stands for any count.
     return _forward_pass(workspaces)
 
 
@@ -936,8 +933,8 @@ def memory_plan(config, allocator=DEFAULT_ALLOCATOR):
     simulated = {}  # each phase once: every warm_forward repetition is predicted alike
     for name, labels in _phase_labels(config):
         if name not in simulated:
-            simulated[name] = _simulate(_phase_events(name, config), tensor_bytes, allocator or DEFAULT_ALLOCATOR)
-        predicted = {key: list(value) if isinstance(value, list) else value for key, value in simulated[name].items()}
+            simulated[name] = _simulate(_phase_events(name), tensor_bytes, allocator or DEFAULT_ALLOCATOR)
+        predicted = simulated[name]
         record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
         record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
         workspace_bytes = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
@@ -1368,8 +1365,7 @@ def forwards_with_workspaces(plan, per_call):
         return {}
     tensor_bytes = {**plan["tensor_bytes"], **sizes}
     allocator = plan["allocator_settings"] or DEFAULT_ALLOCATOR
-    config = plan["configuration"]
-    return {name: _simulate(_phase_events(name, config, sizes), tensor_bytes, allocator) for name in FORWARD_PHASES}
+    return {name: _simulate(_phase_events(name, sizes), tensor_bytes, allocator) for name in FORWARD_PHASES}
 
 
 def _not_modelled(phase, plan):
@@ -1380,7 +1376,7 @@ def _not_modelled(phase, plan):
     if allocator["backend"] != "native":
         return f"the {allocator['backend']} backend keeps no requested-bytes counters and rounds no block as modelled"
     limit = allocator["max_split_size_bytes"]
-    blocks = [plan["tensor_bytes"][name] for action, name in _phase_events(phase, plan["configuration"])]
+    blocks = [plan["tensor_bytes"][name] for action, name in _phase_events(phase)]
     if limit is not None and any(modelled_block_bytes(size, allocator) >= limit for size in blocks):
         return "a block at or above max_split_size is never split: its size cannot be predicted"
     return None

@@ -301,7 +301,7 @@ def test_a_plan_of_1000_repetitions_lists_each_one():
 
 
 @pytest.mark.parametrize("warmup", [1, 2, 3, 1000])
-def test_two_warm_up_passes_predict_any_count_exactly(warmup):
+def test_one_simulated_pass_predicts_any_warm_up_count_exactly(warmup):
     small = config(batch=2, context=128, width=256, warmup=warmup)  # activations above 1 MiB: slack too
     predicted = next(r for r in mesure_memoire.memory_plan(small)["phases"] if r["phase"] == "warmup")
     plan_ = mesure_memoire.memory_plan(small)

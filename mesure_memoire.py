@@ -2012,7 +2012,7 @@ def _result_summary(path, result):
         "not_fresh": config.get("fresh_process_warning") is not None,
         **checks,
         **_device_wide(phases[-1]),
-        "device_readings_missing": version >= 3 and _count_or_none(phases[-1].get("end_device_used_bytes")) is None,
+        "device_readings_missing": version >= 3 and phases[-1].get("end_device_used_bytes") is None,
         "allocator_flag": _allocator_flag(path, environment) if version >= 4 else None,
     }
 
@@ -2051,9 +2051,9 @@ def _allocator_flag(path, environment):
 
 def _device_wide(last_phase):
     """The device-wide memory in use at the end of a run (schema 3), and the part of it outside PyTorch's
-    allocator in that process (device used - reserved); None for both where the result has no reading."""
-    used = _count_or_none(last_phase.get("end_device_used_bytes"))
-    reserved = _count_or_none(last_phase.get("end_reserved_bytes"))
+    allocator in that process (device used - reserved); None for both where the result has no reading.
+    _checked_phases made each reading null or a count."""
+    used, reserved = last_phase.get("end_device_used_bytes"), last_phase.get("end_reserved_bytes")
     if used is None or reserved is None:
         return {"device_used_end_bytes": None, "outside_allocator_bytes": None, "outside_impossible": False}
     # The two readings are taken apart: a device figure below the allocator's own one is no figure.

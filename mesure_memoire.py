@@ -407,8 +407,9 @@ SETTINGS = (
 )
 
 
-# The flags that choose a matmul's arithmetic (torch.backends.cuda.matmul's; allow_fp16_accumulation and
-# fp32_precision from PyTorch 2.13 on): the validation judges the outputs against what they allow.
+# The flags that choose a matmul's arithmetic (torch.backends.cuda.matmul's; fp32_precision and
+# allow_fp16_accumulation are newer: 2.11 has both, 2.8 the second only, 2.4 neither): the validation judges
+# the outputs against what they allow.
 MATMUL_FLAGS = (
     "allow_tf32",
     "fp32_precision",

@@ -485,7 +485,7 @@ def test_the_matmul_arithmetic_is_read_from_pytorch_and_a_raising_read_is_null(m
 
 
 def test_a_pytorch_without_the_newer_flags_leaves_them_null():
-    older = types.SimpleNamespace(  # a stand-in for PyTorch 2.11's API: no fp32_precision, no fp16 accumulation
+    older = types.SimpleNamespace(  # a stand-in for PyTorch 2.4's API: no fp32_precision, no fp16 accumulation
         get_float32_matmul_precision=lambda: "high",
         backends=types.SimpleNamespace(
             cuda=types.SimpleNamespace(

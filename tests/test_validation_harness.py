@@ -9,8 +9,10 @@ real PyTorch CPU ops; the refusal without a GPU runs the real kit.  The command-
 
 import importlib.util
 import json
+import os
 import sys
 import tarfile
+import tempfile
 
 import pytest
 import torch
@@ -35,60 +37,132 @@ fake_child = load("fake_child", FAKE_CHILD)
 def with_stand_in_children(monkeypatch, *doctors):
     def command_for(kind, arguments):
         flags = [part for doctor in doctors for part in ("--doctor", doctor)]
-        return [sys.executable, str(FAKE_CHILD), *flags, kind, *arguments], f"stand-in {kind}"
+        return [sys.executable, str(FAKE_CHILD), *flags, kind, *arguments]
 
     monkeypatch.setattr(gpu_validation, "command_for", command_for)
 
 
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """The system's temporary folder, for the validator's working folder: it must be left empty."""
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    assert list(folder.iterdir()) == []
+
+
 def validate(tmp_path, capsys, *extra):
-    status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "evidence"), *extra])
+    status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "out"), *extra])
     out, err = capsys.readouterr()
-    rows = {line.split("  ")[0]: line for line in out.splitlines()[:-1]}
+    assert max(map(len, out.splitlines()), default=0) <= gpu_validation.LINE_CHARACTERS
+    rows = {line.split("  ")[1]: line for line in out.splitlines()[:-1]}
     return status, out, err, rows
 
 
 def failed(rows):
-    return sorted(name for name, line in rows.items() if " FAIL " in f"{line} ")
+    return sorted(name for name, line in rows.items() if line.startswith("FAIL "))
+
+
+def evidence(tmp_path):
+    """The two files the caller's folder receives: verdict.txt's text and the archive's members by name."""
+    folder = tmp_path / "out"
+    assert sorted(path.name for path in folder.iterdir()) == ["gpu-validation.tar.gz", "verdict.txt"]
+    with tarfile.open(folder / "gpu-validation.tar.gz") as tar:
+        members = {m.name.removeprefix("gpu-validation/"): m for m in tar.getmembers() if m.isfile()}
+        texts = {name: tar.extractfile(member).read().decode() for name, member in members.items()}
+    assert {member.uname for member in members.values()} == {""}
+    assert {member.uid for member in members.values()} == {0}
+    return (folder / "verdict.txt").read_text(), texts
 
 
 # --- the whole flow, with stand-in children ---------------------------------------------------------
 
 
-def test_healthy_children_pass_every_check_and_leave_one_archive_of_the_evidence(tmp_path, capsys, monkeypatch):
-    with_stand_in_children(monkeypatch)
+def test_a_rehearsal_runs_the_time_plan_in_order_and_leaves_a_verdict_and_one_archive(
+    tmp_path, capsys, monkeypatch, scratch
+):
+    with_stand_in_children(monkeypatch, "scale=0.005")  # each child sleeps its estimate / 200
     status, out, err, rows = validate(tmp_path, capsys)
     assert (status, err, failed(rows)) == (0, "", [])
-    assert out.splitlines()[-1] == f"{len(rows)} passed, 0 failed"
-    for name in gpu_validation.CONFIGURATIONS:
-        assert f"{name}: within the derived bound of a float64 reference" in rows
-        assert f"{name} run 2: the kit's checks" in rows
-    folder = tmp_path / "evidence"
-    assert (folder / "verdict.txt").read_text() == out
-    with tarfile.open(tmp_path / "evidence.tar.gz") as tar:
-        members = tar.getmembers()
-        names = {member.name for member in members}
-        assert {member.uname for member in members} == {""}
-        assert {member.uid for member in members} == {0}
-        assert tar.extractfile("gpu-validation/verdict.txt").read().decode() == out
-    assert {f"gpu-validation/results/{n}-run{r}.json" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)} < names
-    assert {
-        "gpu-validation/report.txt",
-        "gpu-validation/cross-check.json",
-        "gpu-validation/vendor-tool-after.json",
-        "gpu-validation/notebook/mesures-notebook.json",
-        "gpu-validation/environment.json",
-    } < names
-    assert str(tmp_path) not in "".join(p.read_text() for p in folder.rglob("*") if p.is_file())
+    assert out.splitlines()[-1] == f"{len(rows)} passed, 0 failed, 0 not judged"
+    verdict, texts = evidence(tmp_path)
+    assert verdict == out == texts["verdict.txt"]
+    children = json.loads(texts["children.json"])
+    assert [child["name"] for child in children] == [name for name, _ in gpu_validation.time_plan()]
+    assert sum(seconds for _, seconds in gpu_validation.time_plan()) < 240  # CONTRIBUTING.md's plan
+    checks = [json.loads(line) for line in texts["checks.jsonl"].splitlines()]
+    assert [check["check"] for check in checks] == list(rows)
+    assert {f"results/{n}-run1.json" for n in gpu_validation.CONFIGURATIONS} < set(texts)
+    assert {f"results/big-{d}-run2.json" for d in gpu_validation.DTYPES} < set(texts)
+    assert {"report.txt", "cross-check.json", "vendor-tool.json", "notebook/mesures-notebook.json"} < set(texts)
+    assert json.loads(texts["vendor-tool.json"]) == [fake_child.VENDOR]
+    assert str(tmp_path) not in "".join(texts.values())
+    # the most valuable rows first
+    order = list(rows)
+    first_runs = [order.index(f"{name} run 1: the kit's checks") for name in gpu_validation.CONFIGURATIONS]
+    assert order[:2] == ["environment: a usable GPU", "vendor tool: the GPU PyTorch names"]
+    assert first_runs == list(range(2, 14))
+    assert (
+        max(first_runs)
+        < order.index("cross-check child ran")
+        < order.index("big-bfloat16: measure's warm median / Timer's")
+    )
+    assert (
+        order.index("big-bfloat16: CUDA-event median / wall median")
+        < order.index("fit check refuses a size beyond the GPU (fit_problem too)")
+        < order.index("big-float32 run 2: the kit's checks")
+    )
+    assert (
+        order.index("big-bfloat16: two fresh runs, same counters and checksum")
+        < order.index("PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:4: the kit's checks")
+        < order.index("notebook's code cells as plain python3")
+    )
+
+
+def test_a_budget_spent_stops_the_run_with_the_verdict_and_archive_of_every_row_so_far(
+    tmp_path, capsys, monkeypatch, scratch
+):
+    with_stand_in_children(monkeypatch, "scale=0.02")  # about 4 s of children for a 1 s budget
+    status, out, err, rows = validate(tmp_path, capsys, "--budget-seconds", "1")
+    assert (status, err) == (1, "")
+    assert rows["the run finished within its budget"].startswith(
+        "FAIL  the run finished within its budget  stopped before "
+    )
+    assert "notebook's code cells as plain python3" not in rows
+    verdict, texts = evidence(tmp_path)
+    assert verdict == out == texts["verdict.txt"]
+    assert json.loads(texts["children.json"])[-1]["outcome"] == "not run"
+
+
+def test_sigterm_ends_the_running_child_and_leaves_the_verdict_and_archive_of_every_row_so_far(
+    tmp_path, capsys, monkeypatch, scratch
+):
+    with_stand_in_children(monkeypatch, "terminate")  # the cross-check child sends SIGTERM to the validator
+    status, out, err, rows = validate(tmp_path, capsys)
+    assert status == 143
+    assert err == (
+        "gpu_validation.py: interrupted (SIGTERM): the running child killed; "
+        "the verdict and archive of the checks decided written\n"
+    )
+    assert rows["the run finished"] == "FAIL  the run finished  stopped by SIGTERM"
+    assert rows["big-bfloat16 run 1: the kit's checks"].startswith("PASS  ")
+    assert "fit check refuses a size beyond the GPU (fit_problem too)" not in rows
+    verdict, texts = evidence(tmp_path)
+    assert verdict == out == texts["verdict.txt"]
+    with pytest.raises(ProcessLookupError):  # killed and reaped: no child left running
+        os.kill(int(texts["child.pid"]), 0)
 
 
 DOCTORED = {  # doctor -> the rows it must fail, and only those
-    "disagree": {f"{n} run {r}: the kit's checks" for n in gpu_validation.CONFIGURATIONS for r in (1, 2)}
+    "disagree": {f"{n} run 1: the kit's checks" for n in gpu_validation.CONFIGURATIONS}
+    | {f"big-{d} run 2: the kit's checks" for d in gpu_validation.DTYPES}
     | {
         f"PYTORCH_CUDA_ALLOC_CONF={s}: the kit's checks"
         for s in ("roundup_power2_divisions:4", "expandable_segments:True")
     },
     "ignored-setting": {f"PYTORCH_CUDA_ALLOC_CONF={s}: the kit's checks" for s in gpu_validation.ALLOCATOR_RUNS},
-    "nondeterministic": {f"{n}: two fresh runs, same counters and checksum" for n in gpu_validation.CONFIGURATIONS},
+    "nondeterministic": {f"big-{d}: two fresh runs, same counters and checksum" for d in gpu_validation.DTYPES},
     "far-output": {f"{s}-float16: within the derived bound of a float64 reference" for s in gpu_validation.SIZES},
     "strict-flags": {  # judged under the flags the cross-check child recorded
         f"{s}-{d}: within the derived bound of a float64 reference"
@@ -97,37 +171,70 @@ DOCTORED = {  # doctor -> the rows it must fail, and only those
     },
     "slow-timer": {f"big-{d}: measure's warm median / Timer's" for d in gpu_validation.DTYPES},
     "no-refusal": {"fit check refuses a size beyond the GPU (fit_problem too)"},
-    "unsupported=name": {"vendor tool: the GPU PyTorch names"},
+    "unsupported=name": {"vendor tool: the GPU PyTorch names"},  # field by field: the name alone is lost
 }
 
 
 @pytest.mark.parametrize("doctor", DOCTORED)
-def test_each_doctored_figure_fails_its_own_rows_and_only_those(tmp_path, capsys, monkeypatch, doctor):
+def test_each_doctored_figure_fails_its_own_rows_and_only_those(tmp_path, capsys, monkeypatch, scratch, doctor):
     with_stand_in_children(monkeypatch, doctor)
     status, out, err, rows = validate(tmp_path, capsys)
     assert (status, err) == (1, "")
     assert set(failed(rows)) == DOCTORED[doctor]
-    assert (tmp_path / "evidence" / "verdict.txt").read_text() == out
+    assert evidence(tmp_path)[0] == out
 
 
-def test_the_allocator_runs_set_their_setting_and_judge_what_the_result_records(tmp_path, capsys, monkeypatch):
+def test_an_unknown_vendor_field_costs_only_itself(tmp_path, capsys, monkeypatch, scratch):
+    with_stand_in_children(monkeypatch, "unsupported=clocks.sm")
+    status, _, _, rows = validate(tmp_path, capsys)
+    assert status == 0
+    assert rows["vendor tool: the GPU PyTorch names"] == (
+        "PASS  vendor tool: the GPU PyTorch names  Stand-in GPU, driver 580.00.01"
+    )
+    vendor = json.loads(evidence(tmp_path)[1]["vendor-tool.json"])
+    assert vendor == [{**fake_child.VENDOR, "clocks.sm": None}]
+
+
+def test_the_allocator_runs_set_their_setting_and_judge_what_the_result_records(tmp_path, capsys, monkeypatch, scratch):
     with_stand_in_children(monkeypatch)
     _, _, _, rows = validate(tmp_path, capsys)
-    children = json.loads((tmp_path / "evidence" / "children.json").read_text())
-    shown = [child["command"] for child in children if child["name"].startswith("allocator-")]
-    assert shown == [f"PYTORCH_CUDA_ALLOC_CONF={s} stand-in kit" for s in gpu_validation.ALLOCATOR_RUNS]
+    texts = evidence(tmp_path)[1]
+    shown = [child["command"] for child in json.loads(texts["children.json"]) if child["name"].startswith("allocator-")]
+    assert shown == [
+        f"PYTORCH_CUDA_ALLOC_CONF={s} python3 mesure_memoire.py measure --device cuda:0 --batch=5 --context=77 "
+        f"--width=3000 --dtype=float32 --warmup=1 --repeats=2 --seed=0 --output results/{n}.json"
+        for s, n in zip(
+            gpu_validation.ALLOCATOR_RUNS,
+            ("allocator-roundup_power2_divisions", "allocator-expandable_segments", "allocator-backend"),
+            strict=True,
+        )
+    ]
     for setting in gpu_validation.ALLOCATOR_RUNS:
-        assert rows[f"PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks"].endswith(" PASS  4")
-    result = json.loads((tmp_path / "evidence" / "results" / "allocator-backend.json").read_text())
-    rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", {"torch": "2.11.0+stand-in"})
+        assert rows[f"PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks"] == (
+            f"PASS  PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks  4"
+        )
+
+
+def allocator_result(monkeypatch, setting):
+    """The stand-in's result under one allocator setting, as the validator's child would write it."""
+    monkeypatch.setenv(gpu_validation.ALLOCATOR_VARIABLE, setting)  # read by the stand-in only
+    return json.loads(mesure_memoire.to_json(fake_child.crafted_result(gpu_validation.ALLOCATOR_SIZE)))
+
+
+def test_under_cuda_malloc_async_unknown_settings_are_what_pytorch_2_11_can_record(monkeypatch):
+    result = allocator_result(monkeypatch, "backend:cudaMallocAsync")
+    assert result["environment"]["allocator_settings"] is None  # as 2.11 records it
+    here = {"torch": "2.11.0+stand-in"}
+    rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", here)
     assert [row[2] for row in rows] == [True] * 4
     assert rows[3][3] == "PyTorch 2.11.0+stand-in"
     assert not gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", {"torch": "2.13.0"})[1][2]
-    assert not gpu_validation.check_allocator_run(result, "expandable_segments:True", {"torch": "2.11.0+stand-in"})[0][
-        2
-    ]
+    assert not gpu_validation.check_allocator_run(result, "expandable_segments:True", here)[0][2]  # native expected
+    result["environment"]["gpu"]["allocator_backend"] = "native"  # the backend not recorded as set
+    assert not gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", here)[0][2]
+    result["environment"]["gpu"]["allocator_backend"] = "cudaMallocAsync"
     result["phases"][0]["verdict"] = "agrees"  # not the kit's own verdict: both rows fail
-    rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", {"torch": "2.11.0+stand-in"})
+    rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", here)
     assert [row[2] for row in rows] == [True, True, False, False]
     assert gpu_validation.check_allocator_run({"kit": "x"}, "backend:cudaMallocAsync", {})[0][:3] == (
         "report",
@@ -136,52 +243,68 @@ def test_the_allocator_runs_set_their_setting_and_judge_what_the_result_records(
     )
 
 
-def test_the_disagreement_is_named_with_the_kit_s_own_figures(tmp_path, capsys, monkeypatch):
+def test_native_settings_recorded_as_unknown_are_not_as_set(monkeypatch):
+    result = allocator_result(monkeypatch, "expandable_segments:True")
+    assert gpu_validation.check_allocator_run(result, "expandable_segments:True", {})[0][2]
+    result["environment"]["allocator_settings"] = None
+    assert not gpu_validation.check_allocator_run(result, "expandable_segments:True", {})[0][2]
+
+
+def test_the_disagreement_is_named_with_the_kit_s_own_figures(tmp_path, capsys, monkeypatch, scratch):
     with_stand_in_children(monkeypatch, "disagree")
     _, _, _, rows = validate(tmp_path, capsys)
     line = rows["small-float32 run 1: the kit's checks"]
     assert "prediction disagreed" in line
-    assert '"counter": "peak_requested_bytes"' in line
-    assert '"difference_bytes": 512' in line
+    whole = [json.loads(line) for line in evidence(tmp_path)[1]["checks.jsonl"].splitlines()]
+    [detail] = [check["detail"] for check in whole if check["check"] == "small-float32 run 1: the kit's checks"]
+    assert '"counter": "peak_requested_bytes"' in detail
+    assert '"difference_bytes": 512' in detail
 
 
-def test_a_hanging_child_is_killed_and_reported_and_the_verdict_still_written(tmp_path, capsys, monkeypatch):
+def test_a_hanging_child_is_killed_and_reported_and_the_verdict_still_written(tmp_path, capsys, monkeypatch, scratch):
     with_stand_in_children(monkeypatch, "hang")
     status, out, _, rows = validate(tmp_path, capsys, "--timeout-seconds", "2")
     assert status == 1
-    assert "cross-check timed out" in rows["every child ran and finished in time"]
-    assert " FAIL " in rows["cross-check child ran"]
-    assert "killed after 2 s" in rows["cross-check child ran"]
-    assert (tmp_path / "evidence" / "verdict.txt").read_text() == out
-
-
-def test_once_the_budget_is_spent_no_child_starts_and_each_is_named(tmp_path, capsys, monkeypatch):
-    with_stand_in_children(monkeypatch)
-    runner = gpu_validation.Runner(timeout_seconds=5, budget_seconds=0)
-    record = runner.run("late", "kit", ["environment"])
-    assert (record["outcome"], record["exit_status"]) == ("not run", None)
+    assert "cross-check timed out" in rows["every child that started finished in time"]
+    assert rows["cross-check child ran"].startswith(
+        "FAIL  cross-check child ran  timed out, exit status None: killed after 2 s"
+    )
+    assert evidence(tmp_path)[0] == out
 
 
 # --- refusals: one line, exit 2, nothing written ------------------------------------------------------
 
 
-def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsys):
-    status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "evidence")])
+def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, scratch):
+    status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert (status, out) == (2, "")
     assert err.count("\n") == 1
     assert err.startswith("gpu_validation.py: error: no usable GPU for cuda:0")
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [scratch]
 
 
-@pytest.mark.parametrize("existing", ["evidence", "evidence.tar.gz"])
-def test_an_existing_folder_or_archive_is_refused_and_left_as_it_was(tmp_path, capsys, monkeypatch, existing):
+@pytest.mark.parametrize(
+    ("existing", "message"),
+    [
+        ("out/verdict.txt", "--output-dir: verdict.txt already exists there (nothing is overwritten)"),
+        (
+            "out/gpu-validation.tar.gz",
+            "--output-dir: gpu-validation.tar.gz already exists there (nothing is overwritten)",
+        ),
+        ("out", "--output-dir: {out} is not a folder"),
+    ],
+)
+def test_an_existing_verdict_or_archive_is_refused_and_left_as_it_was(
+    tmp_path, capsys, monkeypatch, scratch, existing, message
+):
     with_stand_in_children(monkeypatch)
-    (tmp_path / existing).mkdir() if "." not in existing else (tmp_path / existing).write_text("kept")
+    (tmp_path / existing).parent.mkdir(exist_ok=True)
+    (tmp_path / existing).write_text("kept")
     before = tree_digest(tmp_path)
     status, out, err, _ = validate(tmp_path, capsys)
-    assert (status, out, err.count("\n")) == (2, "", 1)
-    assert "already exists" in err
+    assert (status, out) == (2, "")
+    assert err == f"gpu_validation.py: error: {message.format(out=tmp_path / 'out')}\n"
     assert tree_digest(tmp_path) == before
 
 
@@ -191,7 +314,7 @@ def test_an_existing_folder_or_archive_is_refused_and_left_as_it_was(tmp_path, c
         (["--device", "cpu"], MESSAGES["--device not cuda:N"].format(device="'cpu'")),
         (["--timeout-seconds", "0"], "--timeout-seconds"),
         (["--budget-seconds", "1e3"], "--budget-seconds"),
-        (["--output-dir", ""], MESSAGES["--output-dir not a folder name"].format(value="''")),
+        (["--output-dir", ""], "--output-dir: expected the name of a folder, got ''"),
     ],  # not the current folder
 )
 def test_bad_values_are_one_line(tmp_path, capsys, argv, fragment):

@@ -11,14 +11,18 @@ check_against_plan.  ``--doctor`` changes one thing, to prove the validator noti
 reduced-precision reductions recorded as off, the errors those of the default arithmetic),
 ``slow-timer`` (Timer's median half of measure's), ``no-refusal`` (measure writes even beyond the
 GPU), ``hang`` (the cross-check child sleeps), ``unsupported=FIELD`` (nvidia-smi does not know FIELD),
-``ignored-setting`` (the allocator setting the validator sets is not honoured).  Under
+``ignored-setting`` (the allocator setting the validator sets is not honoured), ``terminate`` (the
+cross-check child writes its process id to ``child.pid``, sends SIGTERM to the validator, then sleeps),
+``scale=F`` (each child first sleeps F times its time-plan estimate: a rehearsal of the GPU run).  Under
 PYTORCH_CUDA_ALLOC_CONF (set by the validator for its allocator runs; read here only, by this stand-in,
-never by the kit) it answers a schema-4 result with the settings a real PyTorch would parse, its
-counters laid out by the kit's model of them.
+never by the kit) it answers a schema-4 result with the settings PyTorch 2.11 records: those of the native
+allocator as parsed; none under cudaMallocAsync (no getter, and the snapshot refuses), its counters laid
+out by the kit's model of them.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -40,7 +44,7 @@ def kit_modules():
 MIB = 2**20
 TOTAL_BYTES, FREE_BYTES = 150_000_000_000, 149_000_000_000
 GPU_NAME = "Stand-in GPU"
-WORKSPACE_BYTES = 32 * MIB + 128 * 2**10
+WORKSPACE_BYTES = 32 * MIB + 1 * MIB  # PyTorch 2.11 on Hopper: cuBLAS 32 MiB, cuBLASLt 1 MiB, both kept
 CHECKSUM = {"float32": 10.0, "float16": 10.001, "bfloat16": 10.01}
 WALL_NS = 3_000_000
 VENDOR = {
@@ -56,14 +60,19 @@ VENDOR = {
 }
 
 
-def environment():
+def environment(backend="native"):
     return {
         "gpu_available": True,
         "gpu_unavailable_reason": None,
         "torch": "2.11.0+stand-in",
         "cuda_build": "13.0",
         "hip_build": None,
-        "gpu": {"name": GPU_NAME, "total_memory_bytes": TOTAL_BYTES, "mem_get_info_free_bytes": FREE_BYTES},
+        "gpu": {
+            "name": GPU_NAME,
+            "total_memory_bytes": TOTAL_BYTES,
+            "mem_get_info_free_bytes": FREE_BYTES,
+            "allocator_backend": backend,
+        },
     }
 
 
@@ -74,7 +83,7 @@ def crafted_result(options, doctors=(), output=""):
     text = os.environ.get(gpu_validation.ALLOCATOR_VARIABLE, "")
     text = "" if "ignored-setting" in doctors else text
     backend = "cudaMallocAsync" if "backend:cudaMallocAsync" in text else "native"
-    allocator = {"backend": backend, **mesure_memoire._settings_from_text(text)}
+    allocator = {"backend": backend, **mesure_memoire._settings_from_text(text)} if backend == "native" else None
     plan = mesure_memoire.memory_plan(config, allocator)
     no_requested = backend != "native"  # cudaMallocAsync keeps the requested-bytes counters at zero
     reserved = 4 * plan["predicted_peak_allocated_bytes"]
@@ -105,7 +114,7 @@ def crafted_result(options, doctors=(), output=""):
         requested += extra + (predicted["end_requested_bytes"] if predicted["phase"] in ("model_load", "inputs") else 0)
         records.append(record)
     phases, prediction_check, workspace = mesure_memoire.check_against_plan(records, plan)
-    recorded = {"environment": {**environment(), "allocator_settings": allocator}, "schema_version": 4}
+    recorded = {"environment": {**environment(backend), "allocator_settings": allocator}, "schema_version": 4}
     if gpu_validation.ALLOCATOR_VARIABLE not in os.environ:
         recorded = {"environment": environment(), "schema_version": 2}
     return {
@@ -130,8 +139,7 @@ def crafted_result(options, doctors=(), output=""):
 
 def kit(arguments, doctors):
     gpu_validation, mesure_memoire = kit_modules()
-    options = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in arguments if "=" in a)}
-    options = {k: v if k == "dtype" else int(v) for k, v in options.items()}
+    options = parsed_options(arguments)
     config = mesure_memoire.measure_config("cuda:0", *(options[k] for k in gpu_validation.CONFIG_KEYS))
     problem = mesure_memoire.fit_problem(mesure_memoire.memory_plan(config), environment())
     if problem and "no-refusal" not in doctors:
@@ -146,6 +154,10 @@ def kit(arguments, doctors):
 def cross_check(arguments, doctors):
     gpu_validation, mesure_memoire = kit_modules()
     if "hang" in doctors:
+        time.sleep(60)
+    if "terminate" in doctors:  # the validator is stopped while this child runs: it must end this child
+        Path("child.pid").write_text(str(os.getpid()))
+        os.kill(os.getppid(), signal.SIGTERM)
         time.sleep(60)
     answers = {
         "settings": {
@@ -180,16 +192,45 @@ def cross_check(arguments, doctors):
     return 0
 
 
+def rehearse(kind, arguments, doctors):
+    """Sleep the scaled time-plan estimate of this child (doctor ``scale=F``)."""
+    scales = [float(d.removeprefix("scale=")) for d in doctors if d.startswith("scale=")]
+    if not scales:
+        return
+    gpu_validation, mesure_memoire = kit_modules()
+    options = parsed_options(arguments)
+    started = gpu_validation.IMPORT_SECONDS + gpu_validation.CONTEXT_SECONDS
+    if kind == "vendor":
+        seconds = gpu_validation.VENDOR_SECONDS
+    elif kind == "cross-check":
+        seconds = gpu_validation.cross_check_seconds(json.loads(arguments[1]))
+    elif kind == "notebook":
+        seconds = gpu_validation.measure_seconds(gpu_validation.NOTEBOOK_SIZE) + gpu_validation.DRAWING_SECONDS
+    elif "--batch" not in " ".join(arguments) or options["batch"] > 10**6:  # environment, or the refusal
+        seconds = started
+    else:
+        seconds = gpu_validation.measure_seconds(options)
+    time.sleep(seconds * scales[0])
+
+
+def parsed_options(arguments):
+    options = {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in arguments if "=" in a)}
+    return {k: v if k in ("dtype", "query-gpu", "format") else int(v) for k, v in options.items()}
+
+
 def main(argv):
     doctors = []
     while argv[0] == "--doctor":
         doctors.append(argv[1])
         argv = argv[2:]
     kind, arguments = argv[0], argv[1:]
+    rehearse(kind, arguments, doctors)
     if kind == "vendor" or arguments[:1] == ["environment"]:
         return vendor(arguments, doctors) if kind == "vendor" else print(json.dumps(environment())) or 0
     if kind == "notebook":
         mesure_memoire = kit_modules()[1]
+        code = Path(arguments[0]).read_text()
+        assert "DEVICE = 'cuda:0'" in code, "the validator sets the notebook's device"
         options = {"batch": 1, "context": 16, "width": 64, "dtype": "float32", "warmup": 1, "repeats": 2, "seed": 0}
         Path("mesures-notebook.json").write_text(mesure_memoire.to_json(crafted_result(options)))
         return 0
@@ -197,11 +238,12 @@ def main(argv):
 
 
 def vendor(arguments, doctors):
-    field = arguments[0].split("=", 1)[1]
-    if f"unsupported={field}" in doctors:
-        print(f'Field "{field}" is not a valid field to query.', file=sys.stderr)
+    fields = arguments[0].split("=", 1)[1].split(",")
+    unknown = [field for field in fields if f"unsupported={field}" in doctors]
+    if unknown:
+        print(f'Field "{unknown[0]}" is not a valid field to query.', file=sys.stderr)
         return 2
-    print(VENDOR[field])
+    print(", ".join(VENDOR[field] for field in fields))
     return 0
 
 

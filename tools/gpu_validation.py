@@ -1,17 +1,26 @@
 """Validate this version of the kit on one real GPU and keep the evidence (a maintainer's tool, not shipped).
 
-Each GPU step runs in a fresh child with a time limit (this process never imports PyTorch); the results
-are judged with the kit's own code (read_result_file, report_rows, the verdicts measure records and
-check_against_plan, fit_problem), the numerics against a float64 reference within a bound derived below.
+    python3 tools/gpu_validation.py --device cuda:0 --output-dir OUT > OUT/validation.log 2>&1
+
+Each GPU step runs in a fresh child with a time limit (this process never imports PyTorch), the most
+valuable first; each check's row is printed when it is decided.  The results are judged with the kit's
+own code (read_result_file, report_rows, the verdicts measure records and check_against_plan,
+fit_problem), the numerics against a float64 reference within a bound derived below.  The evidence is
+kept in a working folder of this tool's own; at the end, on SIGTERM, Ctrl-C or when the budget is
+spent, OUT receives verdict.txt and gpu-validation.tar.gz (everything so far), each written whole.
 """
 
+import csv
+import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from subprocess import DEVNULL, PIPE
@@ -24,15 +33,20 @@ import mesure_memoire as kit  # noqa: E402  (the kit's own code, standard librar
 
 PROG = "gpu_validation.py"
 DESCRIPTION = (
-    "Validate the kit on one real GPU: float32, float16 and bfloat16 at four sizes, each measured twice in "
-    "fresh processes; numerics and Timer cross-checks; a real fit refusal; the notebook's code as plain python3; "
-    "the environment and the vendor tool's provenance. Creates DIR and DIR.tar.gz and prints the verdict."
+    "Validate the kit on one real GPU, the most valuable checks first: the environment and the vendor tool; "
+    "float32, float16 and bfloat16 at four sizes; numerics and Timer cross-checks; a real fit refusal; second "
+    "fresh runs; three allocator settings; the notebook's code as plain python3.  Prints each check as it is "
+    "decided; DIR receives verdict.txt and gpu-validation.tar.gz at the end, on SIGTERM or when the budget is spent."
 )
-EPILOG = "Exit 0: every check passed; 1: a check failed; 2: refused (no usable GPU, bad argument); 130: Ctrl-C."
-OUTPUT_HELP = "a new folder for the evidence; DIR.tar.gz is written beside it"
+EPILOG = "Exit 0: every check passed; 1: a check failed or the run stopped; 2: refused; 130: Ctrl-C; 143: SIGTERM."
+OUTPUT_HELP = "the folder that receives verdict.txt and gpu-validation.tar.gz (created if missing; nothing overwritten)"
+VERDICT_NAME = "verdict.txt"
+ARCHIVE_NAME = "gpu-validation.tar.gz"
 ARCHIVE_TOP = "gpu-validation"  # the one folder inside the .tar.gz
+DETAIL_CHARACTERS = 300  # a row's detail as printed (checks.jsonl in the archive keeps it whole)
+LINE_CHARACTERS = 400  # no printed line is longer
 CHILD_TIMEOUT_SECONDS = 120  # one child: import torch, create a context, measure (5-15 s expected on an H200)
-BUDGET_SECONDS = 270  # all children together: the whole run fits the device machine's lease with room to spare
+BUDGET_SECONDS = 270  # all children together: the time plan's 240 s with room; the run stops cleanly after it
 VENDOR_TIMEOUT_SECONDS = 20
 
 # The README's small trial and larger command, a size whose widths and reduction lengths are no power of two
@@ -49,9 +63,65 @@ SIZES = {
 DTYPES = ("float32", "float16", "bfloat16")
 CONFIGURATIONS = {f"{s}-{d}": {**o, "dtype": d, "seed": 0} for s, o in SIZES.items() for d in DTYPES}
 CONFIG_KEYS = ("batch", "context", "width", "dtype", "warmup", "repeats", "seed")
-RUNS_PER_CONFIGURATION = 2
 TIMED_SIZE = "big"  # the size of the Timer cross-check and of the device-versus-wall bound
 TIMER_MIN_RUN_SECONDS = 1.0
+
+# The time plan (CONTRIBUTING.md's GPU section): each child's seconds on an H200, from stated figures, none
+# measured.  A step's estimate is a fresh child's start plus its GPU work at the card's peak rates.
+IMPORT_SECONDS = 6.0  # python3 importing PyTorch in a fresh child: 2-6 s seen on CPU machines, the worst taken
+CONTEXT_SECONDS = 2.0  # a CUDA context, the first cuBLAS handle and kernels loaded: taken as 2 s
+VENDOR_SECONDS = 1.0  # one nvidia-smi query
+DRAWING_SECONDS = 2.0  # the notebook's code imports matplotlib and draws its figure
+PEAK_FLOPS = {"float32": 60e12, "float16": 790e12, "bfloat16": 790e12}  # float32 without TF32: the CUDA cores
+FLOAT64_FLOPS = 60e12  # the float64 reference (the H200's float64 tensor cores: about 67 TFLOP/s)
+BANDWIDTH_BYTES_PER_SECOND = 4.3e12  # the H200's HBM3e
+ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def forward_seconds(options, flops_per_second=None):
+    """One forward of the kit's model at peak: its 16 tokens x width^2 FLOP, or its bytes moved if slower."""
+    tokens, width, dtype = options["batch"] * options["context"], options["width"], options["dtype"]
+    bytes_moved = ITEM_BYTES[dtype] * (8 * width * width + 10 * tokens * width)  # weights, x, z, h, y
+    compute = 16 * tokens * width * width / (flops_per_second or PEAK_FLOPS[dtype])
+    return max(compute, bytes_moved / BANDWIDTH_BYTES_PER_SECOND)
+
+
+def measure_seconds(options):
+    """A measure child: its start, then the cold forward, the warm-up, the repetitions and one more pass."""
+    return IMPORT_SECONDS + CONTEXT_SECONDS + (options["warmup"] + options["repeats"] + 2) * forward_seconds(options)
+
+
+def cross_check_seconds(specs):
+    """The cross-check child: two forwards per spec (default and strict flags), four float64 products of the
+    same size for the reference and its sums, and for a timed spec its warm-up and about twice Timer's minimum."""
+    seconds = IMPORT_SECONDS + CONTEXT_SECONDS
+    for spec in specs:
+        seconds += 2 * forward_seconds(spec) + 2 * forward_seconds(spec, FLOAT64_FLOPS)
+        timed = spec["warmup"] * forward_seconds(spec) + 2 * spec.get("min_run_seconds", TIMER_MIN_RUN_SECONDS)
+        seconds += timed if spec.get("timer") else 0.0
+    return seconds
+
+
+def cross_check_specs():
+    return [{**o, "name": name, "timer": name.startswith(TIMED_SIZE)} for name, o in CONFIGURATIONS.items()]
+
+
+def time_plan():
+    """[(child, estimated seconds)] in the order the run starts them."""
+    started = IMPORT_SECONDS + CONTEXT_SECONDS
+    plan = [("environment", started), ("vendor", VENDOR_SECONDS)]
+    plan += [(f"{name}-run1", measure_seconds(options)) for name, options in CONFIGURATIONS.items()]
+    plan += [("cross-check", cross_check_seconds(cross_check_specs())), ("refusal", started)]
+    plan += [
+        (f"{TIMED_SIZE}-{dtype}-run2", measure_seconds(CONFIGURATIONS[f"{TIMED_SIZE}-{dtype}"])) for dtype in DTYPES
+    ]
+    plan += [(allocator_child(setting), measure_seconds(ALLOCATOR_SIZE)) for setting in ALLOCATOR_RUNS]
+    return [*plan, ("notebook", measure_seconds(NOTEBOOK_SIZE) + DRAWING_SECONDS)]
+
+
+def allocator_child(setting):
+    return "allocator-" + setting.partition(":")[0]
+
 
 # Numerics: a judgement derived from the arithmetic the recorded flags allow.  The model is
 # y = W2 gelu(W1 x + b1) + b2 (width d, hidden 4d); the reference is the same forward in float64 from the
@@ -110,6 +180,7 @@ ALLOCATOR_RUNS = {
     "expandable_segments:True": ("agrees", {"expandable_segments": True}),
     "backend:cudaMallocAsync": ("not checked", {"backend": "cudaMallocAsync"}),
 }
+NOTEBOOK_SIZE = {**SIZES["small"], "dtype": "float32"}  # the notebook's own parameters
 # What nvidia-smi is asked: never a UUID, a serial number or a PCI address.
 VENDOR_FIELDS = (
     "index",
@@ -238,12 +309,20 @@ CHILD = "import sys; sys.path[:0] = sys.argv[1:2]; import gpu_validation as g; g
 
 
 def command_for(kind, arguments):
-    """The real command of a child: (argv, displayed).  The tests replace it with named stand-ins."""
-    argv = [sys.executable, str(ROOT / "mesure_memoire.py")] if kind == "kit" else [sys.executable, "-c"]
-    argv += [CHILD, str(TOOLS)] if kind == "cross-check" else []
-    argv = ["nvidia-smi"] if kind == "vendor" else argv
-    displayed = {"kit": "python3 mesure_memoire.py", "vendor": "nvidia-smi"}.get(kind, f"python3 <the {kind} child>")
-    return [*argv, *arguments], " ".join([displayed, *arguments]) if kind in ("kit", "vendor") else displayed
+    """The real command of a child: argv.  The tests replace it with named stand-ins."""
+    if kind == "vendor":
+        return ["nvidia-smi", *arguments]
+    if kind == "kit":
+        return [sys.executable, str(ROOT / "mesure_memoire.py"), *arguments]
+    if kind == "cross-check":
+        return [sys.executable, "-c", CHILD, str(TOOLS), *arguments]
+    return [sys.executable, *arguments]  # the notebook's code, from a file in the child's folder
+
+
+def shown_command(kind, arguments):
+    """How a child's command is shown in the evidence: no path, no 100 kB argument."""
+    shown = {"kit": "python3 mesure_memoire.py", "vendor": "nvidia-smi", "notebook": "python3"}.get(kind)
+    return " ".join([shown, *arguments]) if shown else f"python3 <the {kind} child>"
 
 
 def without_owner(member):  # an archive member without this machine's user and group
@@ -258,6 +337,10 @@ def decoded(data):
     return (data or b"").decode("utf-8", errors="replace")
 
 
+class BudgetSpent(Exception):
+    """The children's time budget is spent: the run stops here, with a verdict of what was decided."""
+
+
 class Runner:  # children one at a time, each in its own session, within a per-child limit and a total budget
     def __init__(self, timeout_seconds, budget_seconds):
         self.timeout_seconds = timeout_seconds
@@ -265,20 +348,26 @@ class Runner:  # children one at a time, each in its own session, within a per-c
         self.records = []
 
     def run(self, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
-        argv, displayed = command_for(kind, arguments)
         # The one variable this tool sets, for one child: the allocator setting that child runs under.
         env = None if setting is None else {**os.environ, ALLOCATOR_VARIABLE: setting}
-        displayed = displayed if setting is None else f"{ALLOCATOR_VARIABLE}={setting} {displayed}"
+        shown = shown_command(kind, arguments)
+        shown = shown if setting is None else f"{ALLOCATOR_VARIABLE}={setting} {shown}"
         limit = min(timeout_seconds or self.timeout_seconds, self.deadline - time.monotonic())
-        record = dict(name=name, command=displayed, outcome="not run", exit_status=None, seconds=0.0, stdout="")
+        record = dict(name=name, command=shown, outcome="not run", exit_status=None, seconds=0.0, stdout="")
         record["stderr"] = "not run: the children's time budget is spent"
         self.records.append(record)
-        if limit < 1:
-            return record
+        if limit <= 0:
+            raise BudgetSpent(name)
         started = time.monotonic()
         try:
             process = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, start_new_session=True
+                command_for(kind, arguments),
+                cwd=cwd,
+                env=env,
+                stdin=DEVNULL,
+                stdout=PIPE,
+                stderr=PIPE,
+                start_new_session=True,
             )
         except OSError as error:
             record.update(outcome="could not start", stderr=kit.describe_error(error))
@@ -292,10 +381,13 @@ class Runner:  # children one at a time, each in its own session, within a per-c
             os.killpg(process.pid, signal.SIGKILL)  # the child leads its session: its own children die too
             stdout, _ = process.communicate()
             record.update(outcome="timed out", stdout=decoded(stdout), stderr=f"killed after {limit:.0f} s")
-        except BaseException:  # Ctrl-C above all: no child outlives the validation
+        except BaseException:  # SIGTERM and Ctrl-C above all: no child outlives the validation
             os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            record.update(outcome="stopped", stderr="killed: the validation was stopped")
             raise
-        record["seconds"] = round(time.monotonic() - started, 3)
+        finally:
+            record["seconds"] = round(time.monotonic() - started, 3)
         return record
 
 
@@ -329,7 +421,7 @@ def check_result(result, requested=None):
     listed = "; ".join(kit.one_line(json.dumps(d)) for d in check.get("disagreements") or [])
     rows.append(("prediction", "prediction_check agrees", check.get("agrees") is True, listed))
     verdicts = [phase.get("verdict") for phase in phases]
-    rows.append(("prediction", "every phase's verdict agrees", set(verdicts) == {"agrees"}, verdicts))
+    rows.append(("prediction", "every phase's verdict agrees", set(verdicts) == {"agrees"}, sorted(set(verdicts))))
     rows.append(recheck(result))
     workspace = result.get("workspace") if isinstance(result.get("workspace"), dict) else {}
     measured = workspace.get("measured_bytes")
@@ -364,6 +456,19 @@ def recheck(result):
     return ("prediction", "verdicts are check_against_plan's on the recorded counters", same, detail)
 
 
+def settings_as_set(environment, expected):
+    """The allocator backend recorded as set, and the settings too, where this release can read them:
+    under cudaMallocAsync, PyTorch 2.11 and 2.12 have no settings getter and their snapshot refuses, so the
+    kit records the settings as unknown (null) and checks no prediction: that is what it can record."""
+    backend = (environment.get("gpu") or {}).get("allocator_backend")
+    recorded = environment.get("allocator_settings")
+    if backend != expected.get("backend", "native"):
+        return False
+    if recorded is None:
+        return backend != "native"
+    return isinstance(recorded, dict) and all(recorded.get(key) == value for key, value in expected.items())
+
+
 def check_allocator_run(result, setting, environment):
     """Rows for the run under one allocator setting: the settings and PyTorch version recorded as this
     machine's, every phase's verdict the one expected, and the kit's own check giving them again."""
@@ -372,12 +477,15 @@ def check_allocator_run(result, setting, environment):
         kit.report_rows([("result", result)])
     except kit.KitError as error:
         return [("report", "read by report", False, str(error))]
-    recorded = result["environment"].get("allocator_settings")
-    as_set = isinstance(recorded, dict) and all(recorded.get(key) == value for key, value in expected.items())
-    torch_version = result["environment"].get("torch")
+    recorded = result["environment"]
+    torch_version = recorded.get("torch")
     verdicts = [phase.get("verdict") for phase in result["phases"]]
+    shown = {
+        "backend": (recorded.get("gpu") or {}).get("allocator_backend"),
+        "settings": recorded.get("allocator_settings"),
+    }
     return [
-        ("allocator", "settings recorded as set", as_set, kit.one_line(json.dumps(recorded))),
+        ("allocator", "settings recorded as set", settings_as_set(recorded, expected), kit.one_line(json.dumps(shown))),
         ("allocator", "PyTorch version as the environment's", torch_version == environment.get("torch"), torch_version),
         ("prediction", f"every phase's verdict {expected_verdict}", set(verdicts) == {expected_verdict}, verdicts),
         recheck(result),
@@ -397,18 +505,38 @@ def compare_runs(first, second):
     return found
 
 
+def cut(text, limit):
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def verdict_line(check, passed, detail):
+    """One row as printed: at most LINE_CHARACTERS, its detail cut at DETAIL_CHARACTERS."""
+    status = {True: "PASS", False: "FAIL", None: "NOT JUDGED"}[passed]
+    return cut(f"{status}  {check}  {cut(detail, DETAIL_CHARACTERS)}".rstrip(), LINE_CHARACTERS)
+
+
 class Validation:
-    def __init__(self, device, folder, runner):
+    """The run's evidence, kept in a working folder of its own as it goes; each row printed when decided."""
+
+    def __init__(self, device, work, runner):
         self.device = device
-        self.folder = Path(folder)
+        self.folder = Path(work)
         self.runner = runner
         self.rows = []
-        self.logged = 0
+        self.results = {}  # evidence path -> a result, or why there is none
         found = (str(ROOT), sys.prefix, sys.executable, str(Path.home()), str(self.folder.resolve()))
         self.secrets = sorted((p for p in found if len(p) > 1), key=len, reverse=True)  # the longest first
+        os.makedirs(self.folder / "logs")
+        os.mkdir(self.folder / "results")
 
     def row(self, check, passed, detail=""):
-        self.rows.append((check, bool(passed), kit.one_line(self.scrub(str(detail)))))
+        """Decide one row: printed and flushed now, its whole detail kept in checks.jsonl."""
+        passed = None if passed is None else bool(passed)
+        detail = kit.one_line(self.scrub(str(detail)))
+        self.rows.append((check, passed, detail))
+        with open(self.folder / "checks.jsonl", "a", encoding="utf-8") as stream:
+            stream.write(json.dumps({"check": check, "passed": passed, "detail": detail}) + "\n")
+        print(verdict_line(check, passed, detail), flush=True)
 
     def scrub(self, text):
         """Evidence text without this machine's paths (the kit's redact, line by line) or a GPU UUID."""
@@ -421,89 +549,71 @@ class Validation:
         kit.write_new_file(str(self.folder / name), text if text.endswith("\n") else text + "\n")
 
     def child(self, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
-        record = self.runner.run(name, kind, arguments, cwd or self.folder, timeout_seconds, setting)
-        self.logged += 1
+        try:
+            self.runner.run(name, kind, arguments, cwd or self.folder, timeout_seconds, setting)
+        finally:  # a child stopped by the budget or a signal is logged too
+            self.log(self.runner.records[-1])
+        return self.runner.records[-1]
+
+    def log(self, record):
         head = f"$ {record['command']}\n{record['outcome']}, exit status {record['exit_status']}, {record['seconds']} s"
         log = f"{head}\n--- stdout\n{record['stdout']}\n--- stderr\n{record['stderr']}"
-        self.write(f"logs/{self.logged:02d}-{name}.log", self.scrub(log))
-        return record
+        self.write(f"logs/{len(self.runner.records):02d}-{record['name']}.log", self.scrub(log))
 
-    def vendor(self, when):
-        """nvidia-smi's view of the GPU, asked field by field so that one unknown field costs only itself."""
-        values = {}
-        for field in VENDOR_FIELDS:
-            arguments = [f"--query-gpu={field}", "--format=csv,noheader"]
-            record = self.child(f"vendor-{when}-{field}", "vendor", arguments, timeout_seconds=VENDOR_TIMEOUT_SECONDS)
-            lines = record["stdout"].splitlines()
-            ok = record["exit_status"] == 0 and lines and not re.search(UUID_LIKE, lines[0])
-            values[field] = lines[0].strip() if ok else None
-        self.write(f"vendor-tool-{when}.json", values)
-        return values
+    def vendor_query(self, name, fields):
+        """nvidia-smi's rows (one per GPU) for ``fields``, or None where the query fails."""
+        arguments = [f"--query-gpu={','.join(fields)}", "--format=csv,noheader"]
+        record = self.child(name, "vendor", arguments, timeout_seconds=VENDOR_TIMEOUT_SECONDS)
+        rows = list(csv.reader(record["stdout"].splitlines(), skipinitialspace=True))
+        good = record["exit_status"] == 0 and rows and all(len(row) == len(fields) for row in rows)
+        return rows if good else None
 
-    def finish(self, archive):
-        """The path check, the verdict (the evidence's last file), then the archive of the folder."""
-        files = [path for path in self.folder.rglob("*") if path.is_file()]
-        holding = [path.name for path in files if any(s.encode() in path.read_bytes() for s in self.secrets)]
-        self.row("no path of this machine in the evidence", not holding, ", ".join(holding))
-        width = max(len(check) for check, _, _ in self.rows)
-        lines = [f"{check.ljust(width)}  {'PASS' if ok else 'FAIL'}  {why}".rstrip() for check, ok, why in self.rows]
-        failed = sum(not ok for _, ok, _ in self.rows)
-        verdict = "\n".join([*lines, f"{len(lines) - failed} passed, {failed} failed"])
-        self.write("verdict.txt", verdict)
-        with tarfile.open(archive, "x:gz") as tar:  # x: never over an existing file
-            tar.add(self.folder, ARCHIVE_TOP, filter=without_owner)
-        return verdict, failed == 0
+    def vendor(self, gpu):
+        """nvidia-smi's view of the GPUs in one query; field by field only if that one fails."""
+        rows = self.vendor_query("vendor", VENDOR_FIELDS)
+        if rows is None:  # one unknown field then costs only itself
+            columns = [self.vendor_query(f"vendor-{field}", [field]) or [[None]] for field in VENDOR_FIELDS]
+            rows = [[value for (value,) in values] for values in zip(*columns, strict=False)]
+        withheld = [[None if v is None or re.search(UUID_LIKE, v) else v for v in row] for row in rows]
+        gpus = [dict(zip(VENDOR_FIELDS, row, strict=True)) for row in withheld]
+        self.write("vendor-tool.json", gpus)
+        named = [g for g in gpus if g["name"] == gpu.get("name") and g["driver_version"]]
+        detail = "; ".join(f"{g['name']}, driver {g['driver_version']}" for g in gpus)
+        self.row("vendor tool: the GPU PyTorch names", named, detail)
 
     def measure_arguments(self, options, output):
         return ["measure", "--device", self.device, *(f"--{k}={options[k]}" for k in CONFIG_KEYS), "--output", output]
 
-    def run_configurations(self):
-        results = {}
+    def measured(self, name, options, setting=None):
+        """One measure child; its result read by the kit, or why there is none."""
+        output = f"results/{name}.json"
+        record = self.child(name, "kit", self.measure_arguments(options, output), setting=setting)
+        try:
+            self.results[output] = kit.read_result_file(str(self.folder / output))
+        except kit.KitError as error:
+            self.results[output] = f"{child_json(record)[1]}; {error}"
+        return self.results[output]
+
+    def run_configuration(self, name, number):
+        """One fresh run of a configuration, judged at once."""
+        options = CONFIGURATIONS[name]
+        result = self.measured(f"{name}-run{number}", options)
+        rows = check_result(result, options) if isinstance(result, dict) else [("", "a result", False, result)]
+        failed = [f"{check} ({detail})" if detail else check for _, check, ok, detail in rows if not ok]
+        self.row(f"{name} run {number}: the kit's checks", not failed, "; ".join(failed) or len(rows))
+        return result
+
+    def cross_check(self, first):
+        """Measure's forwards again in one child: checksums, numerics, and the Timer at the big size."""
+        record = self.child("cross-check", "cross-check", [self.device, json.dumps(cross_check_specs())])
+        cross, why = child_json(record)
+        self.write("cross-check.json", cross or {"error": why})
+        self.row("cross-check child ran", cross is not None, why or json.dumps((cross or {}).get("settings")))
+        cross = cross or {}
         for name, options in CONFIGURATIONS.items():
-            for number in range(1, RUNS_PER_CONFIGURATION + 1):
-                output = f"results/{name}-run{number}.json"
-                record = self.child(f"{name}-run{number}", "kit", self.measure_arguments(options, output))
-                try:
-                    results[output] = kit.read_result_file(str(self.folder / output))
-                except kit.KitError as error:
-                    results[output] = f"{child_json(record)[1]}; {error}"
-        return results
-
-    def run_allocator_settings(self):
-        """One run under each allocator setting; returns {setting: its result, or why there is none}."""
-        results = {}
-        for setting in ALLOCATOR_RUNS:
-            name = "allocator-" + setting.partition(":")[0]
-            output = f"results/{name}.json"
-            record = self.child(name, "kit", self.measure_arguments(ALLOCATOR_SIZE, output), setting=setting)
-            try:
-                results[setting] = kit.read_result_file(str(self.folder / output))
-            except kit.KitError as error:
-                results[setting] = f"{child_json(record)[1]}; {error}"
-        return results
-
-    def judge_allocator_settings(self, results, environment):
-        for setting, result in results.items():
-            rows = check_allocator_run(result, setting, environment) if isinstance(result, dict) else []
-            failed = [f"{check} ({detail})" if detail else check for _, check, ok, detail in rows if not ok]
-            failed = failed if rows else [str(result)]
-            self.row(f"{ALLOCATOR_VARIABLE}={setting}: the kit's checks", not failed, "; ".join(failed) or len(rows))
-
-    def judge_configurations(self, results, cross, environment):
-        for name, options in CONFIGURATIONS.items():
-            runs = [results.get(f"results/{name}-run{n}.json") for n in range(1, RUNS_PER_CONFIGURATION + 1)]
-            for number, result in enumerate(runs, 1):
-                rows = check_result(result, options) if isinstance(result, dict) else [("", "a result", False, result)]
-                failed = [f"{check} ({detail})" if detail else check for _, check, ok, detail in rows if not ok]
-                self.row(f"{name} run {number}: the kit's checks", not failed, "; ".join(failed) or len(rows))
-            differences = ["two results are needed"]
-            if all(isinstance(r, dict) for r in runs):
-                differences = compare_runs(*runs)
-            detail = "; ".join(differences)[:400]
-            self.row(f"{name}: two fresh runs, same counters and checksum", not differences, detail)
-            answer = cross.get(name) or {}
-            first = runs[0] if isinstance(runs[0], dict) else {}
-            measured = (first.get("output_summary") or {}).get("checksum_float64")
+            answer = cross.get(name) if isinstance(cross.get(name), dict) else {}
+            result = first.get(name) if isinstance(first.get(name), dict) else {}
+            measured = (result.get("output_summary") or {}).get("checksum_float64")
             child = answer.get("checksum_float64")
             scale = answer.get("absolute_sum_float64")
             numbers = all(isinstance(v, float) for v in (measured, child, scale))
@@ -513,41 +623,26 @@ class Validation:
             detail = f"child {child!r}, measure {measured!r}, tolerance {tolerance!r}"
             self.row(f"{name}: cross-check child reproduces measure's checksum", same, detail)
             self.row(*judge_numerics(name, options, answer, cross.get("settings") or {}))
-        self.judge_timing(results, cross)
-        self.judge_report(results)
-
-    def judge_timing(self, results, cross):
         for dtype in DTYPES:
-            name = f"{TIMED_SIZE}-{dtype}"
-            answer = cross.get(f"{TIMED_SIZE}-{dtype}") or {}
-            result = results.get(f"results/{name}-run1.json")
-            try:
-                [line] = kit.report_rows([(name, result)])
-                wall_ms = float(line["warm_median_ms"])
-                device_ms = line["warm_median_device_ms"]
-            except (kit.KitError, TypeError):
-                wall_ms = device_ms = None
-            timer_ms = answer["timer_median_seconds"] * 1000 if "timer_median_seconds" in answer else None
-            ratio = wall_ms / timer_ms if wall_ms and timer_ms else None
-            low, high = TIMER_RATIO_BOUNDS
-            detail = answer.get("timer_error") or f"{ratio!r} in [{low}, {high}]: {wall_ms!r} / {timer_ms!r} ms"
-            self.row(f"{name}: measure's warm median / Timer's", ratio is not None and low <= ratio <= high, detail)
-            device = float(device_ms) / wall_ms if device_ms is not None and wall_ms else None
-            highest = 1 + DEVICE_OVER_WALL_ALLOWANCE_MS / wall_ms if wall_ms else 0
-            within = device is not None and DEVICE_WALL_RATIO_MIN <= device <= highest
-            self.row(f"{name}: CUDA-event median / wall median", within, f"{device!r} in [0.8, {highest:.4f}]")
+            self.judge_timing(f"{TIMED_SIZE}-{dtype}", first.get(f"{TIMED_SIZE}-{dtype}"), cross)
 
-    def judge_report(self, results):
-        paths = [str(self.folder / path) for path, result in results.items() if isinstance(result, dict)]
+    def judge_timing(self, name, result, cross):
+        answer = cross.get(name) if isinstance(cross.get(name), dict) else {}
         try:
-            text = kit.format_report(kit.report(paths)).replace(str(self.folder) + os.sep, "")
-            self.write("report.txt", text)
-            passed = len(paths) == len(results)
-            detail = f"{len(paths)} of {len(results)}"
-        except kit.KitError as error:
-            passed = False
-            detail = error
-        self.row("report reads every result together", passed, detail)
+            [line] = kit.report_rows([(name, result)])
+            wall_ms = float(line["warm_median_ms"])
+            device_ms = line["warm_median_device_ms"]
+        except (kit.KitError, TypeError, ValueError):
+            wall_ms = device_ms = None
+        timer_ms = answer["timer_median_seconds"] * 1000 if "timer_median_seconds" in answer else None
+        ratio = wall_ms / timer_ms if wall_ms and timer_ms else None
+        low, high = TIMER_RATIO_BOUNDS
+        detail = answer.get("timer_error") or f"{ratio!r} in [{low}, {high}]: {wall_ms!r} / {timer_ms!r} ms"
+        self.row(f"{name}: measure's warm median / Timer's", ratio is not None and low <= ratio <= high, detail)
+        device = float(device_ms) / wall_ms if device_ms is not None and wall_ms else None
+        highest = 1 + DEVICE_OVER_WALL_ALLOWANCE_MS / wall_ms if wall_ms else 0
+        within = device is not None and DEVICE_WALL_RATIO_MIN <= device <= highest
+        self.row(f"{name}: CUDA-event median / wall median", within, f"{device!r} in [0.8, {highest:.4f}]")
 
     def refusal(self, environment):
         """A size whose predicted peak exceeds the whole GPU: the kit's fit_problem must refuse it."""
@@ -563,13 +658,31 @@ class Validation:
         detail = f"batch {batch}: exit {record['exit_status']}, {len(lines)} line(s): {lines[:1]}"
         self.row("fit check refuses a size beyond the GPU (fit_problem too)", refused, detail)
 
+    def second_run(self, name):
+        """The second fresh run of a configuration: its own checks, then the same counters as the first."""
+        first = self.results.get(f"results/{name}-run1.json")
+        second = self.run_configuration(name, 2)
+        differences = ["two results are needed"]
+        if isinstance(first, dict) and isinstance(second, dict):
+            differences = compare_runs(first, second)
+        self.row(f"{name}: two fresh runs, same counters and checksum", not differences, "; ".join(differences))
+
+    def allocator_setting(self, setting, environment):
+        """One run under one allocator setting, judged at once."""
+        result = self.measured(allocator_child(setting), ALLOCATOR_SIZE, setting=setting)
+        rows = check_allocator_run(result, setting, environment) if isinstance(result, dict) else []
+        failed = [f"{check} ({detail})" if detail else check for _, check, ok, detail in rows if not ok]
+        failed = failed if rows else [str(result)]
+        self.row(f"{ALLOCATOR_VARIABLE}={setting}: the kit's checks", not failed, "; ".join(failed) or len(rows))
+
     def notebook(self):
-        """The notebook's code cells as one plain python3 script, in its own folder; its result judged."""
+        """The notebook's code cells as one plain python3 script, run from a file in its own folder."""
         notebook = json.loads((ROOT / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
         code = "\n\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
         code, count = re.subn(r"^DEVICE(: str)? = .*$", f"DEVICE = {self.device!r}", code, count=1, flags=re.MULTILINE)
         (self.folder / "notebook").mkdir()
-        record = self.child("notebook", "notebook", [code], cwd=self.folder / "notebook")
+        self.write("notebook/notebook.py", code)
+        record = self.child("notebook", "notebook", ["notebook.py"], cwd=self.folder / "notebook")
         written = sorted((self.folder / "notebook").glob("*.json"))
         try:
             rows = check_result(kit.read_result_file(str(written[0]))) if len(written) == 1 else []
@@ -580,46 +693,96 @@ class Validation:
         detail = f"exit {record['exit_status']}, {len(written)} result(s), failed: {failed or 'none'}"
         self.row("notebook's code cells as plain python3", passed, detail)
 
+    def judge_report(self):
+        paths = [str(self.folder / path) for path, result in self.results.items() if isinstance(result, dict)]
+        try:
+            text = kit.format_report(kit.report(paths)).replace(str(self.folder) + os.sep, "")
+            self.write("report.txt", text)
+            passed = len(paths) == len(self.results)
+            detail = f"{len(paths)} of {len(self.results)}"
+        except kit.KitError as error:
+            passed = False
+            detail = error
+        self.row("report reads every result together", passed, detail)
 
-def validate(device, folder, archive, runner):
-    """The whole validation; returns (verdict text, all passed).  Refuses (KitError) before any evidence."""
-    validation = Validation(device, folder, runner)
+    def steps(self, environment):
+        """Every check, the most valuable first (CONTRIBUTING.md's time plan)."""
+        gpu = environment["gpu"]
+        self.write("environment.json", environment)
+        self.row("environment: a usable GPU", True, f"{gpu.get('name')}, PyTorch {environment.get('torch')}")
+        self.vendor(gpu)
+        first = {name: self.run_configuration(name, 1) for name in CONFIGURATIONS}
+        self.cross_check(first)
+        self.refusal(environment)
+        for dtype in DTYPES:
+            self.second_run(f"{TIMED_SIZE}-{dtype}")
+        for setting in ALLOCATOR_RUNS:
+            self.allocator_setting(setting, environment)
+        self.notebook()
+        self.judge_report()
+
+    def finish(self, output_dir):
+        """The last rows, then verdict.txt and the archive of the evidence, each published whole in output_dir."""
+        bad = ("timed out", "could not start")
+        hung = [f"{r['name']} {r['outcome']}" for r in self.runner.records if r["outcome"] in bad]
+        self.row("every child that started finished in time", not hung, "; ".join(hung))
+        kept = ("name", "command", "outcome", "exit_status", "seconds")
+        self.write("children.json", [{key: r[key] for key in kept} for r in self.runner.records])
+        files = [path for path in self.folder.rglob("*") if path.is_file()]
+        holding = [path.name for path in files if any(s.encode() in path.read_bytes() for s in self.secrets)]
+        self.row("no path of this machine in the evidence", not holding, ", ".join(holding))
+        failed = sum(passed is False for _, passed, _ in self.rows)
+        unjudged = sum(passed is None for _, passed, _ in self.rows)
+        summary = f"{len(self.rows) - failed - unjudged} passed, {failed} failed, {unjudged} not judged"
+        verdict = "\n".join([*(verdict_line(*row) for row in self.rows), summary]) + "\n"
+        self.write("verdict.txt", verdict)
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+            tar.add(self.folder, ARCHIVE_TOP, filter=without_owner)
+        publish(Path(output_dir, VERDICT_NAME), verdict.encode())
+        publish(Path(output_dir, ARCHIVE_NAME), archive.getvalue())
+        print(summary, flush=True)
+        return failed == 0
+
+
+def publish(path, data):
+    """Write ``data`` whole under a temporary name beside ``path``, then link it to ``path`` (never over a file)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with open(temporary, "xb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.link(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def validate(device, output_dir, runner):
+    """The whole validation; returns whether every check passed.  Refuses (KitError) before any evidence."""
     record = runner.run("environment", "kit", ["environment", "--device", device, "--json"])
     environment, why = child_json(record)
     if environment is None or environment.get("gpu_available") is not True:
         raise kit.KitError(f"no usable GPU for {device}: {why or environment.get('gpu_unavailable_reason')}")
+    os.makedirs(output_dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="gpu-validation-")
     try:
-        os.makedirs(Path(folder, "logs"))
-        os.mkdir(Path(folder, "results"))
-    except OSError as error:
-        why = f"cannot create {kit.name_as_typed(folder)}: {kit.describe_error(error)}"
-        raise kit.KitError(f"--output-dir: {why}") from None
-    validation.write("environment.json", environment)
-    gpu = environment["gpu"]
-    try:
-        vendor = validation.vendor("before")
-        results = validation.run_configurations()
-        allocator_results = validation.run_allocator_settings()
-        specs = [{**o, "name": name, "timer": name.startswith(TIMED_SIZE)} for name, o in CONFIGURATIONS.items()]
-        record = validation.child("cross-check", "cross-check", [device, json.dumps(specs)])
-        cross, why = child_json(record)
-        validation.write("cross-check.json", cross or {"error": why})
-        validation.row("cross-check child ran", cross is not None, why or json.dumps(cross["settings"]))
-        validation.refusal(environment)
-        validation.notebook()
-        validation.vendor("after")
-        same = vendor["name"] == gpu.get("name") and bool(vendor["driver_version"])
-        validation.row("vendor tool: the GPU PyTorch names", same, f"{vendor['name']}, {vendor['driver_version']}")
-        validation.judge_configurations(results, cross or {}, environment)
-        validation.judge_allocator_settings(allocator_results, environment)
-    except (kit.KitError, OSError, KeyError, TypeError, ValueError) as error:  # a defect still leaves a verdict
-        validation.row("validation completed", False, f"the validator failed: {kit.describe_error(error)}")
-    bad = ("timed out", "not run", "could not start")
-    hung = [f"{r['name']} {r['outcome']}" for r in runner.records if r["outcome"] in bad]
-    validation.row("every child ran and finished in time", not hung, "; ".join(hung))
-    kept = ("name", "command", "outcome", "exit_status", "seconds")
-    validation.write("children.json", [{key: r[key] for key in kept} for r in runner.records])
-    return validation.finish(archive)
+        validation = Validation(device, work, runner)
+        validation.log(record)
+        try:
+            validation.steps(environment)
+        except BudgetSpent as spent:
+            validation.row("the run finished within its budget", False, f"stopped before {spent}: budget spent")
+        except KeyboardInterrupt as stop:  # SIGTERM (kit.Terminated) or Ctrl-C: the evidence so far, then out
+            why = "SIGTERM" if isinstance(stop, kit.Terminated) else "Ctrl-C"
+            validation.row("the run finished", False, f"stopped by {why}")
+            validation.finish(output_dir)
+            raise
+        except (kit.KitError, OSError, KeyError, TypeError, ValueError) as error:  # a defect still leaves a verdict
+            validation.row("validation completed", False, f"the validator failed: {kit.describe_error(error)}")
+        return validation.finish(output_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def build_parser():
@@ -628,7 +791,7 @@ def build_parser():
     parser.add_argument("--output-dir", required=True, action=kit.Once, metavar="DIR", help=OUTPUT_HELP)
     timeouts = (
         ("--timeout-seconds", CHILD_TIMEOUT_SECONDS, "kill a child running longer"),
-        ("--budget-seconds", BUDGET_SECONDS, "time for all children; then none starts"),
+        ("--budget-seconds", BUDGET_SECONDS, "time for all children; then the run stops with its verdict"),
     )
     for option, default, text in timeouts:
         parser.add_argument(option, action=kit.Once, default=str(default), metavar="S", help=f"{text} ({default})")
@@ -641,20 +804,21 @@ def command(argv):
     timeout = kit.whole_number("--timeout-seconds", args.timeout_seconds, 1, 10**6)
     budget = kit.whole_number("--budget-seconds", args.budget_seconds, 1, 10**6)
     if not args.output_dir.strip():  # "" would put the evidence in the current folder
-        raise kit.KitError(f"--output-dir: expected the name of a new folder, got {kit.quoted(args.output_dir)}")
-    folder = args.output_dir.rstrip("/") or args.output_dir
-    archive = folder + ".tar.gz"
-    for path in (folder, archive):
-        if os.path.lexists(path):
-            raise kit.KitError(f"--output-dir: {kit.name_as_typed(path)} already exists (nothing is overwritten)")
-    verdict, passed = validate(args.device, folder, archive, Runner(timeout, budget))
-    print(verdict)
-    return 0 if passed else 1
+        raise kit.KitError(f"--output-dir: expected the name of a folder, got {kit.quoted(args.output_dir)}")
+    if os.path.lexists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise kit.KitError(f"--output-dir: {kit.name_as_typed(args.output_dir)} is not a folder")
+    for name in (VERDICT_NAME, ARCHIVE_NAME):
+        if os.path.lexists(os.path.join(args.output_dir, name)):
+            raise kit.KitError(f"--output-dir: {name} already exists there (nothing is overwritten)")
+    return 0 if validate(args.device, args.output_dir, Runner(timeout, budget)) else 1
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    return kit.run_command_line(PROG, command, argv, "interrupted (Ctrl-C): the running child killed, no archive")
+    interrupted = (
+        "interrupted (Ctrl-C): the running child killed; the verdict and archive of the checks decided written"
+    )
+    return kit.run_command_line(PROG, command, argv, interrupted)
 
 
 if __name__ == "__main__":

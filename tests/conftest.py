@@ -77,6 +77,14 @@ def code_cells_as_script(notebook):
     return "\n\n".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code") + "\n"
 
 
+def no_gpu_here():
+    """Skip a test of the real no-GPU path where a GPU is visible: there the kit would measure for real."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: the no-GPU path cannot run for real")
+
+
 def tree_digest(root):
     """Every file under ``root`` (relative path -> SHA-256 and mode): equal before and after a refusal."""
     digest = {}

@@ -38,6 +38,7 @@ from conftest import (
     config,
     error_line,
     message_pattern,
+    no_gpu_here,
     run_in_process,
     run_script,
     sigint_as_from_a_terminal,
@@ -58,6 +59,7 @@ pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
 
 
 def test_no_gpu_is_refused_without_cpu_fallback(tmp_path):
+    no_gpu_here()
     completed = run_script("mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path)
     assert_one_line_refusal(completed)
     assert re.fullmatch(NO_GPU, completed.stderr), completed.stderr
@@ -570,6 +572,7 @@ def test_stdout_failed_survives_a_closed_interpreter_stdout(tmp_path, capsys):
 
 
 def test_no_gpu_is_a_one_line_refusal_that_writes_nothing(folder, capsys):
+    no_gpu_here()
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
     assert code == 2
     assert captured.out == ""
@@ -607,6 +610,7 @@ def test_a_read_only_folder_for_real(folder, capsys):
 
 
 def test_measure_without_a_gpu_prints_exactly_one_stderr_line(tmp_path):
+    no_gpu_here()
     completed = subprocess.run(
         [sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *MEASURE, "--output", "o.json"],
         capture_output=True,

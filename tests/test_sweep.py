@@ -21,6 +21,7 @@ from conftest import (
     config,
     error_line,
     message_pattern,
+    no_gpu_here,
     sigint_as_from_a_terminal,
     tree_digest,
     warning_line,
@@ -366,6 +367,7 @@ def test_a_pytorch_version_that_cannot_be_read_is_said_and_the_sweep_goes_on(sta
 
 @pytest.mark.whole_kit
 def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
+    no_gpu_here()
     completed = subprocess.run(
         [sys.executable, MESURE_SCRIPT, *SWEEP, "--values", "256"],
         capture_output=True,

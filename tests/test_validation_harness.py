@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import mesure_memoire
-from conftest import MESSAGES, ROOT, RecordingCudaStandIn, tree_digest
+from conftest import MESSAGES, ROOT, RecordingCudaStandIn, no_gpu_here, tree_digest
 
 FAKE_CHILD = ROOT / "tests" / "data" / "gpu_validation" / "fake_child.py"
 
@@ -276,6 +276,7 @@ def test_a_hanging_child_is_killed_and_reported_and_the_verdict_still_written(tm
 
 
 def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, scratch):
+    no_gpu_here()
     status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert (status, out) == (2, "")

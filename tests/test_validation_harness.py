@@ -86,6 +86,9 @@ def test_a_rehearsal_runs_the_time_plan_in_order_and_leaves_a_verdict_and_one_ar
     status, out, err, rows = validate(tmp_path, capsys)
     assert (status, err, failed(rows)) == (0, "", [])
     assert out.splitlines()[-1] == f"{len(rows)} passed, 0 failed, 0 not judged"
+    for name in gpu_validation.CONFIGURATIONS:
+        assert f"{name}: within the loosest bound the default flags allow" in rows
+        assert f"{name}: within the tight bound with reduced-precision reduction off" in rows
     verdict, texts = evidence(tmp_path)
     assert verdict == out == texts["verdict.txt"]
     children = json.loads(texts["children.json"])
@@ -163,9 +166,16 @@ DOCTORED = {  # doctor -> the rows it must fail, and only those
     },
     "ignored-setting": {f"PYTORCH_CUDA_ALLOC_CONF={s}: the kit's checks" for s in gpu_validation.ALLOCATOR_RUNS},
     "nondeterministic": {f"big-{d}: two fresh runs, same counters and checksum" for d in gpu_validation.DTYPES},
-    "far-output": {f"{s}-float16: within the derived bound of a float64 reference" for s in gpu_validation.SIZES},
-    "strict-flags": {  # judged under the flags the cross-check child recorded
-        f"{s}-{d}: within the derived bound of a float64 reference"
+    "far-output": {
+        f"{s}-float16: {b}"
+        for s in gpu_validation.SIZES
+        for b in (
+            "within the loosest bound the default flags allow",
+            "within the tight bound with reduced-precision reduction off",
+        )
+    },
+    "strict-flags": {  # the run with reduction off keeps the default arithmetic's error
+        f"{s}-{d}: within the tight bound with reduced-precision reduction off"
         for s in gpu_validation.SIZES
         for d in ("float16", "bfloat16")
     },
@@ -378,20 +388,43 @@ def test_the_cross_check_computes_measure_s_forward_exactly():
 
 
 @pytest.mark.parametrize("dtype", gpu_validation.DTYPES)
-def test_real_outputs_are_within_the_derived_bound_under_the_flags_pytorch_reports(dtype):
+def test_real_outputs_pass_both_bounds_under_the_flags_pytorch_reports_then_the_flags_come_back(dtype):
+    before = mesure_memoire.matmul_arithmetic(torch)
     answers = gpu_validation.cross_check(torch, torch.device("cpu"), [spec(dtype)])
-    assert answers["settings"] == mesure_memoire.matmul_arithmetic(torch)
-    answer = answers["x"]
-    name, passed, detail = gpu_validation.judge_numerics("x", spec(dtype), answer, answers["settings"])
-    assert passed, detail
-    assert answer["relative_l2_error"] > 0, detail
-    assert answer["all_finite"], detail
-    assert set(answer["error_terms"]) == {"Y", "HR", "HT", "OT"}
+    assert answers["settings"] == before == mesure_memoire.matmul_arithmetic(torch), "flags restored"
+    assert answers["strict_settings"] == {
+        **before,
+        "allow_fp16_reduced_precision_reduction": False,
+        "allow_bf16_reduced_precision_reduction": False,
+    }
+    assert answers["torch"] == str(torch.__version__)
+    rows = gpu_validation.judge_numerics("x", spec(dtype), answers["x"], answers)
+    assert [row[1] for row in rows] == [True, True], rows
+    assert [len(row[2]) < 300 for row in rows] == [True, True]
+    assert answers["x"]["relative_l2_error"] > 0
+    assert answers["x"]["strict_relative_l2_error"] > 0
+    assert set(answers["x"]["error_terms"]) == {"Y", "HR", "HT", "OT"}
     if dtype != "float32":  # the rounding of each hidden value and output is seen: a reference that differs
-        assert answer["relative_l2_error"] > gpu_validation.UNIT_ROUNDOFF[dtype] / 10
+        assert answers["x"]["relative_l2_error"] > gpu_validation.UNIT_ROUNDOFF[dtype] / 10
 
 
-def test_a_wrong_forward_fails_the_bound(monkeypatch):
+class FailsWithReductionOff(torch.nn.Sequential):  # the kit's layers; its forward raises under the strict flags
+    def forward(self, inputs):
+        if not torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction:
+            raise RuntimeError("the forward failed with reduction off")
+        return super().forward(inputs)
+
+
+def test_the_flags_come_back_even_when_the_strict_forward_raises(monkeypatch):
+    before = mesure_memoire.matmul_arithmetic(torch)
+    build = mesure_memoire.build_model  # the kit's layers, in a model whose forward fails under the strict flags
+    monkeypatch.setattr(mesure_memoire, "build_model", lambda t, width: FailsWithReductionOff(*build(t, width)))
+    with pytest.raises(RuntimeError, match="reduction off"):
+        gpu_validation.cross_check(torch, torch.device("cpu"), [spec("float16")])
+    assert mesure_memoire.matmul_arithmetic(torch) == before
+
+
+def test_a_wrong_forward_fails_both_bounds(monkeypatch):
     def relu_model(torch_module, width):
         return torch.nn.Sequential(
             torch.nn.Linear(width, 4 * width), torch.nn.ReLU(), torch.nn.Linear(4 * width, width)
@@ -399,36 +432,78 @@ def test_a_wrong_forward_fails_the_bound(monkeypatch):
 
     monkeypatch.setattr(mesure_memoire, "build_model", relu_model)
     answers = gpu_validation.cross_check(torch, torch.device("cpu"), [spec("float32")])
-    name, passed, detail = gpu_validation.judge_numerics("x", spec("float32"), answers["x"], answers["settings"])
-    assert name == "x: within the derived bound of a float64 reference"
-    assert not passed
-    assert detail.startswith("relative L2 ")
-    assert "(split, fp16 accumulation, float32 input roundoff: " in detail
+    rows = gpu_validation.judge_numerics("x", spec("float32"), answers["x"], answers)
+    assert [row[:2] for row in rows] == [
+        ("x: within the loosest bound the default flags allow", False),
+        ("x: within the tight bound with reduced-precision reduction off", False),
+    ]
+    assert rows[0][2].startswith("relative L2 ")
+    assert rows[0][2].endswith("(partial sums in float32)")
+
+
+STRICT_CROSS = {
+    "settings": {},
+    "strict_settings": {
+        "allow_fp16_reduced_precision_reduction": False,
+        "allow_bf16_reduced_precision_reduction": False,
+    },
+    "torch": "2.11.0",
+}
 
 
 @pytest.mark.parametrize(
     "answer",
     [
         {},
-        {"relative_l2_error": 0.0},
-        {"relative_l2_error": 0.0, "error_terms": {}},
-        {"relative_l2_error": 0.0, "error_terms": dict.fromkeys(["Y", "HR", "HT", "OT"], 0.0)},
-        {"relative_l2_error": "0", "error_terms": dict.fromkeys(["Y", "HR", "HT", "OT"], 1.0)},
+        {"relative_l2_error": 0.0, "strict_relative_l2_error": 0.0},
+        {"relative_l2_error": 0.0, "strict_relative_l2_error": 0.0, "error_terms": {}},
+        {
+            "relative_l2_error": 0.0,
+            "strict_relative_l2_error": 0.0,
+            "error_terms": dict.fromkeys(["Y", "HR", "HT", "OT"], 0.0),
+        },
+        {
+            "relative_l2_error": "0",
+            "strict_relative_l2_error": "0",
+            "error_terms": dict.fromkeys(["Y", "HR", "HT", "OT"], 1.0),
+        },
     ],
 )
-def test_a_missing_or_malformed_answer_is_never_within_the_bound(answer):
-    assert gpu_validation.judge_numerics("x", spec("float16"), answer, {})[1] is False
+def test_a_missing_or_malformed_answer_is_never_within_either_bound(answer):
+    rows = gpu_validation.judge_numerics("x", spec("float16"), answer, STRICT_CROSS)
+    assert [row[1] for row in rows] == [False, False]
+    assert [row[1] for row in gpu_validation.judge_numerics("x", spec("float16"), answer, {})] == [False, False]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "cross", "tight"),
+    [
+        ("float16", STRICT_CROSS, True),
+        ("bfloat16", {**STRICT_CROSS, "torch": "2.7.1+cu126"}, None),  # cuBLASLt ignored the flag
+        ("float32", {**STRICT_CROSS, "torch": "2.7.1+cu126"}, True),  # the flags are not float32's
+        ("float16", {**STRICT_CROSS, "torch": "2.8.0+cu128"}, True),
+        ("float16", {**STRICT_CROSS, "strict_settings": None}, False),  # the flags could not be set
+        ("bfloat16", {**STRICT_CROSS, "strict_settings": {"allow_bf16_reduced_precision_reduction": True}}, False),
+    ],
+)
+def test_the_tight_row_is_judged_only_where_the_flags_were_off_and_honoured(dtype, cross, tight):
+    terms = dict.fromkeys(["Y", "HR", "HT", "OT"], 1.0)
+    answer = {"relative_l2_error": 1e-9, "strict_relative_l2_error": 1e-9, "error_terms": terms}
+    rows = gpu_validation.judge_numerics("x", spec(dtype), answer, cross)
+    assert [row[1] for row in rows] == [True, tight], rows
+    assert len(rows[1][2]) < 300
 
 
 def test_the_bound_follows_its_derivation():
     u, u32, terms = 2**-8, 2**-24, {"Y": 2.0, "HR": 3.0, "HT": 5.0, "OT": 7.0}
-    split = u * u * (1 + 5 * 2 / 8)  # four chunks: four chunk roundings and two inner sums of 2/4 and 3/4
-    first, second = 65 * u32**2 + split, 257 * u32**2 + split
-    expected = ((u * u * 5 + first * 5 + second * 7) / 2) ** 0.5
+    expected = ((u * u * 5 + 65 * u * u * 5 + 257 * u * u * 7) / 2) ** 0.5  # the default flags: in the dtype
     assert gpu_validation.relative_error_bound("bfloat16", 64, terms, {}) == pytest.approx(expected, rel=1e-12)
-    u16 = 2**-11  # accumulation in float16, where asked: its own roundoff, no split on top
+    flags = {"allow_bf16_reduced_precision_reduction": False}  # reduction off: in float32
+    expected = ((u * u * 5 + 65 * u32**2 * 5 + 257 * u32**2 * 7) / 2) ** 0.5
+    assert gpu_validation.relative_error_bound("bfloat16", 64, terms, flags) == pytest.approx(expected, rel=1e-12)
+    u16 = 2**-11  # accumulation in float16, where asked: its own roundoff, reduction off or not
     expected = ((u16**2 * 5 + 65 * u16**2 * 5 + 257 * u16**2 * 7) / 2) ** 0.5
-    flags = {"allow_fp16_accumulation": True}
+    flags = {"allow_fp16_reduced_precision_reduction": False, "allow_fp16_accumulation": True}
     assert gpu_validation.relative_error_bound("float16", 64, terms, flags) == pytest.approx(expected, rel=1e-12)
     tf32 = 2 * 2**-22  # float32 with TF32 inputs: both factors of each product rounded
     expected = ((u32**2 * 5 + (65 * u32**2 + tf32) * 5 + (257 * u32**2 + tf32) * 7) / 2) ** 0.5
@@ -439,18 +514,22 @@ def test_the_bound_follows_its_derivation():
 @pytest.mark.parametrize(
     ("dtype", "flags", "allowed"),
     [
-        ("float16", {}, (True, False, 0.0)),
-        ("bfloat16", {"allow_bf16_reduced_precision_reduction": False}, (False, False, 0.0)),
-        ("float16", {"allow_bf16_reduced_precision_reduction": False}, (True, False, 0.0)),
+        ("float16", {}, ("float16", 0.0)),
+        ("bfloat16", {"allow_bf16_reduced_precision_reduction": False}, ("float32", 0.0)),
+        ("float16", {"allow_bf16_reduced_precision_reduction": False}, ("float16", 0.0)),
         (
             "float16",
             {"allow_fp16_reduced_precision_reduction": False, "allow_fp16_accumulation": True},
-            (False, True, 0.0),
+            ("float16", 0.0),
         ),
-        ("bfloat16", {"allow_fp16_accumulation": True}, (True, False, 0.0)),
-        ("float32", {"allow_tf32": None, "float32_matmul_precision": None}, (False, False, 0.0)),
-        ("float32", {"float32_matmul_precision": "medium", "allow_tf32": True}, (False, False, 2**-8)),
-        ("float16", {"allow_tf32": True}, (True, False, 0.0)),
+        (
+            "bfloat16",
+            {"allow_bf16_reduced_precision_reduction": False, "allow_fp16_accumulation": True},
+            ("float32", 0.0),
+        ),
+        ("float32", {"allow_tf32": None, "float32_matmul_precision": None}, ("float32", 0.0)),
+        ("float32", {"float32_matmul_precision": "medium", "allow_tf32": True}, ("float32", 2**-8)),
+        ("float16", {"allow_tf32": True, "allow_fp16_reduced_precision_reduction": False}, ("float32", 0.0)),
     ],
 )
 def test_what_the_recorded_flags_allow(dtype, flags, allowed):

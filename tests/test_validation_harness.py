@@ -319,6 +319,18 @@ def test_an_existing_verdict_or_archive_is_refused_and_left_as_it_was(
     assert tree_digest(tmp_path) == before
 
 
+def test_a_folder_that_cannot_be_made_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch, scratch):
+    with_stand_in_children(monkeypatch)
+    (tmp_path / "a-file").write_text("kept")
+    before = tree_digest(tmp_path)
+    status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "a-file" / "out")])
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "")
+    assert err.startswith("gpu_validation.py: error: --output-dir: NotADirectoryError: ")
+    assert err.count("\n") == 1
+    assert tree_digest(tmp_path) == before
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [

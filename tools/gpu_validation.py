@@ -869,7 +869,10 @@ def command(argv):
     for name in (VERDICT_NAME, ARCHIVE_NAME):
         if os.path.lexists(os.path.join(args.output_dir, name)):
             raise kit.KitError(f"--output-dir: {name} already exists there (nothing is overwritten)")
-    return 0 if validate(args.device, args.output_dir, Runner(timeout, budget)) else 1
+    try:
+        return 0 if validate(args.device, args.output_dir, Runner(timeout, budget)) else 1
+    except OSError as error:  # the folder, the working folder or the two files cannot be written
+        raise kit.KitError(f"--output-dir: {kit.describe_error(error)}") from None
 
 
 def main(argv=None) -> int:

@@ -610,6 +610,9 @@ MESSAGES = {
     "sweep: the child timed out": (
         "{where}: the child did not finish within {seconds} s and was stopped; nothing kept for it"
     ),
+    "tool: the kit missing": "{prog}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)"
+    "\n",
+    "sweep: folder kept": "{stop}; {name} kept: it holds {strays}, which the sweep did not write",
     "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
     "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",
     "--output-dir exists": "--output-dir: {name} already exists; the sweep writes only into a new folder",

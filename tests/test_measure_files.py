@@ -371,12 +371,23 @@ def test_a_full_disk_after_the_measurement_is_one_line(folder, capsys, monkeypat
     assert captured.err == error_line(said)
 
 
-@pytest.mark.parametrize("where", ["measure", "fsync", "link", "fallback"])
+@pytest.mark.parametrize("where", ["measure", "fsync", "link", "fallback", "created-at-check", "created-at-write"])
 def test_ctrl_c_anywhere_in_measure_exits_130_and_leaves_no_file(folder, capsys, monkeypatch, stand_in_measure, where):
     def interrupt(*args):
         raise KeyboardInterrupt
 
-    if where == "measure":
+    if where.startswith("created"):  # the signal lands just after a temporary file is created (issue 42)
+        real_open, created = os.open, []
+
+        def open_then_interrupted(path, *args):
+            descriptor = real_open(path, *args)
+            created.append(path)
+            if ".partial-" in str(path) and len(created) == (1 if where == "created-at-check" else 2):
+                raise KeyboardInterrupt
+            return descriptor
+
+        monkeypatch.setattr(os, "open", open_then_interrupted)
+    elif where == "measure":
         monkeypatch.setattr(mesure_memoire, "measure", interrupt)
     elif where == "fsync":
         monkeypatch.setattr(os, "fsync", interrupt)

@@ -4,6 +4,7 @@ refusals (one line, nothing written).  In-process through main(argv); the kernel
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ from nbclient import NotebookClient
 
 import build_notebook
 import mesure_memoire
-from conftest import MESSAGES, NO_PER_CALL, ROOT, code_cells_as_script, run_script, tree_digest
+from conftest import MESSAGES, NO_PER_CALL, ROOT, code_cells_as_script, on_a_full_disk, run_script, tree_digest
 
 REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
@@ -224,6 +225,38 @@ def test_a_notebook_that_is_a_link_is_refused_and_its_target_kept(copy, capsys):
         "build_notebook.py: error: mesure-memoire.ipynb is a link: this tool writes over nothing but its own outputs\n",
     )
     assert tree_digest(copy) == before
+
+
+@pytest.mark.whole_kit
+def test_a_notebook_hard_linked_to_another_file_is_replaced_and_that_file_kept(copy, capsys):
+    target = copy / "mesure-memoire.ipynb"
+    target.write_text("{}", encoding="utf-8")  # stale
+    os.link(target, copy / "theirs.json")  # the same file under two names
+    assert build_notebook.main([]) == 0
+    assert capsys.readouterr() == ("wrote mesure-memoire.ipynb\n", "")
+    assert (copy / "theirs.json").read_text(encoding="utf-8") == "{}"
+    assert target.read_bytes() == NOTEBOOK.read_bytes()
+
+
+@pytest.mark.whole_kit
+def test_on_a_full_disk_the_notebook_stays_as_it_was(tmp_path):
+    """A limit on the size of the tool's files (EFBIG past it, as on a full disk): one line, the old notebook whole."""
+    (tmp_path / "tools").mkdir()
+    shutil.copy(ROOT / "tools" / "build_notebook.py", tmp_path / "tools")
+    shutil.copy(ROOT / "mesure_memoire.py", tmp_path)
+    (tmp_path / "mesure-memoire.ipynb").write_text("{}", encoding="utf-8")  # stale
+    completed = subprocess.run(
+        [sys.executable, str(tmp_path / "tools" / "build_notebook.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=on_a_full_disk(65536),
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.startswith("build_notebook.py: error: cannot write mesure-memoire.ipynb (")
+    assert completed.stderr.count("\n") == 1
+    assert (tmp_path / "mesure-memoire.ipynb").read_text(encoding="utf-8") == "{}"
+    assert sorted(os.listdir(tmp_path)) == ["mesure-memoire.ipynb", "mesure_memoire.py", "tools"]
 
 
 def _jupyter_saved(path):

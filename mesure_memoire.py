@@ -1455,11 +1455,29 @@ def _open_new(path):
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
 
 
-def _create_temporary(folder):
-    """Create a new hidden file in ``folder``; returns (path, descriptor).  Its 64 random bits make a name
-    already taken a case no one meets; were it taken, the exclusive creation fails and overwrites nothing."""
-    temporary = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
-    return temporary, _open_new(temporary)
+class _Temporary:
+    """A new hidden file in ``folder``, named before it exists so that a signal landing at any moment of its
+    creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` inside the try whose clean-up calls
+    ``remove()``.  Its 64 random bits make a name already taken a case no one meets; were it taken, the
+    exclusive creation fails, and that file, not this one's, is neither overwritten nor removed."""
+
+    def __init__(self, folder):
+        self.path = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
+        self.ours = True
+
+    def open(self):
+        try:
+            return _open_new(self.path)
+        except FileExistsError:
+            self.ours = False
+            raise
+
+    def remove(self):
+        if self.ours:
+            try:  # noqa: SIM105 -- contextlib would be imported for this one line
+                os.unlink(self.path)
+            except FileNotFoundError:  # never created, or removed by someone else: nothing left to clean
+                pass
 
 
 def check_new_output(path):
@@ -1489,11 +1507,11 @@ def check_new_output(path):
             raise KitError(
                 f"--output: {name_as_typed(path)} is too long for this file system (names: {name_max} bytes)"
             )
-        temporary, descriptor = _create_temporary(folder)
+        temporary = _Temporary(folder)
         try:
-            os.close(descriptor)
+            os.close(temporary.open())
         finally:
-            os.unlink(temporary)
+            temporary.remove()
     except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
         raise KitError(
             f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
@@ -1545,14 +1563,14 @@ def write_new_file(path, text):
     taken, OSError when the data cannot be written.
     """
     data = text.encode("utf-8")
-    temporary, descriptor = _create_temporary(os.path.dirname(path) or ".")
+    temporary = _Temporary(os.path.dirname(path) or ".")
     try:
-        with os.fdopen(descriptor, "wb") as stream:
+        with os.fdopen(temporary.open(), "wb") as stream:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         try:
-            os.link(temporary, path)
+            os.link(temporary.path, path)
         except FileExistsError:
             raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
         except OSError:  # no hard links here: an exclusive create still never overwrites
@@ -1561,10 +1579,7 @@ def write_new_file(path, text):
             except FileExistsError:
                 raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
     finally:
-        try:  # noqa: SIM105 -- contextlib would be imported for this one line
-            os.unlink(temporary)
-        except FileNotFoundError:  # removed by someone else: nothing left to clean
-            pass
+        temporary.remove()
 
 
 # <<< notebook

@@ -142,10 +142,10 @@ def test_check_new_output_probes_the_folder_and_removes_the_probe(tmp_path, monk
     assert os.listdir("sub") == [], "the probe is removed"
     assert sorted(os.listdir(".")) == ["sub"], "the probe is removed"
 
-    def no_room(folder):
+    def no_room(path, *args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(mesure_memoire, "_create_temporary", no_room)
+    monkeypatch.setattr(os, "open", no_room)
     assert kit_error_of(mesure_memoire.check_new_output, "r.json") == MESSAGES["--output cannot create"].format(
         name="r.json", error="OSError: [Errno 28] No space left on device"
     )

@@ -353,16 +353,19 @@ def test_a_refusal_is_one_line_and_changes_nothing(case, argv, copy, capsys):
 
 @pytest.mark.whole_kit
 def test_a_notebook_that_cannot_be_written_is_one_line(copy, capsys, monkeypatch):
-    """A stand-in for a full disk or a read-only file (root ignores the mode): Path.write_bytes fails."""
+    """A stand-in for a file system that refuses the new notebook in place (read-only; root ignores the mode):
+    the rename fails; the old notebook stays, no temporary file."""
 
-    def refusing(self, data):
+    def refusing(source, target):
         raise PermissionError(13, "Permission denied")
 
     (copy / "mesure-memoire.ipynb").write_text("{}", encoding="utf-8")
-    monkeypatch.setattr(type(copy), "write_bytes", refusing)
+    monkeypatch.setattr(os, "replace", refusing)
     assert build_notebook.main([]) == 2
     expected = "build_notebook.py: error: cannot write mesure-memoire.ipynb (Permission denied)\n"
     assert capsys.readouterr() == ("", expected)
+    assert (copy / "mesure-memoire.ipynb").read_text(encoding="utf-8") == "{}"
+    assert sorted(path.name for path in copy.iterdir()) == ["mesure-memoire.ipynb", "mesure_memoire.py"]
 
 
 def test_the_notebook_functions_compute_what_the_script_computes():

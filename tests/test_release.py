@@ -155,32 +155,14 @@ def test_a_name_stdout_cannot_encode_is_printed_escaped(source):
 
 
 def test_a_failing_write_is_one_line_and_leaves_no_half_archive(source, tmp_path, monkeypatch, capsys):
-    """A stand-in for a full disk: the archive's write fails; nothing is left, the manifest is untouched."""
+    """A stand-in for a full disk (the data's flush to the disk fails): nothing is left, the manifest is untouched."""
 
-    real_open = open
-
-    class FullDisk:
-        def __init__(self, path, mode):
-            self.stream = real_open(path, mode)  # noqa: SIM115  (closed in __exit__)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.stream.close()
-
-        def write(self, data):
-            self.stream.write(data[:10])
-            raise OSError(errno.ENOSPC, "No space left on device")
+    def full_disk(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     make_stale(source)
     before = tree_digest(tmp_path)
-    monkeypatch.setattr(
-        build_zip,
-        "open",
-        lambda path, mode: FullDisk(path, mode) if "w" in mode or "x" in mode else real_open(path, mode),
-        raising=False,
-    )
+    monkeypatch.setattr(os, "fsync", full_disk)
     assert build(source, "--output", str(tmp_path / "kit.zip")) == 2
     expected = f"build_zip.py: error: cannot write {tmp_path}/kit.zip (No space left on device)\n"
     assert capsys.readouterr() == ("", expected)

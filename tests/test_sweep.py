@@ -149,7 +149,8 @@ def test_an_ascii_only_stdout_gets_the_folder_s_non_ascii_name_escaped(stand_in,
 
 
 def test_the_children_run_this_interpreter_and_this_script():
-    assert mesure_memoire.child_command(["x", "y"]) == [sys.executable, MESURE_SCRIPT, "x", "y"]
+    flags = subprocess._args_from_interpreter_flags()  # this interpreter's, as the test below checks for real
+    assert mesure_memoire.child_command(["x", "y"]) == [sys.executable, *flags, MESURE_SCRIPT, "x", "y"]
 
 
 def test_a_value_predicted_not_to_fit_is_not_launched_nor_any_larger(stand_in, capsys):

@@ -195,13 +195,13 @@ def test_the_temporary_file_is_made_beside_the_result(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
     folders = []
-    real_create_temporary = mesure_memoire._create_temporary
+    real_link = os.link
 
-    def create_temporary(folder):
-        folders.append(folder)
-        return real_create_temporary(folder)
+    def link(source, target):  # the temporary file's folder, seen where it is linked to the result
+        folders.append(os.path.dirname(source))
+        return real_link(source, target)
 
-    monkeypatch.setattr(mesure_memoire, "_create_temporary", create_temporary)
+    monkeypatch.setattr(os, "link", link)
     mesure_memoire.write_new_file("sub/r.json", "{}")
     mesure_memoire.write_new_file("r.json", "{}")
     assert folders == ["sub", "."]

@@ -879,11 +879,11 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         return error.exit_code
     except StdoutFailed as failure:
         return stdout_failed(prog, failure, stdout)
-    except Terminated:
-        say(prog, interrupted.replace("Ctrl-C", "SIGTERM"), prefix="")
+    except Terminated as stop:  # its text, if any, goes on the same line: what the clean-up left, and why
+        say(prog, interrupted.replace("Ctrl-C", "SIGTERM") + "".join(map(str, stop.args)), prefix="")
         return 143  # 128 + 15, as a shell reports a process that SIGTERM ended
-    except KeyboardInterrupt:
-        say(prog, interrupted, prefix="")
+    except KeyboardInterrupt as stop:
+        say(prog, interrupted + "".join(map(str, stop.args)), prefix="")
         return 130
     finally:
         sys.stdout = stdout

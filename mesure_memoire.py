@@ -1455,11 +1455,29 @@ def _open_new(path):
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
 
 
-def _create_temporary(folder):
-    """Create a new hidden file in ``folder``; returns (path, descriptor).  Its 64 random bits make a name
-    already taken a case no one meets; were it taken, the exclusive creation fails and overwrites nothing."""
-    temporary = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
-    return temporary, _open_new(temporary)
+class _Temporary:
+    """A new hidden file in ``folder``, named before it exists so that a signal landing at any moment of its
+    creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` inside the try whose clean-up calls
+    ``remove()``.  Its 64 random bits make a name already taken a case no one meets; were it taken, the
+    exclusive creation fails, and that file, not this one's, is neither overwritten nor removed."""
+
+    def __init__(self, folder):
+        self.path = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
+        self.ours = True
+
+    def open(self):
+        try:
+            return _open_new(self.path)
+        except FileExistsError:
+            self.ours = False
+            raise
+
+    def remove(self):
+        if self.ours:
+            try:  # noqa: SIM105 -- contextlib would be imported for this one line
+                os.unlink(self.path)
+            except FileNotFoundError:  # never created, or removed by someone else: nothing left to clean
+                pass
 
 
 def check_new_output(path):
@@ -1489,11 +1507,11 @@ def check_new_output(path):
             raise KitError(
                 f"--output: {name_as_typed(path)} is too long for this file system (names: {name_max} bytes)"
             )
-        temporary, descriptor = _create_temporary(folder)
+        temporary = _Temporary(folder)
         try:
-            os.close(descriptor)
+            os.close(temporary.open())
         finally:
-            os.unlink(temporary)
+            temporary.remove()
     except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
         raise KitError(
             f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
@@ -1545,14 +1563,14 @@ def write_new_file(path, text):
     taken, OSError when the data cannot be written.
     """
     data = text.encode("utf-8")
-    temporary, descriptor = _create_temporary(os.path.dirname(path) or ".")
+    temporary = _Temporary(os.path.dirname(path) or ".")
     try:
-        with os.fdopen(descriptor, "wb") as stream:
+        with os.fdopen(temporary.open(), "wb") as stream:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         try:
-            os.link(temporary, path)
+            os.link(temporary.path, path)
         except FileExistsError:
             raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
         except OSError:  # no hard links here: an exclusive create still never overwrites
@@ -1561,10 +1579,7 @@ def write_new_file(path, text):
             except FileExistsError:
                 raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
     finally:
-        try:  # noqa: SIM105 -- contextlib would be imported for this one line
-            os.unlink(temporary)
-        except FileNotFoundError:  # removed by someone else: nothing left to clean
-            pass
+        temporary.remove()
 
 
 # <<< notebook
@@ -2534,11 +2549,11 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         return error.exit_code
     except StdoutFailed as failure:
         return stdout_failed(prog, failure, stdout)
-    except Terminated:
-        say(prog, interrupted.replace("Ctrl-C", "SIGTERM"), prefix="")
+    except Terminated as stop:  # its text, if any, goes on the same line: what the clean-up left, and why
+        say(prog, interrupted.replace("Ctrl-C", "SIGTERM") + "".join(map(str, stop.args)), prefix="")
         return 143  # 128 + 15, as a shell reports a process that SIGTERM ended
-    except KeyboardInterrupt:
-        say(prog, interrupted, prefix="")
+    except KeyboardInterrupt as stop:
+        say(prog, interrupted + "".join(map(str, stop.args)), prefix="")
         return 130
     finally:
         sys.stdout = stdout
@@ -2615,8 +2630,13 @@ SWEEP_MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def child_command(arguments):
-    """The command of a fresh child: this interpreter running this script."""
-    return [sys.executable, os.path.abspath(__file__), *arguments]
+    """The command of a fresh child: this interpreter, with its flags (-I, -E, -s, -X ...: a PyTorch they kept out
+    stays out), running this script.  The flags come from CPython's own helper, which multiprocessing and the
+    test suite of CPython use too (present since 3.2, kept up with each new flag); without it, none."""
+    import subprocess
+
+    flags = getattr(subprocess, "_args_from_interpreter_flags", list)()
+    return [sys.executable, *flags, os.path.abspath(__file__), *arguments]
 
 
 def sweep_values(text):
@@ -2680,26 +2700,60 @@ def run_child(arguments, timeout_s):
 
 
 def stop_child(process):
-    """Interrupt the child as Ctrl-C does (measure then removes its partial file); kill it if it lingers."""
+    """Interrupt the child as Ctrl-C does (measure then removes its partial file); kill it if it lingers, or at
+    once on a further Ctrl-C or SIGTERM, which then goes on: this returns or raises only once the child has ended,
+    so that nothing it writes can appear after the sweep."""
     import signal
     import subprocess
 
-    try:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT if os.name == "posix" else signal.SIGTERM)
-        process.communicate(timeout=SWEEP_STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
+    again, grace_s = None, SWEEP_STOP_GRACE_S
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT if os.name == "posix" else signal.SIGTERM)
+    while True:
+        try:
+            process.communicate(timeout=grace_s)
+            break
+        except subprocess.TimeoutExpired:
+            process.kill()
+            grace_s = None
+        except KeyboardInterrupt as interrupt:  # the user insists: the child is killed, then waited for
+            again = again or interrupt
+            process.kill()
+            grace_s = None
+    if again is not None:
+        raise again
 
 
 def remove_leftovers(folder, output):
     """After a child that did not succeed: its result, if any, and any temporary file go (the folder is the
-    sweep's own, so it holds exactly the results of the children that exited 0)."""
-    for name in os.listdir(folder):
+    sweep's own, so it holds exactly the results of the children that exited 0; a stray file stays)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:  # removed meanwhile: nothing left in it
+        return
+    for name in names:
         path = os.path.join(folder, name)
         if path == output or (name.startswith(".partial-") and name.endswith(".tmp")):
-            os.unlink(path)
+            try:  # noqa: SIM105 -- contextlib would be imported for this one line
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def remove_sweep_folder(folder):
+    """Remove the sweep's folder when it holds no result: "" once it is gone, else the words that the sweep's one
+    line ends with, naming what someone else left in it (left alone, with the folder)."""
+    try:
+        os.rmdir(folder)
+        return ""
+    except FileNotFoundError:
+        return ""
+    except OSError:
+        try:
+            strays = ", ".join(quoted(name) for name in sorted(os.listdir(folder)))
+        except OSError as error:
+            strays = f"files that cannot be listed ({describe_error(error)})"
+    return f"; {name_as_typed(folder)} kept: it holds {strays}, which the sweep did not write"
 
 
 MEASURE_OPTIONS = ("device", "batch", "context", "width", "dtype", "warmup", "repeats", "seed")
@@ -2747,31 +2801,46 @@ def child_stopped(where, status, err, plan, timeout_s):
     return KitError(f"{where}: the child {'refused' if status == 2 else 'failed'} (exit status {status}): {line}")
 
 
+def launchable(dimension, configs, environment):
+    """([(value, configuration, plan)] predicted to fit, in order, up to the first that is not; the KitError
+    that says why that one and the larger are not launched, or None)."""
+    launched = []
+    for index, (value, config) in enumerate(configs):
+        plan = memory_plan(config)
+        problem = fit_problem(plan, environment)
+        if problem:
+            larger = len(configs) - index - 1  # larger values need more: none of them is launched either
+            also = f" (nor the {larger} larger value(s))" if larger else ""
+            return launched, KitError(f"{dimension} {value}: predicted not to fit, not launched{also}: {problem}")
+        launched.append((value, config, plan))
+    return launched, None
+
+
 def sweep_children(dimension, configs, environment, folder, timeout_s):
     """Measure each value in turn, after the plan's fit check against the probed free memory; returns
-    ([(value, file written)], the KitError that stopped the sweep, or None)."""
-    written, created = [], False
+    ([(value, file written)], the KitError that stopped the sweep, or None).  When nothing was measured, the
+    folder goes, unless someone else left a file in it: then both stay, named in the sweep's one line."""
+    launched, stop = launchable(dimension, configs, environment)
+    if not launched:
+        return [], stop
+    make_new_folder(folder)
+    written = []
     try:
-        for index, (value, config) in enumerate(configs):
-            where, plan = f"{dimension} {value}", memory_plan(config)
-            problem = fit_problem(plan, environment)
-            if problem:
-                larger = len(configs) - index - 1  # larger values need more: none of them is launched either
-                also = f" (nor the {larger} larger value(s))" if larger else ""
-                return written, KitError(f"{where}: predicted not to fit, not launched{also}: {problem}")
-            if not created:
-                make_new_folder(folder)
-                created = True
-            output = os.path.join(folder, f"mesures-{dimension}-{value}.json")
+        for value, config, plan in launched:
+            where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
             status, err = measure_in_child(config, folder, output, timeout_s)
             if status != 0 or not os.path.isfile(output):
-                return written, child_stopped(where, status, err, plan, timeout_s)
+                stop = child_stopped(where, status, err, plan, timeout_s)
+                break
             written.append((value, output))
             _print(f"{where}: measured, {name_as_typed(output)}", flush=True)
-        return written, None
-    finally:
-        if created and not written:  # nothing measured: no folder left behind (its leftovers are gone)
-            os.rmdir(folder)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the child has ended, its leftovers are gone
+        kept = "" if written else remove_sweep_folder(folder)
+        if kept:
+            raise type(interrupt)(kept) from None
+        raise
+    kept = "" if written else remove_sweep_folder(folder)
+    return written, type(stop)(f"{stop}{kept}") if kept else stop
 
 
 def make_new_folder(folder):

@@ -77,6 +77,14 @@ def code_cells_as_script(notebook):
     return "\n\n".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code") + "\n"
 
 
+def on_a_full_disk(limit_bytes):
+    """``preexec_fn``: the child's files cannot grow past ``limit_bytes`` (a write beyond fails, EFBIG), as on a
+    full disk; Python ignores SIGXFSZ, so the write's error is what the tool sees."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+
 def no_gpu_here():
     """Skip a test of the real no-GPU path where a GPU is visible: there the kit would measure for real."""
     import torch
@@ -610,6 +618,9 @@ MESSAGES = {
     "sweep: the child timed out": (
         "{where}: the child did not finish within {seconds} s and was stopped; nothing kept for it"
     ),
+    "tool: the kit missing": "{prog}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)"
+    "\n",
+    "sweep: folder kept": "{stop}; {name} kept: it holds {strays}, which the sweep did not write",
     "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
     "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",
     "--output-dir exists": "--output-dir: {name} already exists; the sweep writes only into a new folder",

@@ -142,10 +142,10 @@ def test_check_new_output_probes_the_folder_and_removes_the_probe(tmp_path, monk
     assert os.listdir("sub") == [], "the probe is removed"
     assert sorted(os.listdir(".")) == ["sub"], "the probe is removed"
 
-    def no_room(folder):
+    def no_room(path, *args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(mesure_memoire, "_create_temporary", no_room)
+    monkeypatch.setattr(os, "open", no_room)
     assert kit_error_of(mesure_memoire.check_new_output, "r.json") == MESSAGES["--output cannot create"].format(
         name="r.json", error="OSError: [Errno 28] No space left on device"
     )
@@ -195,13 +195,13 @@ def test_the_temporary_file_is_made_beside_the_result(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
     folders = []
-    real_create_temporary = mesure_memoire._create_temporary
+    real_link = os.link
 
-    def create_temporary(folder):
-        folders.append(folder)
-        return real_create_temporary(folder)
+    def link(source, target):  # the temporary file's folder, seen where it is linked to the result
+        folders.append(os.path.dirname(source))
+        return real_link(source, target)
 
-    monkeypatch.setattr(mesure_memoire, "_create_temporary", create_temporary)
+    monkeypatch.setattr(os, "link", link)
     mesure_memoire.write_new_file("sub/r.json", "{}")
     mesure_memoire.write_new_file("r.json", "{}")
     assert folders == ["sub", "."]
@@ -371,12 +371,23 @@ def test_a_full_disk_after_the_measurement_is_one_line(folder, capsys, monkeypat
     assert captured.err == error_line(said)
 
 
-@pytest.mark.parametrize("where", ["measure", "fsync", "link", "fallback"])
+@pytest.mark.parametrize("where", ["measure", "fsync", "link", "fallback", "created-at-check", "created-at-write"])
 def test_ctrl_c_anywhere_in_measure_exits_130_and_leaves_no_file(folder, capsys, monkeypatch, stand_in_measure, where):
     def interrupt(*args):
         raise KeyboardInterrupt
 
-    if where == "measure":
+    if where.startswith("created"):  # the signal lands just after a temporary file is created (issue 42)
+        real_open, created = os.open, []
+
+        def open_then_interrupted(path, *args):
+            descriptor = real_open(path, *args)
+            created.append(path)
+            if ".partial-" in str(path) and len(created) == (1 if where == "created-at-check" else 2):
+                raise KeyboardInterrupt
+            return descriptor
+
+        monkeypatch.setattr(os, "open", open_then_interrupted)
+    elif where == "measure":
         monkeypatch.setattr(mesure_memoire, "measure", interrupt)
     elif where == "fsync":
         monkeypatch.setattr(os, "fsync", interrupt)

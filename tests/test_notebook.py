@@ -4,6 +4,7 @@ refusals (one line, nothing written).  In-process through main(argv); the kernel
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ from nbclient import NotebookClient
 
 import build_notebook
 import mesure_memoire
-from conftest import MESSAGES, NO_PER_CALL, ROOT, code_cells_as_script, run_script, tree_digest
+from conftest import MESSAGES, NO_PER_CALL, ROOT, code_cells_as_script, on_a_full_disk, run_script, tree_digest
 
 REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
@@ -226,6 +227,38 @@ def test_a_notebook_that_is_a_link_is_refused_and_its_target_kept(copy, capsys):
     assert tree_digest(copy) == before
 
 
+@pytest.mark.whole_kit
+def test_a_notebook_hard_linked_to_another_file_is_replaced_and_that_file_kept(copy, capsys):
+    target = copy / "mesure-memoire.ipynb"
+    target.write_text("{}", encoding="utf-8")  # stale
+    os.link(target, copy / "theirs.json")  # the same file under two names
+    assert build_notebook.main([]) == 0
+    assert capsys.readouterr() == ("wrote mesure-memoire.ipynb\n", "")
+    assert (copy / "theirs.json").read_text(encoding="utf-8") == "{}"
+    assert target.read_bytes() == NOTEBOOK.read_bytes()
+
+
+@pytest.mark.whole_kit
+def test_on_a_full_disk_the_notebook_stays_as_it_was(tmp_path):
+    """A limit on the size of the tool's files (EFBIG past it, as on a full disk): one line, the old notebook whole."""
+    (tmp_path / "tools").mkdir()
+    shutil.copy(ROOT / "tools" / "build_notebook.py", tmp_path / "tools")
+    shutil.copy(ROOT / "mesure_memoire.py", tmp_path)
+    (tmp_path / "mesure-memoire.ipynb").write_text("{}", encoding="utf-8")  # stale
+    completed = subprocess.run(
+        [sys.executable, str(tmp_path / "tools" / "build_notebook.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=on_a_full_disk(65536),
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.startswith("build_notebook.py: error: cannot write mesure-memoire.ipynb (")
+    assert completed.stderr.count("\n") == 1
+    assert (tmp_path / "mesure-memoire.ipynb").read_text(encoding="utf-8") == "{}"
+    assert sorted(os.listdir(tmp_path)) == ["mesure-memoire.ipynb", "mesure_memoire.py", "tools"]
+
+
 def _jupyter_saved(path):
     """What JupyterLab 4.6 does on opening and autosaving: it records the kernel's Python version."""
     notebook = json.loads(path.read_text(encoding="utf-8"))
@@ -320,16 +353,19 @@ def test_a_refusal_is_one_line_and_changes_nothing(case, argv, copy, capsys):
 
 @pytest.mark.whole_kit
 def test_a_notebook_that_cannot_be_written_is_one_line(copy, capsys, monkeypatch):
-    """A stand-in for a full disk or a read-only file (root ignores the mode): Path.write_bytes fails."""
+    """A stand-in for a file system that refuses the new notebook in place (read-only; root ignores the mode):
+    the rename fails; the old notebook stays, no temporary file."""
 
-    def refusing(self, data):
+    def refusing(source, target):
         raise PermissionError(13, "Permission denied")
 
     (copy / "mesure-memoire.ipynb").write_text("{}", encoding="utf-8")
-    monkeypatch.setattr(type(copy), "write_bytes", refusing)
+    monkeypatch.setattr(os, "replace", refusing)
     assert build_notebook.main([]) == 2
     expected = "build_notebook.py: error: cannot write mesure-memoire.ipynb (Permission denied)\n"
     assert capsys.readouterr() == ("", expected)
+    assert (copy / "mesure-memoire.ipynb").read_text(encoding="utf-8") == "{}"
+    assert sorted(path.name for path in copy.iterdir()) == ["mesure-memoire.ipynb", "mesure_memoire.py"]
 
 
 def test_the_notebook_functions_compute_what_the_script_computes():

@@ -20,7 +20,7 @@ import pytest
 
 import build_notebook
 import build_zip
-from conftest import ROOT, SHIPPED_ROOT, plain_id, tree_digest
+from conftest import MESSAGES, ROOT, SHIPPED_ROOT, on_a_full_disk, plain_id, tree_digest
 
 SHIPPED = sorted(
     [
@@ -155,32 +155,14 @@ def test_a_name_stdout_cannot_encode_is_printed_escaped(source):
 
 
 def test_a_failing_write_is_one_line_and_leaves_no_half_archive(source, tmp_path, monkeypatch, capsys):
-    """A stand-in for a full disk: the archive's write fails; nothing is left, the manifest is untouched."""
+    """A stand-in for a full disk (the data's flush to the disk fails): nothing is left, the manifest is untouched."""
 
-    real_open = open
-
-    class FullDisk:
-        def __init__(self, path, mode):
-            self.stream = real_open(path, mode)  # noqa: SIM115  (closed in __exit__)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.stream.close()
-
-        def write(self, data):
-            self.stream.write(data[:10])
-            raise OSError(errno.ENOSPC, "No space left on device")
+    def full_disk(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     make_stale(source)
     before = tree_digest(tmp_path)
-    monkeypatch.setattr(
-        build_zip,
-        "open",
-        lambda path, mode: FullDisk(path, mode) if "w" in mode or "x" in mode else real_open(path, mode),
-        raising=False,
-    )
+    monkeypatch.setattr(os, "fsync", full_disk)
     assert build(source, "--output", str(tmp_path / "kit.zip")) == 2
     expected = f"build_zip.py: error: cannot write {tmp_path}/kit.zip (No space left on device)\n"
     assert capsys.readouterr() == ("", expected)
@@ -532,3 +514,65 @@ def test_a_missing_member_fails_the_verification(source, tmp_path):
     folder = extract(source, tmp_path)
     (folder / "LICENSE.txt").unlink()
     assert verify(folder).stdout == "FAILED: LICENSE.txt\n"
+
+
+# --- a full disk, a hard link, the kit missing (issue 42) -------------------------------------------------------
+
+
+def kit_copy(tmp_path):
+    """A copy of the repository's shipped files and its tools, for a tool run in a process of its own."""
+    kit = tmp_path / "kit"
+    (kit / "tools").mkdir(parents=True)
+    for name in SHIPPED:
+        shutil.copy(SHIPPED_ROOT / name, kit / name)
+    for name in ("build_zip.py", "build_notebook.py"):
+        shutil.copy(ROOT / "tools" / name, kit / "tools" / name)
+    return kit
+
+
+@pytest.mark.whole_kit
+def test_on_a_full_disk_the_archive_at_its_place_stays_whole_and_the_next_build_runs(tmp_path):
+    kit = kit_copy(tmp_path)
+    tool = [sys.executable, str(kit / "tools" / "build_zip.py"), "--source", str(kit)]
+    assert subprocess.run(tool, capture_output=True, timeout=60).returncode == 0
+    archive = kit / "dist" / ARCHIVE
+    before = archive.read_bytes()
+    make_stale(kit)
+    manifest = (kit / "MANIFEST.json").read_bytes()
+    full = subprocess.run(tool, capture_output=True, text=True, timeout=60, preexec_fn=on_a_full_disk(32768))
+    assert full.returncode == 2, full.stderr
+    assert full.stderr.startswith("build_zip.py: error: cannot write ") and full.stderr.count("\n") == 1, full.stderr
+    assert archive.read_bytes() == before  # the previous archive, whole
+    assert (kit / "MANIFEST.json").read_bytes() == manifest
+    assert sorted(os.listdir(kit / "dist")) == [ARCHIVE]  # no temporary file left
+    again = subprocess.run(tool, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert zipfile.ZipFile(archive).testzip() is None
+
+
+def test_an_archive_and_a_manifest_hard_linked_to_other_files_leave_those_files_alone(source, tmp_path):
+    assert build(source) == 0
+    theirs_zip, theirs_manifest = tmp_path / "theirs.zip", tmp_path / "theirs.json"
+    os.link(source / "dist" / ARCHIVE, theirs_zip)  # the same file under two names
+    os.link(source / "MANIFEST.json", theirs_manifest)
+    kept = theirs_zip.read_bytes(), theirs_manifest.read_bytes()
+    make_stale(source)
+    assert build(source) == 0
+    assert (theirs_zip.read_bytes(), theirs_manifest.read_bytes()) == kept
+    assert (source / "MANIFEST.json").read_bytes() != kept[1]
+    assert (source / "dist" / ARCHIVE).read_bytes() != kept[0]
+    assert sorted(os.listdir(source / "dist")) == [ARCHIVE]
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("tool", ["build_zip.py", "build_notebook.py"])
+def test_without_the_kit_a_tool_refuses_in_one_line(tmp_path, tool):
+    kit = kit_copy(tmp_path)
+    (kit / "mesure_memoire.py").unlink()
+    before = tree_digest(kit)
+    completed = subprocess.run(
+        [sys.executable, str(kit / "tools" / tool)], capture_output=True, text=True, cwd=kit, timeout=60
+    )
+    assert (completed.returncode, completed.stdout) == (2, "")
+    assert completed.stderr == MESSAGES["tool: the kit missing"].format(prog=tool)
+    assert tree_digest(kit) == before

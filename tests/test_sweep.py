@@ -149,7 +149,8 @@ def test_an_ascii_only_stdout_gets_the_folder_s_non_ascii_name_escaped(stand_in,
 
 
 def test_the_children_run_this_interpreter_and_this_script():
-    assert mesure_memoire.child_command(["x", "y"]) == [sys.executable, MESURE_SCRIPT, "x", "y"]
+    flags = subprocess._args_from_interpreter_flags()  # this interpreter's, as the test below checks for real
+    assert mesure_memoire.child_command(["x", "y"]) == [sys.executable, *flags, MESURE_SCRIPT, "x", "y"]
 
 
 def test_a_value_predicted_not_to_fit_is_not_launched_nor_any_larger(stand_in, capsys):
@@ -630,3 +631,140 @@ def test_sweep_launches_the_largest_width_the_plan_gives_for_that_card_and_not_o
     out = capsys.readouterr().out.splitlines()
     assert stand_in.calls() == [PROBE, measure_call(largest)]
     assert out[1].startswith(f"Sweep stopped: width {largest + 1}: predicted not to fit, not launched: ")
+
+
+# --- a stray file, a folder removed, signals sent twice, the interpreter's flags (issue 42) -----------------------
+
+
+def test_a_stray_file_in_the_folder_at_an_exit_3_is_left_alone_and_named(stand_in, capsys):
+    """A file manager's or an editor's file in the sweep's folder: the folder stays with it, said in the one line."""
+    stand_in({"2048": "exit3"})
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "stray": "notes.txt"}))
+    assert mesure_memoire.main([*SWEEP, "--values", "2048"]) == 3
+    err = capsys.readouterr().err
+    stop = message_pattern("sweep: does not fit", where="width 2048", peak=421568512)
+    kept = MESSAGES["sweep: folder kept"].format(stop="", name="out", strays="'notes.txt'")
+    assert re.fullmatch(error_line(stop + re.escape(kept)), err), err
+    assert os.listdir("out") == ["notes.txt"]
+
+
+def test_a_stray_file_in_the_folder_at_a_timeout_is_left_alone_and_named(stand_in, capsys, monkeypatch):
+    monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 5)
+    stand_in({"256": "hang"})
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "stray": "notes.txt"}))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (above)
+    try:
+        assert mesure_memoire.main([*SWEEP, "--values", "256", "--timeout-s", "1"]) == 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    stop = MESSAGES["sweep: the child timed out"].format(where="width 256", seconds=1)
+    said = MESSAGES["sweep: folder kept"].format(stop=stop, name="out", strays="'notes.txt'")
+    assert capsys.readouterr().err == error_line(said)
+    assert os.listdir("out") == ["notes.txt"]  # the partial file went, the stray stayed
+
+
+def test_a_folder_removed_meanwhile_is_not_a_crash(stand_in, capsys):
+    stand_in({"2048": "remove-folder-then-exit3"})
+    assert mesure_memoire.main([*SWEEP, "--values", "2048"]) == 3
+    pattern = message_pattern("sweep: does not fit", where="width 2048", peak=421568512)
+    assert re.fullmatch(error_line(pattern), capsys.readouterr().err)
+    assert os.listdir(".") == []
+
+
+def test_sigterm_with_a_stray_file_in_the_folder_leaves_it_and_names_it(stand_in):
+    stand_in({"256": "hang"})
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "stray": "notes.txt"}))
+    process, pid_file = sweep_process_with_a_hanging_child(stand_in, "256")
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert (process.returncode, out) == (143, ""), err
+    interrupted = MESSAGES["interrupted, no partial file"].format(signal="SIGTERM").rstrip("\n")
+    assert err == MESSAGES["sweep: folder kept"].format(stop=interrupted, name="out", strays="'notes.txt'") + "\n"
+    assert os.listdir("out") == ["notes.txt"]
+
+
+# The sweep's parent, run for real with the stand-in children; with "summary", its summary (the report's
+# lines) is written slowly, its name first logged in the stand-in's moments.log.
+PARENT = """
+import os, runpy, sys, time
+sys.executable, moments, slow = sys.argv[1], sys.argv[2], sys.argv[3] == "summary"
+sys.argv = sys.argv[4:]
+class SlowSummary:
+    def __init__(self, stream):
+        self.stream = stream
+    def write(self, text):
+        if slow and "Largest" in text:
+            with open(moments, "a") as log:
+                log.write("summary\\n")
+            time.sleep(5)
+        return self.stream.write(text)
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+sys.stdout = SlowSummary(sys.stdout)
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+SLOW_SECONDS = 0.8  # the child's chosen step: long enough for both signals to land inside it
+SIGNALS_APART_S = 0.4  # beyond the 0.25 s that Popen.communicate gives a child after a KeyboardInterrupt
+MOMENTS = [
+    (moment, sent) for sent in (signal.SIGINT, signal.SIGTERM) for moment in ("import", "phase", "write", "summary")
+]
+
+
+@pytest.mark.parametrize(("moment", "sent"), MOMENTS, ids=[f"{m}-{s.name}" for m, s in MOMENTS])
+def test_a_signal_sent_twice_leaves_no_child_running_and_no_file_written_afterwards(stand_in, moment, sent):
+    """Two signals to the sweep's parent while its child is in a call that does not return at once (a long kernel
+    or a driver call, during the import, a phase or the result's write), or while the parent writes its summary:
+    the parent waits for its child, ends it, then exits with the signal's status; nothing appears afterwards."""
+    value = {"summary": "write"}.get(moment, {"slow": SLOW_SECONDS, "at": moment})
+    stand_in({"256": value})
+    moments = stand_in.home / "moments.log"
+    parent = [PYTHON, "-c", PARENT, str(stand_in.home / "python"), str(moments), moment, MESURE_SCRIPT]
+    process = subprocess.Popen(
+        [*parent, *SWEEP, "--values", "256"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_from_a_terminal,
+    )
+    deadline = time.monotonic() + 30
+    while moment not in (moments.read_text().split() if moments.exists() else []) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(sent)
+    time.sleep(SIGNALS_APART_S)
+    process.send_signal(sent)
+    out, err = process.communicate(timeout=30)
+    left = sorted(os.listdir("out")) if os.path.isdir("out") else None
+    status, said = (130, "Ctrl-C") if sent == signal.SIGINT else (143, "SIGTERM")
+    assert process.returncode == status, err
+    assert err == MESSAGES["interrupted, no partial file"].format(signal=said)
+    if moment != "summary":
+        with pytest.raises(ProcessLookupError):  # ended and reaped by the parent, not left to finish alone
+            os.kill(int((stand_in.home / "child.pid").read_text()), 0)
+        assert left is None, left  # no result, no partial file: no folder
+    else:
+        assert out.startswith("width 256: measured, out/mesures-width-256.json\n")
+        assert left == ["mesures-width-256.json"]
+    time.sleep(SLOW_SECONDS - SIGNALS_APART_S + 0.2)  # past the child's step: a child left running would write now
+    assert (sorted(os.listdir("out")) if os.path.isdir("out") else None) == left
+
+
+@pytest.mark.parametrize("flags", [["-I"], ["-E", "-X", "utf8"]], ids=["isolated", "environment-ignored-utf8"])
+def test_the_children_get_the_parent_s_interpreter_flags(stand_in, flags):
+    """python3 -I mesure_memoire.py sweep ...: each child runs with -I too, not with what -I excluded."""
+    stand_in({"256": "write"})
+    wrapper = (
+        "import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    completed = subprocess.run(
+        [PYTHON, *flags, "-c", wrapper, str(stand_in.home / "python"), MESURE_SCRIPT, *SWEEP, "--values", "256"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    logged = [json.loads(line) for line in (stand_in.home / "flags.log").read_text().splitlines()]
+    assert logged == [flags, flags]  # the probe, then the measurement

@@ -1,15 +1,20 @@
 """Generate mesure-memoire.ipynb from mesure_memoire.py (a maintainer's tool, not shipped)."""
 
 import json
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 
+PROG = "build_notebook.py"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the kit's command-line pieces, when run as python tools/build_notebook.py
+if not (ROOT / "mesure_memoire.py").is_file():  # the kit's command line, which would say it, is in it
+    sys.stderr.write(f"{PROG}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)\n")
+    raise SystemExit(2)
 from mesure_memoire import ArgumentParser, KitError, Once, run_command_line, say  # noqa: E402
 
-PROG = "build_notebook.py"
 SCRIPT = ROOT / "mesure_memoire.py"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
 DESCRIPTION = "Generate mesure-memoire.ipynb from mesure_memoire.py's '# >>> notebook: TITLE' blocks, verbatim."
@@ -238,6 +243,27 @@ def notebook_bytes(script_bytes):
     return (json.dumps(build(source), indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def write_whole(path, data, replace):
+    """Write ``data`` to a new temporary name beside ``path``, then put it in place: renamed over ``path`` when
+    ``replace`` (a hard link's other names keep their file; an existing file's mode is kept), else linked to it,
+    which fails if ``path`` exists.  A full disk or a signal at any moment leaves ``path`` as it was and no
+    temporary file; raises OSError (FileExistsError: ``path`` exists and ``replace`` is false)."""
+    temporary = path.with_name(f".{path.name}.{os.urandom(8).hex()}.tmp")
+    try:
+        with open(temporary, "xb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        if replace and os.path.lexists(path):
+            os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))
+        if replace:
+            os.replace(temporary, path)
+        else:
+            os.link(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def read(path):
     try:
         return path.read_bytes()
@@ -258,7 +284,7 @@ def command(argv):
         if NOTEBOOK.is_symlink():  # writing through it would change someone else's file
             raise KitError(f"{NOTEBOOK.name} is a link: this tool writes over nothing but its own outputs")
         try:
-            NOTEBOOK.write_bytes(expected)
+            write_whole(NOTEBOOK, expected, replace=True)
         except OSError as error:
             raise KitError(f"cannot write {NOTEBOOK.name} ({error.strerror or type(error).__name__})") from None
     if not args.check:

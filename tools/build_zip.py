@@ -9,13 +9,16 @@ import sys
 import zipfile
 from pathlib import Path
 
+PROG = "build_zip.py"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]  # the kit's own code and build_notebook, from any working folder
+if not (ROOT / "mesure_memoire.py").is_file():  # build_notebook would say so under its own name
+    sys.stderr.write(f"{PROG}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)\n")
+    raise SystemExit(2)
 import build_notebook  # noqa: E402
 import calcul_forfaits  # noqa: E402
 from mesure_memoire import ArgumentParser, KitError, Once, one_line, run_command_line, say  # noqa: E402
 
-PROG = "build_zip.py"
 NAME = "iteragpu-lab-v1"
 MANIFEST = "MANIFEST.json"
 NOTEBOOK = "mesure-memoire.ipynb"
@@ -148,18 +151,14 @@ def is_own_archive(path):
         return False
 
 
-def write(path, data, mode):
-    """Write ``data`` to ``path`` ("xb": a new file only; "wb": this tool's own output, replaced)."""
-    stream = None
+def write(path, data, replace):
+    """Write ``data`` whole to ``path`` (a new file only, unless ``replace``: this tool's own output), through a
+    temporary name beside it, never through a link (build_notebook.write_whole)."""
     try:
-        stream = open(path, mode)  # noqa: SIM115  (the except clauses tell opening from writing)
-        with stream:
-            stream.write(data)
+        build_notebook.write_whole(path, data, replace)
     except FileExistsError:
         raise KitError(f"{path} already exists: this tool writes over nothing but its own outputs") from None
     except OSError as error:
-        if stream is not None and mode == "xb":
-            path.unlink(missing_ok=True)  # the half-written file it created
         raise KitError(f"cannot write {path} ({reason(error)})") from None
 
 
@@ -223,10 +222,10 @@ def command(argv):
             default.parent.mkdir(exist_ok=True)
         except OSError as error:
             raise KitError(f"cannot create {default.parent} ({reason(error)})") from None
-    write(output, archive, "wb" if replace else "xb")
+    write(output, archive, replace)
     updated = committed != manifest.encode("utf-8")
     if updated:
-        write(args.source / MANIFEST, manifest.encode("utf-8"), "wb")
+        write(args.source / MANIFEST, manifest.encode("utf-8"), replace=True)
     written = relative_name(output, args.source)
     summary = f"wrote {written}: {len(MEMBERS)} members under {NAME}/, dated 2026-09-24 00:00:00"
     if updated:

@@ -7,9 +7,16 @@ output, or hangs); ``measure`` looks up the varied value and writes a result cop
 the sizes given ("write", printing a table as measure does) or a given file as it is ({"copy": FILE}),
 refuses ("exit2"; "exit2-bytes" with bytes that are not UTF-8), runs out of memory ("exit3"), exits 0
 or 1 without a word ("exit0", "exit1"), or hangs ("hang", after leaving a partial file in the
-output's folder and its process id in ``hanging.pid``; "write-then-hang" writes its result first).
-Each call also logs whether its standard input is /dev/null (``stdin.log``), and a hanging child the
-signal that stops it (``signals.log``).  It measures nothing.
+output's folder and its process id in ``hanging.pid``; "write-then-hang" writes its result first);
+"remove-folder-then-exit3" removes the output's folder, then exits 3; {"slow": SECONDS, "at": STEP} runs the
+real script's ``measure`` with a stand-in PyTorch whose import, phase and write (the result's fsync) each
+log their name in ``moments.log``, STEP then taking SECONDS in a call that does not return to the
+interpreter (SIGINT and SIGTERM blocked, as in a long kernel or driver call); its process id in
+``child.pid``.  With "stray"
+in ``behaviours.json``, a ``measure`` child first leaves a file of that name in the output's folder (a file
+manager's, an editor's).  Each call also logs the interpreter flags it was started with (``flags.log``),
+whether its standard input is /dev/null (``stdin.log``), and a hanging child the signal that stops it
+(``signals.log``).  It measures nothing.
 """
 
 import json
@@ -21,11 +28,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(sys.argv[0]))
 with open(os.path.join(HERE, "behaviours.json"), encoding="utf-8") as stream:
     BEHAVIOURS = json.load(stream)
+# The interpreter's flags come before the script: python3 -I mesure_memoire.py measure ...
+at_script = next(i for i, argument in enumerate(sys.argv) if argument.endswith("mesure_memoire.py"))
+with open(os.path.join(HERE, "flags.log"), "a", encoding="utf-8") as log:
+    log.write(json.dumps(sys.argv[1:at_script]) + "\n")
 with open(os.path.join(HERE, "calls.log"), "a", encoding="utf-8") as log:
-    log.write(json.dumps(sys.argv[1:]) + "\n")
+    log.write(json.dumps(sys.argv[at_script:]) + "\n")
 with open(os.path.join(HERE, "stdin.log"), "a", encoding="utf-8") as log:
     log.write(json.dumps(os.path.samestat(os.fstat(0), os.stat(os.devnull))) + "\n")
-script, command, *options = sys.argv[1:]
+script, command, *options = sys.argv[at_script:]
 if command == "environment":
     probe = BEHAVIOURS.get("probe", {})
     if probe.get("hang"):
@@ -34,6 +45,46 @@ if command == "environment":
     raise SystemExit(probe.get("exit", 0))
 given = dict(option[2:].split("=", 1) for option in options)
 behaviour = BEHAVIOURS["values"][given[BEHAVIOURS["vary"]]]
+if "stray" in BEHAVIOURS:
+    open(os.path.join(os.path.dirname(given["output"]), BEHAVIOURS["stray"]), "w").close()
+if behaviour == "remove-folder-then-exit3":
+    for name in os.listdir(os.path.dirname(given["output"])):
+        os.unlink(os.path.join(os.path.dirname(given["output"]), name))
+    os.rmdir(os.path.dirname(given["output"]))
+    raise SystemExit(3)
+
+
+def moment(name, seconds):
+    """A stand-in PyTorch's step: its name logged, then a call that does not return to the interpreter
+    (at the step chosen; the others return at once)."""
+    seconds = seconds if name == behaviour["at"] else 0
+    with open(os.path.join(HERE, "moments.log"), "a", encoding="utf-8") as log:
+        log.write(name + "\n")
+    stopping = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+    time.sleep(seconds)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)  # a pending signal is handled here, as after a kernel
+
+
+if isinstance(behaviour, dict) and "slow" in behaviour:
+    sys.path.insert(0, os.path.dirname(script))
+    import mesure_memoire
+
+    with open(os.path.join(HERE, "child.pid"), "w", encoding="utf-8") as stream:
+        stream.write(str(os.getpid()))
+    seconds, real_fsync = behaviour["slow"], os.fsync
+
+    def measure_with_a_stand_in_pytorch(config, tool):
+        moment("import", seconds)
+        moment("phase", seconds)
+        return {}
+
+    def slow_fsync(descriptor):
+        moment("write", seconds)
+        real_fsync(descriptor)
+
+    mesure_memoire.measure, os.fsync = measure_with_a_stand_in_pytorch, slow_fsync
+    raise SystemExit(mesure_memoire.main([command, *options]))
 if isinstance(behaviour, dict):  # {"copy": FILE}: that result, as it is
     with open(behaviour["copy"], "rb") as source, open(given["output"], "xb") as stream:
         stream.write(source.read())

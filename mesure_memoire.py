@@ -611,6 +611,16 @@ def unexpected_values(environment):
     return [error for error in environment["field_errors"].values() if error.startswith("UnexpectedValue: ")]
 
 
+def _refuse_what_pytorch_gave(environment):
+    """Refuse (exit 2, before any phase) a value PyTorch gave of the wrong type or range, or its refusal of
+    the allocator settings."""
+    unexpected = unexpected_values(environment)
+    if unexpected:
+        raise KitError(f"{unexpected[0]}: nothing measured, no file written")
+    if ALLOCATOR_REFUSED in environment["field_errors"].values():
+        raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
+
+
 def _empty_environment(device):
     """The environment's fields before PyTorch is asked anything: Python and the OS only."""
     import platform
@@ -1841,11 +1851,7 @@ def measure(config, tool):
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     index = device_index(config["device"])
     environment = environment_of(config["device"], index)
-    unexpected = unexpected_values(environment)  # read before any phase: a refusal, exit 2
-    if unexpected:
-        raise KitError(f"{unexpected[0]}: nothing measured, no file written")
-    if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
+    _refuse_what_pytorch_gave(environment)
     plan = memory_plan(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
     _refuse_what_cannot_run(torch, set_up, config, index, plan, environment)
     device = set_up("torch.device", lambda: torch.device("cuda", index))

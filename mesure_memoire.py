@@ -235,51 +235,6 @@ def as_notebook_message(error):
     return re.sub(r"^--([a-z]+(?:-[a-z]+)*)(?=:| \S+:)", lambda found: found[1].replace("-", "_").upper(), str(error))
 
 
-ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
-
-
-# How PyTorch words a refusal of its allocator settings (c10's allocator-config parsers), which echoes the
-# text it was given; an out-of-memory message, which names PYTORCH_CUDA_ALLOC_CONF, is not one.
-_ALLOCATOR_REFUSALS = ("cachingallocator option", "allocator config", "allocator option")
-
-
-def describe_error(exc):
-    if any(wording in str(exc).lower() for wording in _ALLOCATOR_REFUSALS):
-        return ALLOCATOR_REFUSED
-    return f"{type(exc).__name__}: {redact(exc)}".rstrip(": ")
-
-
-def pytorch_warnings_line():
-    """The warnings PyTorch raised in this process, on one line, for ``field_errors``."""
-    return " | ".join(PYTORCH_WARNINGS)
-
-
-class CapturedWarnings:
-    """``with CapturedWarnings(field_errors):`` records the warnings raised inside (by PyTorch,
-    mostly) instead of letting them print raw on stderr with library paths: each is kept once,
-    redacted, in PYTORCH_WARNINGS, and all of them in ``field_errors`` when one is given."""
-
-    def __init__(self, field_errors=None):
-        self.field_errors = field_errors
-
-    def __enter__(self):
-        import warnings
-
-        self._catcher = warnings.catch_warnings(record=True)
-        self._caught = self._catcher.__enter__()
-        return self
-
-    def __exit__(self, *exc_info):
-        self._catcher.__exit__(*exc_info)
-        for caught in self._caught:
-            line = f"{caught.category.__name__}: {redact(caught.message)}"
-            if line not in PYTORCH_WARNINGS:
-                PYTORCH_WARNINGS.append(line)
-        if PYTORCH_WARNINGS and self.field_errors is not None:
-            self.field_errors[PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
-        return False
-
-
 def exact_context():
     """A decimal context wide enough that no accepted input is ever rounded before display.
 
@@ -304,6 +259,178 @@ def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
     """Bytes in GiB (or MiB: ``unit_bytes=MIB_BYTES``), rounded half-up to ``places`` decimals: the figure alone,
     for a table whose header names the unit or a sentence that writes it after."""
     return str(rounded(decimal_ratio(value_bytes, unit_bytes), places))
+
+
+# <<< notebook
+
+
+# >>> notebook: PyTorch's answers: each value checked where it enters, each text kept by an allow-list
+# What a call into PyTorch may raise that is a failure of that call, not an interruption (Ctrl-C, SIGTERM pass):
+# SystemExit and GeneratorExit raised inside PyTorch are its failures too, never the kit's exit.
+PYTORCH_FAILURES = (Exception, SystemExit, GeneratorExit)
+
+
+class UnexpectedValue(ValueError):
+    """A value PyTorch returned of the wrong type or range: never kept, never written, never quoted."""
+
+    def __init__(self, name, expected):
+        super().__init__(f"PyTorch's {name} is not {expected} (its value is not kept)")
+
+
+class WithheldText(ValueError):
+    """A text PyTorch returned that the kit does not keep (a version that is not one, a GPU name that is not short
+    printable text): null, the run measured all the same."""
+
+    def __init__(self, name, expected):
+        super().__init__(f"PyTorch's {name} is not {expected} (withheld)")
+
+
+def message_of(exc):
+    """An exception's message; empty when its own __str__ fails."""
+    try:
+        return str(exc)
+    except PYTORCH_FAILURES:
+        return ""
+
+
+ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
+
+
+# How PyTorch words a refusal of its allocator settings (c10's allocator-config parsers), which echoes the
+# text it was given; an out-of-memory message, which names PYTORCH_CUDA_ALLOC_CONF, is not one.
+_ALLOCATOR_REFUSALS = ("cachingallocator option", "allocator config", "allocator option")
+
+
+def describe_error(exc):
+    message = message_of(exc)
+    if any(wording in message.lower() for wording in _ALLOCATOR_REFUSALS):
+        return ALLOCATOR_REFUSED
+    return f"{type(exc).__name__}: {redact(message)}".rstrip(": ")
+
+
+def pytorch_warnings_line():
+    """The warnings PyTorch raised in this process, on one line, for ``field_errors``."""
+    return " | ".join(PYTORCH_WARNINGS)
+
+
+# The starts of the warnings PyTorch 2.4 to 2.15 raises whose first line holds no setting's value (CUDA's
+# initialization, the GPU's capability, NumPy, NVML): kept, paths removed.  Every other warning keeps its
+# category only: an allow-list, since PyTorch's warnings may quote what an environment variable holds.
+_KNOWN_WARNINGS = (
+    r"CUDA initialization: ",
+    r"Found GPU[0-9]+ .* which is of (?:compute|cuda) capability",
+    r"\s*[^\n]* with CUDA capability sm_[0-9]+ is not compatible with the current PyTorch installation",
+    r"PyTorch was compiled with an unknown compute capability",
+    r"Failed to initialize NumPy",
+    r"Can't initialize NVML",
+    r"Can't get nvml device count",
+)
+# c10's check_env: "Ignoring invalid value for boolean flag NAME: VALUE..." keeps the flag's name, not its value.
+_VALUE_WARNING = r"Ignoring invalid value for boolean flag [A-Z][A-Z0-9_]{0,63}"
+
+
+def kept_warning_text(message):
+    """What the kit keeps of a PyTorch warning's text: a known message's first line without paths, a
+    flag's name without its value, else nothing ("text withheld")."""
+    import re
+
+    if any(re.match(known, message) for known in _KNOWN_WARNINGS):
+        return redact(message)
+    flag = re.match(_VALUE_WARNING + r"(?=:)", message)
+    return f"{flag[0]} (value withheld)" if flag else "text withheld"
+
+
+class CapturedWarnings:
+    """``with CapturedWarnings(field_errors):`` records the warnings raised inside (by PyTorch,
+    mostly) instead of letting them print raw on stderr with library paths: each is kept once,
+    redacted, in PYTORCH_WARNINGS, and all of them in ``field_errors`` when one is given."""
+
+    def __init__(self, field_errors=None):
+        self.field_errors = field_errors
+
+    def __enter__(self):
+        import warnings
+
+        self._catcher = warnings.catch_warnings(record=True)
+        self._caught = self._catcher.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._catcher.__exit__(*exc_info)
+        for caught in self._caught:
+            line = f"{caught.category.__name__}: {kept_warning_text(message_of(caught.message))}"
+            if line not in PYTORCH_WARNINGS:
+                PYTORCH_WARNINGS.append(line)
+        if PYTORCH_WARNINGS and self.field_errors is not None:
+            self.field_errors[PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
+        return False
+
+
+# A version as PyTorch 2.4 to 2.15 and their builds write one ("2.13.0+cpu", "2.4.0a0+git1234abc", "12.8",
+# "6.3.42131-fa1d09cbd"): anything else (a path, a sentence) is not kept.
+VERSION_GRAMMAR = r"[0-9]{1,9}(?:\.[0-9A-Za-z]{1,20}){0,5}(?:[+-][0-9A-Za-z][0-9A-Za-z.+_-]{0,63})?"
+GPU_NAME_LIMIT = 100
+
+
+def checked_count(name, value, positive=False):
+    """``value`` when it is a whole number (not a bool) the kit can write and ``report`` can read."""
+    minimum = 1 if positive else 0
+    if isinstance(value, int) and not isinstance(value, bool) and minimum <= value < 10**MAX_DIGITS:
+        return value
+    raise UnexpectedValue(name, "a whole number > 0" if positive else "a whole number >= 0")
+
+
+def checked_version(name, value):
+    """A version string, or None where PyTorch has none (a CPU build's CUDA version)."""
+    import re
+
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise UnexpectedValue(name, "a version")
+    if re.fullmatch(VERSION_GRAMMAR, value):
+        return str(value)  # torch.__version__ is a str subclass: kept as plain text
+    raise WithheldText(name, "a version")
+
+
+def checked_word(name, value, words):
+    if isinstance(value, str) and value in words:
+        return str(value)
+    raise UnexpectedValue(name, "one of " + ", ".join(words))
+
+
+def checked_gpu_name(value):
+    """The GPU's name when it is printable and short, anything path-like in it removed."""
+    expected = f"printable text of at most {GPU_NAME_LIMIT} characters"
+    if not isinstance(value, str):
+        raise UnexpectedValue("name", expected)
+    if value.isprintable() and 0 < len(value) <= GPU_NAME_LIMIT:
+        return redact(value)
+    raise WithheldText("name", expected)
+
+
+def checked_capability(major, minor):
+    if all(isinstance(part, int) and not isinstance(part, bool) and 0 <= part < 100 for part in (major, minor)):
+        return f"{major}.{minor}"
+    raise UnexpectedValue("compute_capability", "two whole numbers below 100")
+
+
+def checked_free_and_total(value):
+    """mem_get_info's (free bytes, total bytes)."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        free, total = value
+        counts = all(isinstance(part, int) and not isinstance(part, bool) and part >= 0 for part in value)
+        if counts and free <= total < 10**MAX_DIGITS:
+            return free, total
+    raise UnexpectedValue("mem_get_info", "a pair of whole numbers, free <= total")
+
+
+def checked_milliseconds(name, value):
+    """A device time in milliseconds: a finite number >= 0 (NaN compares false)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and 0 <= value < 10**MAX_DIGITS:
+        return float(value)
+    raise UnexpectedValue(name, "a time >= 0 in milliseconds")
 
 
 # <<< notebook
@@ -363,17 +490,27 @@ def format_estimate(estimate):
 
 
 # >>> notebook: 2. Environment diagnosis (degrades field by field, never fails whole)
+NOT_PYTORCH = "the module named torch is not PyTorch (it lacks torch.cuda, torch.backends or torch.version)"
+
+
 def import_torch():
-    """Return (torch, None), or (None, why) when PyTorch cannot be imported."""
+    """Return (torch, None), or (None, why) when PyTorch cannot be imported or what imports is not PyTorch
+    (an empty torch/ folder on the path imports as a namespace package)."""
+    import contextlib
+    import io
+
     try:
-        # PyTorch may warn while it loads (without NumPy, for one), with its own paths: the
-        # warnings are kept in PYTORCH_WARNINGS (collect_environment reports them), not printed.
-        with CapturedWarnings():
+        # PyTorch may warn while it loads (without NumPy, for one), with its own paths: the warnings are kept
+        # by CapturedWarnings' allow-list (collect_environment reports them), not printed.  What it prints on
+        # stdout goes nowhere: stdout carries the kit's output (environment --json's one JSON object).
+        with CapturedWarnings(), contextlib.redirect_stdout(io.StringIO()):
             import torch
-    except Exception as exc:  # ImportError, or OSError from a missing shared library
+
+            pytorch = all(hasattr(torch, name) for name in ("cuda", "backends", "version"))
+    except PYTORCH_FAILURES as exc:  # ImportError, or OSError from a missing shared library
         # Its message may quote an environment variable's value (TORCH_LOGS) or a path: not recorded.
         return None, f'{type(exc).__name__} at import; python -c "import torch" shows PyTorch\'s message'
-    return torch, None
+    return (torch, None) if pytorch else (None, NOT_PYTORCH)
 
 
 def torch_release_warning(version):
@@ -407,34 +544,6 @@ SETTINGS = (
 )
 
 
-# The flags that choose a matmul's arithmetic (torch.backends.cuda.matmul's; fp32_precision and
-# allow_fp16_accumulation are newer: 2.11 has both, 2.8 the second only, 2.4 neither): the validation judges
-# the outputs against what they allow.
-MATMUL_FLAGS = (
-    "allow_tf32",
-    "fp32_precision",
-    "allow_fp16_reduced_precision_reduction",
-    "allow_bf16_reduced_precision_reduction",
-    "allow_fp16_accumulation",
-)
-
-
-def matmul_arithmetic(torch):
-    """The matmul arithmetic PyTorch is asked for now; null where this version lacks a flag or a read
-    raises (after ``fp32_precision = "tf32"``, the legacy reads do)."""
-    matmul = torch.backends.cuda.matmul
-    reads = {"float32_matmul_precision": torch.get_float32_matmul_precision}
-    reads.update({flag: lambda flag=flag: getattr(matmul, flag) for flag in MATMUL_FLAGS})
-    return {name: _guarded(read) for name, read in reads.items()}
-
-
-def _guarded(read):
-    try:
-        return read()
-    except Exception:  # AttributeError where a version lacks the flag, RuntimeError from mixed APIs
-        return None
-
-
 def collect_environment(device):
     """What this process sees: Python, OS, PyTorch and the chosen GPU (``device``, as the user wrote it).
 
@@ -452,14 +561,16 @@ def environment_of(device, index):
     if torch is None:
         environment["gpu_unavailable_reason"] = "PyTorch is not importable"
         return environment
-    environment["torch"] = query("torch", lambda: str(torch.__version__))
+    environment["torch"] = query("torch", lambda: checked_version("torch", torch.__version__))
     _read_settings(torch, query, environment["settings"])
     environment["matmul_arithmetic"] = matmul_arithmetic(torch)
-    environment["cuda_build"] = query("cuda_build", lambda: torch.version.cuda)
-    environment["hip_build"] = query("hip_build", lambda: torch.version.hip)
-    environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: torch.backends.cudnn.version())
+    environment["cuda_build"] = query("cuda_build", lambda: checked_version("cuda_build", torch.version.cuda))
+    environment["hip_build"] = query("hip_build", lambda: checked_version("hip_build", torch.version.hip))
+    environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: _cudnn_version(torch))
     available = query("cuda_available", lambda: bool(torch.cuda.is_available()))
-    count = environment["device_count"] = query("device_count", lambda: int(torch.cuda.device_count()))
+    count = environment["device_count"] = query(
+        "device_count", lambda: checked_count("device_count", torch.cuda.device_count())
+    )
     if not available:
         if environment["cuda_build"] is None and environment["hip_build"] is None:
             reason = "this PyTorch build has no CUDA or ROCm support"
@@ -482,10 +593,32 @@ def environment_of(device, index):
         torch, environment["field_errors"], settings["allocator_backend"]
     )
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
-        function = getattr(torch.backends.cuda, name, None)
+        function = _guarded(lambda name=name: getattr(torch.backends.cuda, name))
         if function is not None:
-            settings[f"{name}_bytes"] = query(name, lambda function=function: _on_device(torch, index, function))
+            settings[f"{name}_bytes"] = query(
+                name, lambda function=function, name=name: _on_device(torch, index, function, name)
+            )
     return environment
+
+
+def _cudnn_version(torch):
+    version = torch.backends.cudnn.version()  # None in a build without cuDNN or MIOpen
+    return _optional_count("cudnn_or_miopen_version", version)
+
+
+def unexpected_values(environment):
+    """The field errors that say PyTorch gave a value of the wrong type or range."""
+    return [error for error in environment["field_errors"].values() if error.startswith("UnexpectedValue: ")]
+
+
+def _refuse_what_pytorch_gave(environment):
+    """Refuse (exit 2, before any phase) a value PyTorch gave of the wrong type or range, or its refusal of
+    the allocator settings."""
+    unexpected = unexpected_values(environment)
+    if unexpected:
+        raise KitError(f"{unexpected[0]}: nothing measured, no file written")
+    if ALLOCATOR_REFUSED in environment["field_errors"].values():
+        raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
 
 
 def _empty_environment(device):
@@ -526,7 +659,7 @@ def _field_query(field_errors):
                 return function()
         except AttributeError:  # an API this PyTorch version lacks: null, not a failed query
             return None
-        except Exception as exc:
+        except PYTORCH_FAILURES as exc:
             field_errors[name] = describe_error(exc)
             return None
 
@@ -535,21 +668,32 @@ def _field_query(field_errors):
 
 def _read_settings(torch, query, settings):
     """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
-    matmul = torch.backends.cuda.matmul
-    settings["float32_matmul_precision"] = query("float32_matmul_precision", torch.get_float32_matmul_precision)
+    matmul = _guarded(lambda: torch.backends.cuda.matmul)
+    precision = "float32_matmul_precision"
+    settings[precision] = query(
+        precision, lambda: checked_word(precision, torch.get_float32_matmul_precision(), _FLAG_WORDS[:3])
+    )
     settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
     settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
     for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
-    settings["preferred_blas_library"] = query(
-        "preferred_blas_library", lambda: str(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
-    )
+    settings["preferred_blas_library"] = query("preferred_blas_library", lambda: _blas_library(torch))
+
+
+def _blas_library(torch):
+    """The preferred BLAS library's name ("Cublas", "Cublaslt", "Ck", ...): the last part of its enum's text."""
+    import re
+
+    name = message_of(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
+    if re.fullmatch(r"[A-Za-z]{1,20}", name):
+        return name
+    raise UnexpectedValue("preferred_blas_library", "a library's name")
 
 
 # <<< notebook
 
 
-# >>> notebook: 2.2 The allocator settings PyTorch parsed, the GPU's fields, the environment's text
+# >>> notebook: 2.2 The matmul arithmetic and the allocator settings PyTorch parsed
 ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
 ALLOCATOR_INTERVAL_KEYS = tuple(str(2**index) for index in range(ALLOCATOR_INTERVALS))  # each interval's MiB
 DEFAULT_ALLOCATOR = {
@@ -560,6 +704,42 @@ DEFAULT_ALLOCATOR = {
 }
 
 
+# The flags that choose a matmul's arithmetic (torch.backends.cuda.matmul's; fp32_precision and
+# allow_fp16_accumulation are newer: 2.11 has both, 2.8 the second only, 2.4 neither): the validation judges
+# the outputs against what they allow.
+MATMUL_FLAGS = (
+    "allow_tf32",
+    "fp32_precision",
+    "allow_fp16_reduced_precision_reduction",
+    "allow_bf16_reduced_precision_reduction",
+    "allow_fp16_accumulation",
+)
+
+
+def matmul_arithmetic(torch):
+    """The matmul arithmetic PyTorch is asked for now; null where this version lacks a flag or a read
+    raises (after ``fp32_precision = "tf32"``, the legacy reads do)."""
+    matmul = _guarded(lambda: torch.backends.cuda.matmul)
+    reads = {"float32_matmul_precision": lambda: torch.get_float32_matmul_precision()}
+    reads.update({flag: lambda flag=flag: getattr(matmul, flag) for flag in MATMUL_FLAGS})
+    return {name: _guarded(lambda read=read: _flag_value(read())) for name, read in reads.items()}
+
+
+# The values the matmul flags take: booleans, and the words of the precision settings (fp32_precision's too).
+_FLAG_WORDS = ("highest", "high", "medium", "ieee", "tf32", "none")
+
+
+def _flag_value(value):
+    return value if isinstance(value, bool) else checked_word("a matmul flag", value, _FLAG_WORDS)
+
+
+def _guarded(read):
+    try:
+        return read()
+    except PYTORCH_FAILURES:  # AttributeError where a version lacks the flag, RuntimeError from mixed APIs
+        return None
+
+
 def allocator_settings(torch, field_errors, backend):
     """The caching allocator's settings as PyTorch parsed them (never read from the environment, never
     kept as text), with the backend; None where this PyTorch cannot tell or refused them."""
@@ -568,7 +748,7 @@ def allocator_settings(torch, field_errors, backend):
     try:
         with CapturedWarnings():
             parsed = _parsed_allocator_settings(torch, backend)
-    except Exception:  # PyTorch's message may quote the settings' text: it is not kept
+    except PYTORCH_FAILURES:  # PyTorch's message may quote the settings' text: it is not kept
         field_errors["allocator_settings"] = ALLOCATOR_REFUSED
         return None
     return None if parsed is None else {"backend": backend, **parsed}
@@ -581,7 +761,7 @@ def _parsed_allocator_settings(torch, backend):
     if backend == "native":
         try:
             recorded = torch.cuda.memory._snapshot()["allocator_settings"]
-        except Exception as exc:  # a private API this build lacks or cannot answer: the getter, or null
+        except PYTORCH_FAILURES as exc:  # a private API this build lacks or cannot answer: the getter, or null
             if describe_error(exc) == ALLOCATOR_REFUSED:
                 raise
     if isinstance(recorded, dict):
@@ -644,26 +824,53 @@ def allocator_settings_text(allocator):
     return ", ".join(allocator_differences(allocator)) or "PyTorch's defaults"
 
 
+# <<< notebook
+
+
+# >>> notebook: 2.3 The GPU's fields, checked, and the environment's text
 def _gpu_fields(torch, query, index, properties, hip_build):
     """The chosen GPU as the runtime announces it (no UUID, no serial number)."""
-    free_and_total = query("mem_get_info", lambda: torch.cuda.mem_get_info(index)) or (None, None)
-    total_bytes = int(properties.total_memory)
+    free_and_total = query("mem_get_info", lambda: checked_free_and_total(torch.cuda.mem_get_info(index)))
+    total_bytes = query("total_memory", lambda: checked_count("total_memory", properties.total_memory, positive=True))
+    processors = "multi_processor_count"
     return {
-        "name": str(properties.name),
-        "compute_capability": f"{properties.major}.{properties.minor}",
-        "gcn_arch_name": getattr(properties, "gcnArchName", None) if hip_build else None,
-        "multi_processor_count": getattr(properties, "multi_processor_count", None),
+        "name": query("name", lambda: checked_gpu_name(properties.name)),
+        "compute_capability": query(
+            "compute_capability", lambda: checked_capability(properties.major, properties.minor)
+        ),
+        "gcn_arch_name": query("gcn_arch_name", lambda: _gcn_arch_name(properties)) if hip_build else None,
+        processors: query(processors, lambda: _optional_count(processors, getattr(properties, processors, None))),
         "total_memory_bytes": total_bytes,
-        "total_memory_gib": decimal_ratio(total_bytes, GIB_BYTES),
-        "mem_get_info_free_bytes": free_and_total[0],
-        "mem_get_info_total_bytes": free_and_total[1],
-        "allocator_backend": query("allocator_backend", lambda: torch.cuda.memory.get_allocator_backend()),
+        "total_memory_gib": None if total_bytes is None else decimal_ratio(total_bytes, GIB_BYTES),
+        "mem_get_info_free_bytes": (free_and_total or (None, None))[0],
+        "mem_get_info_total_bytes": (free_and_total or (None, None))[1],
+        "allocator_backend": query(
+            "allocator_backend",
+            lambda: checked_word("allocator_backend", torch.cuda.memory.get_allocator_backend(), ALLOCATOR_BACKENDS),
+        ),
     }
 
 
-def _on_device(torch, index, function):
+ALLOCATOR_BACKENDS = ("native", "cudaMallocAsync")
+
+
+def _optional_count(name, value):
+    return None if value is None else checked_count(name, value)
+
+
+def _gcn_arch_name(properties):
+    """ROCm's architecture name ("gfx942:sramecc+:xnack-"); None where PyTorch gives none."""
+    import re
+
+    value = getattr(properties, "gcnArchName", None)
+    if value is None or (isinstance(value, str) and re.fullmatch(r"gfx[0-9a-z]{1,8}(?::[a-z0-9+-]{1,20}){0,4}", value)):
+        return value
+    raise UnexpectedValue("gcn_arch_name", "an architecture's name")
+
+
+def _on_device(torch, index, function, name):
     with torch.cuda.device(index):  # the default workspace size depends on the current device
-        return int(function())
+        return checked_count(name, function())
 
 
 def format_environment(environment):
@@ -686,13 +893,20 @@ def format_environment(environment):
     if gpu is None:
         lines.append(f"  GPU usable            no: {environment['gpu_unavailable_reason']}")
     else:
-        free, total = gpu["mem_get_info_free_bytes"], gpu["mem_get_info_total_bytes"]
+        free, total, total_bytes = (
+            gpu["mem_get_info_free_bytes"],
+            gpu["mem_get_info_total_bytes"],
+            gpu["total_memory_bytes"],
+        )
         lines += [
             "  GPU usable            yes",
-            f"  GPU name              {gpu['name']}",
+            f"  GPU name              {or_missing(gpu['name'], 'unknown')}",
             f"  compute capability    {gpu['compute_capability']}"
             + (f" ({gpu['gcn_arch_name']})" if gpu["gcn_arch_name"] else ""),
-            f"  memory (runtime)      {gpu['total_memory_bytes']} bytes = {rounded(gpu['total_memory_gib'], 2)} GiB",
+            "  memory (runtime)      "
+            + (
+                "unknown" if total_bytes is None else f"{total_bytes} bytes = {rounded(gpu['total_memory_gib'], 2)} GiB"
+            ),
             f"  mem_get_info          free {or_missing(free)} / total {or_missing(total)} bytes",
             f"  allocator backend     {or_missing(gpu['allocator_backend'], 'unknown')}",
             f"  allocator settings    {allocator_settings_text(environment.get('allocator_settings'))}",
@@ -1107,7 +1321,7 @@ def format_plan_and_fit(plan):
 def _requested(stats, which):
     # "requested_bytes.*" is in memory_stats in PyTorch 2.11, 2.13 and 2.15 (as read); None where it is not.
     value = stats.get(f"requested_bytes.all.{which}") if isinstance(stats, dict) else None
-    return value if isinstance(value, int) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def device_used_bytes(cuda, device):
@@ -1117,10 +1331,11 @@ def device_used_bytes(cuda, device):
     if reading is None:
         return None
     try:
-        free_bytes, total_bytes = reading(device)
-    except RuntimeError:
+        answer = reading(device)
+    except PYTORCH_FAILURES:  # RuntimeError most often; whatever it raises, the reading is unknown
         return None
-    return int(total_bytes) - int(free_bytes)
+    free_bytes, total_bytes = checked_free_and_total(answer)  # a value that is not one is refused
+    return total_bytes - free_bytes
 
 
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
@@ -1130,10 +1345,14 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     it before the next pass.  The allocator cache is never emptied.  The device time is
     read from two CUDA events recorded on the device's current stream around the work.
     """
+
+    def count(name):  # a counter, checked where it enters: a value report would refuse is never written
+        return checked_count(name, getattr(cuda, name)(device))
+
     cuda.synchronize(device)
     baseline_device_used = device_used_bytes(cuda, device)  # outside the timed region, like every reading
-    baseline_allocated = cuda.memory_allocated(device)
-    baseline_reserved = cuda.memory_reserved(device)
+    baseline_allocated = count("memory_allocated")
+    baseline_reserved = count("memory_reserved")
     baseline_stats = cuda.memory_stats(device)
     cuda.reset_peak_memory_stats(device)
     events = None
@@ -1153,13 +1372,13 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
         "phase": phase,
         "nanoseconds": elapsed_ns,
         "seconds": elapsed_ns / 1e9,
-        "device_ms": float(events[0].elapsed_time(events[1])) if events else None,
+        "device_ms": checked_milliseconds("elapsed_time", events[0].elapsed_time(events[1])) if events else None,
         "baseline_allocated_bytes": baseline_allocated,
         "baseline_reserved_bytes": baseline_reserved,
-        "end_allocated_bytes": cuda.memory_allocated(device),
-        "end_reserved_bytes": cuda.memory_reserved(device),
-        "peak_allocated_bytes": cuda.max_memory_allocated(device),
-        "peak_reserved_bytes": cuda.max_memory_reserved(device),
+        "end_allocated_bytes": count("memory_allocated"),
+        "end_reserved_bytes": count("memory_reserved"),
+        "peak_allocated_bytes": count("max_memory_allocated"),
+        "peak_reserved_bytes": count("max_memory_reserved"),
         "baseline_device_used_bytes": baseline_device_used,
         "end_device_used_bytes": end_device_used,
     }
@@ -1189,7 +1408,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     def timed_phase(name, work, **labels):
         try:
             record, output = run_phase(cuda, device, name, work, clock)
-        except Exception as exc:
+        except PYTORCH_FAILURES as exc:
             raise PhaseFailed(name, exc) from exc
         records.append({**record, **labels})
         return output
@@ -1212,7 +1431,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
 
     try:
         torch.manual_seed(config["seed"])  # the CPU initialization of the weights
-    except Exception as exc:
+    except PYTORCH_FAILURES as exc:
         raise KitError(f"seeding failed: {describe_error(exc)}; nothing measured, no file written") from None
     with torch.inference_mode():
         model = timed_phase("model_load", load_model)
@@ -1228,12 +1447,12 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
             output = timed_phase("warm_forward", lambda: model(inputs), repetition=repetition)
         try:
             summary = summarize_output(torch, output)
-        except Exception as exc:
+        except PYTORCH_FAILURES as exc:
             raise PhaseFailed("output_summary", exc) from exc
         output = None  # the last output goes before the products run again
         try:
             per_call = measure_per_call_workspace(cuda, device, model, inputs)
-        except Exception as exc:
+        except PYTORCH_FAILURES as exc:
             raise PhaseFailed("per_call_workspace", exc) from exc
     return records, summary, per_call
 
@@ -1255,7 +1474,9 @@ def _product_transient(cuda, device, product):
     cuda.reset_peak_memory_stats(device)
     output = product()
     cuda.synchronize(device)
-    allocated_bytes = cuda.max_memory_allocated(device) - cuda.memory_allocated(device)
+    allocated_bytes = checked_count("max_memory_allocated", cuda.max_memory_allocated(device)) - checked_count(
+        "memory_allocated", cuda.memory_allocated(device)
+    )
     stats = cuda.memory_stats(device)
     peak, current = _requested(stats, "peak"), _requested(stats, "current")
     return output, allocated_bytes, None if peak is None or current is None else peak - current
@@ -1610,6 +1831,8 @@ def fit_problem(plan, environment):
     free, source = gpu["mem_get_info_free_bytes"], "free (mem_get_info)"
     if free is None:  # mem_get_info failed: only the announced total is known
         free, source = gpu["total_memory_bytes"], "announced in total (mem_get_info failed)"
+    if free is None:  # neither could be read: the fit cannot be told
+        return "the GPU's free and total memory cannot be read (mem_get_info and total_memory failed)"
     usable = free - plan["fit_margin_bytes"]
     peak = plan["predicted_peak_allocated_bytes"]
     if peak <= usable:
@@ -1643,16 +1866,20 @@ def measure(config, tool):
     cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
     index = device_index(config["device"])
     environment = environment_of(config["device"], index)
-    if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
+    _refuse_what_pytorch_gave(environment)
     plan = memory_plan(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
     _refuse_what_cannot_run(torch, set_up, config, index, plan, environment)
-    device = torch.device("cuda", index)
+    device = set_up("torch.device", lambda: torch.device("cuda", index))
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
-    allocated_before = set_up("torch.cuda.memory_allocated", lambda: cuda.memory_allocated(device))
-    reserved_before = set_up("torch.cuda.memory_reserved", lambda: cuda.memory_reserved(device))
-    device_used_before = device_used_bytes(cuda, index)  # CUDA is initialised: its context is counted
+    allocated_before = set_up(
+        "torch.cuda.memory_allocated", lambda: checked_count("memory_allocated", cuda.memory_allocated(device))
+    )
+    reserved_before = set_up(
+        "torch.cuda.memory_reserved", lambda: checked_count("memory_reserved", cuda.memory_reserved(device))
+    )
+    # CUDA is initialised: its context is counted
+    device_used_before = set_up("torch.cuda.mem_get_info", lambda: device_used_bytes(cuda, index))
     try:
         phases, output_summary, per_call = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
@@ -1697,7 +1924,7 @@ def _torch_to_measure_with():
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
-    return torch, torch_release_warning(_guarded(lambda: str(torch.__version__)))
+    return torch, torch_release_warning(_guarded(lambda: checked_version("torch", torch.__version__)))
 
 
 def _set_up_step(device):
@@ -1709,7 +1936,7 @@ def _set_up_step(device):
             return function()
         except KitError:
             raise
-        except Exception as exc:
+        except PYTORCH_FAILURES as exc:
             raise KitError(
                 f"{step} failed on {device}: {describe_error(exc)}; nothing measured, no file written"
             ) from None
@@ -1745,7 +1972,7 @@ def _measurement_failed(torch, config, failure):
     dimensions = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
     error = failure.error
     out_of_memory = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
-    if isinstance(error, out_of_memory) or "out of memory" in str(error).lower():
+    if isinstance(error, out_of_memory) or "out of memory" in message_of(error).lower():
         return MeasurementFailed(
             f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
             "nothing written; shrink one dimension and retry in a new process"

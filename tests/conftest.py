@@ -648,6 +648,11 @@ MESSAGES = {
     "calculator: not a positive whole number": "{option}: expected a positive whole number, got {value}",
     "torch import error, scrubbed": '{type} at import; python -c "import torch" shows PyTorch\'s message',
     "PyTorch not importable": "PyTorch is not importable",
+    "torch is not PyTorch": (
+        "the module named torch is not PyTorch (it lacks torch.cuda, torch.backends or torch.version)"
+    ),
+    "unexpected value": "UnexpectedValue: PyTorch's {name} is not {expected} (its value is not kept)",
+    "withheld text": "WithheldText: PyTorch's {name} is not {expected} (withheld)",
     "GPU properties unreadable": "the properties of {device} cannot be read",
     "allocator settings refused": "PyTorch refused its allocator settings (its message is not kept: it may echo them)",
     "allocator settings refused, nothing measured": "{refused}; nothing measured, no file written",

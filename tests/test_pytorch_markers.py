@@ -1,0 +1,110 @@
+"""The marker test (issue 41): the environment variables PyTorch reads through its own helpers, each set to a
+marker, reach no output, JSON, result file or notebook output, and PyTorch still imports.
+
+Real PyTorch in fresh processes (its C++ side reads these variables once per process).  It needs neither
+Jupyter nor ruff: the GPU validation run runs it too, where a CUDA build reads the variables a CPU build never
+reads.  The notebook's code runs as plain python, as on a GPU box without Jupyter.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import MESSAGES, MESURE_SCRIPT, ROOT, SMALL_TRIAL, code_cells_as_script
+
+MARKER = "zq7hunter2"
+
+# Read by PyTorch 2.4 to 2.15 through c10's check_env / get_env (c10/util/env.cpp) or their Python
+# counterparts, whose warnings quote the value they were given ("Ignoring invalid value for boolean flag NAME:
+# VALUE"): from the source and `strings` of libc10, libtorch_cpu, libtorch_cuda.  Some are read only by CUDA or
+# ROCm builds, or only once cuBLAS, cuDNN or cuSOLVER is used.
+MARKED_VARIABLES = (
+    "TORCH_BLAS_PREFER_CUBLASLT",
+    "TORCH_BLAS_PREFER_HIPBLASLT",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "TORCH_LINALG_PREFER_CUSOLVER",
+    "TORCH_LINALG_PREFER_HIPSOLVER",
+    "TORCH_SHOW_CPP_STACKTRACES",
+    "TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT",
+    "TORCH_CUDNN_V8_API_DISABLED",
+    "TORCH_CUDNN_V8_API_DEBUG",
+    "TORCH_CUDNN_USE_HEURISTIC_MODE_B",
+    "PYTORCH_TUNABLEOP_ENABLED",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUBLASLT_WORKSPACE_SIZE",
+    "TORCH_CPP_LOG_LEVEL",
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
+    "TORCH_USE_CUDA_DSA",
+    "TORCH_DISABLE_ADDR2LINE",
+    "TORCH_LINEAR_FLATTEN_3D",
+    "TORCH_ROCM_FA_PREFER_CK",
+    "TORCH_MKLDNN_MATMUL_MIN_DIM",
+    "TORCH_MKLDNN_MATMUL_MIN_SIZE",
+)
+# A marker in these stops PyTorch's import: each gets a run of its own, which must end in a clean diagnosis.
+IMPORT_STOPPERS = ("TORCH_LOGS",)
+
+
+def marked(*names):
+    return {**os.environ, **{name: f"{MARKER}{number}" for number, name in enumerate(names)}}
+
+
+def run(arguments, cwd, env):
+    completed = subprocess.run(arguments, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    assert MARKER not in completed.stdout + completed.stderr
+    for path in cwd.rglob("*"):
+        assert MARKER not in path.read_text(errors="replace"), path.name
+    return completed
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("surface", ["text", "json"])
+def test_no_marker_in_environment(tmp_path, surface):
+    arguments = [sys.executable, MESURE_SCRIPT, "environment", "--device", "cuda:0"]
+    if surface == "json":
+        completed = run([*arguments, "--json"], tmp_path, marked(*MARKED_VARIABLES))
+        assert completed.returncode == 0, completed.stderr
+        data = json.loads(completed.stdout)
+        assert data["torch"] == torch.__version__
+        assert data["torch_error"] is None
+        assert data["gpu_available"] is torch.cuda.is_available()
+    else:
+        completed = run(arguments, tmp_path, marked(*MARKED_VARIABLES))
+        assert completed.returncode == 0, completed.stderr
+        assert f"  PyTorch               {torch.__version__}\n" in completed.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.whole_kit
+def test_no_marker_in_measure_or_its_result(tmp_path):
+    """On a stand-in for a visible GPU (tests/data/markers/measure_on_stand_in.py); on the GPU where there is one."""
+    stand_in = str(ROOT / "tests" / "data" / "markers" / "measure_on_stand_in.py")
+    arguments = [sys.executable, stand_in, *SMALL_TRIAL, "--output", "marked.json"]
+    completed = run(arguments, tmp_path, marked(*MARKED_VARIABLES))
+    assert completed.returncode == 0, completed.stderr
+    assert "Result written to marked.json" in completed.stdout
+    assert json.loads((tmp_path / "marked.json").read_text())["environment"]["torch"] == torch.__version__
+
+
+@pytest.mark.whole_kit
+def test_no_marker_in_the_notebook_s_output(tmp_path):
+    notebook = json.loads((ROOT / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
+    arguments = [sys.executable, "-c", code_cells_as_script(notebook)]
+    completed = run(arguments, tmp_path, marked(*MARKED_VARIABLES))
+    assert completed.returncode == 0, completed.stderr
+    assert f"  PyTorch               {torch.__version__}\n" in completed.stdout
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize("name", IMPORT_STOPPERS)
+def test_a_marker_that_stops_pytorch_s_import_ends_in_a_clean_diagnosis(tmp_path, name):
+    arguments = [sys.executable, MESURE_SCRIPT, "environment", "--device", "cuda:0", "--json"]
+    completed = run(arguments, tmp_path, marked(name))
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(completed.stdout)
+    assert data["torch"] is None
+    assert data["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]

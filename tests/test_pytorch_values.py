@@ -1,0 +1,301 @@
+"""PyTorch is input too: each value it returns is checked where it enters, each of its texts is kept by an
+allow-list, and whatever it raises or prints ends in one line (issue 41).
+
+The hostile PyTorch here is real PyTorch with some functions replaced (a stand-in for a visible GPU, plus odd
+answers), or a fake ``torch`` package: hostile PyTorch behaviour, not a GPU.  The marker test over real
+PyTorch's environment variables is tests/test_pytorch_markers.py.
+"""
+
+import importlib.util
+import json
+import math
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+import mesure_memoire
+from conftest import (
+    MESSAGES,
+    SMALL_TRIAL,
+    RecordingCudaStandIn,
+    assert_one_line,
+    plain_id,
+    raising,
+    stand_in_measurement,
+    tree_digest,
+)
+
+pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
+
+SECRET = "hunter2"
+
+
+def environment_json(capsys):
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    return json.loads(captured.out)
+
+
+def measure_refused(tmp_path, capsys, exit_code, *fragments):
+    """``measure`` on the stand-in refuses in one line with ``exit_code``, writing nothing."""
+    before = tree_digest(tmp_path)
+    code = mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")])
+    captured = capsys.readouterr()
+    assert code == exit_code, captured.err
+    assert captured.out == ""
+    assert tree_digest(tmp_path) == before
+    return assert_one_line(captured.err, *fragments)
+
+
+# --- 1. the warnings PyTorch raises: kept by an allow-list ------------------------------------------------
+
+WARNINGS = [
+    (
+        f"Ignoring invalid value for boolean flag TORCH_BLAS_PREFER_CUBLASLT: {SECRET}valid values are 0 or 1. "
+        "(Triggered internally at /pytorch/c10/util/env.cpp:60.)",
+        "UserWarning: Ignoring invalid value for boolean flag TORCH_BLAS_PREFER_CUBLASLT (value withheld)",
+    ),
+    (
+        "CUDA initialization: The NVIDIA driver on your system is too old (at /home/ana/env/lib/x.so)",
+        "UserWarning: CUDA initialization: The NVIDIA driver on your system is too old (at <path>",
+    ),
+    (
+        "Found GPU0 Tesla K80 which is of compute capability (CC) 3.7.\nThe following list shows the CCs",
+        "UserWarning: Found GPU0 Tesla K80 which is of compute capability (CC) 3.7.",
+    ),
+    (
+        "\nTesla K80 with CUDA capability sm_37 is not compatible with the current PyTorch installation.\nThe ...",
+        "UserWarning: Tesla K80 with CUDA capability sm_37 is not compatible with the current PyTorch installation.",
+    ),
+    (f"TORCH_SOMETHING_NEW={SECRET} is deprecated", "UserWarning: text withheld"),
+    (f"{SECRET} is not a valid value", "UserWarning: text withheld"),
+]
+
+
+@pytest.mark.parametrize(("message", "kept"), WARNINGS, ids=plain_id)
+def test_a_warning_is_kept_only_when_it_is_a_known_message_without_a_setting_s_value(
+    stand_in_gpu, monkeypatch, capsys, message, kept
+):
+    def warns():
+        warnings.warn(message, UserWarning, stacklevel=1)
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_available", warns)
+    data = environment_json(capsys)
+    assert data["field_errors"] == {"pytorch_warnings": kept}
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    assert SECRET not in capsys.readouterr().out
+
+
+# --- 1. the texts PyTorch returns: versions by a grammar, the GPU's name printable, short, without paths ---
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("torch", f"2.13.0+/home/ana/{SECRET}"),
+        ("torch", f"{SECRET} 2.13"),
+        ("cuda_build", f"13.0 {SECRET}"),
+        ("hip_build", f"/opt/{SECRET}/6.3"),
+    ],
+    ids=plain_id,
+)
+def test_a_version_that_is_not_one_is_null_with_a_field_error(stand_in_gpu, monkeypatch, capsys, where, value):
+    if where == "torch":
+        monkeypatch.setattr(torch, "__version__", value)
+    else:
+        monkeypatch.setattr(torch.version, where.partition("_")[0], value)
+    data = environment_json(capsys)
+    assert data[where] is None
+    assert data["field_errors"][where] == MESSAGES["withheld text"].format(name=where, expected="a version")
+    assert SECRET not in json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    "version", ["2.13.0+cpu", "2.4.0a0+git1234abc", "2.8.0+rocm6.3", "2.15.0.dev20261201+cu130"], ids=plain_id
+)
+def test_real_versions_are_kept(stand_in_gpu, monkeypatch, capsys, version):
+    monkeypatch.setattr(torch, "__version__", version)
+    monkeypatch.setattr(torch.version, "hip", "6.3.42131-fa1d09cbd")
+    data = environment_json(capsys)
+    assert (data["torch"], data["hip_build"], data["cuda_build"]) == (version, "6.3.42131-fa1d09cbd", "13.0")
+
+
+def test_the_gpu_s_name_is_kept_without_paths_and_refused_when_not_short_printable_text(stand_in_gpu, capsys):
+    properties = stand_in_gpu()
+    properties.name = f"NVIDIA H200 (from /home/ana/{SECRET}/x.so)"
+    assert environment_json(capsys)["gpu"]["name"] == "NVIDIA H200 (from <path>"
+    expected = "printable text of at most 100 characters"
+    for odd, key in (
+        ("x" * 101, "withheld text"),
+        (f"GPU\x1b[31m{SECRET}", "withheld text"),
+        (b"GPU", "unexpected value"),
+    ):
+        properties.name = odd
+        data = environment_json(capsys)
+        assert data["gpu"]["name"] is None, odd
+        assert data["field_errors"]["name"] == MESSAGES[key].format(name="name", expected=expected)
+
+
+# --- 2. a "torch" that is not PyTorch -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def namespace_torch(monkeypatch):
+    """A fake torch: what an empty torch/ folder on the path imports as (a namespace package)."""
+    fake = types.ModuleType("torch")
+    fake.__path__ = []
+    monkeypatch.setitem(sys.modules, "torch", fake)
+
+
+def test_a_torch_that_is_not_pytorch_is_diagnosed_in_environment(namespace_torch, capsys):
+    data = environment_json(capsys)
+    assert data["torch"] is None
+    assert data["torch_error"] == MESSAGES["torch is not PyTorch"]
+    assert data["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]
+
+
+def test_a_torch_that_is_not_pytorch_is_refused_by_measure(namespace_torch, tmp_path, capsys):
+    measure_refused(tmp_path, capsys, 2, MESSAGES["torch is not PyTorch"], "no file written")
+
+
+# --- 3. values of the wrong type or range -------------------------------------------------------------------
+
+COUNT = "a whole number >= 0"
+ODD_ENVIRONMENT = [
+    ("total_memory", "80 GiB", "total_memory", "a whole number > 0"),
+    ("total_memory", math.nan, "total_memory", "a whole number > 0"),
+    ("total_memory", 0, "total_memory", "a whole number > 0"),
+    ("mem_get_info", 5, "mem_get_info", "a pair of whole numbers, free <= total"),
+    ("mem_get_info", ("1", "2"), "mem_get_info", "a pair of whole numbers, free <= total"),
+    ("mem_get_info", (3, 2), "mem_get_info", "a pair of whole numbers, free <= total"),
+    ("cudnn", math.nan, "cudnn_or_miopen_version", COUNT),
+    ("cudnn", b"90100", "cudnn_or_miopen_version", COUNT),
+    ("major", "9", "compute_capability", "two whole numbers below 100"),
+    ("device_count", 1.5, "device_count", COUNT),
+]
+
+
+def _make_odd(monkeypatch, stand_in_gpu, what, value):
+    properties = stand_in_gpu()
+    if what in ("total_memory", "major"):
+        setattr(properties, what, value)
+    elif what == "mem_get_info":
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: value)
+    elif what == "device_count":
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: value)
+    else:
+        monkeypatch.setattr(torch.backends.cudnn, "version", lambda: value)
+
+
+@pytest.mark.parametrize(("what", "value", "field", "expected"), ODD_ENVIRONMENT, ids=plain_id)
+def test_an_odd_value_is_null_with_a_field_error(stand_in_gpu, monkeypatch, capsys, what, value, field, expected):
+    _make_odd(monkeypatch, stand_in_gpu, what, value)
+    data = environment_json(capsys)
+    assert data["field_errors"][field] == MESSAGES["unexpected value"].format(name=field, expected=expected)
+    holder = data["gpu"] if field in ("total_memory", "compute_capability") else data
+    if field == "mem_get_info":
+        assert (data["gpu"]["mem_get_info_free_bytes"], data["gpu"]["mem_get_info_total_bytes"]) == (None, None)
+    elif field != "device_count":  # no device count: no GPU to describe
+        assert holder[field if field != "total_memory" else "total_memory_bytes"] is None
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    assert "query failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("what", "value", "field", "expected"), ODD_ENVIRONMENT, ids=plain_id)
+def test_an_odd_value_read_before_the_phases_makes_measure_refuse(
+    stand_in_gpu, monkeypatch, tmp_path, capsys, what, value, field, expected
+):
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
+    _make_odd(monkeypatch, stand_in_gpu, what, value)
+    measure_refused(tmp_path, capsys, 2, MESSAGES["unexpected value"].format(name=field, expected=expected))
+
+
+def test_mem_get_info_raising_anything_leaves_it_unknown(stand_in_gpu, monkeypatch, tmp_path, capsys):
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", raising(OSError("no such device /dev/nvidia0")))
+    data = environment_json(capsys)
+    assert data["gpu"]["mem_get_info_free_bytes"] is None
+    assert data["field_errors"]["mem_get_info"] == "OSError: no such device <path>"
+    assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")]) == 0
+    result = json.loads((tmp_path / "o.json").read_text())
+    assert result["configuration"]["device_used_bytes_before_measure"] is None
+
+
+class OddCounters(RecordingCudaStandIn):
+    """The recording stand-in for torch.cuda (no GPU here) whose peak allocated counter is ``peak``."""
+
+    def __init__(self, peak):
+        super().__init__(device=torch.device("cpu"))
+        self.peak = peak
+
+    def levels(self):
+        return {**super().levels(), "peak_allocated": self.peak}
+
+
+@pytest.mark.parametrize("peak", [1.5, -1, True, "1500"], ids=plain_id)
+def test_an_odd_counter_during_the_phases_exits_3_and_writes_nothing(stand_in_gpu, monkeypatch, tmp_path, capsys, peak):
+    stand_in_measurement(monkeypatch, OddCounters(peak))
+    said = MESSAGES["unexpected value"].format(name="max_memory_allocated", expected=COUNT)
+    measure_refused(tmp_path, capsys, 3, "phase model_load failed", said)
+
+
+def test_an_odd_counter_before_the_phases_exits_2(stand_in_gpu, monkeypatch, tmp_path, capsys):
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: -4096)
+    said = MESSAGES["unexpected value"].format(name="memory_reserved", expected=COUNT)
+    measure_refused(tmp_path, capsys, 2, said)
+
+
+# --- 4. what PyTorch raises: an unreadable message, SystemExit, GeneratorExit --------------------------------
+
+
+class Unprintable(RuntimeError):
+    def __str__(self):
+        raise ValueError("no message")
+
+
+RAISED = [Unprintable(), SystemExit(), SystemExit(0), GeneratorExit()]
+
+
+@pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))
+def test_what_pytorch_raises_in_a_query_is_a_field_error(stand_in_gpu, monkeypatch, capsys, error):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", raising(error))
+    data = environment_json(capsys)
+    assert data["gpu"] is None
+    assert data["field_errors"]["properties"].startswith(type(error).__name__)
+
+
+@pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))
+def test_what_pytorch_raises_in_a_phase_exits_3_in_one_line(stand_in_gpu, monkeypatch, tmp_path, capsys, error):
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, error)))
+    measure_refused(tmp_path, capsys, 3, "phase inputs failed", type(error).__name__)
+
+
+# --- 5. PyTorch printing on stdout while it loads --------------------------------------------------------------
+
+
+class PrintingTorch:
+    """A fake torch package whose import prints on stdout (and holds nothing else)."""
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name == "torch" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        print(f"hello from a fake torch, {SECRET}")
+
+
+def test_pytorch_s_stdout_at_import_stays_out_of_the_json(monkeypatch, capsys):
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(sys, "meta_path", [PrintingTorch(), *sys.meta_path])
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["torch_error"] == MESSAGES["torch is not PyTorch"]
+    assert SECRET not in captured.out + captured.err

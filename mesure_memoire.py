@@ -64,10 +64,8 @@ from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
 # >>> notebook: Constants and the error type
 KIT_NAME = "iteragpu-lab-v1"
-RESULT_SCHEMA_VERSION = 5  # 2 adds requested bytes, device time, predictions and verdicts; 3 device-wide memory;
-# 4 the matmul arithmetic asked (matmul_arithmetic, in the environment and the result) and the
-# allocator settings PyTorch parsed (allocator_settings, in the environment); 5 the BLAS workspace each
-# product takes per call (workspace.per_call), held in the forwards' predictions, and torch_version_warning
+# The result's format: report reads this one only (6: each phase names the counters its verdict checked).
+RESULT_SCHEMA_VERSION = 6
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
@@ -694,8 +692,8 @@ def _blas_library(torch):
 
 
 # >>> notebook: 2.2 The matmul arithmetic and the allocator settings PyTorch parsed
-ALLOCATOR_INTERVALS = 16  # roundup_power2_divisions has one count per power-of-two interval from 1 MiB
-ALLOCATOR_INTERVAL_KEYS = tuple(str(2**index) for index in range(ALLOCATOR_INTERVALS))  # each interval's MiB
+# roundup_power2_divisions has one count per power-of-two interval from 1 MiB: each interval's MiB
+ALLOCATOR_INTERVAL_KEYS = tuple(str(2**index) for index in range(16))
 DEFAULT_ALLOCATOR = {
     "backend": "native",
     "max_split_size_bytes": None,
@@ -743,74 +741,38 @@ def _guarded(read):
 def allocator_settings(torch, field_errors, backend):
     """The caching allocator's settings as PyTorch parsed them (never read from the environment, never
     kept as text), with the backend; None where this PyTorch cannot tell or refused them."""
-    if backend is None:
+    if backend != "native":  # the cudaMallocAsync backend refuses the snapshot
         return None
     try:
         with CapturedWarnings():
-            parsed = _parsed_allocator_settings(torch, backend)
+            parsed = _parsed_allocator_settings(torch)
     except PYTORCH_FAILURES:  # PyTorch's message may quote the settings' text: it is not kept
         field_errors["allocator_settings"] = ALLOCATOR_REFUSED
         return None
     return None if parsed is None else {"backend": backend, **parsed}
 
 
-def _parsed_allocator_settings(torch, backend):
-    # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on; the cudaMallocAsync backend refuses
-    # it); else PyTorch 2.13's private getter gives the text it parsed: only the known keys' values are kept.
-    recorded = None
-    if backend == "native":
-        try:
-            recorded = torch.cuda.memory._snapshot()["allocator_settings"]
-        except PYTORCH_FAILURES as exc:  # a private API this build lacks or cannot answer: the getter, or null
-            if describe_error(exc) == ALLOCATOR_REFUSED:
-                raise
-    if isinstance(recorded, dict):
-        limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
-        return {
-            "max_split_size_bytes": None if limit < 0 else limit,
-            "expandable_segments": bool(recorded["expandable_segments"]),
-            "roundup_power2_divisions": _kept_divisions(recorded["roundup_power2_divisions"].values()),
-        }
-    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    return None if getter is None else _settings_from_text(str(getter()))
+def _parsed_allocator_settings(torch):
+    # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on), beside their text, which is not read.
+    try:
+        recorded = torch.cuda.memory._snapshot()["allocator_settings"]
+    except PYTORCH_FAILURES as exc:  # a private API this build lacks or cannot answer: null
+        if describe_error(exc) == ALLOCATOR_REFUSED:
+            raise
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
+    return {
+        "max_split_size_bytes": None if limit < 0 else limit,
+        "expandable_segments": bool(recorded["expandable_segments"]),
+        "roundup_power2_divisions": _kept_divisions(recorded["roundup_power2_divisions"].values()),
+    }
 
 
 def _kept_divisions(divisions):
     """The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size."""
     return {str(2**index): int(count) for index, count in enumerate(divisions) if int(count) > 1}
-
-
-def _settings_from_text(text):
-    """The known keys' values of PyTorch's allocator-settings text, parsed as PyTorch parses them."""
-    import re
-
-    parsed = {"max_split_size_bytes": None, "expandable_segments": False, "roundup_power2_divisions": {}}
-    text = text.replace(" ", "")
-    for key, value in re.findall(r"([^:,\[\]]+):(\[[^\]]*\]|[^,]*)", text):
-        if key == "max_split_size_mb":
-            parsed["max_split_size_bytes"] = int(value) * MIB_BYTES
-        elif key == "expandable_segments":
-            parsed["expandable_segments"] = value == "True"
-        elif key == "roundup_power2_divisions":
-            parsed["roundup_power2_divisions"] = _kept_divisions(_divisions_from_text(value))
-    return parsed
-
-
-def _divisions_from_text(value):
-    """roundup_power2_divisions: one count for every interval, or [MiB:count,...,>:count] (AllocatorConfig.cpp)."""
-    if not value.startswith("["):
-        return [int(value)] * ALLOCATOR_INTERVALS
-    divisions, last, first = [0] * ALLOCATOR_INTERVALS, 0, True
-    for entry in value[1:-1].split(","):
-        interval, count = entry.split(":")
-        if interval == ">":
-            divisions[last:] = [int(count)] * (ALLOCATOR_INTERVALS - last)
-            continue
-        index = min(int(interval).bit_length() - 1, ALLOCATOR_INTERVALS - 1)
-        if first:
-            divisions[:index], first = [int(count)] * index, False
-        divisions[index], last = int(count), index
-    return divisions
 
 
 def allocator_differences(allocator):
@@ -820,7 +782,7 @@ def allocator_differences(allocator):
 
 def allocator_settings_text(allocator):
     if allocator is None:
-        return "unknown (the prediction is not checked)"
+        return "unknown (allocated bytes not checked)"
     return ", ".join(allocator_differences(allocator)) or "PyTorch's defaults"
 
 
@@ -986,11 +948,12 @@ def build_model(torch, width):
     return torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
 
 
-# What the prediction assumes about PyTorch's CUDA caching allocator (kMinBlockSize and kSmallSize, in
-# c10/core/AllocatorConfig.h, as read in the headers of PyTorch 2.11, 2.13 and 2.15):
+# What the prediction assumes about PyTorch's CUDA caching allocator under its default settings (kMinBlockSize
+# and kSmallSize, in c10/core/AllocatorConfig.h, as read in the headers of PyTorch 2.11, 2.13 and 2.15):
 # every block is the request rounded up to 512 bytes; a block above 1 MiB comes from the large pool,
 # which hands out a cached or new block whole when less than 1 MiB more would remain, so such a block
-# may hold up to 1 MiB more than its rounded request.  Both are allocator defaults.
+# may hold up to 1 MiB more than its rounded request.  Requested bytes need no assumption: PyTorch counts
+# each request before it rounds it, under any setting of its native backend.
 ALLOCATOR_ROUNDING_BYTES = 512
 ALLOCATOR_SMALL_BLOCK_BYTES = 2**20  # the largest block of the small pool, and the large pool's slack
 # An allowance for the BLAS workspaces that the first matrix product allocates and keeps: not a
@@ -1006,6 +969,7 @@ FIT_MARGIN_BYTES = GIB_BYTES
 CONTEXT_ALLOWANCE_BYTES = GIB_BYTES
 PLAN_SCHEMA_VERSION = 1  # the plan's JSON is read by calcul_forfaits.py --for-plan
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
+REQUESTED_COUNTERS = PREDICTED_COUNTERS[:2]
 FORWARD_PHASES = PHASES[2:]  # cold_forward, warmup, warm_forward: the phases that run the matrix products
 PER_CALL_HOW = (
     "each matrix product of the forward (fc1, fc2) run once more after the phases, alone: its peak above its end, "
@@ -1017,18 +981,6 @@ PER_CALL_HOW = (
 def allocated_block_bytes(requested_bytes):
     """The caching allocator's block for a request: rounded up to a multiple of 512 bytes (512 at least)."""
     return max(1, -(-requested_bytes // ALLOCATOR_ROUNDING_BYTES)) * ALLOCATOR_ROUNDING_BYTES
-
-
-def modelled_block_bytes(requested_bytes, allocator):
-    """The block round_size (CUDACachingAllocator.cpp) gives a request: 512-byte steps, or with
-    roundup_power2_divisions that many equal steps between two powers of two."""
-    size = max(requested_bytes, ALLOCATOR_ROUNDING_BYTES)
-    interval = min(max(size.bit_length() - 21, 0), ALLOCATOR_INTERVALS - 1)
-    divisions = allocator["roundup_power2_divisions"].get(str(2**interval), 0)
-    if divisions > 1 and size > ALLOCATOR_ROUNDING_BYTES * divisions:
-        step = 2 ** (size.bit_length() - 1) >> (divisions.bit_length() - 1)
-        return -(-size // step) * step
-    return allocated_block_bytes(size)
 
 
 def _forward_pass(workspaces=()):
@@ -1062,19 +1014,16 @@ def _phase_events(name, workspaces=()):
     return _forward_pass(workspaces)
 
 
-def _simulate(events, tensor_bytes, allocator):
+def _simulate(events, tensor_bytes):
     """End and peak of the requested and allocated bytes, relative to the phase's baseline."""
     live = {}
     peak = {"requested": 0, "allocated": 0, "slack": 0}
     alive_at_peak = []
-    # With expandable segments, a large block is always split to the rounded request: no slack.
-    large_slack_bytes = 0 if allocator["expandable_segments"] else ALLOCATOR_SMALL_BLOCK_BYTES
-
-    def block(requested_bytes):
-        return modelled_block_bytes(requested_bytes, allocator)
+    block = allocated_block_bytes
 
     def slack(names):
-        return sum(large_slack_bytes for n in names if block(tensor_bytes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES)
+        large = [n for n in names if block(tensor_bytes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES]
+        return len(large) * ALLOCATOR_SMALL_BLOCK_BYTES
 
     for action, tensor in events:
         if action == "free":
@@ -1135,20 +1084,19 @@ def _tensor_bytes(config, model):
     return tensor_bytes
 
 
-def memory_plan(config, allocator=DEFAULT_ALLOCATOR):
-    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under
-    ``allocator``'s settings (None: unknown, modelled as the defaults; check_against_plan checks nothing).
-    Requested bytes are exact; allocated bytes use the allocator's 512-byte rounding, a block above 1 MiB may
-    hold up to 1 MiB more (``*_slack_bytes``); figures are relative to each phase's baseline.  The first
-    forward's BLAS workspace is measured, not predicted: ``predicted_peak_allocated_bytes`` counts a named
-    allowance for it."""
+def memory_plan(config):
+    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under PyTorch's
+    default allocator settings.  Requested bytes are exact; allocated bytes use the allocator's 512-byte
+    rounding, a block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``); figures are relative to each
+    phase's baseline.  The first forward's BLAS workspace is measured, not predicted:
+    ``predicted_peak_allocated_bytes`` counts a named allowance for it."""
     model = synthetic_model(config)
     tensor_bytes = _tensor_bytes(config, model)
     phases, level, peak, peak_phase = [], 0, 0, None
     simulated = {}  # each phase once: every warm_forward repetition is predicted alike
     for name, labels in _phase_labels(config):
         if name not in simulated:
-            simulated[name] = _simulate(_phase_events(name), tensor_bytes, allocator or DEFAULT_ALLOCATOR)
+            simulated[name] = _simulate(_phase_events(name), tensor_bytes)
         predicted = simulated[name]
         record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
         record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
@@ -1176,7 +1124,7 @@ def memory_plan(config, allocator=DEFAULT_ALLOCATOR):
         "tensor_bytes": tensor_bytes,
         "allocator_rounding_bytes": ALLOCATOR_ROUNDING_BYTES,
         "large_block_slack_bytes": ALLOCATOR_SMALL_BLOCK_BYTES,
-        "allocator_settings": None if allocator is None else dict(allocator),
+        "allocator_settings": dict(DEFAULT_ALLOCATOR),
         "blas_workspace_allowance_bytes": BLAS_WORKSPACE_ALLOWANCE_BYTES,
         "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
         "phases": phases,
@@ -1457,16 +1405,9 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     return records, summary, per_call
 
 
-# The BLAS workspaces of a forward's products, by PyTorch release, as read in each release's CUDA wheel (the
-# symbols and strings of libtorch_cuda.so, the ATen/cuda headers; the evidence is in the source repository's
-# validation/blas-workspaces.md).  cuBLASLt's (1 MiB unless CUBLASLT_WORKSPACE_SIZE says otherwise) is taken
-# per call in 2.4 to 2.8 (gemm_and_bias in aten/src/ATen/cuda/CUDABlas.cpp allocates it and frees it on return),
-# kept per handle and stream from 2.9 (getCUDABlasLtWorkspace), shared with cuBLAS's from 2.12
-# (unified_cublas_and_lt_workspaces), and per call again in 2.15 (TORCH_CUBLAS_WORKSPACE_CACHE, off by
-# default).  cuBLAS's is kept per handle and stream in 2.4 to 2.14 (cublas_handle_stream_to_workspace).  Not
-# established: whether 2.15's cuBLAS path takes its workspace per call too, the patch releases not read (2.9.0
-# among them), ROCm's hipBLAS and hipBLASLt.  So the kit assumes none of it: cold_forward's end shows what is
-# kept, measure_per_call_workspace what a call takes.
+# A forward's BLAS workspaces are kept (per handle and stream) or taken per call, depending on the PyTorch
+# release and the backend: the kit assumes neither.  cold_forward's end shows what is kept,
+# measure_per_call_workspace what a call takes.
 def _product_transient(cuda, device, product):
     """(product's output, the allocated bytes and the requested bytes it took and gave back within the call):
     its peak above its end, the output alive.  Requested bytes are None where memory_stats lacks them."""
@@ -1507,70 +1448,100 @@ def summarize_output(torch, output):
 
 
 # >>> notebook: 3.4 The prediction check: the measured counters against the plan
-def check_against_plan(records, plan, per_call=None):
-    """Each phase's record with its prediction, verdict and disagreements beside its measurement.
+def counters_checked(backend, allocator):
+    """(the counters a phase's verdict checks, why the others are not, or None).  Requested bytes under the
+    native backend, whatever its settings: PyTorch counts a request before it rounds it.  Allocated bytes too
+    under PyTorch's default settings only (``allocator``: as PyTorch parsed them, None where unknown)."""
+    if backend != "native":
+        if backend is None:
+            return (), "PyTorch's allocator backend could not be read"
+        return (), f"the {backend} backend keeps no requested-bytes figure and rounds no block as the native one"
+    if allocator is None:
+        return REQUESTED_COUNTERS, "allocated bytes: PyTorch's allocator settings could not be read"
+    differing = allocator_differences(allocator)
+    if differing:
+        return REQUESTED_COUNTERS, f"allocated bytes: settings other than PyTorch's defaults ({', '.join(differing)})"
+    return PREDICTED_COUNTERS, None
+
+
+def check_against_plan(records, plan, per_call=None, backend="native", allocator=DEFAULT_ALLOCATOR):
+    """Each phase's record with its prediction, the counters checked, disagreements and verdict.
 
     Requested bytes must match exactly; allocated bytes must lie between the 512-byte rounded
-    prediction and that plus the large blocks' slack.  The first forward's BLAS workspace is
-    measured: what it leaves allocated beyond the predicted output.  ``per_call`` (from
-    measure_per_call_workspace; None: not measured) is what each matrix product takes and gives back:
-    the forwards are predicted again with it held during each product's call.  Returns new
-    (records, prediction_check, workspace); ``records`` are left as they were.
+    prediction and that plus the large blocks' slack; which are checked: counters_checked(backend,
+    allocator).  The first forward's BLAS workspace is measured: what it leaves beyond the predicted
+    output.  ``per_call`` (from measure_per_call_workspace; None: not measured) is what each matrix
+    product takes and gives back: the forwards are predicted again with it held during each product's
+    call.  Returns new (records, prediction_check, workspace); ``records`` are left as they were.
     """
+    counters, reason = counters_checked(backend, allocator)
     forwards = forwards_with_workspaces(plan, per_call)
     predictions = [forwards.get(planned["phase"], planned) for planned in plan["phases"]]
-    kept = _kept_workspace(records, predictions, plan)
+    kept = _kept_workspace(records, predictions, counters)
     checked = [
-        _checked_record(record, predicted, plan, kept) for record, predicted in zip(records, predictions, strict=True)
+        _checked_record(record, predicted, kept, counters, reason)
+        for record, predicted in zip(records, predictions, strict=True)
     ]
     disagreements = [disagreement for record in checked for disagreement in record["disagreements"]]
     not_checked = [_phase_label(record) for record in checked if record["verdict"] == "not checked"]
-    prediction_check = {"agrees": not disagreements and not not_checked, "disagreements": disagreements,
-                        "not_checked": not_checked}  # fmt: skip
-    workspace = {"measured_bytes": kept["allocated_bytes"], "requested_bytes": kept["requested_bytes"],
-                 "how": "cold_forward's end level above its baseline, less its predicted output: what the first "
-                 "forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
-                 "allowance_bytes": plan["blas_workspace_allowance_bytes"],
-                 "per_call": per_call, "per_call_how": PER_CALL_HOW}  # fmt: skip
+    prediction_check = {
+        "agrees": not disagreements and not not_checked,
+        "disagreements": disagreements,
+        "not_checked": not_checked,
+    }
+    workspace = {
+        "measured_bytes": kept["allocated_bytes"],
+        "requested_bytes": kept["requested_bytes"],
+        "how": "cold_forward's end level above its baseline, less its predicted output: what the first forward "
+        "leaves beyond the prediction (the BLAS workspaces, mostly); null for a counter not checked",
+        "allowance_bytes": plan["blas_workspace_allowance_bytes"],
+        "per_call": per_call,
+        "per_call_how": PER_CALL_HOW,
+    }
     return checked, prediction_check, workspace
 
 
-def _kept_workspace(records, predictions, plan):
-    """What the first forward leaves allocated beyond its predicted output (the BLAS workspaces it keeps), as
-    {"allocated_bytes", "requested_bytes"}: None where not measured, or where that phase is not modelled."""
+def _kept_workspace(records, predictions, counters):
+    """What the first forward leaves beyond its predicted output (the BLAS workspaces it keeps), as
+    {"allocated_bytes", "requested_bytes"}, each None where that counter is not checked or not measured."""
+    kept = {"allocated_bytes": None, "requested_bytes": None}
     for record, predicted in zip(records, predictions, strict=True):
-        if record["phase"] == "cold_forward" and _not_modelled("cold_forward", plan) is None:
+        if record["phase"] == "cold_forward":
             measured = _above_baseline(record)
-            requested = measured.get("end_requested_bytes")
-            return {
-                "allocated_bytes": measured["end_allocated_bytes"] - predicted["end_allocated_bytes"],
-                "requested_bytes": None if requested is None else requested - predicted["end_requested_bytes"],
-            }
-    return {"allocated_bytes": None, "requested_bytes": None}
+            for kind in kept:
+                counter = f"end_{kind}"
+                if counter in counters and counter in measured:
+                    kept[kind] = measured[counter] - predicted[counter]
+    return kept
 
 
-def _checked_record(record, predicted, plan, kept):
-    """``record`` with its prediction, disagreements and verdict."""
-    expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
+def _checked_record(record, predicted, kept, counters, reason):
+    """``record`` with its prediction, the counters checked, disagreements, verdict and why any is not checked."""
     measured = _above_baseline(record)
-    reason = _not_modelled(record["phase"], plan)
-    disagreements = []
-    if reason is None:
-        low, high = _accepted_range(record["phase"], predicted, measured, kept)
-        disagreements = _disagreements(record, measured, low, high)
-    checked = {**record, "predicted": {**expected, "relative_to": "the phase's baseline",
-               "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
-               "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"]}}  # fmt: skip
+    checked_counters = [counter for counter in counters if counter in measured]
+    if len(checked_counters) < len(counters):
+        missing = "this PyTorch's memory_stats has no requested-bytes counters"
+        reason = missing if reason is None else f"{reason}; {missing}"
+    measured = {counter: measured[counter] for counter in checked_counters}
+    low, high = _accepted_range(record["phase"], predicted, measured, kept)
+    disagreements = _disagreements(record, measured, low, high)
+    expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
+    checked = {
+        **record,
+        "predicted": {
+            **expected,
+            "relative_to": "the phase's baseline",
+            "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
+            "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"],
+        },
+    }
     if record["phase"] == "cold_forward":
         # The peaks are checked with the measured workspace added (it is allocated and kept).
         checked["predicted"]["peaks_checked_plus_measured_workspace"] = dict(kept)
+    checked["checked_counters"] = checked_counters
     checked["disagreements"] = disagreements
-    checked["verdict"], checked["verdict_reason"] = "agrees", None
-    if disagreements:
-        checked["verdict"] = "disagrees"
-    elif reason or len(measured) < len(PREDICTED_COUNTERS):
-        checked["verdict"] = "not checked"
-        checked["verdict_reason"] = reason or "this PyTorch's memory_stats has no requested-bytes counters"
+    checked["verdict"] = "disagrees" if disagreements else "agrees" if checked_counters else "not checked"
+    checked["not_checked_reason"] = reason
     return checked
 
 
@@ -1586,22 +1557,7 @@ def forwards_with_workspaces(plan, per_call):
     if not sizes:
         return {}
     tensor_bytes = {**plan["tensor_bytes"], **sizes}
-    allocator = plan["allocator_settings"] or DEFAULT_ALLOCATOR
-    return {name: _simulate(_phase_events(name, sizes), tensor_bytes, allocator) for name in FORWARD_PHASES}
-
-
-def _not_modelled(phase, plan):
-    """Why the allocator model cannot predict this phase under the plan's allocator settings, or None."""
-    allocator = plan["allocator_settings"]
-    if allocator is None:
-        return "PyTorch's allocator settings could not be read"
-    if allocator["backend"] != "native":
-        return f"the {allocator['backend']} backend keeps no requested-bytes counters and rounds no block as modelled"
-    limit = allocator["max_split_size_bytes"]
-    blocks = [plan["tensor_bytes"][name] for action, name in _phase_events(phase)]
-    if limit is not None and any(modelled_block_bytes(size, allocator) >= limit for size in blocks):
-        return "a block at or above max_split_size is never split: its size cannot be predicted"
-    return None
+    return {name: _simulate(_phase_events(name, sizes), tensor_bytes) for name in FORWARD_PHASES}
 
 
 def _above_baseline(record):
@@ -1621,18 +1577,19 @@ def _accepted_range(phase, predicted, measured, kept):
     forward's are widened by the workspace it keeps (``kept``, from _kept_workspace)."""
     low = {counter: predicted[counter] for counter in measured}
     high = dict(low)
-    high["end_allocated_bytes"] += predicted["end_allocated_slack_bytes"]
-    high["peak_allocated_bytes"] += predicted["peak_allocated_slack_bytes"]
+    for moment in ("end", "peak"):
+        if f"{moment}_allocated_bytes" in measured:
+            high[f"{moment}_allocated_bytes"] += predicted[f"{moment}_allocated_slack_bytes"]
     if phase == "cold_forward":
         # The workspace stays allocated: it sits in the end level and, from the first
         # product on, in the peak.  The end only has to hold at least the output.
-        high["end_allocated_bytes"] = None
-        low["peak_allocated_bytes"] += kept["allocated_bytes"] - predicted["end_allocated_slack_bytes"]
-        high["peak_allocated_bytes"] += kept["allocated_bytes"]
-        if "end_requested_bytes" in measured:
-            high["end_requested_bytes"] = None
-            low["peak_requested_bytes"] += kept["requested_bytes"]
-            high["peak_requested_bytes"] += kept["requested_bytes"]
+        for kind in ("allocated", "requested"):
+            if f"end_{kind}_bytes" in measured:
+                high[f"end_{kind}_bytes"] = None
+                low[f"peak_{kind}_bytes"] += kept[f"{kind}_bytes"]
+                high[f"peak_{kind}_bytes"] += kept[f"{kind}_bytes"]
+        if "peak_allocated_bytes" in measured:
+            low["peak_allocated_bytes"] -= predicted["end_allocated_slack_bytes"]
     return low, high
 
 
@@ -1654,7 +1611,7 @@ def _disagreements(record, measured, low, high):
                     "measured_bytes": value,
                     "difference_bytes": value - closest,
                     "relative_to": "the phase's baseline",
-                }  # fmt: skip
+                }
             )
     return found
 
@@ -1867,7 +1824,7 @@ def measure(config, tool):
     index = device_index(config["device"])
     environment = environment_of(config["device"], index)
     _refuse_what_pytorch_gave(environment)
-    plan = memory_plan(config, environment["allocator_settings"])  # one plan: the fit, the check, the file
+    plan = memory_plan(config)  # one plan: the fit, the check, the file
     _refuse_what_cannot_run(torch, set_up, config, index, plan, environment)
     device = set_up("torch.device", lambda: torch.device("cuda", index))
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
@@ -1884,7 +1841,10 @@ def measure(config, tool):
         phases, output_summary, per_call = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
-    phases, prediction_check, workspace = check_against_plan(phases, plan, per_call)
+    backend = environment["gpu"]["allocator_backend"]
+    phases, prediction_check, workspace = check_against_plan(
+        phases, plan, per_call, backend, environment["allocator_settings"]
+    )
     fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
@@ -2075,7 +2035,7 @@ def format_phase_table(result):
             f"DISAGREES {label}: {disagreement['counter']} above baseline measured {disagreement['measured_bytes']}, "
             f"predicted {disagreement['predicted_bytes']} (difference {disagreement['difference_bytes']:+d} bytes)"
         )
-    reasons = dict.fromkeys(record.get("verdict_reason") for record in result["phases"])  # in order, once each
+    reasons = dict.fromkeys(record.get("not_checked_reason") for record in result["phases"])  # in order, once each
     lines += [f"Not checked: {reason}" for reason in reasons if reason]
     workspace = result.get("workspace")
     if workspace and workspace.get("measured_bytes") is not None:
@@ -2106,7 +2066,6 @@ def format_phase_table(result):
 
 
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
-RESULT_SCHEMA_VERSIONS_READ = (1, 2, 3, 4, 5)  # every schema the kit has written: old results stay readable
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
 MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
 QUOTED_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
@@ -2222,8 +2181,9 @@ def _result_summary(path, result):
     if result.get("kit") != KIT_NAME:
         raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
     version = result.get("schema_version")
-    if _count_or_none(version) not in RESULT_SCHEMA_VERSIONS_READ:
-        raise _result_problem(path, f"schema_version {quoted(version)} is not one this version reads (1 to 5)")
+    if _count_or_none(version) != RESULT_SCHEMA_VERSION:
+        why = f"schema_version {quoted(version)} is not this kit's ({RESULT_SCHEMA_VERSION})"
+        raise _result_problem(path, why + ": measure again with this kit")
     config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
     if not all(isinstance(part, dict) for part in (config, model, environment)):
         raise _result_problem(path, "configuration, synthetic_model or environment is missing")
@@ -2239,7 +2199,7 @@ def _result_summary(path, result):
     if not isinstance(config.get("fresh_process_warning"), (str, type(None))):
         raise _result_problem(path, "its configuration.fresh_process_warning is neither null nor text")
     phases, cold, warm = _checked_phases(path, result.get("phases"))
-    checks = _schema_2_checks(path, result) if version >= 2 else {}
+    checks = _verdicts(path, result)
     return {
         "schema_version": version,
         "identity": identity,
@@ -2255,8 +2215,8 @@ def _result_summary(path, result):
         "not_fresh": config.get("fresh_process_warning") is not None,
         **checks,
         **_device_wide(phases[-1]),
-        "device_readings_missing": version >= 3 and phases[-1].get("end_device_used_bytes") is None,
-        "allocator_flag": _allocator_flag(path, environment) if version >= 4 else None,
+        "device_readings_missing": phases[-1].get("end_device_used_bytes") is None,
+        "allocator_flag": _allocator_flag(path, environment),
     }
 
 
@@ -2282,18 +2242,18 @@ def _as_measure_writes(allocator):
 
 
 def _allocator_flag(path, environment):
-    """The allocator settings a schema-4 result records that differ from PyTorch's defaults, as one flag."""
+    """The allocator settings a result records that differ from PyTorch's defaults, as one flag."""
     allocator = environment.get("allocator_settings")
     if allocator is None:
-        return "allocator settings not recorded: prediction not checked"
+        return "allocator settings not recorded: allocated bytes not checked"
     if not _as_measure_writes(allocator):
         raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
     differing = allocator_differences(allocator)
-    return "allocator " + ", ".join(differing) if differing else None
+    return "allocator " + ", ".join(differing) + ": allocated bytes not checked" if differing else None
 
 
 def _device_wide(last_phase):
-    """The device-wide memory in use at the end of a run (schema 3), and the part of it outside PyTorch's
+    """The device-wide memory in use at the end of a run, and the part of it outside PyTorch's
     allocator in that process (device used - reserved); None for both where the result has no reading.
     _checked_phases made each reading null or a count."""
     used, reserved = last_phase.get("end_device_used_bytes"), last_phase.get("end_reserved_bytes")
@@ -2319,7 +2279,7 @@ def _checked_phases(path, phases):
     warm = [line for line in phases if line["phase"] == "warm_forward"]
     if len(cold) != 1 or not warm:
         raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
-    readings = ("end_reserved_bytes", "end_device_used_bytes")  # schema 3's device-wide figure reads them
+    readings = ("end_reserved_bytes", "end_device_used_bytes")  # the device-wide figure reads them
     if not all(phases[-1].get(key) is None or _count_or_none(phases[-1].get(key)) is not None for key in readings):
         raise _result_problem(path, "its last phase line's end_reserved_bytes or end_device_used_bytes is not a count")
     for line in warm:
@@ -2332,17 +2292,17 @@ def _checked_phases(path, phases):
     return phases, cold, warm
 
 
-def _schema_2_checks(path, result):
-    """The verdicts schema 2 records: the prediction's and the output's."""
+def _verdicts(path, result):
+    """The verdicts a result records: the prediction's and the output's."""
     checks = {}
     for key, flag in (("prediction_check", "agrees"), ("output_summary", "all_finite")):
         value = result.get(key)
         if not isinstance(value, dict) or not isinstance(value.get(flag), bool):
-            raise _result_problem(path, f"schema 2 needs {key}.{flag}, true or false")
+            raise _result_problem(path, f"it needs {key}.{flag}, true or false")
         checks[flag] = value[flag]
-    for key in ("disagreements", "not_checked"):  # lists where present (older schema 2 files lack not_checked)
-        if not isinstance(result["prediction_check"].get(key, []), list):
-            raise _result_problem(path, f"schema 2 needs prediction_check.{key} as a list")
+    for key in ("disagreements", "not_checked"):
+        if not isinstance(result["prediction_check"].get(key), list):
+            raise _result_problem(path, f"it needs prediction_check.{key} as a list")
     # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
     checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
     checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
@@ -2352,7 +2312,7 @@ def _schema_2_checks(path, result):
 
 
 def _device_median_ms(warm):
-    """The median of the warm lines' ``device_ms`` (schema 2), or None where any is missing."""
+    """The median of the warm lines' ``device_ms``, or None where any is null."""
     values = [phase.get("device_ms") for phase in warm]  # _checked_phases checked each: null or a time
     if any(value is None for value in values):
         return None
@@ -2379,7 +2339,7 @@ def _row_flags(item, first):
     if item.get("disagreed"):
         flags.append("prediction disagreed")
     if item.get("not_checked"):
-        flags.append("prediction not checked (each such phase's verdict_reason says why)")
+        flags.append("prediction not checked (each such phase's not_checked_reason says why)")
     if item.get("all_finite") is False:
         flags.append("non-finite output")
     if item["peak_allocated_bytes"] > item["peak_reserved_bytes"]:  # allocated is part of reserved: not true
@@ -2468,7 +2428,7 @@ DEVICE_WIDE_NOTE = (
 
 
 def device_wide_lines(rows):
-    """A table of the device-wide memory, for the results that record it (schema 3); none otherwise."""
+    """A table of the device-wide memory, for the results that record it; none otherwise."""
     recorded = [row for row in rows if row.get("device_used_end_bytes") is not None]
     if not recorded:
         return []

@@ -169,10 +169,23 @@ def stand_in_gpu(monkeypatch):
             torch.backends.cuda, "cublas_workspace_size", lambda size=None: 8 * 2**20 + 128 * 2**10, raising=False
         )
         monkeypatch.setattr(torch.backends.cuda, "cublaslt_workspace_size", lambda size=None: 2**20, raising=False)
+        # The allocator settings PyTorch parsed, as its memory snapshot holds them: its defaults.
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": DEFAULT_SNAPSHOT_SETTINGS})
         return properties
 
     install()
     return install
+
+
+# torch.cuda.memory._snapshot()'s allocator_settings under PyTorch's defaults, as PyTorch 2.4 to 2.15 build it
+# (the raw configuration text beside the parsed values; SIZE_MAX handed over as the int64 -1).
+DEFAULT_SNAPSHOT_SETTINGS = {
+    "PYTORCH_CUDA_ALLOC_CONF": "",
+    "max_split_size": -1,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": False,
+    "roundup_power2_divisions": dict.fromkeys((str(2**index) for index in range(16)), 0),
+}
 
 
 class WrongDevice(AssertionError):
@@ -589,15 +602,15 @@ MESSAGES = {
     "report: not UTF-8": "not UTF-8 text",
     "report: not an object": "a JSON {type}, not an object",
     "report: another kit": "its 'kit' is not 'iteragpu-lab-v1'",
-    "report: schema not read": "schema_version {version} is not one this version reads (1 to 5)",
+    "report: schema not read": "schema_version {version} is not this kit's (6): measure again with this kit",
     "report: names not text": "its environment's GPU name, PyTorch or build is not text (at most 256 characters)",
     "report: device readings not counts": (
         "its last phase line's end_reserved_bytes or end_device_used_bytes is not a count"
     ),
     "report: gpu not an object": "its environment's gpu is neither null nor an object",
     "report: cold and warm lines": "it needs one cold_forward line and at least one warm_forward line",
-    "report: schema 2 verdict": "schema 2 needs {field}, true or false",
-    "report: schema 2 list": "schema 2 needs prediction_check.{key} as a list",
+    "report: verdict not a bool": "it needs {field}, true or false",
+    "report: verdicts not a list": "it needs prediction_check.{key} as a list",
     "report: fresh_process_warning not text": "its configuration.fresh_process_warning is neither null nor text",
     "report: device_ms not a time": "a warm_forward line's device_ms, {value}, is neither null nor a time >= 0",
     "report: allocator_settings not measure's": (

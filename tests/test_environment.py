@@ -366,8 +366,6 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "torch._C._BlasBackend.Cublaslt")
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
-    # A stand-in for PyTorch 2.13's getter (no GPU here; 2.11 has none): no setting given.
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "", raising=False)
     recorded_indices.properties.gcnArchName = "gfx90a"  # kept only from a ROCm build
     environment = mesure_memoire.collect_environment("cuda:1")
     assert set(environment["python"]) == {"version", "implementation"}
@@ -413,13 +411,7 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
             "allow_bf16_reduced_precision_reduction": True,
             "allow_fp16_accumulation": False if HAS_MATMUL_FLAG["allow_fp16_accumulation"] else None,
         },
-        # Read from PyTorch's own parsed settings (this CPU build's getter: none set), never the environment.
-        "allocator_settings": {
-            "backend": "cudaMallocAsync",
-            "max_split_size_bytes": None,
-            "expandable_segments": False,
-            "roundup_power2_divisions": {},
-        },
+        "allocator_settings": None,  # the cudaMallocAsync backend has no snapshot: unknown
         "field_errors": {},
         "driver_note": mesure_memoire.DRIVER_NOTE,
         "driver_commands": mesure_memoire.DRIVER_COMMANDS,
@@ -694,7 +686,7 @@ def test_the_environment_text_exactly_with_a_gpu():
             "  memory (runtime)      134217728 bytes = 0.13 GiB",
             "  mem_get_info          free none / total 5 bytes",
             "  allocator backend     unknown",
-            "  allocator settings    unknown (the prediction is not checked)",
+            "  allocator settings    unknown (allocated bytes not checked)",
             "  setting               cudnn_allow_tf32 = False",
             "  setting               allocator_backend = native",
             "  matmul arithmetic     allow_tf32 = None, fp32_precision = tf32",
@@ -757,7 +749,7 @@ def test_the_environment_text_exactly_without_a_gpu():
         "  mem_get_info          free 0 / total none bytes",
         "  allocator backend     native",
     ]
-    assert lines[14] == "  allocator settings    unknown (the prediction is not checked)"
+    assert lines[14] == "  allocator settings    unknown (allocated bytes not checked)"
     environment["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
     assert (
         mesure_memoire.format_environment(environment).splitlines()[14] == "  allocator settings    PyTorch's defaults"
@@ -907,57 +899,12 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
     assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"]["max_split_size_bytes"] is None
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("", {}),
-        ("backend:native,unknown_key:7", {}),  # only the known keys' values are kept
-        ("expandable_segments:True", {"expandable_segments": True}),
-        (
-            "expandable_segments: True, max_split_size_mb: 300",
-            {"expandable_segments": True, "max_split_size_bytes": 300 * MIB},
-        ),
-        ("expandable_segments:False,max_split_size_mb:300", {"max_split_size_bytes": 300 * MIB}),
-        ("roundup_power2_divisions:4", {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}),
-        ("roundup_power2_divisions:1", {}),  # one division changes no block
-        # Before the first interval: its count too; '>' from the last one named on (AllocatorConfig.cpp).
-        (
-            "roundup_power2_divisions:[4:2, 256:8,>:16],garbage_collection_threshold:0.5",
-            {"roundup_power2_divisions": {"1": 2, "2": 2, "4": 2, **{str(2**i): 16 for i in range(8, 16)}}},
-        ),
-        ("roundup_power2_divisions:[>:4]", {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}),
-        (  # after '>', the first interval named sets those below it too
-            "roundup_power2_divisions:[>:4, 64:2]",
-            {"roundup_power2_divisions": {**{str(2**i): 2 for i in range(7)}, **{str(2**i): 4 for i in range(7, 16)}}},
-        ),
-        (
-            "roundup_power2_divisions:[65536:4]",
-            {"roundup_power2_divisions": {**{str(2**i): 4 for i in range(15)}, "32768": 4}},
-        ),
-    ],
-    ids=plain_id,
-)
-def test_the_settings_text_of_pytorch_2_13_is_parsed_in_memory(stand_in_gpu, monkeypatch, text, expected):
-    # A stand-in for the text PyTorch parsed (its own getter reads what was set in this process, not the
-    # environment), with no snapshot (as on a CPU build; a CUDA build's would be asked first).
-    monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text, raising=False)
-    environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, **expected}
-    assert text == "" or text not in mesure_memoire.to_json(environment)
-
-
-def test_the_real_cpu_build_answers_with_its_getter(stand_in_gpu):
-    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] == mesure_memoire.DEFAULT_ALLOCATOR
-
-
 def test_settings_this_pytorch_cannot_tell_are_null(stand_in_gpu, monkeypatch):
-    monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)  # neither API: PyTorch before 2.4
-    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] == mesure_memoire.DEFAULT_ALLOCATOR
+    monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)  # no snapshot: PyTorch before 2.4
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["allocator_settings"] is None
     assert "allocator_settings" not in environment["field_errors"]
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "", raising=False)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: 1 / 0)
     assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] is None  # no backend: no settings
 
@@ -999,16 +946,13 @@ def test_only_a_refusal_of_the_allocator_settings_is_worded_as_one(message, refu
     assert ("secret_key_42" in described) is False
 
 
-def test_a_snapshot_that_cannot_answer_falls_back_to_the_getter(stand_in_gpu, monkeypatch):
+def test_a_snapshot_that_cannot_answer_leaves_the_settings_unknown(stand_in_gpu, monkeypatch):
     def failing():  # a stand-in: a private API that fails for another reason than the settings
         raise RuntimeError("snapshot is not supported on this build")
 
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", failing)
-    monkeypatch.setattr(
-        torch._C, "_accelerator_getAllocatorSettings", lambda: "expandable_segments:True", raising=False
-    )
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True}
+    assert environment["allocator_settings"] is None
     assert "allocator_settings" not in environment["field_errors"]
 
 
@@ -1033,7 +977,6 @@ def test_the_cuda_malloc_async_backend_is_never_asked_for_a_snapshot(stand_in_gp
 
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", refusing)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "backend:cudaMallocAsync", raising=False)
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["allocator_settings"] == {**mesure_memoire.DEFAULT_ALLOCATOR, "backend": "cudaMallocAsync"}
+    assert environment["allocator_settings"] is None  # unknown: no counter is checked under this backend
     assert environment["field_errors"] == {}

@@ -65,7 +65,7 @@ def tick_labels(axes):
 
 
 def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(closes_figures):
-    result = load(DATA / "schema3.json")
+    result = load(DATA / "bfloat16.json")
     plan = mesure_memoire.memory_plan(result["configuration"])
     (axes,) = mesure_memoire.draw_phases(result).axes
     phases = result["phases"]
@@ -115,7 +115,7 @@ def _layout(figure):
 
 def test_the_figures_are_laid_out_as_drawn(closes_figures):
     common = {"title_size": 9, "tick_rotation": {30}, "tick_alignment": {"right"}, "value_size": {7}}
-    phases = _layout(mesure_memoire.draw_phases(load(DATA / "schema3.json")))
+    phases = _layout(mesure_memoire.draw_phases(load(DATA / "bfloat16.json")))
     assert phases == (
         (10, 4.5),
         "ConstrainedLayoutEngine",
@@ -136,7 +136,7 @@ def test_the_figures_are_laid_out_as_drawn(closes_figures):
 def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_peak():
     """Hand-checked for batch 4, context 256, width 512, bfloat16: weights 4,199,424 bytes, inputs 1 MiB,
     the first forward's two 4 MiB hidden tensors and the 256 MiB allowance."""
-    result = load(DATA / "schema3.json")
+    result = load(DATA / "bfloat16.json")
     _, series = mesure_memoire.phase_bar_data(result)
     weights, inputs, hidden = 4199424, 2**20, 4 * 2**20
     assert series["plan's peak allocated"][:3] == [
@@ -149,7 +149,7 @@ def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_pe
 
 
 def test_a_phase_that_disagrees_is_labelled_so():
-    result = load(DATA / "schema3.json")
+    result = load(DATA / "bfloat16.json")
     result["phases"][2]["verdict"] = "disagrees"
     labels, _ = mesure_memoire.phase_bar_data(result)
     assert [label.endswith(" DISAGREES") for label in labels] == [index == 2 for index in range(len(labels))]
@@ -157,7 +157,7 @@ def test_a_phase_that_disagrees_is_labelled_so():
 
 def test_the_values_on_the_bars_are_the_tables_figures():
     """A figure's value text is what the phase table prints for the same counter (MiB, 2 places)."""
-    result = load(DATA / "schema3.json")
+    result = load(DATA / "bfloat16.json")
     table = mesure_memoire.format_phase_table(result)
     labels, series = mesure_memoire.phase_bar_data(result)
     for label, allocated in zip(labels, series["measured peak allocated"], strict=True):
@@ -246,7 +246,7 @@ def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_ma
     assert capsys.readouterr().out == MESSAGES["figure: nothing to draw"]
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # matplotlib not installed, as far as import can tell
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    namespace["measurement"] = load(DATA / "schema3.json")
+    namespace["measurement"] = load(DATA / "bfloat16.json")
     exec(run_figure, namespace)
     assert capsys.readouterr().out == MESSAGES["no figure"].format(why=MESSAGES["matplotlib not importable"]) + "\n"
     assert "figure" not in namespace
@@ -255,7 +255,7 @@ def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_ma
 def test_without_matplotlib_the_kit_refuses_to_draw_in_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed, as far as import can tell
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "schema3.json")), (mesure_memoire.draw_sizes, [])):
+    for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "bfloat16.json")), (mesure_memoire.draw_sizes, [])):
         with pytest.raises(mesure_memoire.KitError) as refused:
             drawing(data)
         assert str(refused.value) == MESSAGES["matplotlib not importable"]
@@ -272,7 +272,7 @@ def test_a_matplotlib_too_old_or_of_unknown_version_is_refused_in_one_line(versi
 
     stand_in = types.SimpleNamespace(pyplot=pyplot, **({} if version is None else {"__version__": version}))
     monkeypatch.setitem(sys.modules, "matplotlib", stand_in)
-    for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "schema3.json")), (mesure_memoire.draw_sizes, [])):
+    for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "bfloat16.json")), (mesure_memoire.draw_sizes, [])):
         with pytest.raises(mesure_memoire.KitError) as refused:
             drawing(data)
         assert str(refused.value) == MESSAGES["matplotlib too old"].format(version=shown)
@@ -287,7 +287,7 @@ def test_matplotlib_3_5_and_later_is_taken(version, monkeypatch):
 
 
 def test_the_figure_cell_draws_the_measurement_of_this_kernel(closes_figures, capsys):
-    measurement = load(DATA / "schema3.json")
+    measurement = load(DATA / "bfloat16.json")
     namespace, run_figure = figure_cell_namespace(measurement)
     exec(run_figure, namespace)
     assert capsys.readouterr().out == ""
@@ -302,7 +302,7 @@ def test_a_real_kernel_shows_the_figure_as_an_image(tmp_path):
         for cell in load(NOTEBOOK)["cells"]
         if cell["id"].startswith(("shared-code-", "step-")) and cell["cell_type"] == "code"
     ]
-    crafted = f"import json\nmeasurement = json.loads({(DATA / 'schema3.json').read_text(encoding='utf-8')!r})"
+    crafted = f"import json\nmeasurement = json.loads({(DATA / 'bfloat16.json').read_text(encoding='utf-8')!r})"
     figure_cell = next(cell for cell in load(NOTEBOOK)["cells"] if cell["id"] == "run-figure")
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell("".join(cell["source"])) for cell in cells]

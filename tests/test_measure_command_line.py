@@ -379,7 +379,7 @@ def test_the_phase_table_lists_each_product_that_takes_a_workspace_per_call():
 def test_the_phase_table_names_each_reason_a_phase_was_not_checked_once():
     reasons = ["the first reason", "the second reason", "the first reason"]
     phases = [
-        dict(phase, verdict="not checked", verdict_reason=reason)
+        dict(phase, verdict="not checked", not_checked_reason=reason)
         for phase, reason in zip(PHASE_TABLE_RESULT["phases"], reasons, strict=True)
     ]
     lines = mesure_memoire.format_phase_table(dict(PHASE_TABLE_RESULT, phases=phases)).splitlines()

@@ -17,6 +17,7 @@ import torch
 
 import mesure_memoire
 from conftest import (
+    DEFAULT_SNAPSHOT_SETTINGS,
     GIB,
     MEASURE,
     MESSAGES,
@@ -216,7 +217,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
         "matmul_arithmetic",
         "torch_version_warning",
     }
-    assert result["schema_version"] == 5
+    assert result["schema_version"] == 6
     assert result["tool"] == "mesure_memoire.py"
     assert result["torch_version_warning"] is None  # this PyTorch's version reads as MAJOR.MINOR
     assert result["created_utc"].endswith("Z")
@@ -461,7 +462,7 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     assert result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
         "kit": "iteragpu-lab-v1",
-        "schema_version": 5,
+        "schema_version": 6,
         "tool": "a tool",
         "torch_version_warning": None,
         "matmul_arithmetic": mesure_memoire.matmul_arithmetic(torch),
@@ -478,8 +479,8 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
         "workspace": {
             "measured_bytes": 0,
             "requested_bytes": 0,
-            "how": "cold_forward's end level above its baseline, less its predicted output: what the "
-            "first forward leaves allocated beyond the prediction (the BLAS workspaces, mostly)",
+            "how": "cold_forward's end level above its baseline, less its predicted output: what the first "
+            "forward leaves beyond the prediction (the BLAS workspaces, mostly); null for a counter not checked",
             "allowance_bytes": 256 * MIB,
             "per_call": NO_PER_CALL,
             "per_call_how": "each matrix product of the forward (fc1, fc2) run once more after the phases, "
@@ -511,30 +512,34 @@ def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, mo
 
 
 @pytest.mark.parametrize(
-    ("backend", "text", "verdict"),
+    ("backend", "divisions", "verdict", "counters"),
     [
-        ("native", "roundup_power2_divisions:4", "disagrees"),
-        ("cudaMallocAsync", "backend:cudaMallocAsync", "not checked"),
+        ("native", 0, "agrees", list(mesure_memoire.PREDICTED_COUNTERS)),
+        ("native", 4, "agrees", ["end_requested_bytes", "peak_requested_bytes"]),
+        ("cudaMallocAsync", 0, "not checked", []),
     ],
+    ids=["defaults", "roundup_power2_divisions_4", "cudaMallocAsync"],
 )
-def test_measure_checks_its_prediction_under_the_settings_pytorch_parsed(
-    stand_in_gpu, monkeypatch, backend, text, verdict
+def test_measure_checks_the_counters_the_settings_pytorch_parsed_allow(
+    stand_in_gpu, monkeypatch, backend, divisions, verdict, counters
 ):
     stand_in_gpu()
     SetUpCalls(monkeypatch)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: backend)
-    # A stand-in for PyTorch 2.13's text, with no snapshot (as on a CPU build; a CUDA build's is asked first).
-    monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: text, raising=False)
-    settings = config(batch=5, context=77, width=3000)  # no tensor a power of two: 4 divisions round each up
-    records = agreeing_records(settings)  # the default rounding's figures: too small for every phase under 4
+    intervals = (str(2**index) for index in range(16))
+    parsed = {**DEFAULT_SNAPSHOT_SETTINGS, "roundup_power2_divisions": dict.fromkeys(intervals, divisions)}
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": parsed})  # a stand-in
+    settings = config(batch=5, context=77, width=3000)
+    records = agreeing_records(settings)
+    records[1]["end_allocated_bytes"] += 2 * MIB  # the inputs' block beyond its slack: disagrees if checked
     monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}, NO_PER_CALL))
     result = mesure_memoire.measure(settings, tool="t")
-    assert result["environment"]["allocator_settings"]["backend"] == backend
-    # One plan, under the settings recorded: the peak the file states is the one the phases were checked by.
-    modelled = mesure_memoire.memory_plan(settings, result["environment"]["allocator_settings"])
-    assert result["predicted_peak_allocated_bytes"] == modelled["predicted_peak_allocated_bytes"]
-    assert {phase["verdict"] for phase in result["phases"]} == {verdict}
+    inputs = result["phases"][1]
+    expected = "disagrees" if backend == "native" and not divisions else verdict
+    assert (inputs["verdict"], inputs["checked_counters"]) == (expected, counters)
+    assert {phase["verdict"] for phase in result["phases"][2:]} == {verdict}
+    plan = mesure_memoire.memory_plan(settings)  # one plan, the defaults': the peak the file states
+    assert result["predicted_peak_allocated_bytes"] == plan["predicted_peak_allocated_bytes"]
 
 
 # --- the PyTorch release: 2.4 or later, read from the version's leading digits --------------------------
@@ -1040,7 +1045,7 @@ def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stan
         ),
     )
     result = mesure_memoire.measure(settings, tool="a tool")
-    assert result["schema_version"] == 5
+    assert result["schema_version"] == 6
     assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB
     names = [call[0] for call in set_up.calls]
     assert names.index("init") < len(names) - 1 - names[::-1].index("mem_get_info")  # read after init

@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 
 import build_notebook
 import mesure_memoire
-from conftest import MESSAGES, NO_PER_CALL, ROOT, code_cells_as_script, on_a_full_disk, run_script, tree_digest
+from conftest import MESSAGES, ROOT, code_cells_as_script, on_a_full_disk, run_script, tree_digest
 
 REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
@@ -382,7 +382,7 @@ def test_the_notebook_functions_compute_what_the_script_computes():
         assert config == mesure_memoire.measure_config("cuda:0", 2, 128, width, dtype, 0, 1, 5)
         assert namespace["synthetic_model"](config) == mesure_memoire.synthetic_model(config)
     assert namespace["PHASES"] == mesure_memoire.PHASES
-    files = [str(REPORT_DATA / "schema1.json"), str(REPORT_DATA / "schema2.json")]
+    files = [str(REPORT_DATA / "float32.json"), str(REPORT_DATA / "bfloat16.json")]
     assert namespace["report"](files) == mesure_memoire.report(files)
     assert namespace["format_report"](namespace["report"](files)) == mesure_memoire.format_report(
         mesure_memoire.report(files)
@@ -391,9 +391,9 @@ def test_the_notebook_functions_compute_what_the_script_computes():
 
 def test_the_results_cell_prints_report_for_the_file_it_wrote(tmp_path, monkeypatch, capsys):
     """Steps 3 and 4 as a plain script, with a stand-in for the GPU measurement (no GPU here):
-    the stand-in "measure_to_file" writes a crafted schema-2 result under OUTPUT."""
+    the stand-in "measure_to_file" writes a crafted result under OUTPUT."""
     monkeypatch.chdir(tmp_path)
-    crafted = json.loads((REPORT_DATA / "schema2.json").read_text(encoding="utf-8"))
+    crafted = json.loads((REPORT_DATA / "bfloat16.json").read_text(encoding="utf-8"))
     namespace = {}
     cells = {cell["id"]: "".join(cell["source"]) for cell in committed()["cells"] if cell["cell_type"] == "code"}
     for cell_id, source in cells.items():
@@ -403,9 +403,7 @@ def test_the_results_cell_prints_report_for_the_file_it_wrote(tmp_path, monkeypa
     def stand_in_measure_to_file(config, output, tool):
         assert (config["batch"], config["width"], tool) == (1, 64, "mesure-memoire.ipynb")
         (tmp_path / output).write_text(json.dumps(crafted), encoding="utf-8")
-        # Schema 5's fields, as measure returns them.
-        workspace = {**crafted["workspace"], "allowance_bytes": 256 * 2**20, "per_call": NO_PER_CALL}
-        return {**crafted, "torch_version_warning": "an unreadable version", "workspace": workspace}
+        return {**crafted, "torch_version_warning": "an unreadable version"}
 
     namespace["measure_to_file"] = stand_in_measure_to_file
     exec(compile(cells["run-measure"], "<notebook>", "exec"), namespace)

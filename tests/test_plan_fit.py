@@ -1,7 +1,7 @@
 """`measure --plan --memory-gib`: the verdict on a card and the largest size per dimension, the one fit rule
-that measure applies too (stand-in GPU), and the allocator settings PyTorch parsed (modelled, or "not checked")."""
+that measure applies too (stand-in GPU), and the allocator settings PyTorch parsed (allocated bytes checked
+under the defaults only)."""
 
-import itertools
 import json
 import re
 
@@ -302,20 +302,23 @@ def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# --- the allocator settings PyTorch parsed: modelled, or "not checked", never a false verdict -----------
+# --- the allocator settings PyTorch parsed: allocated bytes checked under the defaults only, never a false verdict
+
 
 ROUNDUP_4 = {str(2**interval): 4 for interval in range(16)}  # every interval, 1 MiB to 32768 MiB and above
-ALLOCATORS = {
+OTHER_SETTINGS = {
     "roundup_power2_divisions:4": {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": ROUNDUP_4},
     "expandable_segments:True": {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True},
+    "max_split_size_mb:21": {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": 21 * MIB},
 }
 WIDE = dict(batch=5, context=77, width=3000, dtype="float32", warmup=1, repeats=1)  # the review's sizes
+REQUESTED = ["end_requested_bytes", "peak_requested_bytes"]
 
 
-def records_as_modelled(settings, allocator):
-    """Counter records equal to the model under ``allocator`` (stand-in counters: no GPU here)."""
+def records_as_planned(settings):
+    """Counter records equal to the plan (stand-in counters: no GPU here)."""
     records, level = [], 0
-    for predicted in mesure_memoire.memory_plan(settings, allocator)["phases"]:
+    for predicted in mesure_memoire.memory_plan(settings)["phases"]:
         record = {"phase": predicted["phase"], **{k: predicted[k] for k in ("passes", "repetition") if k in predicted}}
         record["baseline_allocated_bytes"] = record["baseline_requested_bytes"] = level
         for counter in mesure_memoire.PREDICTED_COUNTERS:
@@ -326,91 +329,70 @@ def records_as_modelled(settings, allocator):
     return records
 
 
-def test_roundup_power2_divisions_rounds_as_pytorchs_round_size():
-    four = ALLOCATORS["roundup_power2_divisions:4"]
-    block = mesure_memoire.modelled_block_bytes
-    assert block(144_000_000, four) == 160 * MIB  # 128 MiB + one quarter step of 32 MiB
-    assert block(128 * MIB, four) == 128 * MIB
-    assert block(128 * MIB + 1, four) == 160 * MIB
-    assert block(3 * MIB + 1, four) == 3 * MIB + 512 * 1024  # steps of 512 KiB between 2 and 4 MiB
-    assert block(2048, four) == 2048  # not above 512 * 4: 512-byte steps
-    assert block(2049, four) == 2560
-    assert block(1, four) == 512
-    assert block(144_000_000, mesure_memoire.DEFAULT_ALLOCATOR) == 144_000_000
-    only_large = {**four, "roundup_power2_divisions": {"128": 2}}  # one interval: 128 MiB to 256 MiB
-    assert block(144_000_000, only_large) == 192 * MIB
-    assert block(100 * MIB + 1, only_large) == 100 * MIB + 512
-    assert block(600, four) == 1024  # 512-byte steps up to 512 * 4, as round_size's
-    first = {**four, "roundup_power2_divisions": {"1": 4}}  # below 2 MiB: the first interval's count
-    assert block(3 * MIB // 2 + 1, first) == 7 * MIB // 4
-    last = {**four, "roundup_power2_divisions": {"32768": 2}}  # 32 GiB and above: the last interval's count
-    assert block(100 * GIB, last) == 128 * GIB
+def check(records, backend="native", allocator=mesure_memoire.DEFAULT_ALLOCATOR):
+    plan = mesure_memoire.memory_plan(config(**WIDE))
+    return mesure_memoire.check_against_plan(records, plan, None, backend, allocator)
 
 
-@pytest.mark.parametrize("name", ALLOCATORS)
-def test_each_modelled_setting_agrees_when_exact_and_disagrees_one_block_off(name):
-    allocator = ALLOCATORS[name]
-    plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
-    checked, check, _ = mesure_memoire.check_against_plan(records_as_modelled(config(**WIDE), allocator), plan)
-    assert check == {"agrees": True, "disagreements": [], "not_checked": []}
-    assert {record["verdict"] for record in checked} == {"agrees"}
-    # One 512-byte block below the model disagrees under both; above it too where no slack is allowed.
-    offsets = (-512, 512) if name == "expandable_segments:True" else (-512,)
-    for index, offset in itertools.product(range(len(plan["phases"])), offsets):
-        records = records_as_modelled(config(**WIDE), allocator)
-        records[index]["peak_allocated_bytes"] += offset
-        if records[index]["phase"] != "cold_forward":  # its end is only a floor (the BLAS workspace)
-            records[index]["end_allocated_bytes"] += offset
-        checked, _, _ = mesure_memoire.check_against_plan(records, plan)
-        # cold_forward's peak floor leaves out the large blocks' slack (its workspace is measured from the end).
-        if offsets == (-512,) and records[index]["phase"] == "cold_forward":
-            continue
-        assert checked[index]["verdict"] == "disagrees", (name, index, offset)
-    # Under the default model, the setting's own figures disagree: its effect is real, not absorbed.
-    records = records_as_modelled(config(**WIDE), allocator)
-    _, check, _ = mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE)))
-    assert check["agrees"] is (name == "expandable_segments:True")
+def test_under_the_defaults_every_counter_is_checked():
+    checked, prediction_check, _ = check(records_as_planned(config(**WIDE)))
+    assert prediction_check == {"agrees": True, "disagreements": [], "not_checked": []}
+    assert {(r["verdict"], r["not_checked_reason"]) for r in checked} == {("agrees", None)}
+    assert all(r["checked_counters"] == list(mesure_memoire.PREDICTED_COUNTERS) for r in checked)
 
 
-def test_a_block_at_or_above_max_split_size_is_not_checked_with_the_reason():
-    limit = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": 21 * MIB}
-    records = records_as_modelled(config(**WIDE), limit)
-    records[0]["end_allocated_bytes"] += 2 * MIB - 512  # what a block never split may hold
-    checked, check, _ = mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE), limit))
-    reason = "a block at or above max_split_size is never split: its size cannot be predicted"
-    # model_load's weights (137 MiB) are such blocks; the inputs (4.4 MiB) and activations (17.6 MiB) are not.
-    assert [(r["verdict"], r["verdict_reason"]) for r in checked] == [("not checked", reason)] + [("agrees", None)] * 4
-    assert check == {"agrees": False, "disagreements": [], "not_checked": ["model_load"]}
-    records[1]["end_allocated_bytes"] -= 512  # the phases below the limit are still checked
-    assert mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(config(**WIDE), limit))[1][
-        "disagreements"
-    ]
+@pytest.mark.parametrize("name", OTHER_SETTINGS)
+def test_other_settings_check_requested_bytes_exactly_and_leave_allocated_bytes_not_checked(name):
+    allocator = OTHER_SETTINGS[name]
+    records = records_as_planned(config(**WIDE))
+    for record in records:  # any rounding the setting makes: allocated bytes are not judged
+        record["end_allocated_bytes"] += 3 * MIB + 7
+        record["peak_allocated_bytes"] += 5 * MIB + 3
+    checked, prediction_check, workspace = check(records, allocator=allocator)
+    reason = "allocated bytes: settings other than PyTorch's defaults (" + ", ".join(
+        mesure_memoire.allocator_differences(allocator)
+    )
+    assert {r["verdict"] for r in checked} == {"agrees"}
+    assert all(r["checked_counters"] == REQUESTED for r in checked)
+    assert {r["not_checked_reason"] for r in checked} == {reason + ")"}
+    assert prediction_check == {"agrees": True, "disagreements": [], "not_checked": []}
+    assert workspace["measured_bytes"] is None
+    assert workspace["requested_bytes"] == 0
+    for index in range(len(records)):  # requested bytes stay exact: one byte off disagrees
+        changed = records_as_planned(config(**WIDE))
+        changed[index]["peak_requested_bytes"] += 1
+        assert check(changed, allocator=allocator)[0][index]["verdict"] == "disagrees", index
 
 
-def test_cuda_malloc_async_and_unreadable_settings_are_not_checked_never_disagree():
-    asynchronous = {**mesure_memoire.DEFAULT_ALLOCATOR, "backend": "cudaMallocAsync"}
-    reasons = {
-        "cudaMallocAsync": "the cudaMallocAsync backend keeps no requested-bytes counters and rounds no block as "
-        "modelled",
-        None: "PyTorch's allocator settings could not be read",
-    }
-    for allocator, reason in ((asynchronous, reasons["cudaMallocAsync"]), (None, reasons[None])):
-        records = records_as_modelled(config(**WIDE), mesure_memoire.DEFAULT_ALLOCATOR)
-        for record in records:  # PyTorch keeps the requested-bytes counters at zero under cudaMallocAsync
-            record.update(baseline_requested_bytes=0, end_requested_bytes=0, peak_requested_bytes=0)
-        plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
-        checked, check, _ = mesure_memoire.check_against_plan(records, plan)
-        assert {(r["verdict"], r["verdict_reason"]) for r in checked} == {("not checked", reason)}
-        assert check["disagreements"] == []
-        assert check["agrees"] is False
-        assert len(check["not_checked"]) == 5
+def test_unreadable_settings_check_requested_bytes_only():
+    records = records_as_planned(config(**WIDE))
+    records[1]["end_allocated_bytes"] += 512
+    checked, prediction_check, _ = check(records, allocator=None)
+    reason = "allocated bytes: PyTorch's allocator settings could not be read"
+    assert {(r["verdict"], r["not_checked_reason"]) for r in checked} == {("agrees", reason)}
+    records[1]["end_requested_bytes"] += 1
+    assert check(records, allocator=None)[1]["disagreements"][0]["counter"] == "end_requested_bytes"
 
 
-def test_max_split_size_leaves_unchecked_a_block_at_the_limit_not_one_below():
-    inputs_block = mesure_memoire.modelled_block_bytes(5 * 77 * 3000 * 4, mesure_memoire.DEFAULT_ALLOCATOR)
-    for limit, verdict in ((inputs_block, "not checked"), (inputs_block + 1, "agrees")):
-        allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": limit}
-        plan = mesure_memoire.memory_plan(config(**WIDE), allocator)
-        checked, _, _ = mesure_memoire.check_against_plan(records_as_modelled(config(**WIDE), allocator), plan)
-        assert checked[1]["phase"] == "inputs"
-        assert checked[1]["verdict"] == verdict
+@pytest.mark.parametrize(
+    ("backend", "reason"),
+    [
+        (
+            "cudaMallocAsync",
+            "the cudaMallocAsync backend keeps no requested-bytes figure and rounds no block as the native one",
+        ),
+        (None, "PyTorch's allocator backend could not be read"),
+    ],
+    ids=["cudaMallocAsync", "unknown"],
+)
+def test_another_or_unknown_backend_is_not_checked_and_never_disagrees(backend, reason):
+    records = records_as_planned(config(**WIDE))
+    for record in records:  # PyTorch keeps the requested-bytes counters at zero under cudaMallocAsync
+        record.update(baseline_requested_bytes=0, end_requested_bytes=0, peak_requested_bytes=0)
+    checked, prediction_check, workspace = check(records, backend=backend, allocator=None)
+    assert {(r["verdict"], r["not_checked_reason"]) for r in checked} == {("not checked", reason)}
+    assert all(r["checked_counters"] == [] for r in checked)
+    assert prediction_check["disagreements"] == []
+    assert prediction_check["agrees"] is False
+    assert len(prediction_check["not_checked"]) == 5
+    assert (workspace["measured_bytes"], workspace["requested_bytes"]) == (None, None)

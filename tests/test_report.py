@@ -1,8 +1,7 @@
-"""`mesure_memoire.py report`: figures against a hand computation, flags, schema 1 and 2, hostile files.
+"""`mesure_memoire.py report`: figures against a hand computation, flags, the one schema read, hostile files.
 
 The results under tests/data/report are crafted (GPU "Crafted GPU", tool "crafted for the tests"):
-they have the shape ``measure`` writes (schema 1 today, schema 2 as in the helpers' contract) and
-no measured figure in them.
+they have the shape ``measure`` writes (schema 6) and no measured figure in them.
 """
 
 import copy
@@ -43,15 +42,15 @@ def row_of(result, name="r.json"):
 # --- figures, checked against a hand computation ------------------------------------------------------
 
 
-def test_schema_1_row_matches_the_hand_computation():
-    row = row_of(load("schema1.json"), "schema1.json")
+def test_the_float32_row_matches_the_hand_computation():
+    row = row_of(load("float32.json"), "float32.json")
     # batch 2, context 128, width 1024, float32; warm lines 1.2, 1.0, 1.1, 1.3 ms; cold 5.4321 ms.
     positions = 2 * 128
     flop = 2 * positions * 1024 * 4096 * 2 + positions * 4096 + positions * 1024  # two matmuls, two biases
     assert flop == 4296278016
     assert row == {
-        "file": "schema1.json",
-        "schema_version": 1,
+        "file": "float32.json",
+        "schema_version": 6,
         "gpu": "Crafted GPU",
         "torch": "2.13.0+cu130",
         "cuda_build": "13.0",
@@ -64,8 +63,8 @@ def test_schema_1_row_matches_the_hand_computation():
         # weights 33574912 + inputs 1048576 + workspace 8388608 + hidden 4194304 + output 1048576 (cold_forward)
         "peak_allocated_bytes": 48254976,
         "peak_reserved_bytes": 24 * 2**21,
-        "device_used_end_bytes": None,  # schema 1 and 2 record no device-wide reading
-        "outside_allocator_bytes": None,
+        "device_used_end_bytes": 48 * 2**20 + 500 * 2**20,  # crafted: 48 MiB reserved, a 500 MiB context
+        "outside_allocator_bytes": 500 * 2**20,
         "cold_forward_ms": Decimal("5.4321"),
         "warm_repetitions": 4,
         "warm_median_ms": Decimal("1.15"),  # (1.1 + 1.2) / 2
@@ -83,10 +82,10 @@ def test_schema_1_row_matches_the_hand_computation():
     assert isinstance(row["warm_median_ms"], Decimal)
 
 
-def test_schema_2_row_matches_the_hand_computation():
-    row = row_of(load("schema2.json"))
+def test_the_bfloat16_row_matches_the_hand_computation():
+    row = row_of(load("bfloat16.json"))
     # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.8, 1.0 ms; warm device 0.75, 0.5, 1.25 ms.
-    assert (row["schema_version"], row["dtype"], row["parameters"]) == (2, "bfloat16", 8 * 512 * 512 + 5 * 512)
+    assert (row["schema_version"], row["dtype"], row["parameters"]) == (6, "bfloat16", 8 * 512 * 512 + 5 * 512)
     assert row["warm_median_ms"] == Decimal("0.9")
     assert row["warm_median_device_ms"] == Decimal("0.75")
     assert row["cold_forward_ms"] == Decimal("4.1")
@@ -98,7 +97,7 @@ def test_schema_2_row_matches_the_hand_computation():
 
 
 def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
-    result = load("schema1.json")
+    result = load("float32.json")
     result["phases"][0]["peak_allocated_bytes"] = 2**40  # model_load
     result["phases"][-1]["peak_reserved_bytes"] = 2**41  # the last warm line
     row = row_of(result)
@@ -110,7 +109,7 @@ def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
     [([7], "0.000007"), ([3, 1, 2], "0.000002"), ([4, 1, 3, 2], "0.0000025"), ([5, 5, 1, 9, 9], "0.000005")],
 )
 def test_the_warm_median_is_exact(nanoseconds, median_ms):
-    result = load("schema1.json")
+    result = load("float32.json")
     warm = next(p for p in result["phases"] if p["phase"] == "warm_forward")
     result["phases"] = [p for p in result["phases"] if p["phase"] != "warm_forward"]
     result["phases"] += [{**warm, "nanoseconds": ns, "repetition": k} for k, ns in enumerate(nanoseconds, 1)]
@@ -120,7 +119,7 @@ def test_the_warm_median_is_exact(nanoseconds, median_ms):
 
 
 def test_a_zero_median_leaves_the_derived_figures_empty():
-    result = load("schema1.json")
+    result = load("float32.json")
     for phase in result["phases"]:
         if phase["phase"] == "warm_forward":
             phase["nanoseconds"] = 0
@@ -132,7 +131,7 @@ def test_a_zero_median_leaves_the_derived_figures_empty():
 
 
 def test_device_median_is_the_decimal_of_the_written_figures():
-    result = load("schema2.json")
+    result = load("bfloat16.json")
     warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
     for phase, device_ms in zip(warm, (0.3, 0.1, 0.2), strict=True):
         phase["device_ms"] = device_ms
@@ -140,7 +139,7 @@ def test_device_median_is_the_decimal_of_the_written_figures():
 
 
 def test_device_median_keeps_whole_numbers_exact_and_writes_no_negative_zero():
-    result = load("schema2.json")
+    result = load("bfloat16.json")
     warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
     for phase in warm:
         phase["device_ms"] = 123456789012345678901  # a float would keep 17 digits
@@ -151,10 +150,10 @@ def test_device_median_keeps_whole_numbers_exact_and_writes_no_negative_zero():
 
 
 def test_device_median_needs_every_warm_line_to_have_device_ms():
-    result = load("schema2.json")
+    result = load("bfloat16.json")
     result["phases"][-1]["device_ms"] = None
     assert row_of(result)["warm_median_device_ms"] is None
-    del result["phases"][-1]["device_ms"]  # schema 1 has none
+    del result["phases"][-1]["device_ms"]
     assert row_of(result)["warm_median_device_ms"] is None
 
 
@@ -169,10 +168,10 @@ def test_forward_flop_follows_the_stated_convention():
 
 
 def test_each_flag_is_raised_by_its_own_cause_only():
-    base = load("schema2.json")
+    base = load("bfloat16.json")
     not_fresh, disagrees, non_finite = (copy.deepcopy(base) for _ in range(3))
     not_fresh["configuration"]["fresh_process_warning"] = "PyTorch already held GPU memory"
-    disagrees["prediction_check"] = {"agrees": False, "disagreements": [{"phase": "inputs"}]}
+    disagrees["prediction_check"] = {"agrees": False, "disagreements": [{"phase": "inputs"}], "not_checked": []}
     non_finite["output_summary"]["all_finite"] = False
     empty_warning = copy.deepcopy(base)
     empty_warning["configuration"]["fresh_process_warning"] = ""  # a string, however short, is a warning
@@ -192,7 +191,7 @@ def test_each_flag_is_raised_by_its_own_cause_only():
             ("g", both),
         ]
     )
-    unchecked = "prediction not checked (each such phase's verdict_reason says why)"
+    unchecked = "prediction not checked (each such phase's not_checked_reason says why)"
     assert [row["flags"] for row in rows] == [
         [],
         ["not a fresh process"],
@@ -204,15 +203,8 @@ def test_each_flag_is_raised_by_its_own_cause_only():
     ]
 
 
-def test_schema_1_has_no_prediction_or_output_flags_even_with_stray_keys():
-    result = load("schema1.json")
-    result["prediction_check"] = {"agrees": False}
-    result["output_summary"] = {"all_finite": False}
-    assert row_of(result)["flags"] == []
-
-
 def test_an_environment_differing_from_the_first_row_is_flagged_by_part():
-    first, gpu, torch, builds = (load("schema1.json") for _ in range(4))
+    first, gpu, torch, builds = (load("float32.json") for _ in range(4))
     gpu["environment"]["gpu"]["name"] = "Another crafted GPU"
     torch["environment"]["torch"] = "2.12.0+cu126"
     builds["environment"]["cuda_build"] = None
@@ -230,12 +222,12 @@ def test_an_environment_differing_from_the_first_row_is_flagged_by_part():
 
 
 def test_all_flags_together_in_the_text():
-    result = load("schema2.json")
+    result = load("bfloat16.json")
     result["configuration"]["fresh_process_warning"] = "not fresh"
     result["prediction_check"]["agrees"] = False
     result["output_summary"]["all_finite"] = False
     result["environment"]["torch"] = "other"
-    rows = mesure_memoire.report_rows([("a.json", load("schema2.json")), ("b.json", result)])
+    rows = mesure_memoire.report_rows([("a.json", load("bfloat16.json")), ("b.json", result)])
     text = mesure_memoire.format_report({"results": rows, "derived_figures": "d", "flop_convention": "f"})
     assert text.splitlines()[2].endswith(
         "not a fresh process; prediction disagreed; non-finite output; environment differs from row 1: PyTorch"
@@ -245,12 +237,18 @@ def test_all_flags_together_in_the_text():
 # --- the command line: text and JSON from the same rows -------------------------------------------------
 
 EXPECTED_TEXT = """\
-file          GPU          dtype     batch  context  width  parameters  peak alloc MiB  peak reserved MiB  cold ms  \
+file           GPU          dtype     batch  context  width  parameters  peak alloc MiB  peak reserved MiB  cold ms  \
 warm median ms  positions/s*  GFLOP/s*  flags
-schema1.json  Crafted GPU  float32       2      128   1024     8393728           46.02              48.00    5.432  \
+float32.json   Crafted GPU  float32       2      128   1024     8393728           46.02              48.00    5.432  \
          1.150        222609   3735.89  none
-schema2.json  Crafted GPU  bfloat16      4      256    512     2099712           18.00              20.00    4.100  \
+bfloat16.json  Crafted GPU  bfloat16      4      256    512     2099712           18.00              20.00    4.100  \
          0.900       1137778   4775.10  none
+Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside PyTorch's \
+allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any other process on that \
+GPU.
+file           device used MiB  outside allocator MiB
+float32.json            548.00                 500.00
+bfloat16.json           584.00                 564.00
 Peaks: maxima over each run's phases, PyTorch's allocator in that process only.
 Times: wall clock; the warm median is the median of the warm_forward lines.
 * derived, not measured: a forward's positions or FLOP divided by the warm median wall time (which includes \
@@ -263,7 +261,7 @@ for N = batch*context positions.
 def test_text_output_is_the_hand_checked_table(monkeypatch, capsys):
     monkeypatch.chdir(DATA)
     before = tree_digest(DATA)
-    assert mesure_memoire.main(["report", "schema1.json", "schema2.json"]) == 0
+    assert mesure_memoire.main(["report", "float32.json", "bfloat16.json"]) == 0
     captured = capsys.readouterr()
     assert captured.out == EXPECTED_TEXT
     assert captured.err == ""
@@ -272,7 +270,7 @@ def test_text_output_is_the_hand_checked_table(monkeypatch, capsys):
 
 def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys):
     monkeypatch.chdir(DATA.parent)
-    given = ["report/schema2.json", str(DATA / "schema1.json"), "report/schema2.json"]
+    given = ["report/bfloat16.json", str(DATA / "float32.json"), "report/bfloat16.json"]
     assert mesure_memoire.main(["report", *given, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert list(data) == ["results", "derived_figures", "flop_convention"]
@@ -315,7 +313,7 @@ def _write(folder, name, content):
 
 
 def _valid_with(change):
-    result = load("schema2.json")
+    result = load("bfloat16.json")
     change(result)
     return json.dumps(result)
 
@@ -335,7 +333,7 @@ def _two_cold(result):
 )
 def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(name, shown, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    good = _write(tmp_path, "good.json", (DATA / "schema1.json").read_bytes())
+    good = _write(tmp_path, "good.json", (DATA / "float32.json").read_bytes())
     assert mesure_memoire.main(["report", good, name]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -365,7 +363,7 @@ HOSTILE = {
         MESSAGES["report: not an object"].format(type="int"),
     ),
     "truncated": (
-        lambda folder: _write(folder, "cut.json", (DATA / "schema1.json").read_bytes()[:1000]),
+        lambda folder: _write(folder, "cut.json", (DATA / "float32.json").read_bytes()[:1000]),
         MESSAGES["report: not JSON"].format(error="Unterminated string starting at: line 37 column 20"),
     ),
     "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), MESSAGES["report: nested too deep"]),
@@ -424,22 +422,26 @@ HOSTILE = {
     ),
     "disagreements not a list": (
         lambda folder: _write(folder, "dg.json", _valid_with(lambda r: r["prediction_check"].update(disagreements=1))),
-        MESSAGES["report: schema 2 list"].format(key="disagreements"),
+        MESSAGES["report: verdicts not a list"].format(key="disagreements"),
     ),
     "not_checked not a list": (
         lambda folder: _write(
             folder, "nc.json", _valid_with(lambda r: r["prediction_check"].update(not_checked="model_load"))
         ),
-        MESSAGES["report: schema 2 list"].format(key="not_checked"),
+        MESSAGES["report: verdicts not a list"].format(key="not_checked"),
     ),
     "GPU name 257 characters": (
         lambda folder: _write(folder, "gl.json", _valid_with(lambda r: r["environment"]["gpu"].update(name="G" * 257))),
         MESSAGES["report: names not text"],
     ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), MESSAGES["report: another kit"]),
-    "schema 6": (
-        lambda folder: _write(folder, "s6.json", _valid_with(lambda r: r.update(schema_version=6))),
-        MESSAGES["report: schema not read"].format(version=6),
+    "schema 5": (  # the H200's results of 4 December 2026 were written in schema 5
+        lambda folder: _write(folder, "s5.json", _valid_with(lambda r: r.update(schema_version=5))),
+        MESSAGES["report: schema not read"].format(version=5),
+    ),
+    "schema 7": (
+        lambda folder: _write(folder, "s7.json", _valid_with(lambda r: r.update(schema_version=7))),
+        MESSAGES["report: schema not read"].format(version=7),
     ),
     "schema true": (
         lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
@@ -491,7 +493,7 @@ HOSTILE = {
     ),
     "schema 2 without its checks": (
         lambda folder: _write(folder, "s2.json", _valid_with(lambda r: r.pop("prediction_check"))),
-        MESSAGES["report: schema 2 verdict"].format(field="prediction_check.agrees"),
+        MESSAGES["report: verdict not a bool"].format(field="prediction_check.agrees"),
     ),
     "end_reserved_bytes text": (
         lambda folder: _write(folder, "er.json", _valid_with(lambda r: r["phases"][-1].update(end_reserved_bytes="x"))),
@@ -531,7 +533,7 @@ HOSTILE = {
     ),
     "schema 2 all_finite not a bool": (
         lambda folder: _write(folder, "s2f.json", _valid_with(lambda r: r["output_summary"].update(all_finite=0))),
-        MESSAGES["report: schema 2 verdict"].format(field="output_summary.all_finite"),
+        MESSAGES["report: verdict not a bool"].format(field="output_summary.all_finite"),
     ),
 }
 
@@ -554,7 +556,7 @@ def test_hostile_files_are_refused_in_one_line_naming_them(case, tmp_path, monke
     monkeypatch.chdir(tmp_path)
     make, why = HOSTILE[case]
     name = make(tmp_path)
-    good = _write(tmp_path, "good.json", (DATA / "schema1.json").read_bytes())
+    good = _write(tmp_path, "good.json", (DATA / "float32.json").read_bytes())
     before = tree_digest(tmp_path)
     assert mesure_memoire.main(["report", good, name, good]) == 2
     captured = capsys.readouterr()
@@ -567,14 +569,14 @@ def test_a_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, 
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.MAX_RESULT_BYTES == 32 * 2**20
     with open(tmp_path / "huge.json", "wb") as stream:
-        stream.write(json.dumps(load("schema1.json")).encode() + b" ")
+        stream.write(json.dumps(load("float32.json")).encode() + b" ")
         stream.truncate(mesure_memoire.MAX_RESULT_BYTES + 1)  # valid JSON followed by NULs, one byte too many
     assert mesure_memoire.main(["report", "huge.json"]) == 2
     assert capsys.readouterr().err == error_line(
         MESSAGES["report: not a kit result"].format(file="'huge.json'", why=MESSAGES["report: larger than 32 MiB"])
     )
     with open(tmp_path / "edge.json", "wb") as stream:
-        text = json.dumps(load("schema1.json")).encode()
+        text = json.dumps(load("float32.json")).encode()
         stream.write(text + b" " * (mesure_memoire.MAX_RESULT_BYTES - len(text)))
     assert mesure_memoire.main(["report", "edge.json"]) == 0  # exactly at the bound: read
 
@@ -634,9 +636,9 @@ def test_refusals_through_the_interpreter_exit_2_in_one_line(tmp_path):
 
 @pytest.mark.whole_kit
 def test_report_runs_with_the_standard_library_alone(tmp_path):
-    completed = run_script("mesure_memoire.py", "report", str(DATA / "schema1.json"), python_flags=("-S", "-I"))
+    completed = run_script("mesure_memoire.py", "report", str(DATA / "float32.json"), python_flags=("-S", "-I"))
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.splitlines()[1].split()[:3] == [str(DATA / "schema1.json"), "Crafted", "GPU"]
+    assert completed.stdout.splitlines()[1].split()[:3] == [str(DATA / "float32.json"), "Crafted", "GPU"]
 
 
 # --- the README's example --------------------------------------------------------------------------------
@@ -753,11 +755,11 @@ def test_cells_show_none_and_escape_unprintable_text():
 def test_report_command_json_and_text_come_from_the_same_rows(capsys, monkeypatch):
     data = os.path.join(os.path.dirname(__file__), "data", "report")
     monkeypatch.chdir(data)
-    assert mesure_memoire.main(["report", "schema2.json", "--json"]) == 0
+    assert mesure_memoire.main(["report", "bfloat16.json", "--json"]) == 0
     out = capsys.readouterr().out
-    assert out == mesure_memoire.to_json(mesure_memoire.report(["schema2.json"]))
-    assert mesure_memoire.main(["report", "schema2.json"]) == 0
-    assert capsys.readouterr().out == mesure_memoire.format_report(mesure_memoire.report(["schema2.json"])) + "\n"
+    assert out == mesure_memoire.to_json(mesure_memoire.report(["bfloat16.json"]))
+    assert mesure_memoire.main(["report", "bfloat16.json"]) == 0
+    assert capsys.readouterr().out == mesure_memoire.format_report(mesure_memoire.report(["bfloat16.json"])) + "\n"
 
 
 # --- report: what a result must hold, and the rows -------------------------------------------------------------
@@ -766,7 +768,7 @@ REPORT_DATA = os.path.join(os.path.dirname(__file__), "data", "report")
 
 
 def _schema2():
-    with open(os.path.join(REPORT_DATA, "schema2.json"), encoding="utf-8") as stream:
+    with open(os.path.join(REPORT_DATA, "bfloat16.json"), encoding="utf-8") as stream:
         return json.load(stream)
 
 
@@ -784,11 +786,11 @@ def _schema2():
         (lambda r: r["phases"][0].update(peak_allocated_bytes=-1), MESSAGES["report: phase line incomplete"]),
         (
             lambda r: r.update(output_summary=None),
-            MESSAGES["report: schema 2 verdict"].format(field="output_summary.all_finite"),
+            MESSAGES["report: verdict not a bool"].format(field="output_summary.all_finite"),
         ),
         (
             lambda r: r["prediction_check"].update(agrees=1),
-            MESSAGES["report: schema 2 verdict"].format(field="prediction_check.agrees"),
+            MESSAGES["report: verdict not a bool"].format(field="prediction_check.agrees"),
         ),
         (
             lambda r: r.update(phases=[p for p in r["phases"] if p["phase"] != "cold_forward"]),
@@ -893,31 +895,34 @@ def test_after_two_dashes_a_file_name_may_start_with_a_dash(argv, capsys, tmp_pa
 def test_the_files_reach_the_report_in_order(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     for name in ("a", "b", "c", "-d", "--e"):
-        _write(tmp_path, name, (DATA / "schema1.json").read_bytes())
+        _write(tmp_path, name, (DATA / "float32.json").read_bytes())
     assert mesure_memoire.main(["report", "a", "b", "--json"]) == 0
     assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["a", "b"]
     assert mesure_memoire.main(["report", "--json", "c", "--", "-d", "--e"]) == 0
     assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["c", "-d", "--e"]
 
 
-# --- schema 3: the device-wide memory and the part outside the allocator (part "fit") ----------------------
+# --- the device-wide memory and the part outside the allocator (part "fit") ---------------------------------
 
 MIB = 2**20
 
 
-def test_schema_3_row_adds_the_device_wide_memory_and_the_part_outside_the_allocator():
-    row, old = row_of(load("schema3.json")), row_of(load("schema2.json"))
+def without_device_readings(result):
+    for line in result["phases"]:
+        line["baseline_device_used_bytes"] = line["end_device_used_bytes"] = None  # the runtime could not tell
+    return result
+
+
+def test_the_row_holds_the_device_wide_memory_and_the_part_outside_the_allocator():
+    row, old = row_of(load("bfloat16.json")), row_of(without_device_readings(load("bfloat16.json")))
     # Crafted: a 500 MiB context, 64 MiB of kernels and handles from the first forward, 20 MiB reserved.
     assert row["device_used_end_bytes"] == 500 * MIB + 64 * MIB + 20 * MIB == 612368384
     assert row["outside_allocator_bytes"] == 612368384 - 20971520 == 591396864
-    assert {
-        key: value
-        for key, value in row.items()
-        if key not in ("device_used_end_bytes", "outside_allocator_bytes", "schema_version")
-    } == {
-        key: value
-        for key, value in old.items()
-        if key not in ("device_used_end_bytes", "outside_allocator_bytes", "schema_version")
+    assert (old["device_used_end_bytes"], old["outside_allocator_bytes"]) == (None, None)
+    assert old["flags"] == ["device readings not recorded"]
+    unchanged = ("device_used_end_bytes", "outside_allocator_bytes", "flags")
+    assert {key: value for key, value in row.items() if key not in unchanged} == {
+        key: value for key, value in old.items() if key not in unchanged
     }
 
 
@@ -931,7 +936,7 @@ DEVICE_WIDE_CHANGES = [
 
 @pytest.mark.parametrize(("change", "used"), DEVICE_WIDE_CHANGES)
 def test_the_device_wide_figures_are_read_from_the_last_phase_when_they_are_counts(change, used):
-    result = load("schema3.json")
+    result = load("bfloat16.json")
     change(result["phases"][-1])
     row = row_of(result)
     assert row["device_used_end_bytes"] == used
@@ -946,27 +951,24 @@ DEVICE_WIDE_TEXT = """\
 Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside PyTorch's \
 allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any other process on that \
 GPU.
-file          device used MiB  outside allocator MiB
-schema3.json           584.00                 564.00
+file           device used MiB  outside allocator MiB
+bfloat16.json           584.00                 564.00
 """
 
 
-def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monkeypatch, capsys):
-    monkeypatch.chdir(DATA)
-    assert mesure_memoire.main(["report", "schema1.json", "schema3.json", "schema2.json"]) == 0
+def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bfloat16.json").write_bytes((DATA / "bfloat16.json").read_bytes())
+    (tmp_path / "float32.json").write_text(json.dumps(without_device_readings(load("float32.json"))))
+    assert mesure_memoire.main(["report", "float32.json", "bfloat16.json"]) == 0
     out = capsys.readouterr().out
     table_end = out.index("Device-wide")
     assert out[table_end:].startswith(DEVICE_WIDE_TEXT)
     assert out[table_end + len(DEVICE_WIDE_TEXT) :].startswith("Peaks: maxima over each run's phases")
-    assert [line.split()[0] for line in out[:table_end].splitlines()] == [
-        "file",
-        "schema1.json",
-        "schema3.json",
-        "schema2.json",
-    ]
-    assert mesure_memoire.main(["report", "schema1.json", "schema2.json"]) == 0
-    assert "Device-wide" not in capsys.readouterr().out  # older results: no empty block
-    assert mesure_memoire.main(["report", "--json", "schema3.json"]) == 0
+    assert [line.split()[0] for line in out[:table_end].splitlines()] == ["file", "float32.json", "bfloat16.json"]
+    assert mesure_memoire.main(["report", "float32.json"]) == 0
+    assert "Device-wide" not in capsys.readouterr().out  # no reading: no empty block
+    assert mesure_memoire.main(["report", "--json", "bfloat16.json"]) == 0
     row = json.loads(capsys.readouterr().out)["results"][0]
     assert (row["device_used_end_bytes"], row["outside_allocator_bytes"]) == (612368384, 591396864)
 
@@ -975,7 +977,7 @@ def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monke
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
     """PYTHONIOENCODING=ascii (or a C locale) is stdout's encoding, a real one: a new process."""
-    result = load("schema3.json")
+    result = load("bfloat16.json")
     result["environment"]["gpu"]["name"] = "Carte Éclair"
     (tmp_path / "mesures-é.json").write_text(json.dumps(result), encoding="utf-8")
     env = {**os.environ, "PYTHONIOENCODING": "ascii"}
@@ -991,7 +993,7 @@ def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
 @pytest.mark.parametrize(("above_bytes", "flagged"), [(0, False), (1, True)])
 def test_a_peak_allocated_above_the_peak_reserved_is_flagged(above_bytes, flagged, capsys, tmp_path):
     """Allocated is part of reserved: a file saying otherwise is not a true measurement."""
-    result = load("schema3.json")
+    result = load("bfloat16.json")
     highest = max(phase["peak_reserved_bytes"] for phase in result["phases"])
     result["phases"][2]["peak_allocated_bytes"] = highest + above_bytes
     assert ("peak allocated above peak reserved" in row_of(result)["flags"]) is flagged
@@ -1001,7 +1003,7 @@ def test_a_peak_allocated_above_the_peak_reserved_is_flagged(above_bytes, flagge
 
 
 def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path, monkeypatch, capsys):
-    result = load("schema3.json")
+    result = load("bfloat16.json")
     result["phases"][-1]["end_device_used_bytes"] = 20 * MIB - 512  # below the 20 MiB reserved: impossible
     (tmp_path / "odd.json").write_text(json.dumps(result), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
@@ -1012,38 +1014,30 @@ def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path
     assert "device used below reserved: impossible reading, outside allocator not shown" in out
 
 
-# --- schema 4: the allocator settings PyTorch parsed, beside each result ------------------------------------
+# --- the allocator settings PyTorch parsed, beside each result ------------------------------------------------
 
 
-def test_schema_4_flags_the_settings_that_differ_from_pytorchs_defaults(monkeypatch, capsys):
-    row, old = row_of(load("schema4.json")), row_of(load("schema3.json"))
-    assert row["flags"] == ["allocator expandable_segments True"]
+def test_the_settings_that_differ_from_pytorchs_defaults_are_flagged(monkeypatch, capsys):
+    row, old = row_of(load("allocator.json")), row_of(load("bfloat16.json"))
+    assert row["flags"] == ["allocator expandable_segments True: allocated bytes not checked"]
     assert old["flags"] == []
     assert {key: value for key, value in row.items() if key not in ("flags", "schema_version")} == {
         key: value for key, value in old.items() if key not in ("flags", "schema_version")
     }
-    result = load("schema4.json")
+    result = load("allocator.json")
     changed = {"backend": "cudaMallocAsync", "expandable_segments": False, "max_split_size_bytes": 21 * MIB}
     result["environment"]["allocator_settings"].update(changed, roundup_power2_divisions={"1": 2})  # 2: the least kept
     assert row_of(result)["flags"] == [
-        "allocator backend 'cudaMallocAsync', max_split_size_bytes 22020096, roundup_power2_divisions {'1': 2}"
+        "allocator backend 'cudaMallocAsync', max_split_size_bytes 22020096, roundup_power2_divisions {'1': 2}: "
+        "allocated bytes not checked"
     ]
     result["environment"]["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
     assert row_of(result)["flags"] == []
     result["environment"]["allocator_settings"] = None
-    assert row_of(result)["flags"] == ["allocator settings not recorded: prediction not checked"]
+    assert row_of(result)["flags"] == ["allocator settings not recorded: allocated bytes not checked"]
     monkeypatch.chdir(DATA)
-    assert mesure_memoire.main(["report", "schema4.json"]) == 0
-    assert "allocator expandable_segments True" in capsys.readouterr().out
-
-
-def test_schema_5_reads_as_its_schema_4_twin():
-    """Schema 5 adds the per-call BLAS workspace and the PyTorch version warning, which report does not show."""
-    row, twin = row_of(load("schema5.json")), row_of(load("schema4.json"))
-    assert row["schema_version"] == 5
-    assert {key: value for key, value in row.items() if key != "schema_version"} == {
-        key: value for key, value in twin.items() if key != "schema_version"
-    }
+    assert mesure_memoire.main(["report", "allocator.json"]) == 0
+    assert "allocator expandable_segments True: allocated bytes not checked" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -1061,8 +1055,8 @@ def test_schema_5_reads_as_its_schema_4_twin():
         {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": {"1": 1}},
     ],
 )
-def test_schema_4_allocator_settings_not_as_measure_writes_them_are_refused(settings):
-    result = load("schema4.json")
+def test_allocator_settings_not_as_measure_writes_them_are_refused(settings):
+    result = load("allocator.json")
     result["environment"]["allocator_settings"] = settings
     assert kit_error_of(mesure_memoire.report_rows, [("a.json", result)]) == MESSAGES[
         "report: not a kit result"

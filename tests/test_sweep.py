@@ -29,7 +29,7 @@ from conftest import (
 
 DATA = ROOT / "tests" / "data"
 PYTHON = sys.executable  # the real interpreter: the stand_in fixture replaces sys.executable
-TEMPLATE = DATA / "report" / "schema2.json"
+TEMPLATE = DATA / "report" / "bfloat16.json"
 SWEEP = [
     "sweep",
     "--device",

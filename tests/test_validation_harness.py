@@ -221,7 +221,7 @@ def test_the_allocator_runs_set_their_setting_and_judge_what_the_result_records(
     ]
     for setting in gpu_validation.ALLOCATOR_RUNS:
         assert rows[f"PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks"] == (
-            f"PASS  PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks  4"
+            f"PASS  PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks  5"
         )
 
 
@@ -236,8 +236,8 @@ def test_under_cuda_malloc_async_unknown_settings_are_what_pytorch_2_11_can_reco
     assert result["environment"]["allocator_settings"] is None  # as 2.11 records it
     here = {"torch": "2.11.0+stand-in"}
     rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", here)
-    assert [row[2] for row in rows] == [True] * 4
-    assert rows[3][3] == "PyTorch 2.11.0+stand-in"
+    assert [row[2] for row in rows] == [True] * 5
+    assert rows[4][3] == "PyTorch 2.11.0+stand-in"
     assert not gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", {"torch": "2.13.0"})[1][2]
     assert not gpu_validation.check_allocator_run(result, "expandable_segments:True", here)[0][2]  # native expected
     result["environment"]["gpu"]["allocator_backend"] = "native"  # the backend not recorded as set
@@ -245,7 +245,11 @@ def test_under_cuda_malloc_async_unknown_settings_are_what_pytorch_2_11_can_reco
     result["environment"]["gpu"]["allocator_backend"] = "cudaMallocAsync"
     result["phases"][0]["verdict"] = "agrees"  # not the kit's own verdict: both rows fail
     rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", here)
-    assert [row[2] for row in rows] == [True, True, False, False]
+    assert [row[2] for row in rows] == [True, True, False, True, False]
+    result["phases"][0]["verdict"] = "not checked"
+    result["phases"][0]["checked_counters"] = ["end_requested_bytes"]  # a counter it cannot check: two rows fail
+    rows = gpu_validation.check_allocator_run(result, "backend:cudaMallocAsync", here)
+    assert [row[2] for row in rows] == [True, True, True, False, False]
     assert gpu_validation.check_allocator_run({"kit": "x"}, "backend:cudaMallocAsync", {})[0][:3] == (
         "report",
         "read by report",

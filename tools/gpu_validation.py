@@ -185,14 +185,24 @@ TIMER_RATIO_BOUNDS = (0.9, 1.25)
 DEVICE_WALL_RATIO_MIN = 0.8
 DEVICE_OVER_WALL_ALLOWANCE_MS = 0.05
 # Runs under three caching-allocator settings, each set by this tool in its child's environment (the kit
-# reads none; it records what PyTorch parsed): the verdict expected of every phase, and what the result must
-# record.  No tensor of this size is a power of two, so four divisions round every block differently.
+# reads none; it records what PyTorch parsed): the verdict expected of every phase, the counters it must have
+# checked (requested bytes stay exact under any native setting; allocated bytes are checked under the
+# defaults only), and what the result must record.  No tensor of this size is a power of two, so four
+# divisions round every block differently.
 ALLOCATOR_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOCATOR_SIZE = {"batch": 5, "context": 77, "width": 3000, "dtype": "float32", "warmup": 1, "repeats": 2, "seed": 0}
 ALLOCATOR_RUNS = {
-    "roundup_power2_divisions:4": ("agrees", {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}}),
-    "expandable_segments:True": ("agrees", {"expandable_segments": True}),
-    "backend:cudaMallocAsync": ("not checked", {"backend": "cudaMallocAsync"}),
+    "roundup_power2_divisions:4": (
+        "agrees",
+        ["end_requested_bytes", "peak_requested_bytes"],
+        {"roundup_power2_divisions": {str(2**i): 4 for i in range(16)}},
+    ),
+    "expandable_segments:True": (
+        "agrees",
+        ["end_requested_bytes", "peak_requested_bytes"],
+        {"expandable_segments": True},
+    ),
+    "backend:cudaMallocAsync": ("not checked", [], {"backend": "cudaMallocAsync"}),
 }
 NOTEBOOK_SIZE = {**SIZES["small"], "dtype": "float32"}  # the notebook's own parameters
 # What nvidia-smi is asked: never a UUID, a serial number or a PCI address.
@@ -480,6 +490,9 @@ def check_result(result, requested=None):
     rows.append(("prediction", "prediction_check agrees", check.get("agrees") is True, listed))
     verdicts = [phase.get("verdict") for phase in phases]
     rows.append(("prediction", "every phase's verdict agrees", set(verdicts) == {"agrees"}, sorted(set(verdicts))))
+    every = list(kit.PREDICTED_COUNTERS)  # under the default settings, allocated bytes are checked too
+    unchecked = sorted({phase["phase"] for phase in phases if phase.get("checked_counters") != every})
+    rows.append(("prediction", "every phase checked every counter", not unchecked, ", ".join(unchecked)))
     rows.append(recheck(result))
     workspace = result.get("workspace") if isinstance(result.get("workspace"), dict) else {}
     measured = workspace.get("measured_bytes")
@@ -492,21 +505,23 @@ def check_result(result, requested=None):
 
 
 def recheck(result):
-    """The kit's check_against_plan again, on the recorded counters and under the allocator settings the
-    result records (schema 4; the defaults before): its verdicts must be the recorded ones."""
+    """The kit's check_against_plan again, on the recorded counters and under the allocator backend and
+    settings the result records: its verdicts must be the recorded ones."""
     phases = result["phases"]
     check = result.get("prediction_check")
     environment = result.get("environment") if isinstance(result.get("environment"), dict) else {}
     try:
-        allocator = environment.get("allocator_settings") if result["schema_version"] >= 4 else kit.DEFAULT_ALLOCATOR
+        backend = (environment.get("gpu") or {}).get("allocator_backend")
         config = kit.measure_config(*(result["configuration"][key] for key in ("device", *CONFIG_KEYS)))
-        recorded = ("predicted", "disagreements", "verdict", "verdict_reason")
+        recorded = ("predicted", "checked_counters", "disagreements", "verdict", "not_checked_reason")
         records = [{k: v for k, v in phase.items() if k not in recorded} for phase in phases]
-        # Schema 5 measures the workspace each product takes per call; older results hold none.
-        per_call = result["workspace"]["per_call"] if result["schema_version"] >= 5 else None
-        checked, kit_check, _ = kit.check_against_plan(records, kit.memory_plan(config, allocator), per_call)
-        verdicts = [phase["verdict"] for phase in checked]
-        same = verdicts == [phase.get("verdict") for phase in phases] and kit_check == check
+        per_call = result["workspace"]["per_call"]
+        plan = kit.memory_plan(config)
+        allocator = environment.get("allocator_settings")
+        checked, kit_check, _ = kit.check_against_plan(records, plan, per_call, backend, allocator)
+        verdicts = [(phase["verdict"], phase["checked_counters"]) for phase in checked]
+        same = verdicts == [(phase.get("verdict"), phase.get("checked_counters")) for phase in phases]
+        same = same and kit_check == check
         detail = f"PyTorch {environment.get('torch')}" + ("" if same else f": check_against_plan gives {verdicts}")
     except (kit.KitError, KeyError, TypeError, ValueError) as error:
         same = False
@@ -515,9 +530,9 @@ def recheck(result):
 
 
 def settings_as_set(environment, expected):
-    """The allocator backend recorded as set, and the settings too, where this release can read them:
-    under cudaMallocAsync, PyTorch 2.11 and 2.12 have no settings getter and their snapshot refuses, so the
-    kit records the settings as unknown (null) and checks no prediction: that is what it can record."""
+    """The allocator backend recorded as set, and the settings too, where PyTorch can tell them: under
+    cudaMallocAsync the snapshot refuses, so the kit records the settings as unknown (null) and checks no
+    counter: that is what it can record."""
     backend = (environment.get("gpu") or {}).get("allocator_backend")
     recorded = environment.get("allocator_settings")
     if backend != expected.get("backend", "native"):
@@ -529,8 +544,9 @@ def settings_as_set(environment, expected):
 
 def check_allocator_run(result, setting, environment):
     """Rows for the run under one allocator setting: the settings and PyTorch version recorded as this
-    machine's, every phase's verdict the one expected, and the kit's own check giving them again."""
-    expected_verdict, expected = ALLOCATOR_RUNS[setting]
+    machine's, every phase's verdict and checked counters the ones expected, and the kit's own check giving
+    them again."""
+    expected_verdict, expected_counters, expected = ALLOCATOR_RUNS[setting]
     try:
         kit.report_rows([("result", result)])
     except kit.KitError as error:
@@ -538,6 +554,7 @@ def check_allocator_run(result, setting, environment):
     recorded = result["environment"]
     torch_version = recorded.get("torch")
     verdicts = [phase.get("verdict") for phase in result["phases"]]
+    counters = [phase.get("checked_counters") for phase in result["phases"]]
     shown = {
         "backend": (recorded.get("gpu") or {}).get("allocator_backend"),
         "settings": recorded.get("allocator_settings"),
@@ -546,6 +563,12 @@ def check_allocator_run(result, setting, environment):
         ("allocator", "settings recorded as set", settings_as_set(recorded, expected), kit.one_line(json.dumps(shown))),
         ("allocator", "PyTorch version as the environment's", torch_version == environment.get("torch"), torch_version),
         ("prediction", f"every phase's verdict {expected_verdict}", set(verdicts) == {expected_verdict}, verdicts),
+        (
+            "prediction",
+            f"every phase checked {', '.join(expected_counters) or 'no counter'}",
+            all(checked == expected_counters for checked in counters),
+            kit.one_line(json.dumps(counters[:1])),
+        ),
         recheck(result),
     ]
 

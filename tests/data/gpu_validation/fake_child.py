@@ -15,9 +15,10 @@ GPU), ``hang`` (the cross-check child sleeps), ``unsupported=FIELD`` (nvidia-smi
 cross-check child writes its process id to ``child.pid``, sends SIGTERM to the validator, then sleeps),
 ``scale=F`` (each child first sleeps F times its time-plan estimate: a rehearsal of the GPU run).  Under
 PYTORCH_CUDA_ALLOC_CONF (set by the validator for its allocator runs; read here only, by this stand-in,
-never by the kit) it answers a schema-4 result with the settings PyTorch 2.11 records: those of the native
-allocator as parsed; none under cudaMallocAsync (no getter, and the snapshot refuses), its counters laid
-out by the kit's model of them.
+never by the kit) it answers with the settings PyTorch records: those of the native allocator as parsed
+(the validator's expected ones); none under cudaMallocAsync (the snapshot refuses), whose requested-bytes
+counters stay at zero.  Its counters are laid out by the kit's plan (allocated bytes as under the defaults:
+under other settings the kit does not check them).
 """
 
 import json
@@ -45,6 +46,7 @@ MIB = 2**20
 TOTAL_BYTES, FREE_BYTES = 150_000_000_000, 149_000_000_000
 GPU_NAME = "Stand-in GPU"
 WORKSPACE_BYTES = 32 * MIB + 1 * MIB  # PyTorch 2.11 on Hopper: cuBLAS 32 MiB, cuBLASLt 1 MiB, both kept
+CONTEXT_BYTES = 500 * MIB  # the device-wide memory outside the allocator: the CUDA context, crafted
 CHECKSUM = {"float32": 10.0, "float16": 10.001, "bfloat16": 10.01}
 WALL_NS = 3_000_000
 VENDOR = {
@@ -60,7 +62,7 @@ VENDOR = {
 }
 
 
-def environment(backend="native"):
+def environment(backend="native", allocator=None):
     return {
         "gpu_available": True,
         "gpu_unavailable_reason": None,
@@ -73,18 +75,20 @@ def environment(backend="native"):
             "mem_get_info_free_bytes": FREE_BYTES,
             "allocator_backend": backend,
         },
+        "allocator_settings": allocator,
     }
 
 
 def crafted_result(options, doctors=(), output=""):
-    """A schema-2 result as measure would write it on a healthy GPU (crafted, not measured)."""
+    """A result as measure would write it on a healthy GPU (crafted, not measured)."""
     gpu_validation, mesure_memoire = kit_modules()
     config = mesure_memoire.measure_config("cuda:0", *(options[k] for k in gpu_validation.CONFIG_KEYS))
     text = os.environ.get(gpu_validation.ALLOCATOR_VARIABLE, "")
     text = "" if "ignored-setting" in doctors else text
     backend = "cudaMallocAsync" if "backend:cudaMallocAsync" in text else "native"
-    allocator = {"backend": backend, **mesure_memoire._settings_from_text(text)} if backend == "native" else None
-    plan = mesure_memoire.memory_plan(config, allocator)
+    allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, **gpu_validation.ALLOCATOR_RUNS.get(text, ("", "", {}))[2]}
+    allocator = allocator if backend == "native" else None
+    plan = mesure_memoire.memory_plan(config)
     no_requested = backend != "native"  # cudaMallocAsync keeps the requested-bytes counters at zero
     reserved = 4 * plan["predicted_peak_allocated_bytes"]
     more = 2 * MIB if "nondeterministic" in doctors and "run2" in output else 0
@@ -101,6 +105,8 @@ def crafted_result(options, doctors=(), output=""):
             "baseline_reserved_bytes": reserved,
             "end_reserved_bytes": reserved + more,
             "peak_reserved_bytes": reserved,
+            "baseline_device_used_bytes": reserved + CONTEXT_BYTES,
+            "end_device_used_bytes": reserved + more + CONTEXT_BYTES,
         }
         for kind, level in (("allocated", allocated), ("requested", requested)):
             record[f"baseline_{kind}_bytes"] = level
@@ -113,15 +119,15 @@ def crafted_result(options, doctors=(), output=""):
         allocated += extra + (predicted["end_allocated_bytes"] if predicted["phase"] in ("model_load", "inputs") else 0)
         requested += extra + (predicted["end_requested_bytes"] if predicted["phase"] in ("model_load", "inputs") else 0)
         records.append(record)
-    phases, prediction_check, workspace = mesure_memoire.check_against_plan(records, plan)
-    recorded = {"environment": {**environment(backend), "allocator_settings": allocator}, "schema_version": 4}
-    if gpu_validation.ALLOCATOR_VARIABLE not in os.environ:
-        recorded = {"environment": environment(), "schema_version": 2}
+    per_call = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product in ("fc1", "fc2")}  # all kept
+    phases, prediction_check, workspace = mesure_memoire.check_against_plan(records, plan, per_call, backend, allocator)
     return {
         "kit": mesure_memoire.KIT_NAME,
+        "schema_version": mesure_memoire.RESULT_SCHEMA_VERSION,
         "tool": "mesure_memoire.py",
-        **recorded,
-        "created_utc": "2026-11-30T00:00:00Z",
+        "environment": environment(backend, allocator),
+        "torch_version_warning": None,
+        "created_utc": "2026-12-04T00:00:00Z",
         "configuration": {**config, "fresh_process_warning": None},
         "synthetic_model": mesure_memoire.synthetic_model(config),
         "phases": phases,

@@ -7,7 +7,9 @@ real PyTorch CPU ops; the refusal without a GPU runs the real kit.  The command-
 (help, -OO, an option twice, stdout, Ctrl-C) is tested in test_command_line.py.
 """
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -40,6 +42,27 @@ def with_stand_in_children(monkeypatch, *doctors):
         return [sys.executable, str(FAKE_CHILD), *flags, kind, *arguments]
 
     monkeypatch.setattr(gpu_validation, "command_for", command_for)
+
+
+def with_children_in_this_process(monkeypatch, *doctors):
+    """The stand-in children called in this process (fake_child.main, its output captured): the flows that
+    judge figures need no real process.  The tests of the time limits, the budget, the signals and the
+    commands shown start real ones (with_stand_in_children)."""
+    flags = [part for doctor in doctors for part in ("--doctor", doctor)]
+
+    def run(runner, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
+        record = dict(name=name, command=f"stand-in {kind}", outcome="exited", seconds=0.0)
+        runner.records.append(record)
+        out, err = io.StringIO(), io.StringIO()
+        with monkeypatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            patch.chdir(cwd or os.getcwd())
+            if setting is not None:
+                patch.setenv(gpu_validation.ALLOCATOR_VARIABLE, setting)  # read by the stand-in only
+            status = fake_child.main([*flags, kind, *arguments])
+        record.update(exit_status=status, stdout=out.getvalue(), stderr=err.getvalue())
+        return record
+
+    monkeypatch.setattr(gpu_validation.Runner, "run", run)
 
 
 @pytest.fixture
@@ -187,7 +210,7 @@ DOCTORED = {  # doctor -> the rows it must fail, and only those
 
 @pytest.mark.parametrize("doctor", DOCTORED)
 def test_each_doctored_figure_fails_its_own_rows_and_only_those(tmp_path, capsys, monkeypatch, scratch, doctor):
-    with_stand_in_children(monkeypatch, doctor)
+    with_children_in_this_process(monkeypatch, doctor)
     status, out, err, rows = validate(tmp_path, capsys)
     assert (status, err) == (1, "")
     assert set(failed(rows)) == DOCTORED[doctor]
@@ -195,7 +218,7 @@ def test_each_doctored_figure_fails_its_own_rows_and_only_those(tmp_path, capsys
 
 
 def test_an_unknown_vendor_field_costs_only_itself(tmp_path, capsys, monkeypatch, scratch):
-    with_stand_in_children(monkeypatch, "unsupported=clocks.sm")
+    with_children_in_this_process(monkeypatch, "unsupported=clocks.sm")
     status, _, _, rows = validate(tmp_path, capsys)
     assert status == 0
     assert rows["vendor tool: the GPU PyTorch names"] == (
@@ -265,7 +288,7 @@ def test_native_settings_recorded_as_unknown_are_not_as_set(monkeypatch):
 
 
 def test_the_disagreement_is_named_with_the_kit_s_own_figures(tmp_path, capsys, monkeypatch, scratch):
-    with_stand_in_children(monkeypatch, "disagree")
+    with_children_in_this_process(monkeypatch, "disagree")
     _, _, _, rows = validate(tmp_path, capsys)
     line = rows["small-float32 run 1: the kit's checks"]
     assert "prediction disagreed" in line

@@ -786,7 +786,8 @@ HELP_LINES = {
     ],
     "report": [
         "usage: mesure_memoire.py report [-h] [--json] FILE [FILE ...]",
-        "  FILE        measure result files, in the order to show (after --, a name may start with -)",
+        "  FILE        measure result files, in the order to show, or the folder sweep wrote (its results in the",
+        "order of the values); after --, a name may start with -",
         "  --json      print one JSON object instead of text",
     ],
 }

@@ -343,7 +343,6 @@ def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(name, shown
 
 # Each hostile file, and why it is not a kit result.
 HOSTILE = {
-    "a folder": (lambda folder: (folder / "sub").mkdir() or "sub", MESSAGES["not a regular file"]),
     "/dev/zero": (lambda folder: "/dev/zero", MESSAGES["not a regular file"]),
     "empty": (
         lambda folder: _write(folder, "e.json", b""),

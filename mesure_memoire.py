@@ -3094,10 +3094,16 @@ def _command_sweep(args):
 
 # The help: module constants, not __doc__, so that it survives python -OO.
 DESCRIPTION = (
-    "IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase GPU measurement "
-    "of a small synthetic Linear -> GELU -> Linear network."
+    "IteraGPU Lab v1: how much memory do the weights take (estimate), which Python, PyTorch and GPU "
+    "(environment), what should each phase take (measure --plan) and what does the GPU really use, phase by "
+    "phase (measure), for a small synthetic Linear -> GELU -> Linear network: not an LLM, not a training run, "
+    "not a representative benchmark."
 )
-EPILOG = "mesure_memoire.py COMMAND --help prints a command's options."
+EPILOG = (
+    "mesure_memoire.py COMMAND --help prints a command's options. Numbers: a whole number is 0 or ASCII digits "
+    "not starting with 0 (07 and cuda:00 are refused); a decimal is a whole number, optionally followed by . and "
+    "digits (0.5, not .5 or 5.); no sign, exponent, separator or space."
+)
 JSON_HELP = "print one JSON object instead of text"
 # {command: (summary, handler, [(option, metavar, default, help)])}: a metavar of None makes a flag;
 # REQUIRED, an option without a default.

@@ -495,11 +495,16 @@ def test_the_readme_sweep_stops_at_the_first_exit_3_and_reports_what_it_wrote(st
     assert mesure_memoire.main(command.split()[2:]) == 0
     out = capsys.readouterr().out
     assert [call[5] for call in stand_in.calls()[1:]] == ["--width=256", "--width=512", "--width=1024", "--width=2048"]
-    example = section.split("```txt\n", 1)[1].split("```", 1)[0]
     progress = "".join(f"width {w}: measured, sweep-width/mesures-width-{w}.json\n" for w in (256, 512, 1024))
     assert out.startswith(progress + "Sweep stopped: width 2048 does not fit (the child's exit 3: ")
-    assert out.endswith("\n" + example + "Largest width measured: 1024\n")
     assert sorted(os.listdir("sweep-width")) == sorted(os.listdir(crafted))
+    # The section's second command reads the folder again: the same table as the sweep's end.
+    report = section.split("```console\n")[2].split("\n```", 1)[0]
+    assert report == "python mesure_memoire.py report sweep-width"
+    assert mesure_memoire.main(report.split()[2:]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("file ")
+    assert out.endswith("\n" + table + "Largest width measured: 1024\n")
 
 
 def test_a_child_that_wrote_its_result_then_hung_keeps_nothing(stand_in, capsys, monkeypatch):

@@ -2805,8 +2805,44 @@ def _command_measure(args):
     _print(f"Result written to {output_path if output_path.isprintable() else repr(output_path)}")
 
 
+def sweep_result_value(name):
+    """(dimension, value) for a name sweep writes, mesures-<dimension>-<value>.json; None for any other name."""
+    stem = name[len("mesures-") : -len(".json")] if name.startswith("mesures-") and name.endswith(".json") else ""
+    dimension, _, value = stem.partition("-")
+    if dimension in FIT_DIMENSIONS and value.isascii() and value.isdigit() and not value.startswith("0"):
+        return dimension, int(value)
+    return None
+
+
+def sweep_folder_files(folder):
+    """The results sweep wrote in ``folder``, in the order of the values varied (1024 after 256); every
+    other entry is named on stderr and skipped.  No result, or results of two dimensions: refused."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as error:
+        raise KitError(f"report: {_quoted_path(folder)} cannot be listed ({describe_error(error)})") from None
+    found = {name: sweep_result_value(name) for name in names}
+    results = sorted((key, name) for name, key in found.items() if key is not None)
+    if not results:
+        raise KitError(
+            f"report: {_quoted_path(folder)} holds no result of sweep (mesures-DIMENSION-VALUE.json): "
+            "pass result files, or the folder sweep wrote"
+        )
+    dimensions = sorted({dimension for (dimension, _), _ in results})
+    if len(dimensions) > 1:
+        raise KitError(
+            f"report: {_quoted_path(folder)} holds results of several dimensions ({', '.join(dimensions)}): "
+            "pass the files of one"
+        )
+    for name in (name for name, key in found.items() if key is None):
+        skipped = _quoted_path(os.path.join(folder, name))
+        say("mesure_memoire.py", f"report: {skipped} skipped: not a result of sweep", prefix="warning: ")
+    return [os.path.join(folder, name) for _, name in results]
+
+
 def _command_report(args):
-    _emit(args, report(args.files), format_report)
+    paths = [path for given in args.files for path in (sweep_folder_files(given) if os.path.isdir(given) else [given])]
+    _emit(args, report(paths), format_report)
 
 
 # sweep: one `measure` per value, each in a fresh child process (this interpreter, this script).  The parent
@@ -3058,10 +3094,16 @@ def _command_sweep(args):
 
 # The help: module constants, not __doc__, so that it survives python -OO.
 DESCRIPTION = (
-    "IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase GPU measurement "
-    "of a small synthetic Linear -> GELU -> Linear network."
+    "IteraGPU Lab v1: how much memory do the weights take (estimate), which Python, PyTorch and GPU "
+    "(environment), what should each phase take (measure --plan) and what does the GPU really use, phase by "
+    "phase (measure), for a small synthetic Linear -> GELU -> Linear network: not an LLM, not a training run, "
+    "not a representative benchmark."
 )
-EPILOG = "mesure_memoire.py COMMAND --help prints a command's options."
+EPILOG = (
+    "mesure_memoire.py COMMAND --help prints a command's options. Numbers: a whole number is 0 or ASCII digits "
+    "not starting with 0 (07 and cuda:00 are refused); a decimal is a whole number, optionally followed by . and "
+    "digits (0.5, not .5 or 5.); no sign, exponent, separator or space."
+)
 JSON_HELP = "print one JSON object instead of text"
 # {command: (summary, handler, [(option, metavar, default, help)])}: a metavar of None makes a flag;
 # REQUIRED, an option without a default.
@@ -3108,7 +3150,10 @@ COMMAND_OPTIONS = {
         ("--json", None, False, JSON_HELP),
     ]),
 }  # fmt: skip
-FILES_HELP = "measure result files, in the order to show (after --, a name may start with -)"
+FILES_HELP = (
+    "measure result files, in the order to show, or the folder sweep wrote (its results in the order of the values); "
+    "after --, a name may start with -"
+)
 
 
 def build_parser():

@@ -594,6 +594,14 @@ MESSAGES = {
     "report: cannot be opened": "report: {file} cannot be opened ({error})",
     "report: cannot be read": "report: {file} cannot be read ({error})",
     "report: FILE missing": "report: the following arguments are required: FILE",
+    "report: no sweep result in the folder": (
+        "report: {folder} holds no result of sweep (mesures-DIMENSION-VALUE.json): pass result files, or the "
+        "folder sweep wrote"
+    ),
+    "report: several dimensions in the folder": (
+        "report: {folder} holds results of several dimensions ({dimensions}): pass the files of one"
+    ),
+    "report: skipped in the folder": "report: {file} skipped: not a result of sweep",
     "not a regular file": "not a regular file",
     "report: larger than 32 MiB": "larger than 32 MiB",
     "report: too many digits": "a number has too many digits to read (ValueError)",

@@ -250,13 +250,13 @@ def test_an_unreadable_standard_input_is_refused_in_one_line(capsys, monkeypatch
 
 def test_the_readme_s_for_plan_example_on_the_readme_s_plan(tmp_path, capsys, monkeypatch):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    plan_line = next(line for line in readme.splitlines() if line.startswith("python mesure_memoire.py measure "))
-    assert "--plan" in plan_line  # the plan needs no device
-    assert "--device" not in plan_line
-    assert "`--for-plan plan.json --days 7`" in readme
+    plan_line = next(line for line in readme.splitlines() if line.endswith(" --plan --json > plan.json"))
+    assert plan_line.startswith("python mesure_memoire.py measure ")
+    assert "--device" not in plan_line  # the plan needs no device
+    assert "\npython calcul_forfaits.py --for-plan plan.json --days 7\n" in readme
     assert "`memory_gb` × 10**9 bytes" in readme
     monkeypatch.chdir(tmp_path)
-    plan_file(tmp_path, capsys, run=plan_line.split()[2:])
+    plan_file(tmp_path, capsys, run=plan_line.split()[2:-3])  # less "--json > plan.json"
     status, out, err = call_calculator(capsys, "--for-plan", "plan.json", "--days", "7")
     assert (status, err) == (0, "")
     assert out.startswith("Plan: batch 2, context 128, width 1024, float32;")

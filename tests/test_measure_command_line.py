@@ -741,13 +741,14 @@ def test_the_options_and_their_defaults_reach_the_configuration(capsys):
 HELP_LINES = {
     "": [
         "usage: mesure_memoire.py [-h] COMMAND ...",
-        "IteraGPU Lab v1: weight-memory estimate, environment",
+        "IteraGPU Lab v1: how much memory do the weights take (estimate), which Python, PyTorch and GPU",
         "    estimate   weight memory from a parameter count, no GPU",
         "               diagnose Python, PyTorch and the chosen GPU",
         "    measure    measure the synthetic MLP phase by phase on a GPU",
         "    sweep      measure one dimension at several values, each in a fresh process, then report",
         "    report     compare result files side by side, one row each; reads them, writes nothing",
         "mesure_memoire.py COMMAND --help prints a command's options.",
+        "Numbers: a whole number is 0 or ASCII digits not starting with 0 (07 and cuda:00 are refused)",
     ],
     "estimate": [
         "usage: mesure_memoire.py estimate [-h] --parameters N --bits N [--reserve-gib GIB] [--json]",
@@ -786,7 +787,8 @@ HELP_LINES = {
     ],
     "report": [
         "usage: mesure_memoire.py report [-h] [--json] FILE [FILE ...]",
-        "  FILE        measure result files, in the order to show (after --, a name may start with -)",
+        "  FILE        measure result files, in the order to show, or the folder sweep wrote (its results in the",
+        "order of the values); after --, a name may start with -",
         "  --json      print one JSON object instead of text",
     ],
 }

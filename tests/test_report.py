@@ -343,7 +343,6 @@ def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(name, shown
 
 # Each hostile file, and why it is not a kit result.
 HOSTILE = {
-    "a folder": (lambda folder: (folder / "sub").mkdir() or "sub", MESSAGES["not a regular file"]),
     "/dev/zero": (lambda folder: "/dev/zero", MESSAGES["not a regular file"]),
     "empty": (
         lambda folder: _write(folder, "e.json", b""),
@@ -644,22 +643,20 @@ def test_report_runs_with_the_standard_library_alone(tmp_path):
 # --- the README's example --------------------------------------------------------------------------------
 
 
-def _readme_section():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    return readme.split("### One dimension at a time, then `report`", 1)[1].split("\n## ", 1)[0]
-
-
-def test_the_readme_example_is_the_real_output_of_its_command(monkeypatch, capsys):
-    """The section's second console block is the `report` command (the first is `sweep`: test_sweep.py runs it)."""
-    section = _readme_section()
-    command = section.split("```console\n")[2].split("\n```", 1)[0]
-    example = section.split("```txt\n", 1)[1].split("```", 1)[0]
-    assert command.startswith("python mesure_memoire.py report ")
-    monkeypatch.chdir(DATA / "readme")
-    before = tree_digest(DATA)
-    assert mesure_memoire.main(command.split()[2:]) == 0
-    assert capsys.readouterr().out == example
-    assert tree_digest(DATA) == before
+def test_the_quick_start_s_report_reads_the_file_its_measure_writes(tmp_path, monkeypatch, capsys):
+    """No measured figure is shown in the README: its report's output is described. Here on a crafted result
+    under the quick start's name, the command gives one row, for that file, and changes nothing."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").split("## Contents", 1)[0].splitlines()
+    measure = next(line for line in lines if line.startswith("python mesure_memoire.py measure --device"))
+    report = next(line for line in lines if line.startswith("python mesure_memoire.py report "))
+    written = measure.split("--output ", 1)[1]
+    assert report.split()[3:] == [written]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / written).write_bytes((DATA / "float32.json").read_bytes())
+    before = tree_digest(tmp_path)
+    assert mesure_memoire.main([*report.split()[2:], "--json"]) == 0
+    assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == [written]
+    assert tree_digest(tmp_path) == before
 
 
 # --- reading result files -------------------------------------------------------------------------------------

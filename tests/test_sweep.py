@@ -495,11 +495,16 @@ def test_the_readme_sweep_stops_at_the_first_exit_3_and_reports_what_it_wrote(st
     assert mesure_memoire.main(command.split()[2:]) == 0
     out = capsys.readouterr().out
     assert [call[5] for call in stand_in.calls()[1:]] == ["--width=256", "--width=512", "--width=1024", "--width=2048"]
-    example = section.split("```txt\n", 1)[1].split("```", 1)[0]
     progress = "".join(f"width {w}: measured, sweep-width/mesures-width-{w}.json\n" for w in (256, 512, 1024))
     assert out.startswith(progress + "Sweep stopped: width 2048 does not fit (the child's exit 3: ")
-    assert out.endswith("\n" + example + "Largest width measured: 1024\n")
     assert sorted(os.listdir("sweep-width")) == sorted(os.listdir(crafted))
+    # The section's second command reads the folder again: the same table as the sweep's end.
+    report = section.split("```console\n")[2].split("\n```", 1)[0]
+    assert report == "python mesure_memoire.py report sweep-width"
+    assert mesure_memoire.main(report.split()[2:]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("file ")
+    assert out.endswith("\n" + table + "Largest width measured: 1024\n")
 
 
 def test_a_child_that_wrote_its_result_then_hung_keeps_nothing(stand_in, capsys, monkeypatch):
@@ -768,3 +773,73 @@ def test_the_children_get_the_parent_s_interpreter_flags(stand_in, flags):
     assert completed.returncode == 0, completed.stderr
     logged = [json.loads(line) for line in (stand_in.home / "flags.log").read_text().splitlines()]
     assert logged == [flags, flags]  # the probe, then the measurement
+
+
+# --- report FOLDER: the folder sweep wrote ---------------------------------------------------------------
+
+CRAFTED_SWEEP = DATA / "report" / "readme" / "sweep-width"
+
+
+def sweep_folder(tmp_path, monkeypatch, *others):
+    """A folder as sweep leaves it (widths 256, 512, 1024: crafted results), with ``others`` beside them."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "sweep-width"
+    folder.mkdir()
+    for width in (1024, 256, 512):  # created out of order: the order read is the values'
+        (folder / f"mesures-width-{width}.json").write_bytes(
+            (CRAFTED_SWEEP / f"mesures-width-{width}.json").read_bytes()
+        )
+    for name in others:
+        (folder / name).write_text("not a result\n")
+    return folder
+
+
+SWEPT = [f"sweep-width/mesures-width-{width}.json" for width in (256, 512, 1024)]
+
+
+@pytest.mark.parametrize("given", ["sweep-width", "sweep-width/"], ids=["folder", "folder with a slash"])
+def test_report_reads_the_folder_sweep_wrote_in_the_order_of_the_values(tmp_path, monkeypatch, capsys, given):
+    sweep_folder(tmp_path, monkeypatch)
+    assert mesure_memoire.main(["report", given, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [row["file"] for row in json.loads(captured.out)["results"]] == SWEPT, "by width, not by file name"
+    assert captured.err == ""
+    assert mesure_memoire.main(["report", given]) == 0
+    from_folder = capsys.readouterr().out
+    assert mesure_memoire.main(["report", *SWEPT]) == 0
+    assert from_folder == capsys.readouterr().out  # the same table as the files named one by one
+
+
+def test_report_names_and_skips_the_other_files_of_the_folder(tmp_path, monkeypatch, capsys):
+    others = ["notes.txt", ".partial-x1.tmp", "mesures-width-0256.json", "mesures-depth-8.json"]
+    sweep_folder(tmp_path, monkeypatch, *others)
+    assert mesure_memoire.main(["report", "sweep-width", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [row["file"] for row in json.loads(captured.out)["results"]] == SWEPT
+    skipped = sorted(f"'sweep-width/{name}'" for name in others)
+    assert captured.err == "".join(
+        warning_line(MESSAGES["report: skipped in the folder"].format(file=name)) for name in skipped
+    )
+
+
+@pytest.mark.parametrize("others", [[], ["notes.txt"]], ids=["empty", "no result of sweep"])
+def test_a_folder_without_a_sweep_result_is_one_line_saying_what_to_pass(tmp_path, monkeypatch, capsys, others):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    for name in others:
+        (tmp_path / "elsewhere" / name).write_text("not a result\n")
+    assert mesure_memoire.main(["report", "elsewhere"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == error_line(MESSAGES["report: no sweep result in the folder"].format(folder="'elsewhere'"))
+
+
+def test_a_folder_of_two_dimensions_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    folder = sweep_folder(tmp_path, monkeypatch)
+    (folder / "mesures-batch-2.json").write_bytes((CRAFTED_SWEEP / "mesures-width-256.json").read_bytes())
+    assert mesure_memoire.main(["report", "sweep-width"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == error_line(
+        MESSAGES["report: several dimensions in the folder"].format(folder="'sweep-width'", dimensions="batch, width")
+    )

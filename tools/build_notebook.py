@@ -32,9 +32,10 @@ for rent. Its code cells, generated from `mesure_memoire.py` (not imported), use
 PyTorch; matplotlib, only to draw, where it is importable. The definitions are collapsed.
 
 Edit the parameters, then **Restart Kernel and Run All**: a second measurement in the same kernel is not a fresh
-process, and its result records a warning. The steps: (1) estimate the weights' memory, arithmetic only; (2)
-diagnose the environment; (3) measure on the chosen GPU into one new JSON file, never over an existing one
-(with `MEMORY_GIB`, the plan's verdict on that card first); (4) read that file back with `report`; (5) draw it.
+process, and its result records a warning. The steps, as in the README's quick start: (1) how much memory do the
+weights take? (`estimate`, arithmetic only); (2) which Python, PyTorch and GPU? (`environment`); (3) what does the
+GPU really use, phase by phase? (`measure`, into one new JSON file, never over an existing one; with `MEMORY_GIB`,
+the plan's verdict on that card first); (4) the result in one row (`report`); (5) its figure.
 
 Limits, as in the README: the estimate leaves out activations, KV cache, quantization metadata, gradients, optimizer
 states, libraries and the CUDA/ROCm context, and does not say whether a real model fits a card; the reserve is your

@@ -1829,14 +1829,7 @@ def measure(config, tool):
     device = set_up("torch.device", lambda: torch.device("cuda", index))
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
-    allocated_before = set_up(
-        "torch.cuda.memory_allocated", lambda: checked_count("memory_allocated", cuda.memory_allocated(device))
-    )
-    reserved_before = set_up(
-        "torch.cuda.memory_reserved", lambda: checked_count("memory_reserved", cuda.memory_reserved(device))
-    )
-    # CUDA is initialised: its context is counted
-    device_used_before = set_up("torch.cuda.mem_get_info", lambda: device_used_bytes(cuda, index))
+    allocated_before, reserved_before, device_used_before = _counters_before(set_up, cuda, device, index)
     try:
         phases, output_summary, per_call = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
@@ -1870,6 +1863,18 @@ def measure(config, tool):
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
+
+
+def _counters_before(set_up, cuda, device, index):
+    """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases."""
+    allocated = set_up(
+        "torch.cuda.memory_allocated", lambda: checked_count("memory_allocated", cuda.memory_allocated(device))
+    )
+    reserved = set_up(
+        "torch.cuda.memory_reserved", lambda: checked_count("memory_reserved", cuda.memory_reserved(device))
+    )
+    # CUDA is initialised: its context is counted
+    return allocated, reserved, set_up("torch.cuda.mem_get_info", lambda: device_used_bytes(cuda, index))
 
 
 FRESH_PROCESS_WARNING = (
@@ -2166,8 +2171,9 @@ def _identity(path, environment):
         "gpu": None if gpu is None else gpu.get("name"),
         **{key: environment.get(key) for key in ("torch", "cuda_build", "hip_build")},
     }
-    if not all(value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS
-               for value in identity.values()):  # fmt: skip
+    if not all(
+        value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS for value in identity.values()
+    ):
         raise _result_problem(
             path, f"its environment's GPU name, PyTorch or build is not text (at most {MAX_NAME_CHARACTERS} characters)"
         )
@@ -2444,8 +2450,22 @@ def format_report(data):
     def figure(value, places):
         return "n/a" if value is None else str(rounded(value, places))
 
-    header = ("file", "GPU", "dtype", "batch", "context", "width", "parameters", "peak alloc MiB",
-              "peak reserved MiB", "cold ms", "warm median ms", "positions/s*", "GFLOP/s*", "flags")  # fmt: skip
+    header = (
+        "file",
+        "GPU",
+        "dtype",
+        "batch",
+        "context",
+        "width",
+        "parameters",
+        "peak alloc MiB",
+        "peak reserved MiB",
+        "cold ms",
+        "warm median ms",
+        "positions/s*",
+        "GFLOP/s*",
+        "flags",
+    )
     rows = [header]
     for row in data["results"]:
         flop_per_second = row["derived_flop_per_second"]
@@ -2521,8 +2541,10 @@ def phase_bar_data(result):
     """Per phase of a result this kernel measured: (labels, {series: bytes}), its measured peaks beside the
     plan's level at that phase's peak, for the same configuration.  A phase that disagrees is labelled so."""
     plan = memory_plan(result["configuration"])
-    labels = [_phase_label(record) + (" DISAGREES" if record.get("verdict") == "disagrees" else "")
-              for record in result["phases"]]  # fmt: skip
+    labels = [
+        _phase_label(record) + (" DISAGREES" if record.get("verdict") == "disagrees" else "")
+        for record in result["phases"]
+    ]
     return labels, {
         "measured peak allocated": [record["peak_allocated_bytes"] for record in result["phases"]],
         "measured peak reserved": [record["peak_reserved_bytes"] for record in result["phases"]],
@@ -2563,8 +2585,11 @@ def draw_phases(result):
     figure, axes = import_pyplot().subplots(figsize=(10, 4.5), layout="constrained")
     _bars(axes, labels, series, MIB_BYTES, 2)
     config = result["configuration"]
-    axes.set_title(f"Peak memory per phase: batch {config['batch']}, context {config['context']}, "
-                   f"width {config['width']}, {config['dtype']}\n{PHASE_FIGURE_NOTE}", fontsize=9)  # fmt: skip
+    axes.set_title(
+        f"Peak memory per phase: batch {config['batch']}, context {config['context']}, "
+        f"width {config['width']}, {config['dtype']}\n{PHASE_FIGURE_NOTE}",
+        fontsize=9,
+    )
     axes.set_ylabel("MiB")
     axes.legend(fontsize=8)
     return figure
@@ -2779,8 +2804,9 @@ def _command_measure(args):
     # The values arrive as typed: measure_config checks them, with the messages the notebook gets too.
     if args.device is None and not args.plan:
         raise KitError("--device is required (unless --plan)")
-    config = measure_config(args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats,
-                            args.seed)  # fmt: skip
+    config = measure_config(
+        args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed
+    )
     if args.plan:
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
@@ -2851,8 +2877,12 @@ def probe_device(device):
     import subprocess
 
     try:
-        completed = subprocess.run(child_command(["environment", "--device", device, "--json"]), capture_output=True,
-                                   stdin=subprocess.DEVNULL, timeout=SWEEP_PROBE_TIMEOUT_S)  # fmt: skip
+        completed = subprocess.run(
+            child_command(["environment", "--device", device, "--json"]),
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=SWEEP_PROBE_TIMEOUT_S,
+        )
         environment = json.loads(completed.stdout.decode("utf-8")) if completed.returncode == 0 else None
     except subprocess.TimeoutExpired:
         raise KitError(
@@ -2863,8 +2893,10 @@ def probe_device(device):
     if not isinstance(environment, dict) or not isinstance(environment.get("gpu"), (dict, type(None))):
         raise KitError(f"the child reading {device} failed (exit status {completed.returncode}); nothing measured")
     if not environment.get("gpu_available") or not environment.get("gpu"):
-        raise KitError(f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
-                       "no folder created")  # fmt: skip
+        raise KitError(
+            f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
+            "no folder created"
+        )
     return environment
 
 
@@ -2873,8 +2905,14 @@ def run_child(arguments, timeout_s):
     child is stopped too, then the KeyboardInterrupt goes on."""
     import subprocess
 
-    process = subprocess.Popen(child_command(arguments), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+    process = subprocess.Popen(
+        child_command(arguments),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
     try:
         _, err = process.communicate(timeout=timeout_s)
         return process.returncode, err
@@ -3067,7 +3105,7 @@ JSON_HELP = "print one JSON object instead of text"
 # REQUIRED, an option without a default.
 REQUIRED = "required"
 # What one run measures: measure's options, and sweep's for the values it does not vary.
-RUN_OPTIONS = [
+RUN_ARGUMENTS = [
     ("--batch", "N", "1", "batch size (default 1)"),
     ("--context", "N", "16", "positions per input row (default 16)"),
     ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
@@ -3076,38 +3114,48 @@ RUN_OPTIONS = [
     ("--repeats", "N", "2", "measured warm passes, 1 to 1000 (default 2)"),
     ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
 ]
+JSON_ARGUMENTS = [("--json", None, False, JSON_HELP)]
+ESTIMATE_ARGUMENTS = [
+    ("--parameters", "N", REQUIRED, "number of parameters, a positive integer"),
+    ("--bits", "N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
+    ("--reserve-gib", "GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
+    *JSON_ARGUMENTS,
+]
+ENVIRONMENT_ARGUMENTS = [("--device", "cuda:N", REQUIRED, "the GPU to inspect"), *JSON_ARGUMENTS]
+MEMORY_GIB_HELP = (
+    "with --plan: a card's memory in GiB; whether the run fits, and the largest batch, context and width that fit"
+)
+MEASURE_ARGUMENTS = [
+    ("--device", "cuda:N", None, "the GPU to measure; required unless --plan"),
+    ("--output", "FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
+    *RUN_ARGUMENTS,
+    ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
+    ("--json", None, False, "with --plan: print one JSON object"),
+    ("--memory-gib", "GIB", None, MEMORY_GIB_HELP),
+]
+SWEEP_ARGUMENTS = [
+    ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
+    ("--vary", "DIMENSION", REQUIRED, "batch, context or width: the dimension that takes the values"),
+    ("--values", "V1,V2,...", REQUIRED, "strictly increasing whole numbers, separated by commas"),
+    ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
+    *RUN_ARGUMENTS,
+    ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
+]
 COMMAND_OPTIONS = {
-    "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, [
-        ("--parameters", "N", REQUIRED, "number of parameters, a positive integer"),
-        ("--bits", "N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
-        ("--reserve-gib", "GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
-        ("--json", None, False, JSON_HELP),
-    ]),
-    "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, [
-        ("--device", "cuda:N", REQUIRED, "the GPU to inspect"),
-        ("--json", None, False, JSON_HELP),
-    ]),
-    "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, [
-        ("--device", "cuda:N", None, "the GPU to measure; required unless --plan"),
-        ("--output", "FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
-        *RUN_OPTIONS,
-        ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
-        ("--json", None, False, "with --plan: print one JSON object"),
-        ("--memory-gib", "GIB", None, "with --plan: a card's memory in GiB; whether the run fits, and the largest "
-         "batch, context and width that fit"),
-    ]),
-    "sweep": ("measure one dimension at several values, each in a fresh process, then report", _command_sweep, [
-        ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
-        ("--vary", "DIMENSION", REQUIRED, "batch, context or width: the dimension that takes the values"),
-        ("--values", "V1,V2,...", REQUIRED, "strictly increasing whole numbers, separated by commas"),
-        ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
-        *RUN_OPTIONS,
-        ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
-    ]),
-    "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, [
-        ("--json", None, False, JSON_HELP),
-    ]),
-}  # fmt: skip
+    "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, ESTIMATE_ARGUMENTS),
+    "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, ENVIRONMENT_ARGUMENTS),
+    "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, MEASURE_ARGUMENTS),
+    "sweep": (
+        "measure one dimension at several values, each in a fresh process, then report",
+        _command_sweep,
+        SWEEP_ARGUMENTS,
+    ),
+    "report": (
+        "compare result files side by side, one row each; reads them, writes nothing",
+        _command_report,
+        JSON_ARGUMENTS,
+    ),
+}
 FILES_HELP = "measure result files, in the order to show (after --, a name may start with -)"
 
 
@@ -3122,8 +3170,14 @@ def build_parser():
             if metavar is None:
                 subparser.add_argument(option, action=Once, nargs=0, const=True, default=False, help=text)
             else:
-                subparser.add_argument(option, action=Once, metavar=metavar, required=default == REQUIRED,
-                                       default=None if default == REQUIRED else default, help=text)  # fmt: skip
+                subparser.add_argument(
+                    option,
+                    action=Once,
+                    metavar=metavar,
+                    required=default == REQUIRED,
+                    default=None if default == REQUIRED else default,
+                    help=text,
+                )
         if command == "report":
             subparser.add_argument("files", nargs="+", metavar="FILE", help=FILES_HELP)
     return parser

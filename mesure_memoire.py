@@ -1635,9 +1635,9 @@ def _open_new(path):
 
 class _Temporary:
     """A new hidden file in ``folder``, named before it exists so that a signal landing at any moment of its
-    creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` inside the try whose clean-up calls
-    ``remove()``.  Its 64 random bits make a name already taken a case no one meets; were it taken, the
-    exclusive creation fails, and that file, not this one's, is neither overwritten nor removed."""
+    creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` (or ``link_from()``) inside the try
+    whose clean-up calls ``remove()``.  Its 64 random bits make a name already taken a case no one meets; were
+    it taken, the exclusive creation fails, and that file, not this one's, is neither overwritten nor removed."""
 
     def __init__(self, folder):
         self.path = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
@@ -1646,6 +1646,13 @@ class _Temporary:
     def open(self):
         try:
             return _open_new(self.path)
+        except FileExistsError:
+            self.ours = False
+            raise
+
+    def link_from(self, source):
+        try:
+            os.link(source, self.path)
         except FileExistsError:
             self.ours = False
             raise
@@ -1661,9 +1668,9 @@ class _Temporary:
 def check_new_output(path):
     """Refuse, before any GPU work, an output that exists or cannot be created.
 
-    Beyond the name and its folder, it proves that a file can be created there (a temporary
-    file is created, then removed at once), so a finished measurement is not lost to an
-    unwritable folder.
+    Beyond the name and its folder, it proves that a file can be created and hard-linked there (a
+    temporary file is created and linked under a second temporary name, both removed at once), so a
+    finished measurement is not lost to an unwritable folder or a file system without hard links.
     """
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
@@ -1685,11 +1692,7 @@ def check_new_output(path):
             raise KitError(
                 f"--output: {name_as_typed(path)} is too long for this file system (names: {name_max} bytes)"
             )
-        temporary = _Temporary(folder)
-        try:
-            os.close(temporary.open())
-        finally:
-            temporary.remove()
+        _probe(folder, path)
     except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
         raise KitError(
             f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
@@ -1697,17 +1700,23 @@ def check_new_output(path):
     return path
 
 
-def _write_exclusively(path, data):
-    """Create ``path`` (never an existing file) and write ``data``; on any failure, remove it again."""
-    descriptor = _open_new(path)
+def _probe(folder, path):
+    """Create a temporary file in ``folder`` and link it under a second temporary name, then remove both."""
+    temporary, linked = _Temporary(folder), _Temporary(folder)
     try:
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-    except BaseException:  # Ctrl-C included: a partial result never stays under its name
-        os.unlink(path)
-        raise
+        os.close(temporary.open())
+        try:
+            linked.link_from(temporary.path)
+        except FileExistsError:
+            raise
+        except OSError as error:  # EPERM, ENOTSUP ...: the write below needs a hard link
+            raise KitError(
+                f"--output: cannot create {name_as_typed(path)}: its folder's file system has no hard links "
+                f"({error.strerror or type(error).__name__}), which the never-overwriting write needs; nothing measured"
+            ) from None
+    finally:
+        linked.remove()
+        temporary.remove()
 
 
 def to_json(data):
@@ -1735,10 +1744,8 @@ def write_new_file(path, text):
 
     The data goes to a temporary file in the same folder first, then is hard-linked
     under its name (which fails if the name appeared meanwhile): a crash leaves either
-    no result or a whole one.  Where the file system has no hard links (EPERM and the
-    like), the file is created exclusively instead and removed again if writing fails.
-    The file gets the mode the user's umask gives.  Raises KitError when the name is
-    taken, OSError when the data cannot be written.
+    no result or a whole one.  The file gets the mode the user's umask gives.  Raises
+    KitError when the name is taken, OSError when the data cannot be written or linked.
     """
     data = text.encode("utf-8")
     temporary = _Temporary(os.path.dirname(path) or ".")
@@ -1751,11 +1758,6 @@ def write_new_file(path, text):
             os.link(temporary.path, path)
         except FileExistsError:
             raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
-        except OSError:  # no hard links here: an exclusive create still never overwrites
-            try:
-                _write_exclusively(path, data)
-            except FileExistsError:
-                raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
     finally:
         temporary.remove()
 

@@ -523,6 +523,10 @@ MESSAGES = {
     "--output a folder": "--output: {name} names a folder, not a new file",
     "--output no folder": "--output: the folder of {name} does not exist",
     "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
+    "--output no hard links": (
+        "--output: cannot create {name}: its folder's file system has no hard links ({error}), which the "
+        "never-overwriting write needs; nothing measured"
+    ),
     "--output appeared meanwhile": "--output: {name} appeared meanwhile; nothing overwritten",
     "--output cannot write": "--output: cannot write {name}: {error}; nothing written",
     "not a fresh process": (

@@ -1861,7 +1861,6 @@ def measure(config, tool):
         "prediction_check": prediction_check,
         "workspace": workspace,
         "output_summary": output_summary,
-        "matmul_arithmetic": matmul_arithmetic(torch),  # read once the forwards ran: what they were asked
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }

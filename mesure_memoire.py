@@ -2163,74 +2163,156 @@ def _median(values):
         return (Decimal(ordered[middle - 1]) + Decimal(ordered[middle])) / 2
 
 
-def _identity(path, environment):
-    """The GPU's name, the PyTorch version and the builds a result records, each null or short text."""
-    gpu = environment.get("gpu")
-    if not isinstance(gpu, (dict, type(None))):
-        raise _result_problem(path, "its environment's gpu is neither null nor an object")
-    identity = {
-        "gpu": None if gpu is None else gpu.get("name"),
-        **{key: environment.get(key) for key in ("torch", "cuda_build", "hip_build")},
-    }
-    if not all(
-        value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS for value in identity.values()
-    ):
-        raise _result_problem(
-            path, f"its environment's GPU name, PyTorch or build is not text (at most {MAX_NAME_CHARACTERS} characters)"
-        )
-    return identity
+# <<< notebook
+
+
+# >>> notebook: 4.2 The one description of a result's format, each result checked against it
+class NullOr:
+    """A part of RESULT_FORMAT that may also be null."""
+
+    def __init__(self, description):
+        self.description = description
+
+
+def _one_cold_some_warm(phases):
+    names = [line["phase"] for line in phases]
+    return names.count("cold_forward") == 1 and "warm_forward" in names
+
+
+def _is_time(value):  # NaN compares false
+    return value is None or type(value) in (int, float) and 0 <= value < 10**MAX_DIGITS
+
+
+# What report reads of a result (schema 6), each field with its rule (check, what it must be): an object is a
+# dict of its fields, a list of lines [its line's description, the rule of the whole list].  What report does
+# not read is not described.
+COUNT_FIELD = (lambda value: _count_or_none(value) is not None, f"a whole number >= 0 of at most {MAX_DIGITS} digits")
+POSITIVE_FIELD = (lambda value: bool(_count_or_none(value)), f"a whole number > 0 of at most {MAX_DIGITS} digits")
+READING_FIELD = (lambda value: value is None or _count_or_none(value) is not None, "null or a whole number >= 0")
+NAME_FIELD = (
+    lambda value: value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS,
+    f"null or text of at most {MAX_NAME_CHARACTERS} characters",
+)
+BOOLEAN_FIELD = (lambda value: isinstance(value, bool), "true or false")
+LIST_FIELD = (lambda value: isinstance(value, list), "a list")
+RESULT_FORMAT = {
+    "kit": (lambda value: value == KIT_NAME, repr(KIT_NAME)),
+    "schema_version": (
+        lambda value: _count_or_none(value) == RESULT_SCHEMA_VERSION,
+        f"{RESULT_SCHEMA_VERSION}, this kit's (measure again with this kit)",
+    ),
+    "environment": {
+        "gpu": NullOr({"name": NAME_FIELD}),
+        "torch": NAME_FIELD,
+        "cuda_build": NAME_FIELD,
+        "hip_build": NAME_FIELD,
+        "allocator_settings": (
+            lambda value: value is None or _as_measure_writes(value),
+            "null or the allocator settings measure writes",
+        ),
+    },
+    "configuration": {
+        "batch": POSITIVE_FIELD,
+        "context": POSITIVE_FIELD,
+        "width": POSITIVE_FIELD,
+        "dtype": (lambda value: isinstance(value, str) and value in DTYPE_BYTES, "one of " + ", ".join(DTYPE_BYTES)),
+        "fresh_process_warning": (lambda value: value is None or isinstance(value, str), "null or text"),
+    },
+    "synthetic_model": {"parameters": COUNT_FIELD},
+    "phases": [
+        {
+            "phase": (lambda value: isinstance(value, str) and value in PHASES, "one of " + ", ".join(PHASES)),
+            "nanoseconds": COUNT_FIELD,
+            "peak_allocated_bytes": COUNT_FIELD,
+            "peak_reserved_bytes": COUNT_FIELD,
+            "end_reserved_bytes": READING_FIELD,
+            "end_device_used_bytes": READING_FIELD,
+            "device_ms": (_is_time, "null or a time >= 0"),
+        },
+        (_one_cold_some_warm, "one cold_forward line and at least one warm_forward line"),
+    ],
+    "prediction_check": {"agrees": BOOLEAN_FIELD, "disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
+    "output_summary": {"all_finite": BOOLEAN_FIELD},
+}
+_MISSING = object()  # a field the file does not hold
+
+
+def _first_wrong(value, description, field=""):
+    """The first part of ``value`` that ``description`` refuses, as (field, value, what); None when all hold."""
+    nullable = isinstance(description, NullOr)
+    if nullable:
+        if value is None:
+            return None
+        description = description.description
+    if isinstance(description, dict):
+        if not isinstance(value, dict):
+            return field, value, "null or an object" if nullable else "an object"
+        for key, part in description.items():
+            wrong = _first_wrong(value.get(key, _MISSING), part, f"{field}.{key}" if field else key)
+            if wrong:
+                return wrong
+        return None
+    if isinstance(description, list):
+        line, (check, what) = description
+        if not isinstance(value, list):
+            return field, value, "a list"
+        for index, item in enumerate(value):
+            wrong = _first_wrong(item, line, f"{field}[{index}]")
+            if wrong:
+                return wrong
+        return None if check(value) else (field, value, what)
+    check, what = description
+    return None if value is not _MISSING and check(value) else (field, value, what)
+
+
+def _shown(value):
+    """A wrong value as a message shows it: an object or a list by its kind only, anything else bounded."""
+    if value is _MISSING:
+        return "nothing"
+    return {dict: "an object", list: "a list"}.get(type(value)) or quoted(value)
 
 
 def _result_summary(path, result):
-    """Return what the report reads from one result, or raise KitError naming the file and the field."""
-    if not isinstance(result, dict):
-        raise _result_problem(path, f"a JSON {type(result).__name__}, not an object")
-    if result.get("kit") != KIT_NAME:
-        raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
-    version = result.get("schema_version")
-    if _count_or_none(version) != RESULT_SCHEMA_VERSION:
-        why = f"schema_version {quoted(version)} is not this kit's ({RESULT_SCHEMA_VERSION})"
-        raise _result_problem(path, why + ": measure again with this kit")
-    config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
-    if not all(isinstance(part, dict) for part in (config, model, environment)):
-        raise _result_problem(path, "configuration, synthetic_model or environment is missing")
-    dimensions = {key: _count_or_none(config.get(key)) for key in ("batch", "context", "width")}
-    if (
-        not all(dimensions.values())
-        or not isinstance(config.get("dtype"), str)  # a list or an object is not hashable
-        or config.get("dtype") not in DTYPE_BYTES
-        or _count_or_none(model.get("parameters")) is None
-    ):
-        raise _result_problem(path, "its configuration or parameter count is not one measure writes")
-    identity = _identity(path, environment)
-    if not isinstance(config.get("fresh_process_warning"), (str, type(None))):
-        raise _result_problem(path, "its configuration.fresh_process_warning is neither null nor text")
-    phases, cold, warm = _checked_phases(path, result.get("phases"))
-    checks = _verdicts(path, result)
+    """Return what the report reads from one result, or raise KitError naming the file and its first wrong field."""
+    wrong = _first_wrong(result, RESULT_FORMAT)
+    if wrong:
+        field, value, what = wrong
+        raise _result_problem(path, f"{field + ': ' if field else ''}expected {what}, got {_shown(value)}")
+    config, environment, phases = result["configuration"], result["environment"], result["phases"]
+    warm = [line for line in phases if line["phase"] == "warm_forward"]
+    (cold,) = [line for line in phases if line["phase"] == "cold_forward"]
+    gpu, checks = environment["gpu"], result["prediction_check"]
     return {
-        "schema_version": version,
-        "identity": identity,
-        "dimensions": dimensions,
+        "schema_version": result["schema_version"],
+        "identity": {
+            "gpu": None if gpu is None else gpu["name"],
+            **{key: environment[key] for key in ("torch", "cuda_build", "hip_build")},
+        },
+        "dimensions": {key: config[key] for key in ("batch", "context", "width")},
         "dtype": config["dtype"],
-        "parameters": model["parameters"],
+        "parameters": result["synthetic_model"]["parameters"],
         # Only these figures are kept, so that the parsed file can be freed before the next is read.
         "peak_allocated_bytes": max(line["peak_allocated_bytes"] for line in phases),
         "peak_reserved_bytes": max(line["peak_reserved_bytes"] for line in phases),
-        "cold_ns": cold[0]["nanoseconds"],
+        "cold_ns": cold["nanoseconds"],
         "warm_ns": [line["nanoseconds"] for line in warm],
         "warm_median_device_ms": _device_median_ms(warm),
-        "not_fresh": config.get("fresh_process_warning") is not None,
-        **checks,
+        "not_fresh": config["fresh_process_warning"] is not None,
+        "agrees": checks["agrees"],
+        "all_finite": result["output_summary"]["all_finite"],
+        # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
+        "not_checked": bool(checks["not_checked"]),
+        "disagreed": bool(checks["disagreements"]) or not (checks["agrees"] or checks["not_checked"]),
         **_device_wide(phases[-1]),
-        "device_readings_missing": phases[-1].get("end_device_used_bytes") is None,
-        "allocator_flag": _allocator_flag(path, environment),
+        "device_readings_missing": phases[-1]["end_device_used_bytes"] is None,
+        "allocator_flag": _allocator_flag(environment["allocator_settings"]),
     }
 
 
 # <<< notebook
 
 
-# >>> notebook: 4.2 Each result checked, and the report's rows
+# >>> notebook: 4.3 The report's rows
 def _as_measure_writes(allocator):
     """Whether ``allocator`` has the keys and the value types measure writes (its text is then shown)."""
     if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
@@ -2248,13 +2330,10 @@ def _as_measure_writes(allocator):
     )
 
 
-def _allocator_flag(path, environment):
+def _allocator_flag(allocator):
     """The allocator settings a result records that differ from PyTorch's defaults, as one flag."""
-    allocator = environment.get("allocator_settings")
     if allocator is None:
         return "allocator settings not recorded: allocated bytes not checked"
-    if not _as_measure_writes(allocator):
-        raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
     differing = allocator_differences(allocator)
     return "allocator " + ", ".join(differing) + ": allocated bytes not checked" if differing else None
 
@@ -2262,8 +2341,8 @@ def _allocator_flag(path, environment):
 def _device_wide(last_phase):
     """The device-wide memory in use at the end of a run, and the part of it outside PyTorch's
     allocator in that process (device used - reserved); None for both where the result has no reading.
-    _checked_phases made each reading null or a count."""
-    used, reserved = last_phase.get("end_device_used_bytes"), last_phase.get("end_reserved_bytes")
+    RESULT_FORMAT made each reading null or a count."""
+    used, reserved = last_phase["end_device_used_bytes"], last_phase["end_reserved_bytes"]
     if used is None or reserved is None:
         return {"device_used_end_bytes": None, "outside_allocator_bytes": None, "outside_impossible": False}
     # The two readings are taken apart: a device figure below the allocator's own one is no figure.
@@ -2272,55 +2351,9 @@ def _device_wide(last_phase):
     return {"device_used_end_bytes": used, "outside_allocator_bytes": outside_bytes, "outside_impossible": impossible}
 
 
-def _checked_phases(path, phases):
-    """(phase lines, the cold_forward line in a list, the warm_forward lines), each line checked."""
-    fields = ("nanoseconds", "peak_allocated_bytes", "peak_reserved_bytes")
-    if not isinstance(phases, list) or not all(
-        isinstance(line, dict)
-        and line.get("phase") in PHASES
-        and all(_count_or_none(line.get(f)) is not None for f in fields)
-        for line in phases
-    ):
-        raise _result_problem(path, "a phase line is missing its name, time or peak counters")
-    cold = [line for line in phases if line["phase"] == "cold_forward"]
-    warm = [line for line in phases if line["phase"] == "warm_forward"]
-    if len(cold) != 1 or not warm:
-        raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
-    readings = ("end_reserved_bytes", "end_device_used_bytes")  # the device-wide figure reads them
-    if not all(phases[-1].get(key) is None or _count_or_none(phases[-1].get(key)) is not None for key in readings):
-        raise _result_problem(path, "its last phase line's end_reserved_bytes or end_device_used_bytes is not a count")
-    for line in warm:
-        value = line.get("device_ms")  # null where this PyTorch had no CUDA events
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if value is not None and not (number and 0 <= value < 10**MAX_DIGITS):  # NaN compares false
-            raise _result_problem(
-                path, f"a warm_forward line's device_ms, {quoted(value)}, is neither null nor a time >= 0"
-            )
-    return phases, cold, warm
-
-
-def _verdicts(path, result):
-    """The verdicts a result records: the prediction's and the output's."""
-    checks = {}
-    for key, flag in (("prediction_check", "agrees"), ("output_summary", "all_finite")):
-        value = result.get(key)
-        if not isinstance(value, dict) or not isinstance(value.get(flag), bool):
-            raise _result_problem(path, f"it needs {key}.{flag}, true or false")
-        checks[flag] = value[flag]
-    for key in ("disagreements", "not_checked"):
-        if not isinstance(result["prediction_check"].get(key), list):
-            raise _result_problem(path, f"it needs prediction_check.{key} as a list")
-    # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
-    checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
-    checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
-        checks["agrees"] or checks["not_checked"]
-    )
-    return checks
-
-
 def _device_median_ms(warm):
     """The median of the warm lines' ``device_ms``, or None where any is null."""
-    values = [phase.get("device_ms") for phase in warm]  # _checked_phases checked each: null or a time
+    values = [phase["device_ms"] for phase in warm]  # RESULT_FORMAT checked each: null or a time
     if any(value is None for value in values):
         return None
     # repr, not float(): an int keeps its digits (a float has 17); abs() writes a crafted -0.0 as 0.
@@ -2420,7 +2453,7 @@ def report(paths):
 # <<< notebook
 
 
-# >>> notebook: 4.3 The report's text
+# >>> notebook: 4.4 The report's text
 def _cell(value):
     """Text as it is when printable, else its repr: one table line per file, always."""
     text = "none" if value is None else str(value)

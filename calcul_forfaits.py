@@ -865,26 +865,9 @@ class ArgumentParser(argparse.ArgumentParser):
             kwargs.setdefault("color", False)  # argparse would read NO_COLOR and FORCE_COLOR
         super().__init__(**kwargs)
 
-    def parse_known_args(self, args=None, namespace=None):
-        self._arguments = list(sys.argv[1:] if args is None else args)  # for error(): what was typed
-        return super().parse_known_args(self._arguments, namespace)
-
     def error(self, message):
-        # argparse checks the required arguments before it reports the unknown ones: a typo of a
-        # required option would read as that option missing.  Name the option typed instead.
-        unknown = self._unknown_options() if message.startswith("the following arguments are required") else []
-        if unknown:
-            message = f"unrecognized arguments: {' '.join(unknown)}"
         command = self.prog.partition(" ")[2]  # a subcommand's parser: name the command
         raise PricingError(f"{command}: {message}" if command else message)
-
-    def _unknown_options(self):
-        """The options typed (before any ``--``) that this parser does not know, as typed."""
-        arguments = getattr(self, "_arguments", [])
-        typed = arguments[: arguments.index("--")] if "--" in arguments else arguments
-        options = [argument.partition("=")[0] for argument in typed if argument.startswith("-") and argument != "-"]
-        known = self._option_string_actions
-        return [option for option in options if option not in known and not self._negative_number_matcher.match(option)]
 
 
 class Once(argparse.Action):

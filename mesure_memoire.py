@@ -1628,11 +1628,6 @@ def _name_limits(folder):
         return 255, 4096
 
 
-def _open_new(path):
-    """Create ``path`` for writing, exclusively (never an existing file), with the umask's mode; its descriptor."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-
-
 class _Temporary:
     """A new hidden file in ``folder``, named before it exists so that a signal landing at any moment of its
     creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` (or ``link_from()``) inside the try
@@ -1645,7 +1640,8 @@ class _Temporary:
 
     def open(self):
         try:
-            return _open_new(self.path)
+            # Exclusively (never an existing file), with the umask's mode: its descriptor.
+            return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         except FileExistsError:
             self.ours = False
             raise

@@ -128,6 +128,12 @@ def is_slug(text):
     return text.isascii() and text.replace("-", "").isalnum() and text == text.lower() and "" not in text.split("-")
 
 
+def is_relative_or_empty(text):
+    return (
+        not text or ".." not in text.replace("\\", "/").split("/") and text[0] not in "/\\" and not os.path.isabs(text)
+    )
+
+
 # A CSV's columns, in order, each with the rule its values follow (None: any printable text).
 # The parser, its messages, the template's header and the README's table all follow these.
 TEXT = (lambda text: text != "" and text == text.strip(), "a non-empty text without surrounding spaces")
@@ -137,22 +143,43 @@ NUMBER = (is_number, "a number (ASCII digits, at most one decimal point)")
 DATE = (is_date, "a date written YYYY-MM-DD")
 DURATION = (DURATIONS_TEXT.__contains__, "one of 3, 7, 30 (no proration)")
 CATALOG_RULES = {
-    "gpu": (is_slug, "a lower-case slug"), "model": TEXT, "memory_gb": POSITIVE, "gpus_per_lot": POSITIVE,
-    "days": DURATION, "price_cents": POSITIVE, "currency": (CURRENCY.__eq__, f"{CURRENCY}, the kit's currency"),
+    "gpu": (is_slug, "a lower-case slug"),
+    "model": TEXT,
+    "memory_gb": POSITIVE,
+    "gpus_per_lot": POSITIVE,
+    "days": DURATION,
+    "price_cents": POSITIVE,
+    "currency": (CURRENCY.__eq__, f"{CURRENCY}, the kit's currency"),
     "snapshot_date": DATE,
-}  # fmt: skip
+}
 RESULTS_RULES = {
-    "run_id": TEXT, "rental_id": TEXT, "date_utc": (is_utc_time, "a UTC time written YYYY-MM-DDTHH:MM:SSZ"),
-    "gpu": TEXT, "days": DURATION, "lots": POSITIVE, "device": None, "gpu_name": None, "driver_version": None,
-    "torch_version": None, "cuda_or_hip_build": None,
-    "measurement_file": (lambda text: not text or ".." not in text.replace("\\", "/").split("/")
-                         and text[0] not in "/\\" and not os.path.isabs(text),
-                         "a path relative to the results file's folder, without '..' (or empty: none)"),
-    "measurement_sha256": (lambda text: not text or len(text) == 64 and text.strip("0123456789abcdefABCDEF") == "",
-                           "64 hexadecimal digits (or empty: no measurement file)"),
-    "units_submitted": COUNT, "units_accepted": COUNT, "quality_metric": TEXT, "threshold": NUMBER,
-    "threshold_fixed_on": DATE, "wall_clock_hours": NUMBER, "notes": None,
-}  # fmt: skip
+    "run_id": TEXT,
+    "rental_id": TEXT,
+    "date_utc": (is_utc_time, "a UTC time written YYYY-MM-DDTHH:MM:SSZ"),
+    "gpu": TEXT,
+    "days": DURATION,
+    "lots": POSITIVE,
+    "device": None,
+    "gpu_name": None,
+    "driver_version": None,
+    "torch_version": None,
+    "cuda_or_hip_build": None,
+    "measurement_file": (
+        is_relative_or_empty,
+        "a path relative to the results file's folder, without '..' (or empty: none)",
+    ),
+    "measurement_sha256": (
+        lambda text: not text or len(text) == 64 and text.strip("0123456789abcdefABCDEF") == "",
+        "64 hexadecimal digits (or empty: no measurement file)",
+    ),
+    "units_submitted": COUNT,
+    "units_accepted": COUNT,
+    "quality_metric": TEXT,
+    "threshold": NUMBER,
+    "threshold_fixed_on": DATE,
+    "wall_clock_hours": NUMBER,
+    "notes": None,
+}
 CATALOG_COLUMNS = tuple(CATALOG_RULES)
 INT_COLUMNS = ("memory_gb", "gpus_per_lot", "days", "price_cents")  # the catalog's whole numbers
 RESULTS_COLUMNS = tuple(RESULTS_RULES)
@@ -318,12 +345,18 @@ def usd_share(cents, divisor):
 def package(tariff, lots):
     """A rental of ``lots`` lots of one tariff: the price of the whole package, counted once."""
     return {
-        "gpu": tariff["gpu"], "model": tariff["model"], "memory_gb": tariff["memory_gb"], "days": tariff["days"],
-        "lots": lots, "gpus_per_lot": tariff["gpus_per_lot"], "gpus": tariff["gpus_per_lot"] * lots,
+        "gpu": tariff["gpu"],
+        "model": tariff["model"],
+        "memory_gb": tariff["memory_gb"],
+        "days": tariff["days"],
+        "lots": lots,
+        "gpus_per_lot": tariff["gpus_per_lot"],
+        "gpus": tariff["gpus_per_lot"] * lots,
         "lot_price_cents": tariff["price_cents"],
         "total_price_cents": tariff["price_cents"] * lots,  # a lot's price already covers all its GPUs
-        "currency": tariff["currency"], "snapshot_date": tariff["snapshot_date"],
-    }  # fmt: skip
+        "currency": tariff["currency"],
+        "snapshot_date": tariff["snapshot_date"],
+    }
 
 
 def price_package(catalog, gpu, days, lots=1, accepted_results=None):
@@ -332,8 +365,12 @@ def price_package(catalog, gpu, days, lots=1, accepted_results=None):
     if accepted_results is not None:
         accepted_results = positive_int("--accepted-results", accepted_results)
     cost = None if accepted_results is None else usd_share(result["total_price_cents"], accepted_results)
-    return {**result, "accepted_results": accepted_results, "cost_per_accepted_result_usd": cost,
-            "cost_rounding": COST_RULE}  # fmt: skip
+    return {
+        **result,
+        "accepted_results": accepted_results,
+        "cost_per_accepted_result_usd": cost,
+        "cost_rounding": COST_RULE,
+    }
 
 
 # --- raw results: one line per run, one price per rental ----------------------------------------------
@@ -355,8 +392,12 @@ def check_measurement(name, line_number, row, folder, hashes):
     """
     relative, sha256 = row["measurement_file"], row["measurement_sha256"].lower()
     if bool(relative) != bool(sha256):
-        fail(name, "measurement_file and measurement_sha256 go together: both given, or both empty for a run "
-                   "without a measurement file", line_number)  # fmt: skip
+        fail(
+            name,
+            "measurement_file and measurement_sha256 go together: both given, or both empty for a run "
+            "without a measurement file",
+            line_number,
+        )
     if not relative:
         return
     where = f"{name}: line {line_number}: measurement_file {relative!r}"
@@ -369,9 +410,11 @@ def check_measurement(name, line_number, row, folder, hashes):
         measurement = read_bounded(resolved, where, MAX_MEASUREMENT_BYTES)
         hashes.hashed_bytes += len(measurement)
         if hashes.hashed_bytes > MAX_HASHED_BYTES:
-            raise PricingError(f"{where}: the distinct measurement files named so far total more than "
-                               f"{MAX_HASHED_BYTES} bytes, the most --results hashes (a bound on its time); "
-                               "nothing computed")  # fmt: skip
+            raise PricingError(
+                f"{where}: the distinct measurement files named so far total more than "
+                f"{MAX_HASHED_BYTES} bytes, the most --results hashes (a bound on its time); "
+                "nothing computed"
+            )
         hashes.sha256_of_path[resolved] = hashlib.sha256(measurement).hexdigest()
     if hashes.sha256_of_path[resolved] != sha256:
         raise PricingError(f"{where}: its SHA-256 differs from measurement_sha256; nothing computed")
@@ -397,42 +440,73 @@ def rental_table(data, name, catalog, folder):
         if run_id in line_of_run:
             fail(name, f"duplicate run_id {run_id!r} (first on line {line_of_run[run_id]})", line_number)
         line_of_run[run_id] = line_number
-        if row["threshold_fixed_on"] > row["date_utc"][:10]:
-            fail(name, f"threshold_fixed_on {row['threshold_fixed_on']} is after the run's start "
-                       f"{row['date_utc']}: the protocol is fixed before the runs", line_number)  # fmt: skip
-        submitted, accepted = int(row["units_submitted"]), int(row["units_accepted"])
-        if accepted > submitted:
-            fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line_number)
-        if (row["quality_metric"], Decimal(row["threshold"])) != protocol:
-            fail(name, f"quality_metric or threshold differs from line {first_line}'s: a cost per accepted "
-                       "result compares packages under one protocol only", line_number)  # fmt: skip
+        submitted, accepted = checked_run(name, line_number, row, protocol, first_line)
         try:
             rented = package(find_tariff(catalog, row["gpu"], row["days"], "gpu"), int(row["lots"]))
         except PricingError as error:
             fail(name, error, line_number)
-        rental = rentals.setdefault(rental_id, {"rental_id": rental_id, **rented, "runs": 0, "run_ids": [],
-                                                "units_submitted": 0, "units_accepted": 0})  # fmt: skip
+        rental = rentals.setdefault(
+            rental_id,
+            {"rental_id": rental_id, **rented, "runs": 0, "run_ids": [], "units_submitted": 0, "units_accepted": 0},
+        )
         if any(rented[column] != rental[column] for column in ("gpu", "days", "lots")):
-            fail(name, f"rental {rental_id!r} differs in gpu, days or lots from line {line_of_rental[rental_id]}",
-                 line_number)  # fmt: skip
+            fail(
+                name,
+                f"rental {rental_id!r} differs in gpu, days or lots from line {line_of_rental[rental_id]}",
+                line_number,
+            )
         line_of_rental.setdefault(rental_id, line_number)
         check_measurement(name, line_number, row, folder, hashes)
         rental["runs"] += 1
         rental["run_ids"].append(run_id)
         rental["units_submitted"] += submitted
         rental["units_accepted"] += accepted
-    return {"rentals": ranked(rentals.values()), "quality_metric": first_row["quality_metric"],
-            "threshold": first_row["threshold"],  # as the first run wrote it
-            "currency": catalog[0]["currency"], "snapshot_date": catalog[0]["snapshot_date"],
-            "cost_rounding": f"{COST_RULE}; null when no unit was accepted"}  # fmt: skip
+    return {
+        "rentals": ranked(rentals.values()),
+        "quality_metric": first_row["quality_metric"],
+        "threshold": first_row["threshold"],  # as the first run wrote it
+        "currency": catalog[0]["currency"],
+        "snapshot_date": catalog[0]["snapshot_date"],
+        "cost_rounding": f"{COST_RULE}; null when no unit was accepted",
+    }
+
+
+def checked_run(name, line_number, row, protocol, first_line):
+    """A run's (units submitted, units accepted), once its protocol and units are checked."""
+    from decimal import Decimal
+
+    if row["threshold_fixed_on"] > row["date_utc"][:10]:
+        fail(
+            name,
+            f"threshold_fixed_on {row['threshold_fixed_on']} is after the run's start "
+            f"{row['date_utc']}: the protocol is fixed before the runs",
+            line_number,
+        )
+    submitted, accepted = int(row["units_submitted"]), int(row["units_accepted"])
+    if accepted > submitted:
+        fail(name, f"units_accepted {accepted} exceeds units_submitted {submitted}", line_number)
+    if (row["quality_metric"], Decimal(row["threshold"])) != protocol:
+        fail(
+            name,
+            f"quality_metric or threshold differs from line {first_line}'s: a cost per accepted "
+            "result compares packages under one protocol only",
+            line_number,
+        )
+    return submitted, accepted
 
 
 def ranked(rentals):
     """The rentals, cheapest accepted result first (none accepted last), each with its cost per result."""
     from fractions import Fraction  # the exact order: two costs may round to the same cent
 
-    table = sorted(rentals, key=lambda r: (not r["units_accepted"], r["units_accepted"] and Fraction(
-        r["total_price_cents"], r["units_accepted"]), r["rental_id"]))  # fmt: skip
+    table = sorted(
+        rentals,
+        key=lambda r: (
+            not r["units_accepted"],
+            r["units_accepted"] and Fraction(r["total_price_cents"], r["units_accepted"]),
+            r["rental_id"],
+        ),
+    )
     for rental in table:
         accepted = rental["units_accepted"]
         rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
@@ -587,16 +661,20 @@ def format_cards(data):
 def columns_text(rows, left_aligned=2):
     """Rows of cells as aligned columns: the first ``left_aligned`` columns left-aligned, the others right-aligned."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(widths[i]) if i < left_aligned else cell.rjust(widths[i])
-                      for i, cell in enumerate(row)) for row in rows]  # fmt: skip
+    return [
+        "  ".join(cell.ljust(widths[i]) if i < left_aligned else cell.rjust(widths[i]) for i, cell in enumerate(row))
+        for row in rows
+    ]
 
 
 def format_package(data):
     usd = lambda cents: f"{cents_to_usd(cents)} {data['currency']}"  # noqa: E731
     cost = "not computed: add --accepted-results N (distinct useful units really accepted)"
     if data["cost_per_accepted_result_usd"] is not None:
-        cost = (f"{data['cost_per_accepted_result_usd']} {data['currency']} = total price / "
-                f"{data['accepted_results']} accepted results (rounded half-up to the cent)")  # fmt: skip
+        cost = (
+            f"{data['cost_per_accepted_result_usd']} {data['currency']} = total price / "
+            f"{data['accepted_results']} accepted results (rounded half-up to the cent)"
+        )
     return f"""Package: {data["model"]} ({data["gpu"]}), {data["days"]} days, {data["lots"]} lot(s)
   GPUs                      {data["gpus"]} ({data["gpus_per_lot"]} per lot x {data["lots"]} lot(s))
   lot price                 {usd(data["lot_price_cents"])} ({data["lot_price_cents"]} cents)
@@ -610,16 +688,26 @@ The CSV proves neither current availability nor a reservation: check the offer s
 
 def catalog_table(catalog, days=None):
     """Rows of the catalog (optionally one duration) with the price per GPU-day, as data."""
-    return [{**t, "usd_per_gpu_day": usd_share(t["price_cents"], t["days"] * t["gpus_per_lot"])}
-            for t in sorted(catalog, key=lambda t: (t["gpu"], t["days"])) if days in (None, t["days"])]  # fmt: skip
+    return [
+        {**t, "usd_per_gpu_day": usd_share(t["price_cents"], t["days"] * t["gpus_per_lot"])}
+        for t in sorted(catalog, key=lambda t: (t["gpu"], t["days"]))
+        if days in (None, t["days"])
+    ]
 
 
 def format_catalog(rows):
     rows_of_cells = [("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")] + [
-        (r["gpu"], r["model"], str(r["memory_gb"]), str(r["gpus_per_lot"]), str(r["days"]),
-         f"{cents_to_usd(r['price_cents'])} {r['currency']}", f"{r['usd_per_gpu_day']} {r['currency']}")
+        (
+            r["gpu"],
+            r["model"],
+            str(r["memory_gb"]),
+            str(r["gpus_per_lot"]),
+            str(r["days"]),
+            f"{cents_to_usd(r['price_cents'])} {r['currency']}",
+            f"{r['usd_per_gpu_day']} {r['currency']}",
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
     return "\n".join(
         columns_text(rows_of_cells)
         + [f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent."]
@@ -628,21 +716,47 @@ def format_catalog(rows):
 
 def format_rentals(data):
     currency = data["currency"]
-    rows_of_cells = [("rental_id", "gpu", "days", "lots", "GPUs", "total price", "runs", "submitted", "accepted",
-              "per accepted result")] + [
-        (r["rental_id"], r["gpu"], str(r["days"]), str(r["lots"]), str(r["gpus"]),
-         f"{cents_to_usd(r['total_price_cents'])} {currency}", str(r["runs"]), str(r["units_submitted"]),
-         str(r["units_accepted"]), "none accepted" if r["cost_per_accepted_result_usd"] is None
-         else f"{r['cost_per_accepted_result_usd']} {currency}")
+    rows_of_cells = [
+        (
+            "rental_id",
+            "gpu",
+            "days",
+            "lots",
+            "GPUs",
+            "total price",
+            "runs",
+            "submitted",
+            "accepted",
+            "per accepted result",
+        )
+    ] + [
+        (
+            r["rental_id"],
+            r["gpu"],
+            str(r["days"]),
+            str(r["lots"]),
+            str(r["gpus"]),
+            f"{cents_to_usd(r['total_price_cents'])} {currency}",
+            str(r["runs"]),
+            str(r["units_submitted"]),
+            str(r["units_accepted"]),
+            "none accepted"
+            if r["cost_per_accepted_result_usd"] is None
+            else f"{r['cost_per_accepted_result_usd']} {currency}",
+        )
         for r in data["rentals"]
-    ]  # fmt: skip
-    return "\n".join([
-        f"Rentals, cheapest accepted result first; quality metric {data['quality_metric']}, "
-        f"threshold {data['threshold']}:", *columns_text(rows_of_cells),
-        f"Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
-        f"{data['snapshot_date']}, whole {currency} cents, no hourly proration.",
-        "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to "
-        "the cent."])  # fmt: skip
+    ]
+    return "\n".join(
+        [
+            f"Rentals, cheapest accepted result first; quality metric {data['quality_metric']}, "
+            f"threshold {data['threshold']}:",
+            *columns_text(rows_of_cells),
+            f"Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
+            f"{data['snapshot_date']}, whole {currency} cents, no hourly proration.",
+            "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to "
+            "the cent.",
+        ]
+    )
 
 
 # --- command line: argparse under the kit's contract ---------------------------------------------------
@@ -652,9 +766,11 @@ def format_rentals(data):
 # Ctrl-C 130, SIGTERM 143.
 
 SUMMARY = "IteraGPU Lab v1: the price of a whole IteraGPU package, and the cost of one accepted result."
-USAGE = (f"%(prog)s (--gpu SLUG --days N [--lots N] [--accepted-results N]\n{' ' * (len(PROG) + 8)}"
-         f"| --list [--days N] | --results FILE\n{' ' * (len(PROG) + 8)}"
-         "| --for-plan FILE --days N) [--catalog CSV] [--json]")  # fmt: skip
+USAGE = (
+    f"%(prog)s (--gpu SLUG --days N [--lots N] [--accepted-results N]\n{' ' * (len(PROG) + 8)}"
+    f"| --list [--days N] | --results FILE\n{' ' * (len(PROG) + 8)}"
+    "| --for-plan FILE --days N) [--catalog CSV] [--json]"
+)
 # The options: name -> (metavar, or None for a flag; help).  The parser and its --help both read it.
 OPTIONS = {
     "--gpu": ("SLUG", "the GPU model of the package to price, e.g. b200 (any case; see --list)"),
@@ -749,26 +865,9 @@ class ArgumentParser(argparse.ArgumentParser):
             kwargs.setdefault("color", False)  # argparse would read NO_COLOR and FORCE_COLOR
         super().__init__(**kwargs)
 
-    def parse_known_args(self, args=None, namespace=None):
-        self._arguments = list(sys.argv[1:] if args is None else args)  # for error(): what was typed
-        return super().parse_known_args(self._arguments, namespace)
-
     def error(self, message):
-        # argparse checks the required arguments before it reports the unknown ones: a typo of a
-        # required option would read as that option missing.  Name the option typed instead.
-        unknown = self._unknown_options() if message.startswith("the following arguments are required") else []
-        if unknown:
-            message = f"unrecognized arguments: {' '.join(unknown)}"
         command = self.prog.partition(" ")[2]  # a subcommand's parser: name the command
         raise PricingError(f"{command}: {message}" if command else message)
-
-    def _unknown_options(self):
-        """The options typed (before any ``--``) that this parser does not know, as typed."""
-        arguments = getattr(self, "_arguments", [])
-        typed = arguments[: arguments.index("--")] if "--" in arguments else arguments
-        options = [argument.partition("=")[0] for argument in typed if argument.startswith("-") and argument != "-"]
-        known = self._option_string_actions
-        return [option for option in options if option not in known and not self._negative_number_matcher.match(option)]
 
 
 class Once(argparse.Action):

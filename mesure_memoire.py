@@ -1628,16 +1628,11 @@ def _name_limits(folder):
         return 255, 4096
 
 
-def _open_new(path):
-    """Create ``path`` for writing, exclusively (never an existing file), with the umask's mode; its descriptor."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-
-
 class _Temporary:
     """A new hidden file in ``folder``, named before it exists so that a signal landing at any moment of its
-    creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` inside the try whose clean-up calls
-    ``remove()``.  Its 64 random bits make a name already taken a case no one meets; were it taken, the
-    exclusive creation fails, and that file, not this one's, is neither overwritten nor removed."""
+    creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` (or ``link_from()``) inside the try
+    whose clean-up calls ``remove()``.  Its 64 random bits make a name already taken a case no one meets; were
+    it taken, the exclusive creation fails, and that file, not this one's, is neither overwritten nor removed."""
 
     def __init__(self, folder):
         self.path = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
@@ -1645,7 +1640,15 @@ class _Temporary:
 
     def open(self):
         try:
-            return _open_new(self.path)
+            # Exclusively (never an existing file), with the umask's mode: its descriptor.
+            return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        except FileExistsError:
+            self.ours = False
+            raise
+
+    def link_from(self, source):
+        try:
+            os.link(source, self.path)
         except FileExistsError:
             self.ours = False
             raise
@@ -1661,9 +1664,9 @@ class _Temporary:
 def check_new_output(path):
     """Refuse, before any GPU work, an output that exists or cannot be created.
 
-    Beyond the name and its folder, it proves that a file can be created there (a temporary
-    file is created, then removed at once), so a finished measurement is not lost to an
-    unwritable folder.
+    Beyond the name and its folder, it proves that a file can be created and hard-linked there (a
+    temporary file is created and linked under a second temporary name, both removed at once), so a
+    finished measurement is not lost to an unwritable folder or a file system without hard links.
     """
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
@@ -1685,11 +1688,7 @@ def check_new_output(path):
             raise KitError(
                 f"--output: {name_as_typed(path)} is too long for this file system (names: {name_max} bytes)"
             )
-        temporary = _Temporary(folder)
-        try:
-            os.close(temporary.open())
-        finally:
-            temporary.remove()
+        _probe(folder, path)
     except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
         raise KitError(
             f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
@@ -1697,17 +1696,23 @@ def check_new_output(path):
     return path
 
 
-def _write_exclusively(path, data):
-    """Create ``path`` (never an existing file) and write ``data``; on any failure, remove it again."""
-    descriptor = _open_new(path)
+def _probe(folder, path):
+    """Create a temporary file in ``folder`` and link it under a second temporary name, then remove both."""
+    temporary, linked = _Temporary(folder), _Temporary(folder)
     try:
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-    except BaseException:  # Ctrl-C included: a partial result never stays under its name
-        os.unlink(path)
-        raise
+        os.close(temporary.open())
+        try:
+            linked.link_from(temporary.path)
+        except FileExistsError:
+            raise
+        except OSError as error:  # EPERM, ENOTSUP ...: the write below needs a hard link
+            raise KitError(
+                f"--output: cannot create {name_as_typed(path)}: its folder's file system has no hard links "
+                f"({error.strerror or type(error).__name__}), which the never-overwriting write needs; nothing measured"
+            ) from None
+    finally:
+        linked.remove()
+        temporary.remove()
 
 
 def to_json(data):
@@ -1735,10 +1740,8 @@ def write_new_file(path, text):
 
     The data goes to a temporary file in the same folder first, then is hard-linked
     under its name (which fails if the name appeared meanwhile): a crash leaves either
-    no result or a whole one.  Where the file system has no hard links (EPERM and the
-    like), the file is created exclusively instead and removed again if writing fails.
-    The file gets the mode the user's umask gives.  Raises KitError when the name is
-    taken, OSError when the data cannot be written.
+    no result or a whole one.  The file gets the mode the user's umask gives.  Raises
+    KitError when the name is taken, OSError when the data cannot be written or linked.
     """
     data = text.encode("utf-8")
     temporary = _Temporary(os.path.dirname(path) or ".")
@@ -1751,11 +1754,6 @@ def write_new_file(path, text):
             os.link(temporary.path, path)
         except FileExistsError:
             raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
-        except OSError:  # no hard links here: an exclusive create still never overwrites
-            try:
-                _write_exclusively(path, data)
-            except FileExistsError:
-                raise KitError(f"--output: {name_as_typed(path)} appeared meanwhile; nothing overwritten") from None
     finally:
         temporary.remove()
 
@@ -1829,14 +1827,7 @@ def measure(config, tool):
     device = set_up("torch.device", lambda: torch.device("cuda", index))
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
-    allocated_before = set_up(
-        "torch.cuda.memory_allocated", lambda: checked_count("memory_allocated", cuda.memory_allocated(device))
-    )
-    reserved_before = set_up(
-        "torch.cuda.memory_reserved", lambda: checked_count("memory_reserved", cuda.memory_reserved(device))
-    )
-    # CUDA is initialised: its context is counted
-    device_used_before = set_up("torch.cuda.mem_get_info", lambda: device_used_bytes(cuda, index))
+    allocated_before, reserved_before, device_used_before = _counters_before(set_up, cuda, device, index)
     try:
         phases, output_summary, per_call = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
@@ -1866,10 +1857,21 @@ def measure(config, tool):
         "prediction_check": prediction_check,
         "workspace": workspace,
         "output_summary": output_summary,
-        "matmul_arithmetic": matmul_arithmetic(torch),  # read once the forwards ran: what they were asked
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
+
+
+def _counters_before(set_up, cuda, device, index):
+    """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases."""
+    allocated = set_up(
+        "torch.cuda.memory_allocated", lambda: checked_count("memory_allocated", cuda.memory_allocated(device))
+    )
+    reserved = set_up(
+        "torch.cuda.memory_reserved", lambda: checked_count("memory_reserved", cuda.memory_reserved(device))
+    )
+    # CUDA is initialised: its context is counted
+    return allocated, reserved, set_up("torch.cuda.mem_get_info", lambda: device_used_bytes(cuda, index))
 
 
 FRESH_PROCESS_WARNING = (
@@ -2157,73 +2159,156 @@ def _median(values):
         return (Decimal(ordered[middle - 1]) + Decimal(ordered[middle])) / 2
 
 
-def _identity(path, environment):
-    """The GPU's name, the PyTorch version and the builds a result records, each null or short text."""
-    gpu = environment.get("gpu")
-    if not isinstance(gpu, (dict, type(None))):
-        raise _result_problem(path, "its environment's gpu is neither null nor an object")
-    identity = {
-        "gpu": None if gpu is None else gpu.get("name"),
-        **{key: environment.get(key) for key in ("torch", "cuda_build", "hip_build")},
-    }
-    if not all(value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS
-               for value in identity.values()):  # fmt: skip
-        raise _result_problem(
-            path, f"its environment's GPU name, PyTorch or build is not text (at most {MAX_NAME_CHARACTERS} characters)"
-        )
-    return identity
+# <<< notebook
+
+
+# >>> notebook: 4.2 The one description of a result's format, each result checked against it
+class NullOr:
+    """A part of RESULT_FORMAT that may also be null."""
+
+    def __init__(self, description):
+        self.description = description
+
+
+def _one_cold_some_warm(phases):
+    names = [line["phase"] for line in phases]
+    return names.count("cold_forward") == 1 and "warm_forward" in names
+
+
+def _is_time(value):  # NaN compares false
+    return value is None or type(value) in (int, float) and 0 <= value < 10**MAX_DIGITS
+
+
+# What report reads of a result (schema 6), each field with its rule (check, what it must be): an object is a
+# dict of its fields, a list of lines [its line's description, the rule of the whole list].  What report does
+# not read is not described.
+COUNT_FIELD = (lambda value: _count_or_none(value) is not None, f"a whole number >= 0 of at most {MAX_DIGITS} digits")
+POSITIVE_FIELD = (lambda value: bool(_count_or_none(value)), f"a whole number > 0 of at most {MAX_DIGITS} digits")
+READING_FIELD = (lambda value: value is None or _count_or_none(value) is not None, "null or a whole number >= 0")
+NAME_FIELD = (
+    lambda value: value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS,
+    f"null or text of at most {MAX_NAME_CHARACTERS} characters",
+)
+BOOLEAN_FIELD = (lambda value: isinstance(value, bool), "true or false")
+LIST_FIELD = (lambda value: isinstance(value, list), "a list")
+RESULT_FORMAT = {
+    "kit": (lambda value: value == KIT_NAME, repr(KIT_NAME)),
+    "schema_version": (
+        lambda value: _count_or_none(value) == RESULT_SCHEMA_VERSION,
+        f"{RESULT_SCHEMA_VERSION}, this kit's (measure again with this kit)",
+    ),
+    "environment": {
+        "gpu": NullOr({"name": NAME_FIELD}),
+        "torch": NAME_FIELD,
+        "cuda_build": NAME_FIELD,
+        "hip_build": NAME_FIELD,
+        "allocator_settings": (
+            lambda value: value is None or _as_measure_writes(value),
+            "null or the allocator settings measure writes",
+        ),
+    },
+    "configuration": {
+        "batch": POSITIVE_FIELD,
+        "context": POSITIVE_FIELD,
+        "width": POSITIVE_FIELD,
+        "dtype": (lambda value: isinstance(value, str) and value in DTYPE_BYTES, "one of " + ", ".join(DTYPE_BYTES)),
+        "fresh_process_warning": (lambda value: value is None or isinstance(value, str), "null or text"),
+    },
+    "synthetic_model": {"parameters": COUNT_FIELD},
+    "phases": [
+        {
+            "phase": (lambda value: isinstance(value, str) and value in PHASES, "one of " + ", ".join(PHASES)),
+            "nanoseconds": COUNT_FIELD,
+            "peak_allocated_bytes": COUNT_FIELD,
+            "peak_reserved_bytes": COUNT_FIELD,
+            "end_reserved_bytes": READING_FIELD,
+            "end_device_used_bytes": READING_FIELD,
+            "device_ms": (_is_time, "null or a time >= 0"),
+        },
+        (_one_cold_some_warm, "one cold_forward line and at least one warm_forward line"),
+    ],
+    "prediction_check": {"agrees": BOOLEAN_FIELD, "disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
+    "output_summary": {"all_finite": BOOLEAN_FIELD},
+}
+_MISSING = object()  # a field the file does not hold
+
+
+def _first_wrong(value, description, field=""):
+    """The first part of ``value`` that ``description`` refuses, as (field, value, what); None when all hold."""
+    nullable = isinstance(description, NullOr)
+    if nullable:
+        if value is None:
+            return None
+        description = description.description
+    if isinstance(description, dict):
+        if not isinstance(value, dict):
+            return field, value, "null or an object" if nullable else "an object"
+        for key, part in description.items():
+            wrong = _first_wrong(value.get(key, _MISSING), part, f"{field}.{key}" if field else key)
+            if wrong:
+                return wrong
+        return None
+    if isinstance(description, list):
+        line, (check, what) = description
+        if not isinstance(value, list):
+            return field, value, "a list"
+        for index, item in enumerate(value):
+            wrong = _first_wrong(item, line, f"{field}[{index}]")
+            if wrong:
+                return wrong
+        return None if check(value) else (field, value, what)
+    check, what = description
+    return None if value is not _MISSING and check(value) else (field, value, what)
+
+
+def _shown(value):
+    """A wrong value as a message shows it: an object or a list by its kind only, anything else bounded."""
+    if value is _MISSING:
+        return "nothing"
+    return {dict: "an object", list: "a list"}.get(type(value)) or quoted(value)
 
 
 def _result_summary(path, result):
-    """Return what the report reads from one result, or raise KitError naming the file and the field."""
-    if not isinstance(result, dict):
-        raise _result_problem(path, f"a JSON {type(result).__name__}, not an object")
-    if result.get("kit") != KIT_NAME:
-        raise _result_problem(path, f"its 'kit' is not {KIT_NAME!r}")
-    version = result.get("schema_version")
-    if _count_or_none(version) != RESULT_SCHEMA_VERSION:
-        why = f"schema_version {quoted(version)} is not this kit's ({RESULT_SCHEMA_VERSION})"
-        raise _result_problem(path, why + ": measure again with this kit")
-    config, model, environment = (result.get(key) for key in ("configuration", "synthetic_model", "environment"))
-    if not all(isinstance(part, dict) for part in (config, model, environment)):
-        raise _result_problem(path, "configuration, synthetic_model or environment is missing")
-    dimensions = {key: _count_or_none(config.get(key)) for key in ("batch", "context", "width")}
-    if (
-        not all(dimensions.values())
-        or not isinstance(config.get("dtype"), str)  # a list or an object is not hashable
-        or config.get("dtype") not in DTYPE_BYTES
-        or _count_or_none(model.get("parameters")) is None
-    ):
-        raise _result_problem(path, "its configuration or parameter count is not one measure writes")
-    identity = _identity(path, environment)
-    if not isinstance(config.get("fresh_process_warning"), (str, type(None))):
-        raise _result_problem(path, "its configuration.fresh_process_warning is neither null nor text")
-    phases, cold, warm = _checked_phases(path, result.get("phases"))
-    checks = _verdicts(path, result)
+    """Return what the report reads from one result, or raise KitError naming the file and its first wrong field."""
+    wrong = _first_wrong(result, RESULT_FORMAT)
+    if wrong:
+        field, value, what = wrong
+        raise _result_problem(path, f"{field + ': ' if field else ''}expected {what}, got {_shown(value)}")
+    config, environment, phases = result["configuration"], result["environment"], result["phases"]
+    warm = [line for line in phases if line["phase"] == "warm_forward"]
+    (cold,) = [line for line in phases if line["phase"] == "cold_forward"]
+    gpu, checks = environment["gpu"], result["prediction_check"]
     return {
-        "schema_version": version,
-        "identity": identity,
-        "dimensions": dimensions,
+        "schema_version": result["schema_version"],
+        "identity": {
+            "gpu": None if gpu is None else gpu["name"],
+            **{key: environment[key] for key in ("torch", "cuda_build", "hip_build")},
+        },
+        "dimensions": {key: config[key] for key in ("batch", "context", "width")},
         "dtype": config["dtype"],
-        "parameters": model["parameters"],
+        "parameters": result["synthetic_model"]["parameters"],
         # Only these figures are kept, so that the parsed file can be freed before the next is read.
         "peak_allocated_bytes": max(line["peak_allocated_bytes"] for line in phases),
         "peak_reserved_bytes": max(line["peak_reserved_bytes"] for line in phases),
-        "cold_ns": cold[0]["nanoseconds"],
+        "cold_ns": cold["nanoseconds"],
         "warm_ns": [line["nanoseconds"] for line in warm],
         "warm_median_device_ms": _device_median_ms(warm),
-        "not_fresh": config.get("fresh_process_warning") is not None,
-        **checks,
+        "not_fresh": config["fresh_process_warning"] is not None,
+        "agrees": checks["agrees"],
+        "all_finite": result["output_summary"]["all_finite"],
+        # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
+        "not_checked": bool(checks["not_checked"]),
+        "disagreed": bool(checks["disagreements"]) or not (checks["agrees"] or checks["not_checked"]),
         **_device_wide(phases[-1]),
-        "device_readings_missing": phases[-1].get("end_device_used_bytes") is None,
-        "allocator_flag": _allocator_flag(path, environment),
+        "device_readings_missing": phases[-1]["end_device_used_bytes"] is None,
+        "allocator_flag": _allocator_flag(environment["allocator_settings"]),
     }
 
 
 # <<< notebook
 
 
-# >>> notebook: 4.2 Each result checked, and the report's rows
+# >>> notebook: 4.3 The report's rows
 def _as_measure_writes(allocator):
     """Whether ``allocator`` has the keys and the value types measure writes (its text is then shown)."""
     if not isinstance(allocator, dict) or set(allocator) != set(DEFAULT_ALLOCATOR):
@@ -2241,13 +2326,10 @@ def _as_measure_writes(allocator):
     )
 
 
-def _allocator_flag(path, environment):
+def _allocator_flag(allocator):
     """The allocator settings a result records that differ from PyTorch's defaults, as one flag."""
-    allocator = environment.get("allocator_settings")
     if allocator is None:
         return "allocator settings not recorded: allocated bytes not checked"
-    if not _as_measure_writes(allocator):
-        raise _result_problem(path, "its environment's allocator_settings is neither null nor what measure writes")
     differing = allocator_differences(allocator)
     return "allocator " + ", ".join(differing) + ": allocated bytes not checked" if differing else None
 
@@ -2255,8 +2337,8 @@ def _allocator_flag(path, environment):
 def _device_wide(last_phase):
     """The device-wide memory in use at the end of a run, and the part of it outside PyTorch's
     allocator in that process (device used - reserved); None for both where the result has no reading.
-    _checked_phases made each reading null or a count."""
-    used, reserved = last_phase.get("end_device_used_bytes"), last_phase.get("end_reserved_bytes")
+    RESULT_FORMAT made each reading null or a count."""
+    used, reserved = last_phase["end_device_used_bytes"], last_phase["end_reserved_bytes"]
     if used is None or reserved is None:
         return {"device_used_end_bytes": None, "outside_allocator_bytes": None, "outside_impossible": False}
     # The two readings are taken apart: a device figure below the allocator's own one is no figure.
@@ -2265,55 +2347,9 @@ def _device_wide(last_phase):
     return {"device_used_end_bytes": used, "outside_allocator_bytes": outside_bytes, "outside_impossible": impossible}
 
 
-def _checked_phases(path, phases):
-    """(phase lines, the cold_forward line in a list, the warm_forward lines), each line checked."""
-    fields = ("nanoseconds", "peak_allocated_bytes", "peak_reserved_bytes")
-    if not isinstance(phases, list) or not all(
-        isinstance(line, dict)
-        and line.get("phase") in PHASES
-        and all(_count_or_none(line.get(f)) is not None for f in fields)
-        for line in phases
-    ):
-        raise _result_problem(path, "a phase line is missing its name, time or peak counters")
-    cold = [line for line in phases if line["phase"] == "cold_forward"]
-    warm = [line for line in phases if line["phase"] == "warm_forward"]
-    if len(cold) != 1 or not warm:
-        raise _result_problem(path, "it needs one cold_forward line and at least one warm_forward line")
-    readings = ("end_reserved_bytes", "end_device_used_bytes")  # the device-wide figure reads them
-    if not all(phases[-1].get(key) is None or _count_or_none(phases[-1].get(key)) is not None for key in readings):
-        raise _result_problem(path, "its last phase line's end_reserved_bytes or end_device_used_bytes is not a count")
-    for line in warm:
-        value = line.get("device_ms")  # null where this PyTorch had no CUDA events
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if value is not None and not (number and 0 <= value < 10**MAX_DIGITS):  # NaN compares false
-            raise _result_problem(
-                path, f"a warm_forward line's device_ms, {quoted(value)}, is neither null nor a time >= 0"
-            )
-    return phases, cold, warm
-
-
-def _verdicts(path, result):
-    """The verdicts a result records: the prediction's and the output's."""
-    checks = {}
-    for key, flag in (("prediction_check", "agrees"), ("output_summary", "all_finite")):
-        value = result.get(key)
-        if not isinstance(value, dict) or not isinstance(value.get(flag), bool):
-            raise _result_problem(path, f"it needs {key}.{flag}, true or false")
-        checks[flag] = value[flag]
-    for key in ("disagreements", "not_checked"):
-        if not isinstance(result["prediction_check"].get(key), list):
-            raise _result_problem(path, f"it needs prediction_check.{key} as a list")
-    # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
-    checks["not_checked"] = bool(result["prediction_check"].get("not_checked"))
-    checks["disagreed"] = bool(result["prediction_check"].get("disagreements")) or not (
-        checks["agrees"] or checks["not_checked"]
-    )
-    return checks
-
-
 def _device_median_ms(warm):
     """The median of the warm lines' ``device_ms``, or None where any is null."""
-    values = [phase.get("device_ms") for phase in warm]  # _checked_phases checked each: null or a time
+    values = [phase["device_ms"] for phase in warm]  # RESULT_FORMAT checked each: null or a time
     if any(value is None for value in values):
         return None
     # repr, not float(): an int keeps its digits (a float has 17); abs() writes a crafted -0.0 as 0.
@@ -2413,7 +2449,7 @@ def report(paths):
 # <<< notebook
 
 
-# >>> notebook: 4.3 The report's text
+# >>> notebook: 4.4 The report's text
 def _cell(value):
     """Text as it is when printable, else its repr: one table line per file, always."""
     text = "none" if value is None else str(value)
@@ -2444,8 +2480,22 @@ def format_report(data):
     def figure(value, places):
         return "n/a" if value is None else str(rounded(value, places))
 
-    header = ("file", "GPU", "dtype", "batch", "context", "width", "parameters", "peak alloc MiB",
-              "peak reserved MiB", "cold ms", "warm median ms", "positions/s*", "GFLOP/s*", "flags")  # fmt: skip
+    header = (
+        "file",
+        "GPU",
+        "dtype",
+        "batch",
+        "context",
+        "width",
+        "parameters",
+        "peak alloc MiB",
+        "peak reserved MiB",
+        "cold ms",
+        "warm median ms",
+        "positions/s*",
+        "GFLOP/s*",
+        "flags",
+    )
     rows = [header]
     for row in data["results"]:
         flop_per_second = row["derived_flop_per_second"]
@@ -2521,8 +2571,10 @@ def phase_bar_data(result):
     """Per phase of a result this kernel measured: (labels, {series: bytes}), its measured peaks beside the
     plan's level at that phase's peak, for the same configuration.  A phase that disagrees is labelled so."""
     plan = memory_plan(result["configuration"])
-    labels = [_phase_label(record) + (" DISAGREES" if record.get("verdict") == "disagrees" else "")
-              for record in result["phases"]]  # fmt: skip
+    labels = [
+        _phase_label(record) + (" DISAGREES" if record.get("verdict") == "disagrees" else "")
+        for record in result["phases"]
+    ]
     return labels, {
         "measured peak allocated": [record["peak_allocated_bytes"] for record in result["phases"]],
         "measured peak reserved": [record["peak_reserved_bytes"] for record in result["phases"]],
@@ -2563,8 +2615,11 @@ def draw_phases(result):
     figure, axes = import_pyplot().subplots(figsize=(10, 4.5), layout="constrained")
     _bars(axes, labels, series, MIB_BYTES, 2)
     config = result["configuration"]
-    axes.set_title(f"Peak memory per phase: batch {config['batch']}, context {config['context']}, "
-                   f"width {config['width']}, {config['dtype']}\n{PHASE_FIGURE_NOTE}", fontsize=9)  # fmt: skip
+    axes.set_title(
+        f"Peak memory per phase: batch {config['batch']}, context {config['context']}, "
+        f"width {config['width']}, {config['dtype']}\n{PHASE_FIGURE_NOTE}",
+        fontsize=9,
+    )
     axes.set_ylabel("MiB")
     axes.legend(fontsize=8)
     return figure
@@ -2606,26 +2661,9 @@ class ArgumentParser(argparse.ArgumentParser):
             kwargs.setdefault("color", False)  # argparse would read NO_COLOR and FORCE_COLOR
         super().__init__(**kwargs)
 
-    def parse_known_args(self, args=None, namespace=None):
-        self._arguments = list(sys.argv[1:] if args is None else args)  # for error(): what was typed
-        return super().parse_known_args(self._arguments, namespace)
-
     def error(self, message):
-        # argparse checks the required arguments before it reports the unknown ones: a typo of a
-        # required option would read as that option missing.  Name the option typed instead.
-        unknown = self._unknown_options() if message.startswith("the following arguments are required") else []
-        if unknown:
-            message = f"unrecognized arguments: {' '.join(unknown)}"
         command = self.prog.partition(" ")[2]  # a subcommand's parser: name the command
         raise KitError(f"{command}: {message}" if command else message)
-
-    def _unknown_options(self):
-        """The options typed (before any ``--``) that this parser does not know, as typed."""
-        arguments = getattr(self, "_arguments", [])
-        typed = arguments[: arguments.index("--")] if "--" in arguments else arguments
-        options = [argument.partition("=")[0] for argument in typed if argument.startswith("-") and argument != "-"]
-        known = self._option_string_actions
-        return [option for option in options if option not in known and not self._negative_number_matcher.match(option)]
 
 
 class Once(argparse.Action):
@@ -2779,8 +2817,9 @@ def _command_measure(args):
     # The values arrive as typed: measure_config checks them, with the messages the notebook gets too.
     if args.device is None and not args.plan:
         raise KitError("--device is required (unless --plan)")
-    config = measure_config(args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats,
-                            args.seed)  # fmt: skip
+    config = measure_config(
+        args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed
+    )
     if args.plan:
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
@@ -2887,8 +2926,12 @@ def probe_device(device):
     import subprocess
 
     try:
-        completed = subprocess.run(child_command(["environment", "--device", device, "--json"]), capture_output=True,
-                                   stdin=subprocess.DEVNULL, timeout=SWEEP_PROBE_TIMEOUT_S)  # fmt: skip
+        completed = subprocess.run(
+            child_command(["environment", "--device", device, "--json"]),
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=SWEEP_PROBE_TIMEOUT_S,
+        )
         environment = json.loads(completed.stdout.decode("utf-8")) if completed.returncode == 0 else None
     except subprocess.TimeoutExpired:
         raise KitError(
@@ -2899,8 +2942,10 @@ def probe_device(device):
     if not isinstance(environment, dict) or not isinstance(environment.get("gpu"), (dict, type(None))):
         raise KitError(f"the child reading {device} failed (exit status {completed.returncode}); nothing measured")
     if not environment.get("gpu_available") or not environment.get("gpu"):
-        raise KitError(f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
-                       "no folder created")  # fmt: skip
+        raise KitError(
+            f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
+            "no folder created"
+        )
     return environment
 
 
@@ -2909,8 +2954,14 @@ def run_child(arguments, timeout_s):
     child is stopped too, then the KeyboardInterrupt goes on."""
     import subprocess
 
-    process = subprocess.Popen(child_command(arguments), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, errors="replace")  # fmt: skip
+    process = subprocess.Popen(
+        child_command(arguments),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
     try:
         _, err = process.communicate(timeout=timeout_s)
         return process.returncode, err
@@ -3109,7 +3160,7 @@ JSON_HELP = "print one JSON object instead of text"
 # REQUIRED, an option without a default.
 REQUIRED = "required"
 # What one run measures: measure's options, and sweep's for the values it does not vary.
-RUN_OPTIONS = [
+RUN_ARGUMENTS = [
     ("--batch", "N", "1", "batch size (default 1)"),
     ("--context", "N", "16", "positions per input row (default 16)"),
     ("--width", "N", "64", "model width; the hidden layer is 4x (default 64)"),
@@ -3118,38 +3169,48 @@ RUN_OPTIONS = [
     ("--repeats", "N", "2", "measured warm passes, 1 to 1000 (default 2)"),
     ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
 ]
+JSON_ARGUMENTS = [("--json", None, False, JSON_HELP)]
+ESTIMATE_ARGUMENTS = [
+    ("--parameters", "N", REQUIRED, "number of parameters, a positive integer"),
+    ("--bits", "N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
+    ("--reserve-gib", "GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
+    *JSON_ARGUMENTS,
+]
+ENVIRONMENT_ARGUMENTS = [("--device", "cuda:N", REQUIRED, "the GPU to inspect"), *JSON_ARGUMENTS]
+MEMORY_GIB_HELP = (
+    "with --plan: a card's memory in GiB; whether the run fits, and the largest batch, context and width that fit"
+)
+MEASURE_ARGUMENTS = [
+    ("--device", "cuda:N", None, "the GPU to measure; required unless --plan"),
+    ("--output", "FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
+    *RUN_ARGUMENTS,
+    ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
+    ("--json", None, False, "with --plan: print one JSON object"),
+    ("--memory-gib", "GIB", None, MEMORY_GIB_HELP),
+]
+SWEEP_ARGUMENTS = [
+    ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
+    ("--vary", "DIMENSION", REQUIRED, "batch, context or width: the dimension that takes the values"),
+    ("--values", "V1,V2,...", REQUIRED, "strictly increasing whole numbers, separated by commas"),
+    ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
+    *RUN_ARGUMENTS,
+    ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
+]
 COMMAND_OPTIONS = {
-    "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, [
-        ("--parameters", "N", REQUIRED, "number of parameters, a positive integer"),
-        ("--bits", "N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
-        ("--reserve-gib", "GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
-        ("--json", None, False, JSON_HELP),
-    ]),
-    "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, [
-        ("--device", "cuda:N", REQUIRED, "the GPU to inspect"),
-        ("--json", None, False, JSON_HELP),
-    ]),
-    "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, [
-        ("--device", "cuda:N", None, "the GPU to measure; required unless --plan"),
-        ("--output", "FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
-        *RUN_OPTIONS,
-        ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
-        ("--json", None, False, "with --plan: print one JSON object"),
-        ("--memory-gib", "GIB", None, "with --plan: a card's memory in GiB; whether the run fits, and the largest "
-         "batch, context and width that fit"),
-    ]),
-    "sweep": ("measure one dimension at several values, each in a fresh process, then report", _command_sweep, [
-        ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
-        ("--vary", "DIMENSION", REQUIRED, "batch, context or width: the dimension that takes the values"),
-        ("--values", "V1,V2,...", REQUIRED, "strictly increasing whole numbers, separated by commas"),
-        ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
-        *RUN_OPTIONS,
-        ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
-    ]),
-    "report": ("compare result files side by side, one row each; reads them, writes nothing", _command_report, [
-        ("--json", None, False, JSON_HELP),
-    ]),
-}  # fmt: skip
+    "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, ESTIMATE_ARGUMENTS),
+    "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, ENVIRONMENT_ARGUMENTS),
+    "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, MEASURE_ARGUMENTS),
+    "sweep": (
+        "measure one dimension at several values, each in a fresh process, then report",
+        _command_sweep,
+        SWEEP_ARGUMENTS,
+    ),
+    "report": (
+        "compare result files side by side, one row each; reads them, writes nothing",
+        _command_report,
+        JSON_ARGUMENTS,
+    ),
+}
 FILES_HELP = (
     "measure result files, in the order to show, or the folder sweep wrote (its results in the order of the values); "
     "after --, a name may start with -"
@@ -3167,8 +3228,14 @@ def build_parser():
             if metavar is None:
                 subparser.add_argument(option, action=Once, nargs=0, const=True, default=False, help=text)
             else:
-                subparser.add_argument(option, action=Once, metavar=metavar, required=default == REQUIRED,
-                                       default=None if default == REQUIRED else default, help=text)  # fmt: skip
+                subparser.add_argument(
+                    option,
+                    action=Once,
+                    metavar=metavar,
+                    required=default == REQUIRED,
+                    default=None if default == REQUIRED else default,
+                    help=text,
+                )
         if command == "report":
             subparser.add_argument("files", nargs="+", metavar="FILE", help=FILES_HELP)
     return parser

@@ -85,9 +85,11 @@ def old_pythons(session):
         python = shutil.which(f"python{version}")
         if python is None:
             session.skip(f"python{version} is not on PATH")
-        for name, command in (("mesure_memoire.py", ["mesure_memoire.py", "--help"]),
-                              ("calcul_forfaits.py", ["calcul_forfaits.py", "--help"]),
-                              ("mesure-memoire.ipynb", ["-c", NOTEBOOK_AS_SCRIPT])):  # fmt: skip
+        for name, command in (
+            ("mesure_memoire.py", ["mesure_memoire.py", "--help"]),
+            ("calcul_forfaits.py", ["calcul_forfaits.py", "--help"]),
+            ("mesure-memoire.ipynb", ["-c", NOTEBOOK_AS_SCRIPT]),
+        ):
             output = session.run(python, *command, success_codes=[2], silent=True, external=True)
             expected = f"{name}: error: Python 3.10 or later is needed; this is Python {version}."
             if not (output.startswith(expected) and output.count("\n") == 1):

@@ -496,7 +496,6 @@ MESSAGES = {
     "shrink context": "shrink --context (the activations dominate)",
     "shrink batch": "shrink --batch (the activations dominate)",
     "shrink width": "shrink --width (the weights dominate)",
-    "report: phase line incomplete": "a phase line is missing its name, time or peak counters",
     "no CUDA or ROCm build": "this PyTorch build has no CUDA or ROCm support",
     "no GPU visible": "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)",
     "cannot write the output": "cannot write the output: {error}",
@@ -505,8 +504,6 @@ MESSAGES = {
     "matplotlib too old": "matplotlib {version} cannot draw: 3.5 or later is needed (the tables stay)",
     "no figure": "No figure: {why}",
     "--dtype not a kit dtype": "--dtype: expected one of float32, float16, bfloat16, got {value}",
-    "report: not a measure configuration": "its configuration or parameter count is not one measure writes",
-    "report: a section is missing": "configuration, synthetic_model or environment is missing",
     "calculator: not allowed with": "{option}: not allowed with {mode}",
     "calculator: file name empty": "{option}: expected a file name, got ''",
     "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required; see --help",
@@ -523,6 +520,10 @@ MESSAGES = {
     "--output a folder": "--output: {name} names a folder, not a new file",
     "--output no folder": "--output: the folder of {name} does not exist",
     "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
+    "--output no hard links": (
+        "--output: cannot create {name}: its folder's file system has no hard links ({error}), which the "
+        "never-overwriting write needs; nothing measured"
+    ),
     "--output appeared meanwhile": "--output: {name} appeared meanwhile; nothing overwritten",
     "--output cannot write": "--output: cannot write {name}: {error}; nothing written",
     "not a fresh process": (
@@ -590,6 +591,25 @@ MESSAGES = {
         "less a 1.00 GiB margin: {advice}"
     ),
     "report: not a kit result": "report: {file} is not a kit result: {why}",
+    # The one description of a result's format (RESULT_FORMAT): the first wrong field, what it must be.
+    "report: wrong field": "{field}: expected {what}, got {value}",
+    "report: not an object": "expected an object, got {value}",
+    "report: a count": "a whole number >= 0 of at most 30 digits",
+    "report: a positive count": "a whole number > 0 of at most 30 digits",
+    "report: a reading": "null or a whole number >= 0",
+    "report: a name": "null or text of at most 256 characters",
+    "report: a time": "null or a time >= 0",
+    "report: text": "null or text",
+    "report: a boolean": "true or false",
+    "report: a list": "a list",
+    "report: an object": "an object",
+    "report: null or an object": "null or an object",
+    "report: this kit": "'iteragpu-lab-v1'",
+    "report: this schema": "6, this kit's (measure again with this kit)",
+    "report: a dtype": "one of float32, float16, bfloat16",
+    "report: a phase": "one of model_load, inputs, cold_forward, warmup, warm_forward",
+    "report: cold and warm lines": "one cold_forward line and at least one warm_forward line",
+    "report: allocator settings": "null or the allocator settings measure writes",
     "report: does not exist": "report: {file} does not exist",
     "report: cannot be opened": "report: {file} cannot be opened ({error})",
     "report: cannot be read": "report: {file} cannot be read ({error})",
@@ -608,22 +628,6 @@ MESSAGES = {
     "report: nested too deep": "nested too deep to read (RecursionError); a kit result nests a few levels",
     "report: not JSON": "not JSON ({error})",
     "report: not UTF-8": "not UTF-8 text",
-    "report: not an object": "a JSON {type}, not an object",
-    "report: another kit": "its 'kit' is not 'iteragpu-lab-v1'",
-    "report: schema not read": "schema_version {version} is not this kit's (6): measure again with this kit",
-    "report: names not text": "its environment's GPU name, PyTorch or build is not text (at most 256 characters)",
-    "report: device readings not counts": (
-        "its last phase line's end_reserved_bytes or end_device_used_bytes is not a count"
-    ),
-    "report: gpu not an object": "its environment's gpu is neither null nor an object",
-    "report: cold and warm lines": "it needs one cold_forward line and at least one warm_forward line",
-    "report: verdict not a bool": "it needs {field}, true or false",
-    "report: verdicts not a list": "it needs prediction_check.{key} as a list",
-    "report: fresh_process_warning not text": "its configuration.fresh_process_warning is neither null nor text",
-    "report: device_ms not a time": "a warm_forward line's device_ms, {value}, is neither null nor a time >= 0",
-    "report: allocator_settings not measure's": (
-        "its environment's allocator_settings is neither null nor what measure writes"
-    ),
     "no usable GPU, no folder created": "no usable GPU for {device}: {reason}; nothing measured, no folder created",
     "sweep stopped": "Sweep stopped: {stop}",
     "sweep: predicted not to fit": "{where}: predicted not to fit, not launched{also}: {problem}",

@@ -151,22 +151,6 @@ def test_check_new_output_probes_the_folder_and_removes_the_probe(tmp_path, monk
     )
 
 
-def test_write_exclusively_never_overwrites_and_removes_a_partial_file(tmp_path, monkeypatch):
-    target = str(tmp_path / "r.json")
-    mesure_memoire._write_exclusively(target, b"first")
-    with pytest.raises(FileExistsError):
-        mesure_memoire._write_exclusively(target, b"second")
-    assert (tmp_path / "r.json").read_bytes() == b"first"
-
-    def fsync_fails(descriptor):
-        raise OSError(errno.EIO, "I/O error")
-
-    monkeypatch.setattr(os, "fsync", fsync_fails)
-    with pytest.raises(OSError, match="I/O error"):
-        mesure_memoire._write_exclusively(str(tmp_path / "s.json"), b"data")
-    assert sorted(os.listdir(tmp_path)) == ["r.json"]
-
-
 def test_write_new_file_writes_utf8_and_refuses_a_name_taken_meanwhile(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     mesure_memoire.write_new_file("é.json", "é\n")
@@ -179,15 +163,10 @@ def test_write_new_file_writes_utf8_and_refuses_a_name_taken_meanwhile(tmp_path,
     assert kit_error_of(mesure_memoire.write_new_file, "x.json", "{}") == MESSAGES[
         "--output appeared meanwhile"
     ].format(name="x.json")
-    (tmp_path / "y.json").write_bytes(b"theirs")
     monkeypatch.setattr(os, "link", raising(OSError(errno.EPERM, "no")))
-    assert kit_error_of(mesure_memoire.write_new_file, "y.json", "{}") == MESSAGES[
-        "--output appeared meanwhile"
-    ].format(name="y.json")
-    assert (tmp_path / "y.json").read_bytes() == b"theirs"
-    mesure_memoire.write_new_file("z.json", "zz")  # no hard links: the exclusive create
-    assert (tmp_path / "z.json").read_bytes() == b"zz"
-    assert sorted(os.listdir(tmp_path)) == ["y.json", "z.json", "é.json"]  # no temporary left
+    with pytest.raises(OSError, match="no"):  # no hard links: nothing written, nothing else tried
+        mesure_memoire.write_new_file("z.json", "zz")
+    assert sorted(os.listdir(tmp_path)) == ["é.json"]  # no temporary left
 
 
 def test_the_temporary_file_is_made_beside_the_result(tmp_path, monkeypatch):
@@ -300,11 +279,23 @@ def stand_in_measure(monkeypatch):
     return calls
 
 
-def test_link_refused_with_eperm_falls_back_to_an_exclusive_create(folder, capsys, monkeypatch, stand_in_measure):
+@pytest.mark.parametrize("error", [errno.EPERM, errno.ENOTSUP])
+def test_a_folder_without_hard_links_is_refused_before_measuring(folder, capsys, monkeypatch, stand_in_measure, error):
     def no_hard_links(source, destination):
-        raise PermissionError(errno.EPERM, "Operation not permitted")
+        raise OSError(error, os.strerror(error), source, None, destination)
 
     monkeypatch.setattr(os, "link", no_hard_links)
+    before = tree_digest(folder)
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
+    assert code == 2
+    assert captured.out == ""
+    said = os.strerror(error)
+    assert captured.err == error_line(MESSAGES["--output no hard links"].format(name="o.json", error=said))
+    assert stand_in_measure == [], "nothing measured"
+    assert tree_digest(folder) == before, "no temporary left"
+
+
+def test_the_result_is_written_whole_with_its_exact_seed(folder, capsys, stand_in_measure):
     assert mesure_memoire.main([*MEASURE, "--output", "o.json", "--seed", str(2**64 - 1)]) == 0
     captured = capsys.readouterr()
     assert captured.err == ""
@@ -332,33 +323,13 @@ def test_the_written_name_and_the_warning_stay_one_line_each(folder, capsys, mon
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
-@pytest.mark.parametrize("hard_links", [True, False])
-def test_the_result_file_respects_the_umask(folder, monkeypatch, umask, hard_links):
-    if not hard_links:
-        monkeypatch.setattr(os, "link", raising(OSError(errno.EPERM, "")))
+def test_the_result_file_respects_the_umask(folder, umask):
     previous = os.umask(umask)
     try:
         mesure_memoire.write_new_file("r.json", "{}\n")
     finally:
         os.umask(previous)
     assert stat.S_IMODE(os.stat(folder / "r.json").st_mode) == 0o666 & ~umask
-
-
-def test_a_failed_fallback_write_leaves_nothing_under_the_name(folder, monkeypatch):
-    monkeypatch.setattr(os, "link", raising(OSError(errno.ENOTSUP, "")))
-    real_fsync, calls = os.fsync, []
-
-    def second_fsync_fails(descriptor):
-        calls.append(descriptor)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", second_fsync_fails)
-    before = tree_digest(folder)
-    with pytest.raises(OSError, match="No space"):
-        mesure_memoire.write_new_file("r.json", "{}\n")
-    assert tree_digest(folder) == before
 
 
 def test_a_full_disk_after_the_measurement_is_one_line(folder, capsys, monkeypatch, stand_in_measure):
@@ -373,7 +344,7 @@ def test_a_full_disk_after_the_measurement_is_one_line(folder, capsys, monkeypat
     assert captured.err == error_line(said)
 
 
-@pytest.mark.parametrize("where", ["measure", "fsync", "link", "fallback", "created-at-check", "created-at-write"])
+@pytest.mark.parametrize("where", ["measure", "fsync", "link-at-check", "link", "created-at-check", "created-at-write"])
 def test_ctrl_c_anywhere_in_measure_exits_130_and_leaves_no_file(folder, capsys, monkeypatch, stand_in_measure, where):
     def interrupt(*args):
         raise KeyboardInterrupt
@@ -393,12 +364,16 @@ def test_ctrl_c_anywhere_in_measure_exits_130_and_leaves_no_file(folder, capsys,
         monkeypatch.setattr(mesure_memoire, "measure", interrupt)
     elif where == "fsync":
         monkeypatch.setattr(os, "fsync", interrupt)
-    elif where == "link":
-        monkeypatch.setattr(os, "link", interrupt)
-    else:  # no hard links, then Ctrl-C while the exclusive copy is written
-        monkeypatch.setattr(os, "link", raising(OSError(errno.EPERM, "")))
-        calls = []
-        monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or (interrupt() if len(calls) == 2 else None))
+    else:  # the probe's link before measuring, or the result's after
+        real_link, calls = os.link, []
+
+        def link(source, target):
+            calls.append(target)
+            if len(calls) == (1 if where == "link-at-check" else 2):
+                raise KeyboardInterrupt
+            return real_link(source, target)
+
+        monkeypatch.setattr(os, "link", link)
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
     assert code == 130
     assert captured.out == ""
@@ -414,6 +389,8 @@ def test_a_temporary_name_already_taken_is_never_overwritten_and_limits_have_a_f
     assert not (folder / "s.json").exists()
     assert taken.read_bytes() == b"someone else's"
     taken.unlink()
+    monkeypatch.undo()  # the probe below needs two distinct names
+    monkeypatch.chdir(folder)
 
     def no_pathconf(*args):
         raise OSError(errno.EINVAL, "Invalid argument")

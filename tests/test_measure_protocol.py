@@ -214,7 +214,6 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
         "output_summary",
         "predicted_peak_allocated_bytes",
         "fit_margin_bytes",
-        "matmul_arithmetic",
         "torch_version_warning",
     }
     assert result["schema_version"] == 6
@@ -435,12 +434,9 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     set_up = SetUpCalls(monkeypatch)
     settings = config(device="cuda:2", batch=2, context=3, width=8, warmup=2, repeats=1)
     seen = []
-    # Put back after the test; a flag every supported PyTorch has.
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", False)
 
     def measure_phases(torch_module, cuda, device, configuration):
         seen.append((torch_module, cuda, device, configuration))
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True  # changed while the forwards run
         return agreeing_records(settings), {"all_finite": True, "checksum_float64": 0.5, "elements": 48}, NO_PER_CALL
 
     monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
@@ -465,7 +461,6 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
         "schema_version": 6,
         "tool": "a tool",
         "torch_version_warning": None,
-        "matmul_arithmetic": mesure_memoire.matmul_arithmetic(torch),
         "configuration": {
             **settings,
             "cuda_initialized_before_measure": True,
@@ -492,9 +487,7 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
         "fit_margin_bytes": GIB,
     }
     assert [record["verdict"] for record in result["phases"]] == ["agrees"] * 5
-    # The result's flags are read once the forwards ran, the environment's before.
-    assert result["matmul_arithmetic"]["allow_fp16_reduced_precision_reduction"] is True
-    assert result["environment"]["matmul_arithmetic"]["allow_fp16_reduced_precision_reduction"] is False
+    assert result["environment"]["matmul_arithmetic"] == mesure_memoire.matmul_arithmetic(torch), "read once"
 
 
 @pytest.mark.parametrize(("allocated", "reserved"), [(512, 0), (0, 2**21), (1, 1)])

@@ -28,8 +28,9 @@ from subprocess import DEVNULL, PIPE
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(TOOLS)]  # the kit's own code and the tools' one file writer
 
+import build_notebook  # noqa: E402  (write_whole: a new file written whole, never over another)
 import mesure_memoire as kit  # noqa: E402  (the kit's own code, standard library only at import)
 
 PROG = "gpu_validation.py"
@@ -821,23 +822,10 @@ class Validation:
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w:gz") as tar:
             tar.add(self.folder, ARCHIVE_TOP, filter=without_owner)
-        publish(Path(output_dir, VERDICT_NAME), verdict.encode())
-        publish(Path(output_dir, ARCHIVE_NAME), archive.getvalue())
+        build_notebook.write_whole(Path(output_dir, VERDICT_NAME), verdict.encode(), replace=False)
+        build_notebook.write_whole(Path(output_dir, ARCHIVE_NAME), archive.getvalue(), replace=False)
         print(summary, flush=True)
         return failed == 0
-
-
-def publish(path, data):
-    """Write ``data`` whole under a temporary name beside ``path``, then link it to ``path`` (never over a file)."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with open(temporary, "xb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.link(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 def validate(device, output_dir, runner):

@@ -375,10 +375,23 @@ def run_in_process(capsys, folder, argv):
 
 
 MEASURE = ["measure", "--device", "cuda:0"]
-# A small run's options after "measure"; MEASURE_TRIAL with the command.  Left unformatted: each option
-# beside its value, as on a command line (ruff would give each its own line).
-SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
-               "--warmup", "1", "--repeats", "2"]  # fmt: skip
+# A small run's options after "measure"; MEASURE_TRIAL with the command.
+SMALL_TRIAL = [
+    "--device",
+    "cuda:0",
+    "--batch",
+    "1",
+    "--context",
+    "16",
+    "--width",
+    "64",
+    "--dtype",
+    "float32",
+    "--warmup",
+    "1",
+    "--repeats",
+    "2",
+]
 MEASURE_TRIAL = ["measure", *SMALL_TRIAL]
 
 

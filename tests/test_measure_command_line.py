@@ -401,16 +401,10 @@ def test_the_phase_table_without_workspace_checksum_or_checks():
     assert mesure_memoire.format_phase_table(result).splitlines() == lines[:4]
 
 
-def test_a_phase_label_shows_a_repetition_and_passes_only_when_set():
-    label = mesure_memoire._phase_label
-    assert label({"phase": "warm_forward", "repetition": 2}) == "warm_forward #2"
-    assert label({"phase": "warmup", "passes": 3, "repetition": None}) == "warmup x3"
-    assert label({"phase": "warmup", "passes": 0}) == "warmup x0"
-    assert label({"phase": "inputs", "repetition": None, "passes": None}) == "inputs"
-
-
-def test_the_table_aligns_the_first_column_left_and_the_others_right():
-    assert mesure_memoire._table([("a", "bb", "c"), ("ccc", "d", "")]) == "a    bb  c\nccc   d"
+def test_the_phase_table_shows_zero_passes():
+    phases = [dict(PHASE_TABLE_RESULT["phases"][1], passes=0), *PHASE_TABLE_RESULT["phases"][2:]]
+    lines = mesure_memoire.format_phase_table(dict(PHASE_TABLE_RESULT, phases=phases)).splitlines()
+    assert lines[1].startswith("warmup x0  ")  # zero passes is still a count, not a missing one
 
 
 def test_in_units_rounds_half_up_in_gib_by_default_or_mib():

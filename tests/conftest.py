@@ -440,6 +440,12 @@ def assert_refused_before_any_work(folder, capsys, monkeypatch, argv, *fragments
     return assert_one_line(captured.err, "mesure_memoire.py: error: ", *fragments)
 
 
+def host_memory(monkeypatch, page_bytes, pages):
+    """The host's RAM as os.sysconf tells it: pages of a page size (other names asked of the real one)."""
+    real, answers = os.sysconf, {"SC_PAGE_SIZE": page_bytes, "SC_PHYS_PAGES": pages}
+    monkeypatch.setattr(os, "sysconf", lambda name: answers[name] if name in answers else real(name))
+
+
 def raising(error):
     """A stand-in for a function that raises ``error`` whatever it is called with."""
 

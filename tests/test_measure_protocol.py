@@ -29,6 +29,7 @@ from conftest import (
     RecordingCudaStandIn,
     config,
     error_line,
+    host_memory,
     kit_error_of,
     plain_id,
     plain_ids,
@@ -313,12 +314,6 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
 
 
 # --- the dtype probe and the host memory --------------------------------------------------------------
-
-
-def host_memory(monkeypatch, page_bytes, pages):
-    """The host's RAM as os.sysconf tells it: pages of a page size (other names asked of the real one)."""
-    real, answers = os.sysconf, {"SC_PAGE_SIZE": page_bytes, "SC_PHYS_PAGES": pages}
-    monkeypatch.setattr(os, "sysconf", lambda name: answers[name] if name in answers else real(name))
 
 
 def measures(monkeypatch, settings):

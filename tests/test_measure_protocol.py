@@ -365,22 +365,22 @@ def test_the_dtype_probe_asks_the_chosen_device(stand_in_gpu, monkeypatch, dtype
 
 
 class SetUpCalls:
-    """Stand-ins for the torch.cuda set-up calls of measure(), recording the device each names."""
+    """Stand-ins for the torch.cuda set-up calls of measure(): each takes a device argument or none, as
+    PyTorch's do, and answers fixed values."""
 
     def __init__(self, monkeypatch, allocated=0, reserved=0):
-        self.calls = []
         for name, answer in [("is_initialized", lambda: True), ("init", lambda: None)]:
-            monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=False))
+            monkeypatch.setattr(torch.cuda, name, self.answering(name, answer, with_device=False))
         for name, answer in [
             ("set_device", lambda: None),
             ("memory_allocated", lambda: allocated),
             ("memory_reserved", lambda: reserved),
         ]:
-            monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=True))
+            monkeypatch.setattr(torch.cuda, name, self.answering(name, answer, with_device=True))
 
-    def recording(self, name, answer, with_device):
+    @staticmethod
+    def answering(name, answer, with_device):
         def call(*args):
-            self.calls.append((name, *args))
             assert len(args) == with_device, (name, args)
             return answer()
 

@@ -375,10 +375,23 @@ def run_in_process(capsys, folder, argv):
 
 
 MEASURE = ["measure", "--device", "cuda:0"]
-# A small run's options after "measure"; MEASURE_TRIAL with the command.  Left unformatted: each option
-# beside its value, as on a command line (ruff would give each its own line).
-SMALL_TRIAL = ["--device", "cuda:0", "--batch", "1", "--context", "16", "--width", "64", "--dtype", "float32",
-               "--warmup", "1", "--repeats", "2"]  # fmt: skip
+# A small run's options after "measure"; MEASURE_TRIAL with the command.
+SMALL_TRIAL = [
+    "--device",
+    "cuda:0",
+    "--batch",
+    "1",
+    "--context",
+    "16",
+    "--width",
+    "64",
+    "--dtype",
+    "float32",
+    "--warmup",
+    "1",
+    "--repeats",
+    "2",
+]
 MEASURE_TRIAL = ["measure", *SMALL_TRIAL]
 
 
@@ -425,6 +438,12 @@ def assert_refused_before_any_work(folder, capsys, monkeypatch, argv, *fragments
     assert code == 2
     assert captured.out == ""
     return assert_one_line(captured.err, "mesure_memoire.py: error: ", *fragments)
+
+
+def host_memory(monkeypatch, page_bytes, pages):
+    """The host's RAM as os.sysconf tells it: pages of a page size (other names asked of the real one)."""
+    real, answers = os.sysconf, {"SC_PAGE_SIZE": page_bytes, "SC_PHYS_PAGES": pages}
+    monkeypatch.setattr(os, "sysconf", lambda name: answers[name] if name in answers else real(name))
 
 
 def raising(error):

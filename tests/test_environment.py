@@ -1,5 +1,6 @@
 """`mesure_memoire.py environment`: a diagnosis that degrades field by field and stays private."""
 
+import contextlib
 import errno
 import getpass
 import importlib.util
@@ -335,28 +336,32 @@ def test_a_name_the_file_system_cannot_encode_keeps_its_character_in_the_refusal
 
 
 @pytest.fixture
-def recorded_indices(stand_in_gpu, monkeypatch):
-    """stand_in_gpu with two devices, whose per-device queries record the index they are given."""
+def two_devices(stand_in_gpu, monkeypatch):
+    """stand_in_gpu with two devices that answer differently: device 1 as stand_in_gpu does, device 0 with
+    another name, memory and BLAS workspace sizes, so that a field read from the wrong device shows."""
     properties = stand_in_gpu(count=2)
-    seen = []
+    other = types.SimpleNamespace(**{**vars(properties), "name": "Other GPU", "total_memory": 40 * GIB})
+    current = [0]  # CUDA's current device: 0 until a device context says otherwise
 
-    def recording(name, answer):
-        def query(index, *args, **kwargs):
-            seen.append((name, index))
-            return answer(*args, **kwargs)
+    @contextlib.contextmanager
+    def device(index):
+        current.append(index)
+        yield
+        current.pop()
 
-        return query
+    def workspace_size(size_bytes, other_bytes):
+        return lambda size=None: size_bytes if current[-1] == 1 else other_bytes
 
-    import contextlib
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: (other, properties)[index])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: ((GIB, 40 * GIB), (79 * GIB, 80 * GIB))[index])
+    monkeypatch.setattr(torch.cuda, "device", device)
+    cuda = torch.backends.cuda
+    monkeypatch.setattr(cuda, "cublas_workspace_size", workspace_size(8 * MIB + 128 * 2**10, 7), raising=False)
+    monkeypatch.setattr(cuda, "cublaslt_workspace_size", workspace_size(MIB, 9), raising=False)
+    return types.SimpleNamespace(properties=properties)
 
-    monkeypatch.setattr(torch.cuda, "get_device_properties", recording("get_device_properties", lambda: properties))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", recording("get_device_capability", lambda: (9, 0)))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", recording("mem_get_info", lambda: (79 * GIB, 80 * GIB)))
-    monkeypatch.setattr(torch.cuda, "device", recording("device", contextlib.nullcontext))
-    return types.SimpleNamespace(seen=seen, properties=properties)
 
-
-def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indices, monkeypatch):
+def test_the_collector_keeps_each_field_and_asks_the_chosen_device(two_devices, monkeypatch):
     matmul = torch.backends.cuda.matmul
     monkeypatch.setattr(matmul, "allow_tf32", True)
     monkeypatch.setattr(matmul, "allow_fp16_reduced_precision_reduction", False)
@@ -366,7 +371,7 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "torch._C._BlasBackend.Cublaslt")
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
-    recorded_indices.properties.gcnArchName = "gfx90a"  # kept only from a ROCm build
+    two_devices.properties.gcnArchName = "gfx90a"  # kept only from a ROCm build
     environment = mesure_memoire.collect_environment("cuda:1")
     assert set(environment["python"]) == {"version", "implementation"}
     assert set(environment["os"]) == {"name", "release", "machine"}
@@ -416,27 +421,25 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(recorded_indi
         "driver_note": mesure_memoire.DRIVER_NOTE,
         "driver_commands": mesure_memoire.DRIVER_COMMANDS,
     }
-    # Every per-device query names device 1; the workspace sizes are read with device 1 current.
-    assert recorded_indices.seen == [("get_device_properties", 1), ("mem_get_info", 1), ("device", 1), ("device", 1)]
     assert environment["driver_commands"] is not mesure_memoire.DRIVER_COMMANDS
 
 
-def test_attributes_an_older_pytorch_lacks_are_null_not_errors(recorded_indices, monkeypatch):
-    del recorded_indices.properties.multi_processor_count
+def test_attributes_an_older_pytorch_lacks_are_null_not_errors(two_devices, monkeypatch):
+    del two_devices.properties.multi_processor_count
     monkeypatch.delattr(torch.version, "hip")
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:1")
     assert environment["hip_build"] is None
     assert environment["gpu"]["multi_processor_count"] is None
     assert environment["field_errors"] == {}
     monkeypatch.setattr(torch.version, "hip", "7.0.1", raising=False)  # a ROCm build without gcnArchName
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:1")
     assert environment["gpu"]["gcn_arch_name"] is None
     assert environment["field_errors"] == {}
     # PyTorch 2.11 and 2.12 have no BLAS workspace queries; an older one no preferred_blas_library.
     monkeypatch.delattr(torch.backends.cuda, "cublas_workspace_size")
     monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")
     monkeypatch.delattr(torch.backends.cuda, "preferred_blas_library")
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:1")
     assert environment["field_errors"] == {}
     for name in ("preferred_blas_library", "cublas_workspace_size_bytes", "cublaslt_workspace_size_bytes"):
         assert environment["settings"][name] is None
@@ -500,13 +503,13 @@ def test_a_pytorch_without_the_newer_flags_leaves_them_null():
     }
 
 
-def test_the_collector_on_a_rocm_build_keeps_the_architecture(recorded_indices, monkeypatch):
-    recorded_indices.properties.gcnArchName = "gfx942:sramecc+:xnack-"
-    recorded_indices.properties.major, recorded_indices.properties.minor = 9, 4
+def test_the_collector_on_a_rocm_build_keeps_the_architecture(two_devices, monkeypatch):
+    two_devices.properties.gcnArchName = "gfx942:sramecc+:xnack-"
+    two_devices.properties.major, two_devices.properties.minor = 9, 4
     monkeypatch.setattr(torch.version, "hip", "7.0.1")
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:1")
     assert environment["hip_build"] == "7.0.1"
     assert environment["cuda_build"] is None
     assert environment["gpu"]["gcn_arch_name"] == "gfx942:sramecc+:xnack-"
@@ -514,7 +517,6 @@ def test_the_collector_on_a_rocm_build_keeps_the_architecture(recorded_indices, 
     assert environment["settings"]["cublas_workspace_size_bytes"] == 8 * MIB + 128 * 2**10
     assert environment["settings"]["cublaslt_workspace_size_bytes"] is None  # no such query: left null
     assert environment["field_errors"] == {}
-    assert recorded_indices.seen == [("get_device_properties", 0), ("mem_get_info", 0), ("device", 0)]
 
 
 @pytest.mark.parametrize(
@@ -613,24 +615,15 @@ def test_the_collector_without_pytorch(monkeypatch):
     assert environment["field_errors"] == {}
 
 
-def test_on_device_makes_the_index_current_and_returns_a_checked_count(monkeypatch):
-    current = []
-
-    class Device:
-        def __init__(self, index):
-            self.index = index
-
-        def __enter__(self):
-            current.append(self.index)
-
-        def __exit__(self, *exc_info):
-            current.append(None)
-
-    monkeypatch.setattr(torch.cuda, "device", Device)
-    assert mesure_memoire._on_device(torch, 3, lambda: (current[-1], 7)[1], "size") == 7
-    assert current == [3, None]
-    with pytest.raises(mesure_memoire.UnexpectedValue):  # text is not a size, even "7"
-        mesure_memoire._on_device(torch, 3, lambda: "7", "size")
+def test_a_workspace_size_that_is_text_is_null_and_named(stand_in_gpu, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda, "cublas_workspace_size", lambda size=None: "7", raising=False)
+    environment = mesure_memoire.collect_environment("cuda:0")
+    assert environment["settings"]["cublas_workspace_size_bytes"] is None  # text is not a size, even "7"
+    assert environment["field_errors"] == {
+        "cublas_workspace_size": MESSAGES["unexpected value"].format(
+            name="cublas_workspace_size", expected="a whole number >= 0"
+        )
+    }
 
 
 # --- the environment's text --------------------------------------------------------------------------

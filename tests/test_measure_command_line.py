@@ -228,8 +228,8 @@ def test_a_nan_output_shows_in_the_summary():
     assert summary["checksum_float64"] == sum(float(v) for v in torch.tensor([0.1, 0.2, 0.3], dtype=torch.bfloat16))
 
 
-def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypatch, capsys):
-    calls = []
+def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
     result = {
         "configuration": {"fresh_process_warning": "not a fresh\nprocess"},
         "torch_version_warning": None,
@@ -247,15 +247,17 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
         ],
     }
 
-    def measure_to_file(configuration, output, tool):
-        calls.append((configuration, output, tool))
-        return result
+    def measure(configuration, tool):  # a stand-in: no GPU here; the result says what it was asked
+        warning = result["configuration"]["fresh_process_warning"]
+        return {**result, "configuration": {**configuration, "fresh_process_warning": warning}, "tool": tool}
 
-    monkeypatch.setattr(mesure_memoire, "measure_to_file", measure_to_file)
+    monkeypatch.setattr(mesure_memoire, "measure", measure)
     arguments = ["measure", "--device", "cuda:2", "--batch", "4", "--output", "out\tname.json"]
     assert mesure_memoire.main(arguments) == 0
     captured = capsys.readouterr()
-    assert calls == [(config(device="cuda:2", batch=4), "out\tname.json", "mesure_memoire.py")]
+    written = json.loads((tmp_path / "out\tname.json").read_text(encoding="utf-8"))
+    asked = {**config(device="cuda:2", batch=4), "fresh_process_warning": "not a fresh\nprocess"}
+    assert (written["configuration"], written["tool"]) == (asked, "mesure_memoire.py")
     assert captured.err == "mesure_memoire.py: warning: not a fresh\\nprocess\n"
     assert captured.out == mesure_memoire.format_phase_table(result) + "\nResult written to 'out\\tname.json'\n"
     result["torch_version_warning"] = "an unreadable version"
@@ -401,16 +403,10 @@ def test_the_phase_table_without_workspace_checksum_or_checks():
     assert mesure_memoire.format_phase_table(result).splitlines() == lines[:4]
 
 
-def test_a_phase_label_shows_a_repetition_and_passes_only_when_set():
-    label = mesure_memoire._phase_label
-    assert label({"phase": "warm_forward", "repetition": 2}) == "warm_forward #2"
-    assert label({"phase": "warmup", "passes": 3, "repetition": None}) == "warmup x3"
-    assert label({"phase": "warmup", "passes": 0}) == "warmup x0"
-    assert label({"phase": "inputs", "repetition": None, "passes": None}) == "inputs"
-
-
-def test_the_table_aligns_the_first_column_left_and_the_others_right():
-    assert mesure_memoire._table([("a", "bb", "c"), ("ccc", "d", "")]) == "a    bb  c\nccc   d"
+def test_the_phase_table_shows_zero_passes():
+    phases = [dict(PHASE_TABLE_RESULT["phases"][1], passes=0), *PHASE_TABLE_RESULT["phases"][2:]]
+    lines = mesure_memoire.format_phase_table(dict(PHASE_TABLE_RESULT, phases=phases)).splitlines()
+    assert lines[1].startswith("warmup x0  ")  # zero passes is still a count, not a missing one
 
 
 def test_in_units_rounds_half_up_in_gib_by_default_or_mib():

@@ -78,19 +78,21 @@ def test_the_written_file_is_whole_and_exact(tmp_path):
 # --- files: names, limits, temporary files, exclusive writes ---------------------------------------------------
 
 
-def test_name_limits_ask_the_file_system_and_fall_back(tmp_path, monkeypatch):
-    asked = []
-
-    def pathconf(folder, name):
-        asked.append((folder, name))
-        return {"PC_NAME_MAX": 11, "PC_PATH_MAX": 22}[name]
-
-    monkeypatch.setattr(os, "pathconf", pathconf)
-    assert mesure_memoire._name_limits("here") == (11, 22)
-    assert {folder for folder, _ in asked} == {"here"}  # the file system that will hold the file
+def test_the_name_limit_is_the_output_folders_and_255_bytes_where_it_cannot_be_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("here")
+    limits = {"here": {"PC_NAME_MAX": 11, "PC_PATH_MAX": 22}}  # the file system that will hold the file
+    monkeypatch.setattr(os, "pathconf", lambda folder, name: limits.get(folder, {}).get(name, 4096))
+    assert mesure_memoire.check_new_output("here/" + "n" * 11) == "here/" + "n" * 11
+    assert kit_error_of(mesure_memoire.check_new_output, "here/" + "n" * 12) == (
+        MESSAGES["--output too long"].format(name="here/" + "n" * 12, limit=11)
+    )
     for error in (AttributeError("no pathconf"), ValueError("unknown name"), OSError(errno.EINVAL, "no")):
         monkeypatch.setattr(os, "pathconf", raising(error))
-        assert mesure_memoire._name_limits("here") == (255, 4096)
+        assert mesure_memoire.check_new_output("here/" + "n" * 255) == "here/" + "n" * 255, error
+        assert kit_error_of(mesure_memoire.check_new_output, "here/" + "n" * 256) == (
+            MESSAGES["--output too long"].format(name=mesure_memoire.name_as_typed("here/" + "n" * 256), limit=255)
+        ), error
 
 
 def test_check_new_output_bounds_the_name_and_the_path(tmp_path, monkeypatch):
@@ -396,7 +398,6 @@ def test_a_temporary_name_already_taken_is_never_overwritten_and_limits_have_a_f
         raise OSError(errno.EINVAL, "Invalid argument")
 
     monkeypatch.setattr(os, "pathconf", no_pathconf)
-    assert mesure_memoire._name_limits(".") == (255, 4096)
     with pytest.raises(mesure_memoire.KitError, match="too long"):
         mesure_memoire.check_new_output("n" * 256)
     assert mesure_memoire.check_new_output("n" * 255) == "n" * 255

@@ -6,7 +6,9 @@ and ``RecordingCudaStandIn`` for the allocator counters, while the model, the in
 are the real PyTorch ones, run on the CPU.
 """
 
+import contextlib
 import json
+import os
 import re
 import time
 import weakref
@@ -27,8 +29,10 @@ from conftest import (
     RecordingCudaStandIn,
     config,
     error_line,
+    host_memory,
     kit_error_of,
     plain_id,
+    plain_ids,
     raising,
     run_in_process,
     stand_in_measurement,
@@ -109,7 +113,6 @@ def test_run_phase_without_requested_counters_or_events_says_null():
     record, _ = mesure_memoire.run_phase(recorder, "dev", "inputs", lambda: None)
     assert record["device_ms"] is None
     assert record["baseline_requested_bytes"] is record["end_requested_bytes"] is record["peak_requested_bytes"] is None
-    assert "Event" not in [name for name, _ in recorder.calls]
 
 
 @pytest.fixture
@@ -313,6 +316,12 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
 # --- the dtype probe and the host memory --------------------------------------------------------------
 
 
+def measures(monkeypatch, settings):
+    """measure()'s result for ``settings``, its phases agreeing with the plan (no refusal came first)."""
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}, NO_PER_CALL))
+    return mesure_memoire.measure(settings, tool="t")
+
+
 @pytest.mark.parametrize(
     ("dtype", "capability", "hip", "bf16", "expected"),
     [
@@ -324,76 +333,54 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
         ("float32", (3, 0), None, False, None),
     ],
 )
-def test_the_dtype_probe(monkeypatch, dtype, capability, hip, bf16, expected):
-    seen = []
+def test_the_dtype_probe_asks_the_chosen_device(stand_in_gpu, monkeypatch, dtype, capability, hip, bf16, expected):
+    stand_in_gpu(count=3)
+    SetUpCalls(monkeypatch)
+    current = [0]  # CUDA's current device: 0 until a device context says otherwise
 
-    class Device:
-        def __init__(self, index):
-            seen.append(("device", index))
+    @contextlib.contextmanager
+    def device(index):
+        current.append(index)
+        yield
+        current.pop()
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc_info):
-            return False
-
+    # Device 2, the chosen one, answers as the case says; the others have everything, and so has emulation.
     def is_bf16_supported(including_emulation=True):
-        seen.append(("is_bf16_supported", including_emulation))
-        return bf16
+        return including_emulation or current[-1] != 2 or bf16
 
-    def get_device_capability(index):
-        seen.append(("get_device_capability", index))
-        return capability
-
-    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.cuda, "device", device)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", get_device_capability)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability if index == 2 else (9, 0))
     monkeypatch.setattr(torch.version, "hip", hip)
-    assert mesure_memoire._dtype_problem(torch, 2, dtype) == expected
-    if dtype == "bfloat16":
-        assert seen[:2] == [("device", 2), ("is_bf16_supported", False)]  # emulation does not count
-    assert ("get_device_capability", 2) in seen or hip is not None or (dtype == "bfloat16" and not bf16)
-
-
-def test_the_host_memory_is_pages_times_page_size(monkeypatch):
-    asked = []
-
-    def sysconf(name):
-        asked.append(name)
-        return {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000}[name]
-
-    monkeypatch.setattr(mesure_memoire.os, "sysconf", sysconf)
-    assert mesure_memoire._host_memory_bytes() == 4096000
-    assert sorted(asked) == ["SC_PAGE_SIZE", "SC_PHYS_PAGES"]
-    for error in (ValueError, OSError, AttributeError):
-
-        def unknown(name, error=error):
-            raise error(name)
-
-        monkeypatch.setattr(mesure_memoire.os, "sysconf", unknown)
-        assert mesure_memoire._host_memory_bytes() is None
+    settings = config(device="cuda:2", dtype=dtype)
+    if expected is None:
+        assert measures(monkeypatch, settings)["configuration"]["dtype"] == dtype
+    else:
+        assert str(measure_refusal(settings)) == MESSAGES["dtype not supported"].format(
+            dtype=dtype, problem=expected, gpu="Stand-in GPU"
+        )
 
 
 # --- measure(): every refusal's words, the devices it names, the result it returns ---------------------
 
 
 class SetUpCalls:
-    """Stand-ins for the torch.cuda set-up calls of measure(), recording the device each names."""
+    """Stand-ins for the torch.cuda set-up calls of measure(): each takes a device argument or none, as
+    PyTorch's do, and answers fixed values."""
 
     def __init__(self, monkeypatch, allocated=0, reserved=0):
-        self.calls = []
         for name, answer in [("is_initialized", lambda: True), ("init", lambda: None)]:
-            monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=False))
+            monkeypatch.setattr(torch.cuda, name, self.answering(name, answer, with_device=False))
         for name, answer in [
             ("set_device", lambda: None),
             ("memory_allocated", lambda: allocated),
             ("memory_reserved", lambda: reserved),
         ]:
-            monkeypatch.setattr(torch.cuda, name, self.recording(name, answer, with_device=True))
+            monkeypatch.setattr(torch.cuda, name, self.answering(name, answer, with_device=True))
 
-    def recording(self, name, answer, with_device):
+    @staticmethod
+    def answering(name, answer, with_device):
         def call(*args):
-            self.calls.append((name, *args))
             assert len(args) == with_device, (name, args)
             return answer()
 
@@ -431,25 +418,23 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
 ):
     stand_in_gpu(count=3)
     before = datetime.now(timezone.utc).replace(microsecond=0)
-    set_up = SetUpCalls(monkeypatch)
     settings = config(device="cuda:2", batch=2, context=3, width=8, warmup=2, repeats=1)
-    seen = []
+    device = torch.device("cuda", 2)
+    # A stand-in CUDA whose counters read 0 only where a fresh process's would: on the chosen device, once
+    # set_device has made it current and init has made its context.  Anything else reads 1 byte.
+    current, contexts = [], []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: bool(contexts))
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(torch.cuda, "init", lambda: contexts.append(current[-1] if current else None))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda on: int(contexts != [on] or on != device))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda on: int(contexts != [on] or on != device))
 
-    def measure_phases(torch_module, cuda, device, configuration):
-        seen.append((torch_module, cuda, device, configuration))
+    def measure_phases(torch_module, cuda, on, configuration):
+        assert (torch_module, cuda, on, configuration) == (torch, torch.cuda, device, settings)  # else: no result
         return agreeing_records(settings), {"all_finite": True, "checksum_float64": 0.5, "elements": 48}, NO_PER_CALL
 
     monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
     result = mesure_memoire.measure(settings, tool="a tool")
-    device = torch.device("cuda", 2)
-    assert seen == [(torch, torch.cuda, device, settings)]
-    assert set_up.calls == [
-        ("is_initialized",),
-        ("set_device", device),
-        ("init",),
-        ("memory_allocated", device),
-        ("memory_reserved", device),
-    ]
     assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z", result["created_utc"])
     created = datetime.strptime(result["created_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     assert before <= created <= datetime.now(timezone.utc)  # UTC, not the local time five hours ahead
@@ -463,7 +448,7 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
         "torch_version_warning": None,
         "configuration": {
             **settings,
-            "cuda_initialized_before_measure": True,
+            "cuda_initialized_before_measure": False,  # asked before init
             "allocated_bytes_before_measure": 0,
             "reserved_bytes_before_measure": 0,
             "device_used_bytes_before_measure": GIB,
@@ -631,13 +616,13 @@ def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
     plan = mesure_memoire.memory_plan(config())
     assert str(measure_refusal(config())) == mesure_memoire.fit_problem(plan, {"gpu": {"mem_get_info_free_bytes": GIB}})
     stand_in_gpu()
-    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4 - 1)
+    host_memory(monkeypatch, 256, 516)  # 8 * 64 * 64 * 4 + 5 * 64 * 4 = 132352 bytes = 517 pages of 256 needed
     assert str(measure_refusal(config())) == MESSAGES["host RAM too small"].format(needed="0.00", available="0.00")
-    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 8 * 64 * 64 * 4 + 5 * 64 * 4)
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL))
-    assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"  # exactly enough RAM
-    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: None)  # unknown: not checked
-    assert mesure_memoire.measure(config(), tool="t")["tool"] == "t"
+    host_memory(monkeypatch, 256, 517)  # pages times the page size, exactly enough
+    assert measures(monkeypatch, config())["tool"] == "t"
+    for error in (ValueError, OSError, AttributeError):  # unknown: not checked
+        monkeypatch.setattr(os, "sysconf", raising(error("SC_PHYS_PAGES")))
+        assert measures(monkeypatch, config(width=8192))["tool"] == "t", error
 
 
 def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, monkeypatch):
@@ -707,13 +692,33 @@ def test_phase_failed_keeps_the_phase_and_the_error():
 # --- small pure parts ----------------------------------------------------------------------------------
 
 
-def test_requested_reads_only_whole_counters():
-    requested = mesure_memoire._requested
-    stats = {"requested_bytes.all.current": 5, "requested_bytes.all.peak": 9, "requested_bytes.all.freed": 1.5}
-    assert (requested(stats, "current"), requested(stats, "peak"), requested(stats, "freed")) == (5, 9, None)
-    assert requested({}, "current") is None
-    assert requested(None, "current") is None
-    assert requested(["requested_bytes.all.current"], "current") is None
+class StandInWithStats(RecordingCudaStandIn):
+    """RecordingCudaStandIn whose memory_stats returns ``stats``, as a PyTorch might."""
+
+    def __init__(self, stats):
+        super().__init__()
+        self.stats = stats
+
+    def memory_stats(self, device):
+        super().memory_stats(device)
+        return self.stats
+
+
+REQUESTED_NOT_WHOLE = [
+    ("a fraction and a bool", {"requested_bytes.all.current": 1.5, "requested_bytes.all.peak": True}),
+    ("negative and text", {"requested_bytes.all.current": -1, "requested_bytes.all.peak": "9"}),
+    ("none of them", {}),
+    ("a list", ["requested_bytes.all.current"]),
+    ("nothing", None),
+]
+
+
+@pytest.mark.parametrize(("case", "stats"), REQUESTED_NOT_WHOLE, ids=plain_ids(REQUESTED_NOT_WHOLE))
+def test_a_phase_keeps_only_whole_requested_counters(case, stats):
+    record, _ = mesure_memoire.run_phase(StandInWithStats(stats), "dev", "inputs", lambda: None)
+    requested = [record[f"{which}_requested_bytes"] for which in ("baseline", "end", "peak")]
+    assert requested == [None, None, None]
+    assert record["peak_allocated_bytes"] == 1500  # the other counters are kept
 
 
 def test_summarize_output_of_a_real_tensor():
@@ -908,7 +913,7 @@ def test_the_out_of_memory_class_is_looked_up_where_pytorch_keeps_it(stand_in_gp
 def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stand_in_gpu, monkeypatch):
     stand_in_gpu()
     SetUpCalls(monkeypatch)
-    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: GIB)
+    host_memory(monkeypatch, 4096, GIB // 4096)
     # 8 * 8192**2 + 5 * 8192 parameters, built in float32 first: 2147647488 bytes.
     assert str(measure_refusal(config(width=8192))) == MESSAGES["host RAM too small"].format(
         needed="2.00", available="1.00"
@@ -1020,12 +1025,13 @@ def test_a_device_wide_reading_on_another_device_fails_and_a_runtime_error_leave
 
 def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stand_in_gpu, monkeypatch):
     stand_in_gpu(count=3)
-    set_up = SetUpCalls(monkeypatch)
+    SetUpCalls(monkeypatch)
     settings = config(device="cuda:2")
+    initialized = []  # CUDA's context, 10 GiB on the chosen device once torch.cuda.init has run
+    monkeypatch.setattr(torch.cuda, "init", lambda: initialized.append(True))
 
     def mem_get_info(index):
-        set_up.calls.append(("mem_get_info", index))
-        return (70 * GIB, 80 * GIB) if index == 2 else (0, 80 * GIB)
+        return (70 * GIB, 80 * GIB) if initialized and index == 2 else (80 * GIB, 80 * GIB)
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     monkeypatch.setattr(
@@ -1039,7 +1045,5 @@ def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stan
     )
     result = mesure_memoire.measure(settings, tool="a tool")
     assert result["schema_version"] == 6
+    # Read after init, on the chosen device: before init, or on another device, it would be 0.
     assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB
-    names = [call[0] for call in set_up.calls]
-    assert names.index("init") < len(names) - 1 - names[::-1].index("mem_get_info")  # read after init
-    assert set_up.calls[-1] == ("mem_get_info", 2)  # the chosen device, by index, after the other set-up calls

@@ -19,6 +19,7 @@ from conftest import (
     ROOT,
     config,
     error_line,
+    host_memory,
     message_pattern,
     plan,
     run_script,
@@ -211,7 +212,7 @@ def test_measure_accepts_every_largest_size_on_that_card_with_its_context(
     total = fit["memory_bytes"]
     stand_in_gpu(total_memory=total)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (total - fit["context_allowance_bytes"], total))
-    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 0)
+    host_memory(monkeypatch, 4096, 0)
     assert fit["context_allowance_bytes"] >= 600 * MIB
     sizes = dict(zip(ISSUE_RUN[::2], ISSUE_RUN[1::2], strict=True))
     for dimension, largest in fit["largest"].items():
@@ -270,7 +271,7 @@ def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monke
     monkeypatch.chdir(tmp_path)
     predicted = plan(1, 16, 64, "float32")
     assert predicted["needs_host_memory_bytes"] == 4 * (64 * 256 + 256 + 256 * 64 + 64) == 132352
-    monkeypatch.setattr(mesure_memoire, "_host_memory_bytes", lambda: 132351)
+    host_memory(monkeypatch, 1, 132351)  # one byte less than the plan states
     assert mesure_memoire.main([*MEASURE_TRIAL, "--output", "o.json"]) == 2
     said = MESSAGES["host RAM too small"].format(needed="0.00", available="0.00")
     assert capsys.readouterr().err == error_line(said)

@@ -6,7 +6,6 @@ they have the shape ``measure`` writes (schema 6) and no measured figure in them
 
 import copy
 import errno
-import io
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from conftest import (
     error_line,
     kit_error_of,
     plain_id,
+    plain_ids,
     run_script,
     tree_digest,
 )
@@ -672,15 +672,12 @@ def test_the_quick_start_s_report_reads_the_file_its_measure_writes(tmp_path, mo
 # --- reading result files -------------------------------------------------------------------------------------
 
 
-def test_read_at_most_gathers_short_reads_and_never_reads_past_the_limit(monkeypatch):
-    """The read returns what the file holds up to the limit, however short each read is (a pipe's, a
-    network file system's), and leaves every byte beyond the limit unread."""
-    source = io.BytesIO(b"0123456789")
-    monkeypatch.setattr(os, "read", lambda handle, size: source.read(min(size, 3)))
-    assert mesure_memoire._read_at_most(7, 7) == b"0123456"
-    assert source.tell() == 7, "read past the limit"
-    source.seek(0)
-    assert mesure_memoire._read_at_most(7, 100) == b"0123456789"
+def test_a_result_is_read_whole_however_short_each_read_is(tmp_path, monkeypatch):
+    """A pipe's or a network file system's reads may each return a few bytes: the file is still read whole."""
+    (tmp_path / "r.json").write_bytes((DATA / "bfloat16.json").read_bytes())
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda handle, size: real_read(handle, min(size, 3)))
+    assert mesure_memoire.read_result_file(str(tmp_path / "r.json")) == load("bfloat16.json")
 
 
 def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
@@ -722,22 +719,80 @@ def test_read_result_file_messages_are_whole(tmp_path, monkeypatch):
     )
 
 
-def test_counts_milliseconds_and_medians_are_exact():
-    assert mesure_memoire._count_or_none(0) == 0
-    assert mesure_memoire._count_or_none(10**30 - 1) == 10**30 - 1
-    for value in (-1, 10**30, True, 1.0, "1", None):
-        assert mesure_memoire._count_or_none(value) is None, value
-    assert mesure_memoire._milliseconds(1234567) == Decimal("1.234567")
-    assert mesure_memoire._median([3, 1, 2]) == 2
-    assert isinstance(mesure_memoire._median([5]), Decimal)
-    assert mesure_memoire._median([4, 1, 3, 2]) == Decimal("2.5")
-    assert mesure_memoire._median([Decimal("0.1"), Decimal("0.2")]) == Decimal("0.15")
-    assert str(mesure_memoire._median([1, 10**40])) == "5" + "0" * 38 + "0.5"  # exact beyond 28 digits
+def refusal_of(result):
+    """The report's refusal of one result, named r.json."""
+    return kit_error_of(mesure_memoire.report_rows, [("r.json", result)])
 
 
-def test_result_summary_messages_name_the_file_and_the_field():
+@pytest.mark.parametrize("value", [0, 10**30 - 1], ids=["zero", "30-digits"])
+def test_a_count_of_at_most_30_digits_is_read(value):
+    result = _schema2()
+    result["synthetic_model"]["parameters"] = value
+    assert row_of(result)["parameters"] == value
+
+
+NOT_COUNTS = [("minus-one", -1), ("31-digits", 10**30), ("true", True), ("float", 1.0), ("text", "1"), ("null", None)]
+
+
+@pytest.mark.parametrize(("case", "value"), NOT_COUNTS, ids=plain_ids(NOT_COUNTS))
+def test_anything_else_is_not_a_count(case, value):
+    result = _schema2()
+    result["synthetic_model"]["parameters"] = value
+    assert refusal_of(result) == MESSAGES["report: not a kit result"].format(
+        file="'r.json'", why=wrong("synthetic_model.parameters", "a count", repr(value))
+    )
+
+
+def with_warm_lines(nanoseconds, device_ms):
+    """bfloat16.json with one warm_forward line per figure (nanoseconds, device ms)."""
+    result = _schema2()
+    (warm,) = [phase for phase in result["phases"] if phase.get("repetition") == 1]
+    others = [phase for phase in result["phases"] if phase["phase"] != "warm_forward"]
+    lines = [
+        dict(warm, repetition=n, nanoseconds=ns, device_ms=ms)
+        for n, (ns, ms) in enumerate(zip(nanoseconds, device_ms, strict=True), 1)
+    ]
+    result["phases"] = others + lines
+    return result
+
+
+def test_the_cold_forward_is_shown_in_exact_milliseconds():
+    result = _schema2()
+    next(phase for phase in result["phases"] if phase["phase"] == "cold_forward")["nanoseconds"] = 1234567
+    assert row_of(result)["cold_forward_ms"] == Decimal("1.234567")
+
+
+def test_the_warm_median_of_an_odd_count_is_the_middle_line():
+    row = row_of(with_warm_lines([3, 1, 2], [0.3, 0.1, 0.2]))
+    assert (row["warm_median_ms"], row["warm_median_device_ms"]) == (Decimal("0.000002"), Decimal("0.2"))
+
+
+def test_the_warm_median_of_one_line_is_exact():
+    assert row_of(with_warm_lines([5], [0.5]))["warm_median_ms"] == Decimal("0.000005")
+
+
+def test_the_warm_median_of_an_even_count_is_the_exact_mean_of_the_middle_two():
+    row = row_of(with_warm_lines([4, 1, 3, 2], [0.4, 0.1, 0.3, 0.2]))
+    assert (row["warm_median_ms"], row["warm_median_device_ms"]) == (Decimal("0.0000025"), Decimal("0.25"))
+
+
+def test_the_warm_median_is_exact_beyond_28_digits():
+    row = row_of(with_warm_lines([2, 10**30 - 1], [0.1, 0.2]))
+    assert str(row["warm_median_ms"]) == "5" + "0" * 23 + ".0000005"  # (10**30 + 1) / 2 ns
+    assert row["warm_median_device_ms"] == Decimal("0.15")  # 0.1 and 0.2 as written, not as binary floats
+
+
+def test_an_unprintable_file_name_is_one_escaped_cell_in_each_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a\nb.json").write_bytes((DATA / "bfloat16.json").read_bytes())
+    assert mesure_memoire.main(["report", "a\nb.json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in lines if "b.json" in line] == ["'a\\nb.json'"] * 2
+
+
+def test_a_refusal_names_the_file_and_the_field():
     def problem(result):
-        return kit_error_of(mesure_memoire._result_summary, "r.json", result)
+        return refusal_of(result)
 
     def refused(why):
         return MESSAGES["report: not a kit result"].format(file="'r.json'", why=why)
@@ -749,13 +804,6 @@ def test_result_summary_messages_name_the_file_and_the_field():
     assert problem({"kit": mesure_memoire.KIT_NAME, "schema_version": 0}) == refused(
         wrong("schema_version", "this schema", 0)
     )
-
-
-def test_cells_show_none_and_escape_unprintable_text():
-    assert mesure_memoire._cell(None) == "none"
-    assert mesure_memoire._cell("a b") == "a b"
-    assert mesure_memoire._cell(3) == "3"
-    assert mesure_memoire._cell("a\nb") == "'a\\nb'"
 
 
 def test_report_command_json_and_text_come_from_the_same_rows(capsys, monkeypatch):
@@ -803,10 +851,10 @@ def _schema2():
     ],
     ids=plain_id,
 )
-def test_result_summary_refuses_each_missing_part_by_name(change, why):
+def test_a_refusal_names_each_missing_part(change, why):
     result = _schema2()
     change(result)
-    message = kit_error_of(mesure_memoire._result_summary, "r.json", result)
+    message = refusal_of(result)
     assert message == MESSAGES["report: not a kit result"].format(file="'r.json'", why=why)
 
 

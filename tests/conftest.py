@@ -22,15 +22,15 @@ os.environ.pop("MUTANT_UNDER_TEST", None)
 # (bigger than a member may be, importing mutmut, unlike MANIFEST.json); the files as shipped are in the
 # folder above it.  Tests that build or check the release from the kit's own files read them there.
 SHIPPED_ROOT = ROOT.parent if ROOT.name == "mutants" and (ROOT.parent / "MANIFEST.json").is_file() else ROOT
-if SHIPPED_ROOT != ROOT:
-    # mutmut forks one child per mutant from the process that ran the whole suite first; a child's
-    # first parallel CPU kernel then waits for worker threads the fork did not copy, and the mutant
-    # times out instead of failing.  One thread in that process: no pool to lose.
-    import torch
+import torch  # noqa: E402
 
-    torch.set_num_threads(1)
-    if torch.get_num_interop_threads() != 1:  # settable once per process: mutmut runs the suite again
-        torch.set_num_interop_threads(1)
+# One thread per test process: the suite's two workers share two cores, and PyTorch's pools in each would
+# fight over them (about 15 CPU-seconds of the suite).  Under the mutation pass, mutmut forks one child per
+# mutant from the process that ran the whole suite first; a child's first parallel CPU kernel would then
+# wait for worker threads the fork did not copy: one thread, no pool to lose.
+torch.set_num_threads(1)
+if SHIPPED_ROOT != ROOT and torch.get_num_interop_threads() != 1:  # settable once per process
+    torch.set_num_interop_threads(1)
 
 
 def sigint_as_from_a_terminal():

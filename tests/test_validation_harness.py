@@ -342,7 +342,8 @@ def test_an_existing_verdict_or_archive_is_refused_and_left_as_it_was(
     before = tree_digest(tmp_path)
     status, out, err, _ = validate(tmp_path, capsys)
     assert (status, out) == (2, "")
-    assert err == f"gpu_validation.py: error: {message.format(out=tmp_path / 'out')}\n"
+    out_as_shown = mesure_memoire.name_as_typed(str(tmp_path / "out"))  # a long path is shortened
+    assert err == f"gpu_validation.py: error: {message.format(out=out_as_shown)}\n"
     assert tree_digest(tmp_path) == before
 
 
@@ -438,7 +439,9 @@ def test_real_outputs_pass_both_bounds_under_the_flags_pytorch_reports_then_the_
     }
     assert answers["torch"] == str(torch.__version__)
     rows = gpu_validation.judge_numerics("x", spec(dtype), answers["x"], answers)
-    assert [row[1] for row in rows] == [True, True], rows
+    release = tuple(int(part) for part in torch.__version__.split(".")[:2])
+    ignored = dtype != "float32" and release < gpu_validation.STRICT_REDUCTION_SINCE  # cuBLASLt ignores the flags
+    assert [row[1] for row in rows] == [True, None if ignored else True], rows
     assert [len(row[2]) < 300 for row in rows] == [True, True]
     assert answers["x"]["relative_l2_error"] > 0
     assert answers["x"]["strict_relative_l2_error"] > 0

@@ -85,6 +85,21 @@ def on_a_full_disk(limit_bytes):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
 
+def current_device(monkeypatch):
+    """A stand-in for torch.cuda.device (no GPU here): returns the list whose last item is CUDA's current
+    device, 0 until a device context says otherwise."""
+    current = [0]
+
+    @contextlib.contextmanager
+    def device(index):
+        current.append(index)
+        yield
+        current.pop()
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    return current
+
+
 def no_gpu_here():
     """Skip a test of the real no-GPU path where a GPU is visible: there the kit would measure for real."""
     import torch

@@ -1,6 +1,5 @@
 """`mesure_memoire.py environment`: a diagnosis that degrades field by field and stays private."""
 
-import contextlib
 import errno
 import getpass
 import importlib.util
@@ -25,6 +24,7 @@ from conftest import (
     MIB,
     ROOT,
     assert_one_line_refusal,
+    current_device,
     error_line,
     plain_id,
     run_script,
@@ -341,20 +341,13 @@ def two_devices(stand_in_gpu, monkeypatch):
     another name, memory and BLAS workspace sizes, so that a field read from the wrong device shows."""
     properties = stand_in_gpu(count=2)
     other = types.SimpleNamespace(**{**vars(properties), "name": "Other GPU", "total_memory": 40 * GIB})
-    current = [0]  # CUDA's current device: 0 until a device context says otherwise
-
-    @contextlib.contextmanager
-    def device(index):
-        current.append(index)
-        yield
-        current.pop()
+    current = current_device(monkeypatch)
 
     def workspace_size(size_bytes, other_bytes):
         return lambda size=None: size_bytes if current[-1] == 1 else other_bytes
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: (other, properties)[index])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: ((GIB, 40 * GIB), (79 * GIB, 80 * GIB))[index])
-    monkeypatch.setattr(torch.cuda, "device", device)
     cuda = torch.backends.cuda
     monkeypatch.setattr(cuda, "cublas_workspace_size", workspace_size(8 * MIB + 128 * 2**10, 7), raising=False)
     monkeypatch.setattr(cuda, "cublaslt_workspace_size", workspace_size(MIB, 9), raising=False)

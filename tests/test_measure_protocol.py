@@ -6,7 +6,6 @@ and ``RecordingCudaStandIn`` for the allocator counters, while the model, the in
 are the real PyTorch ones, run on the CPU.
 """
 
-import contextlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from conftest import (
     SMALL_TRIAL,
     RecordingCudaStandIn,
     config,
+    current_device,
     error_line,
     host_memory,
     kit_error_of,
@@ -336,19 +336,12 @@ def measures(monkeypatch, settings):
 def test_the_dtype_probe_asks_the_chosen_device(stand_in_gpu, monkeypatch, dtype, capability, hip, bf16, expected):
     stand_in_gpu(count=3)
     SetUpCalls(monkeypatch)
-    current = [0]  # CUDA's current device: 0 until a device context says otherwise
-
-    @contextlib.contextmanager
-    def device(index):
-        current.append(index)
-        yield
-        current.pop()
+    current = current_device(monkeypatch)
 
     # Device 2, the chosen one, answers as the case says; the others have everything, and so has emulation.
     def is_bf16_supported(including_emulation=True):
         return including_emulation or current[-1] != 2 or bf16
 
-    monkeypatch.setattr(torch.cuda, "device", device)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability if index == 2 else (9, 0))
     monkeypatch.setattr(torch.version, "hip", hip)

@@ -106,7 +106,7 @@ PASSES_REASON = "a measurement is a short, bounded trial"
 # measure and sweep refuse an older PyTorch (README: "PyTorch 2.4 or later"); the other commands need no gate.
 OLDEST_TORCH = (2, 4)
 PYTORCH_WARNINGS_FIELD = "pytorch_warnings"  # the field_errors key for warnings PyTorch raised
-# Warnings PyTorch raised in this process: redacted, one line each, no repeats.  PyTorch warns on its first
+# Warnings PyTorch raised in this process: by the allow-list, one line each, no repeats.  PyTorch warns on its first
 # import only: a second Run All of the notebook re-runs this cell, and must keep them.
 PYTORCH_WARNINGS = globals().get("PYTORCH_WARNINGS", [])
 
@@ -126,7 +126,7 @@ class MeasurementFailed(KitError):
 # <<< notebook
 
 
-# >>> notebook: Validation of what users give, redaction of what is shown, exact arithmetic
+# >>> notebook: Validation of what users give, exact arithmetic
 def one_line(text):
     """``text`` on one line: newlines, tabs and other unprintable characters are escaped."""
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
@@ -197,34 +197,6 @@ def device_index(device):
     return int(number)
 
 
-# A path inside quotes (how Python's OSError and most libraries show one): the whole quoted text.
-# One character quoted as a repr writes it ('\xe9' in a UnicodeEncodeError, '/') is not a path.
-_ONE_CHARACTER = r"""(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)|[^\\\n])"""
-_QUOTED_PATH = (  # patterns compiled on first use (re caches them): start-up time
-    r"""(['"])(?!""" + _ONE_CHARACTER + r"""\1)(?:[A-Za-z]:|~)?[\\/](?:\\.|(?!\1)[^\n])*\1"""
-)
-# A bare path from a root (a slash, a drive, "~", a UNC name), or a relative path of two separators
-# or more ("torch/csrc/x.cpp"; a single "CUDA/ROCm" is not a path): where it ends cannot be told (a
-# last name may hold a space, "/home/Ana Maria"), so the rest of the line goes with it.  A URL keeps
-# its scheme only ("https://<path>").
-_BARE_PATH = (
-    r"""(?!(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|\S)|[\\/])['"])"""  # one quoted character
-    r"""(?:(?:(?<![\w.~-])(?:[A-Za-z]:|~)|(?<![\w.:~\\/-])|(?<=[^\s:]:)(?![\\/]{2}))[\\/]+(?=[^\s\\/])"""
-    r"""|(?<![\w.-])[\w.-]+[\\/]+(?:[^\s\\/'"():;,]+[\\/]+)+)"""
-    r"""[^\n]*"""
-)
-
-
-def redact(text):
-    """The first non-empty line of an error message, on one line, with file-system paths removed."""
-    import re
-
-    text = re.sub(_QUOTED_PATH, lambda match: f"{match[1]}<path>{match[1]}", str(text))
-    text = re.sub(_BARE_PATH, "<path>", text)
-    lines = [line for line in text.splitlines() if line.strip()]
-    return one_line(lines[0].strip()) if lines else ""
-
-
 def as_notebook_message(error):
     """A refusal as the notebook shows it: the option it starts with (``--reserve-gib``) named as the
     notebook's parameter (``RESERVE_GIB``), which is what its user typed."""
@@ -262,7 +234,7 @@ def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
 # <<< notebook
 
 
-# >>> notebook: PyTorch's answers: each value checked where it enters, each text kept by an allow-list
+# >>> notebook: PyTorch's answers: its failures, its texts kept by an allow-list
 # What a call into PyTorch may raise that is a failure of that call, not an interruption (Ctrl-C, SIGTERM pass):
 # SystemExit and GeneratorExit raised inside PyTorch are its failures too, never the kit's exit.
 PYTORCH_FAILURES = (Exception, SystemExit, GeneratorExit)
@@ -299,11 +271,76 @@ ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not 
 _ALLOCATOR_REFUSALS = ("cachingallocator option", "allocator config", "allocator option")
 
 
+# The texts the kit keeps of PyTorch's messages, an allow-list: PyTorch's own wording (c10's CUDA checks, torch.cuda),
+# and where a part varies, a narrow class that cannot hold a path, a URL or a setting's value (no / \\ ~ : =),
+# since any message may quote what an environment variable holds.  Only the match is kept, never the rest.
+# cudaGetErrorString's words ("no CUDA-capable device is detected"), each whole: "https:" or "libcuda.so" is none.
+_WORD = r"(?:CUDA|[a-z])[a-z-]*(?![^\s,;])"
+_WORDS = rf"{_WORD}(?: {_WORD})*"
+_STATUS = r"[A-Z][A-Z0-9_]{0,63}"
+_GPU_NAME = r"[A-Za-z0-9][A-Za-z0-9 .()+-]{0,99}"
+KNOWN_ERRORS = (
+    r"(?:CUDA|HIP) out of memory\.(?: Tried to allocate [0-9]{1,9}(?:\.[0-9]{1,2})? [KMGTP]?i?B\.)?",
+    rf"(?:CUDA error: )?CUBLAS_STATUS_{_STATUS}",
+    rf"cuDNN error: CUDNN_STATUS_{_STATUS}",
+    rf"(?:CUDA|HIP|CUDA driver) error: {_WORDS}",
+    r"Torch not compiled with CUDA enabled",
+    r"PyTorch was compiled without CUDA support",
+    r"No CUDA GPUs are available",
+    r"Found no NVIDIA driver on your system",
+    r"The NVIDIA driver on your system is too old",
+    r"invalid device ordinal",
+    r"Cannot re-initialize CUDA in forked subprocess",
+    # Python's, for a file name the kit was given (which its refusal names already): no path in them.
+    r"embedded null (?:character|byte)",
+    r"'[a-z0-9-]{1,20}' codec can't (?:en|de)code (?:character|byte) '\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})'"
+    r" in position [0-9]{1,9}(?:: [a-z0-9 ()]{1,40})?",
+)
+# The warnings PyTorch 2.4 to 2.15 raises that hold no setting's value (CUDA's initialization, the GPU's
+# capability, NumPy, NVML).
+KNOWN_WARNINGS = (
+    r"CUDA initialization: (?:The NVIDIA driver on your system is too old|Found no NVIDIA driver on your system"
+    rf"|{_WORDS})",
+    rf"Found GPU[0-9]{{1,4}} {_GPU_NAME} which is of (?:compute|cuda) capability \(CC\) [0-9]{{1,3}}\.[0-9]{{1,3}}\.",
+    rf"{_GPU_NAME} with CUDA capability sm_[0-9]{{1,4}} is not compatible with the current PyTorch installation\.",
+    r"PyTorch was compiled with an unknown compute capability [0-9]{1,3}\.[0-9]{1,3}\.",
+    r"Failed to initialize NumPy",
+    r"Can't initialize NVML",
+    r"Can't get nvml device count",
+)
+# c10's check_env: "Ignoring invalid value for boolean flag NAME: VALUE..." keeps the flag's name, not its value.
+_VALUE_WARNING = r"Ignoring invalid value for boolean flag [A-Z][A-Z0-9_]{0,63}(?=:)"
+
+
+def kept_text(message, patterns):
+    """The part of ``message``'s first non-empty line that one of ``patterns`` matches from its start, else None."""
+    import re
+
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for pattern in patterns if lines else ():
+        found = re.match(pattern, lines[0])
+        if found:
+            return found[0]
+    return None
+
+
 def describe_error(exc):
+    """An error as "Type: text", the text only what the kit allows: an OS error's number and the system's
+    description of it (never its file names), the kit's own message, a known PyTorch message's part; else the
+    type and "(text withheld)"."""
+    name = type(exc).__name__
+    number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
+    if isinstance(number, int) and 0 < number < 2**31:  # a C int: what os.strerror takes
+        return f"{name}: [Errno {number}] {one_line(os.strerror(number))}"
     message = message_of(exc)
     if any(wording in message.lower() for wording in _ALLOCATOR_REFUSALS):
         return ALLOCATOR_REFUSED
-    return f"{type(exc).__name__}: {redact(message)}".rstrip(": ")
+    if isinstance(exc, (UnexpectedValue, WithheldText)):
+        return f"{name}: {one_line(message)}"
+    kept = kept_text(message, KNOWN_ERRORS)
+    if kept:
+        return f"{name}: {one_line(kept)}"
+    return f"{name} (text withheld)" if message.strip() else name
 
 
 def pytorch_warnings_line():
@@ -311,37 +348,20 @@ def pytorch_warnings_line():
     return " | ".join(PYTORCH_WARNINGS)
 
 
-# The starts of the warnings PyTorch 2.4 to 2.15 raises whose first line holds no setting's value (CUDA's
-# initialization, the GPU's capability, NumPy, NVML): kept, paths removed.  Every other warning keeps its
-# category only: an allow-list, since PyTorch's warnings may quote what an environment variable holds.
-_KNOWN_WARNINGS = (
-    r"CUDA initialization: ",
-    r"Found GPU[0-9]+ .* which is of (?:compute|cuda) capability",
-    r"\s*[^\n]* with CUDA capability sm_[0-9]+ is not compatible with the current PyTorch installation",
-    r"PyTorch was compiled with an unknown compute capability",
-    r"Failed to initialize NumPy",
-    r"Can't initialize NVML",
-    r"Can't get nvml device count",
-)
-# c10's check_env: "Ignoring invalid value for boolean flag NAME: VALUE..." keeps the flag's name, not its value.
-_VALUE_WARNING = r"Ignoring invalid value for boolean flag [A-Z][A-Z0-9_]{0,63}"
-
-
 def kept_warning_text(message):
-    """What the kit keeps of a PyTorch warning's text: a known message's first line without paths, a
-    flag's name without its value, else nothing ("text withheld")."""
-    import re
-
-    if any(re.match(known, message) for known in _KNOWN_WARNINGS):
-        return redact(message)
-    flag = re.match(_VALUE_WARNING + r"(?=:)", message)
-    return f"{flag[0]} (value withheld)" if flag else "text withheld"
+    """What the kit keeps of a PyTorch warning's text: a known message's part, a flag's name without its value,
+    else nothing ("text withheld")."""
+    kept = kept_text(message, KNOWN_WARNINGS)
+    if kept:
+        return one_line(kept)
+    flag = kept_text(message, (_VALUE_WARNING,))
+    return f"{flag} (value withheld)" if flag else "text withheld"
 
 
 class CapturedWarnings:
     """``with CapturedWarnings(field_errors):`` records the warnings raised inside (by PyTorch,
     mostly) instead of letting them print raw on stderr with library paths: each is kept once,
-    redacted, in PYTORCH_WARNINGS, and all of them in ``field_errors`` when one is given."""
+    by the allow-list, in PYTORCH_WARNINGS, and all of them in ``field_errors`` when one is given."""
 
     def __init__(self, field_errors=None):
         self.field_errors = field_errors
@@ -364,6 +384,10 @@ class CapturedWarnings:
         return False
 
 
+# <<< notebook
+
+
+# >>> notebook: PyTorch's values: each checked where it enters
 # A version as PyTorch 2.4 to 2.15 and their builds write one ("2.13.0+cpu", "2.4.0a0+git1234abc", "12.8",
 # "6.3.42131-fa1d09cbd"): anything else (a path, a sentence) is not kept.
 VERSION_GRAMMAR = r"[0-9]{1,9}(?:\.[0-9A-Za-z]{1,20}){0,5}(?:[+-][0-9A-Za-z][0-9A-Za-z.+_-]{0,63})?"
@@ -398,12 +422,13 @@ def checked_word(name, value, words):
 
 
 def checked_gpu_name(value):
-    """The GPU's name when it is printable and short, anything path-like in it removed."""
-    expected = f"printable text of at most {GPU_NAME_LIMIT} characters"
+    """The GPU's name as PyTorch gives it when it is short printable text; withheld whole when it holds a path's
+    character (no GPU's name does; a path's end cannot be told)."""
+    expected = f"printable text of at most {GPU_NAME_LIMIT} characters without /, \\ or ~"
     if not isinstance(value, str):
         raise UnexpectedValue("name", expected)
-    if value.isprintable() and 0 < len(value) <= GPU_NAME_LIMIT:
-        return redact(value)
+    if value.isprintable() and 0 < len(value) <= GPU_NAME_LIMIT and not any(c in value for c in "/\\~"):
+        return str(value)
     raise WithheldText("name", expected)
 
 

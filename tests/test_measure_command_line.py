@@ -156,7 +156,7 @@ def _boom(*args, **kwargs):
     raise RuntimeError("CUDA error: unspecified launch failure in /opt/secret/libcuda.so")
 
 
-SHOWN_BOOM = "RuntimeError: CUDA error: unspecified launch failure in <path>"  # _boom's error, its path redacted
+SHOWN_BOOM = "RuntimeError: CUDA error: unspecified launch failure in"  # _boom's error: its known part, no path
 DIMENSIONS = "batch 1, context 16, width 64, dtype float32"
 
 
@@ -179,7 +179,7 @@ def phase_failed(phase, error=SHOWN_BOOM):
         ("memory_allocated", "float32", 2, set_up_failed("torch.cuda.memory_allocated")),
         ("memory_reserved", "float32", 2, set_up_failed("torch.cuda.memory_reserved")),
         ("manual_seed", "float32", 2, MESSAGES["seeding failed"].format(error=SHOWN_BOOM)),
-        ("a phase", "float32", 3, phase_failed("inputs", "RuntimeError: bad")),
+        ("a phase", "float32", 3, phase_failed("inputs", "RuntimeError (text withheld)")),
         ("events", "float32", 3, phase_failed("model_load")),
         ("the output summary", "float32", 3, phase_failed("output_summary")),
         ("the products once more", "float32", 3, phase_failed("per_call_workspace")),

@@ -655,7 +655,7 @@ def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, 
             MESSAGES["phase failed"].format(
                 phase="warmup",
                 dimensions="batch 1, context 16, width 64, dtype float32",
-                error="RuntimeError: launch failure at <path>",
+                error="RuntimeError (text withheld)",
             ),
         ),
     ],
@@ -804,7 +804,7 @@ def test_a_failing_seed_is_a_refusal_and_a_failing_phase_names_itself(monkeypatc
 
     with pytest.raises(mesure_memoire.KitError) as refusal:
         mesure_memoire.measure_phases(NoSeed([]), RecordingCudaStandIn(), "dev", config())
-    assert str(refusal.value) == MESSAGES["seeding failed"].format(error="RuntimeError: seed refused")
+    assert str(refusal.value) == MESSAGES["seeding failed"].format(error="RuntimeError (text withheld)")
     assert refusal.value.__cause__ is None
     assert refusal.value.__suppress_context__
     error = RuntimeError("bad")
@@ -847,19 +847,15 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["field_errors"] == {
         "torch": MESSAGES["unexpected value"].format(name="torch", expected="a version"),  # not text
-        "cuda_matmul_allow_tf32": "RuntimeError: allow_tf32 broke",
-        "cudnn_allow_tf32": "RuntimeError: allow_tf32 broke",
-        "cuda_matmul_allow_fp16_reduced_precision_reduction": (
-            "RuntimeError: allow_fp16_reduced_precision_reduction broke"
-        ),
-        "cuda_matmul_allow_bf16_reduced_precision_reduction": (
-            "RuntimeError: allow_bf16_reduced_precision_reduction broke"
-        ),
-        "cuda_build": "RuntimeError: cuda broke",
-        "hip_build": "RuntimeError: hip broke",
-        "cudnn_or_miopen_version": "RuntimeError: version broke",
-        "cuda_available": "RuntimeError: count broke",
-        "device_count": "RuntimeError: count broke",
+        "cuda_matmul_allow_tf32": "RuntimeError (text withheld)",
+        "cudnn_allow_tf32": "RuntimeError (text withheld)",
+        "cuda_matmul_allow_fp16_reduced_precision_reduction": "RuntimeError (text withheld)",
+        "cuda_matmul_allow_bf16_reduced_precision_reduction": "RuntimeError (text withheld)",
+        "cuda_build": "RuntimeError (text withheld)",
+        "hip_build": "RuntimeError (text withheld)",
+        "cudnn_or_miopen_version": "RuntimeError (text withheld)",
+        "cuda_available": "RuntimeError (text withheld)",
+        "device_count": "RuntimeError (text withheld)",
     }
     assert environment["torch"] is environment["cuda_build"] is environment["hip_build"] is None
     assert environment["device_count"] is None

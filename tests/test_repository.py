@@ -72,7 +72,7 @@ def test_git_checks_out_every_shipped_text_file_with_lf():
 CONTRACT_MARKERS = ("# >>> command-line contract\n", "# <<< command-line contract\n")
 CONTRACT_RENAMED = {"KitError": "PricingError"}
 # Helpers the block calls, defined outside it in both scripts: one_line is the same text in both;
-# describe_error differs on purpose (the kit's also removes paths; an error writing stdout names none).
+# describe_error differs on purpose (the kit's keeps only allowed text; an error writing stdout names no file).
 CONTRACT_HELPERS_ALIKE = ("one_line",)
 
 

@@ -588,3 +588,18 @@ def test_the_timer_cross_check_runs_on_real_ops_and_its_absence_is_one_reason(mo
     answer = gpu_validation.cross_check(torch, torch.device("cpu"), [timed])["x"]
     assert "timer_median_seconds" not in answer
     assert "torch.utils.benchmark" in answer["timer_error"]
+
+
+def test_a_row_names_this_machine_s_known_folders_as_path_and_a_gpu_uuid_as_withheld(tmp_path, capsys):
+    from pathlib import Path
+
+    validation = gpu_validation.Validation("cuda:0", tmp_path / "work", runner=None)
+    folders = (sys.prefix, sys.base_prefix, str(Path.home()), tempfile.gettempdir(), str(ROOT))
+    detail = " ".join(f"{folder}/x" for folder in folders) + " GPU-8a1f6c2e-3b4d-4e5f-9a0b-1c2d3e4f5a6b"
+    validation.row("evidence", True, detail)
+    capsys.readouterr()
+    shown = json.loads((tmp_path / "work" / "checks.jsonl").read_text())["detail"]  # the whole detail, uncut
+    for folder in folders:
+        assert f"{folder}/" not in shown, folder
+    assert shown.count("<path>/x") == len(folders)
+    assert "<withheld>" in shown

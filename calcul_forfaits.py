@@ -71,7 +71,8 @@ def one_line(text):
 
 
 def describe_error(exc):
-    # mesure_memoire.py's also removes file-system paths: the only errors told here, writing stdout, name none.
+    # mesure_memoire.py's keeps only an allow-list of PyTorch's texts: the only errors told here, writing stdout's,
+    # come from the standard library and name no file.
     message = one_line(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 

@@ -4,12 +4,21 @@
 import csv
 import io
 import json
+import subprocess
 import sys
 
 import pytest
 
 import mesure_memoire
-from conftest import MESSAGES, ROOT, calculator_refusal, call_calculator, error_line, plain_id
+from conftest import (
+    MESSAGES,
+    ROOT,
+    assert_one_line_refusal,
+    calculator_refusal,
+    call_calculator,
+    error_line,
+    plain_id,
+)
 
 LARGE_RUN = ["measure", "--batch", "2", "--context", "128", "--width", "60000", "--dtype", "float32", "--plan"]
 
@@ -194,6 +203,26 @@ def test_the_options_of_for_plan(tmp_path, capsys):
         what=repr(str(tmp_path)), reason=MESSAGES["not a regular file"]
     )
     assert calculator_refusal(capsys, "--for-plan", tmp_path, "--days", "7") == refused(said)
+
+
+@pytest.mark.whole_kit
+def test_standard_input_without_end_is_refused_after_its_bound(tmp_path):
+    """``--for-plan - < /dev/zero``: one line once the bound is passed, not a read without end (a fresh
+    process: a regression would exhaust this one's memory; the timeout guards the hang)."""
+    with open("/dev/zero", "rb") as zeros:
+        completed = subprocess.run(
+            [sys.executable, str(ROOT / "calcul_forfaits.py"), "--for-plan", "-", "--days", "7"],
+            stdin=zeros,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=30,
+        )
+    said = MESSAGES["calculator: nothing computed"].format(
+        what="standard input", reason=MESSAGES["calculator: larger than"].format(limit=2**20)
+    )
+    assert_one_line_refusal(completed, error_line(said, prog="calcul_forfaits.py").rstrip("\n"))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_standard_input_is_bounded_and_may_be_missing(capsys, monkeypatch):

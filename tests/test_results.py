@@ -186,7 +186,11 @@ def test_a_rental_with_several_runs_counts_its_price_once(folder, capsys):
         "USD",
     ]
     assert lines[3].split()[0] == "rent-2"
-    assert len(lines) == 6
+    assert lines[4:] == [
+        "Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
+        "2026-09-24, whole USD cents, no hourly proration.",
+        "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to the cent.",
+    ]
 
 
 def cents(value):
@@ -235,10 +239,11 @@ def test_quoted_notes_and_crlf_line_ends_are_read(folder, capsys):
     assert json.loads(out)["rentals"][0]["run_ids"] == ["r1"]
 
 
-def test_the_measurement_path_is_relative_to_the_results_file(folder, capsys, monkeypatch):
-    (folder / "sub").mkdir()
-    shutil.move(folder / "m.json", folder / "sub" / "m.json")
-    write(folder, row(measurement_file="sub/m.json"))
+@pytest.mark.parametrize("sub", ["sub", "Xeon-runs"])  # any first letter: a relative path is not refused by it
+def test_the_measurement_path_is_relative_to_the_results_file(folder, capsys, monkeypatch, sub):
+    (folder / sub).mkdir()
+    shutil.move(folder / "m.json", folder / sub / "m.json")
+    write(folder, row(measurement_file=f"{sub}/m.json"))
     monkeypatch.chdir(folder.parent)
     status, _, err = call(capsys, "--results", f"{folder.name}/runs.csv")
     assert status == 0, err

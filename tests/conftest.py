@@ -1,9 +1,11 @@
 """Shared helpers: the repository root, and running a kit script as a new user would."""
 
 import contextlib
+import getpass
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import types
@@ -47,6 +49,22 @@ def imported_modules(*args, cwd):
     )
     assert completed.returncode == 0, completed.stderr
     return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
+
+
+def private_texts(sentinel, folder):
+    """What no output of the kit may hold: a sentinel set in the environment, the host's and the user's
+    names, and the paths of the kit, of ``folder`` (its working folder), of the home folder and of Python."""
+    home = os.path.expanduser("~")
+    return [
+        sentinel,
+        socket.gethostname(),
+        getpass.getuser(),
+        str(ROOT),
+        str(folder),
+        home,
+        sys.prefix,
+        "site-packages",
+    ]
 
 
 def run_script(script, *args, python_flags=(), cwd=None, env=None, python=sys.executable):

@@ -1,11 +1,9 @@
 """`mesure_memoire.py environment`: a diagnosis that degrades field by field and stays private."""
 
 import errno
-import getpass
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import types
@@ -28,6 +26,7 @@ from conftest import (
     error_line,
     plain_id,
     plain_ids,
+    private_texts,
     run_script,
 )
 
@@ -56,11 +55,10 @@ def _no_gpu_reason():
     return MESSAGES["no GPU visible"]
 
 
-def test_without_a_gpu_it_reports_none_usable():
+def test_without_a_gpu_it_reports_none_usable(capsys):
     reason = _no_gpu_reason()
-    completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", "--json")
-    assert completed.returncode == 0, completed.stderr
-    data = json.loads(completed.stdout)
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert data["torch"] == torch.__version__
     assert data["torch_error"] is None
     assert data["cuda_build"] == torch.version.cuda
@@ -72,14 +70,14 @@ def test_without_a_gpu_it_reports_none_usable():
     assert data["python"]["version"].count(".") == 2
 
 
-def test_text_output_names_the_driver_commands():
+def test_text_output_names_the_driver_commands(capsys):
     reason = _no_gpu_reason()
-    completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0")
-    assert completed.returncode == 0, completed.stderr
-    assert "not the driver" in completed.stdout
-    assert "nvidia-smi --query-gpu=name,driver_version --format=csv" in completed.stdout
-    assert "amd-smi version" in completed.stdout
-    assert f"GPU usable            no: {reason}" in completed.stdout
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    out = capsys.readouterr().out
+    assert "not the driver" in out
+    assert "nvidia-smi --query-gpu=name,driver_version --format=csv" in out
+    assert "amd-smi version" in out
+    assert f"GPU usable            no: {reason}" in out
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:", "cuda:-1", "cpu", "CUDA:0", "cuda:0 ", "cuda:x", "0", "gpu:0"])
@@ -94,21 +92,23 @@ def test_missing_device_is_a_usage_error():
 
 @pytest.mark.whole_kit
 def test_privacy_no_environment_variable_hostname_user_or_path_in_any_output(tmp_path):
+    """Each command, with PyTorch and without it (-S).  The environment command with PyTorch is the marker
+    test's (test_pytorch_markers.py), with the same checks: a CUDA_VISIBLE_DEVICES set to a sentinel there
+    would hide the GPU that its measure needs on a GPU box."""
     sentinel = "SENTINEL-7f3a9c-PRIVATE"
     env = dict(os.environ, ITERAGPU_PRIVATE_SENTINEL=sentinel, CUDA_VISIBLE_DEVICES=sentinel)
+    runs = [
+        (("-S",), ("environment", "--device", "cuda:0")),
+        (("-S",), ("environment", "--device", "cuda:0", "--json")),
+        *((flags, ("estimate", "--parameters", "7", "--bits", "4")) for flags in ((), ("-S",))),
+        *((flags, ("measure", "--device", "cuda:0", "--output", "out.json")) for flags in ((), ("-S",))),
+    ]
     outputs = []
-    for args in (
-        ("environment", "--device", "cuda:0"),
-        ("environment", "--device", "cuda:0", "--json"),
-        ("estimate", "--parameters", "7", "--bits", "4"),
-        ("measure", "--device", "cuda:0", "--output", "out.json"),
-    ):
-        for flags in ((), ("-S",)):
-            completed = run_script("mesure_memoire.py", *args, python_flags=flags, env=env, cwd=tmp_path)
-            outputs.append(completed.stdout + completed.stderr)
-    forbidden = [sentinel, socket.gethostname(), getpass.getuser(), str(ROOT), str(tmp_path), os.path.expanduser("~")]
+    for flags, args in runs:
+        completed = run_script("mesure_memoire.py", *args, python_flags=flags, env=env, cwd=tmp_path)
+        outputs.append(completed.stdout + completed.stderr)
     for text in outputs:
-        for secret in forbidden:
+        for secret in private_texts(sentinel, tmp_path):
             assert secret not in text
     assert not (tmp_path / "out.json").exists()
 
@@ -819,25 +819,21 @@ def test_pytorch_s_import_error_quoting_an_environment_variable_is_not_recorded(
     assert f"not importable ({scrubbed})" in completed.stdout
 
 
-@pytest.mark.parametrize("without_numpy", ["this interpreter", "numpy blocked"])
-def test_pytorch_import_warnings_never_reach_stderr(tmp_path, without_numpy):
+def test_pytorch_import_warnings_never_reach_stderr(tmp_path):
+    """numpy unimportable for sure, so that PyTorch warns at import (the privacy test runs the plain case)."""
     args = ["environment", "--device", "cuda:0", "--json"]
-    if without_numpy == "numpy blocked":  # numpy unimportable for sure: PyTorch then warns at import
-        completed = subprocess.run(
-            [sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *args],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=120,
-        )
-    else:
-        completed = run_script("mesure_memoire.py", *args, cwd=tmp_path)
+    completed = subprocess.run(
+        [sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert completed.returncode == 0, completed.stderr
     assert completed.stderr == ""
     data = json.loads(completed.stdout)
     warnings = data["field_errors"].get("pytorch_warnings", "")
-    if without_numpy == "numpy blocked":
-        assert warnings.startswith("UserWarning: Failed to initialize NumPy")
+    assert warnings.startswith("UserWarning: Failed to initialize NumPy")
     assert "site-packages" not in warnings
     assert str(ROOT) not in warnings
     assert "/__w/" not in warnings

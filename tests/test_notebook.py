@@ -467,17 +467,6 @@ def test_without_a_gpu_nothing_is_measured_and_nothing_written(executed):
     assert hashlib.sha256(NOTEBOOK.read_bytes()).hexdigest() == before  # the committed file is untouched
 
 
-def test_plain_python_runs_the_code_cells_and_refuses_an_existing_output(tmp_path):
-    """As on a GPU box without Jupyter: the code cells joined into one script."""
-    code = code_cells_as_script(committed())
-    (tmp_path / "mesures-notebook.json").write_text("mine")
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert completed.returncode == 0, completed.stderr
-    assert "Measurement refused: OUTPUT: mesures-notebook.json already exists" in (completed.stdout)
-    assert (tmp_path / "mesures-notebook.json").read_text() == "mine"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mesures-notebook.json"]
-
-
 def notebook_namespace():
     """The parameters and the definitions, executed as Run All does before the run cells."""
     namespace, cells = {}, {}
@@ -560,15 +549,17 @@ def test_every_parameter_is_annotated_with_its_type_for_papermill():
     assert "(papermill's: --cwd)" in "".join(cell["source"])
 
 
-def test_a_second_run_all_in_the_same_process_keeps_the_pytorch_warning_line(tmp_path):
-    """PyTorch warns on its first import only (here: without NumPy); re-running the definitions must not
-    forget it, so the environment cell prints the same both times."""
+def test_plain_python_runs_the_code_cells_twice_in_one_process_alike(tmp_path):
+    """As on a GPU box without Jupyter: the code cells joined into one script, run twice in one namespace as a
+    second Run All does.  PyTorch warns on its first import only (here: without NumPy); re-running the
+    definitions must not forget it.  An output file that already exists is refused both times, untouched."""
     code = code_cells_as_script(committed())
+    (tmp_path / "mesures-notebook.json").write_text("mine")
     twice = (
-        "import sys, io, contextlib\nsys.modules['numpy'] = None\nruns = []\nfor _ in range(2):\n"
+        "import contextlib, io, json, sys\nsys.modules['numpy'] = None\nruns = []\nfor _ in range(2):\n"
         "    out = io.StringIO()\n    with contextlib.redirect_stdout(out):\n        exec(CODE, namespace)\n"
         "    runs.append(out.getvalue())\n"
-        "print(runs[0] == runs[1], 'PyTorch warned' in runs[0], 'PyTorch warned' in runs[1])\n"
+        "print(json.dumps(runs))\n"
     )
     completed = subprocess.run(
         [sys.executable, "-c", f"CODE = {code!r}\nnamespace = {{}}\n" + twice],
@@ -577,4 +568,10 @@ def test_a_second_run_all_in_the_same_process_keeps_the_pytorch_warning_line(tmp
         cwd=tmp_path,
         timeout=120,
     )
-    assert completed.stdout == "True True True\n", completed
+    assert completed.returncode == 0, completed.stderr
+    first, second = json.loads(completed.stdout)
+    assert first == second
+    assert "PyTorch warned" in first
+    assert "Measurement refused: OUTPUT: mesures-notebook.json already exists" in first
+    assert (tmp_path / "mesures-notebook.json").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mesures-notebook.json"]

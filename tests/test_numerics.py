@@ -154,14 +154,17 @@ def emulated_error(width, dtype, arithmetic, activation="gelu", second=None):
     return ((output - reference).norm() / reference.norm()).item()
 
 
-def scored(size, dtype, flags, *arithmetic):
+def scored(size, dtype, flags, arithmetic, activation="gelu", second=None):
     """(relative L2 error, the harness's bound under ``flags``) of one emulated forward."""
     width = gpu_validation.SIZES[size]["width"]
     bound = gpu_validation.relative_error_bound(dtype, width, operands(width, dtype)[3], flags)
-    return emulated_error(width, dtype, *arithmetic), bound
+    # Every argument passed, so that one forward is one cache entry however the test names it.
+    return emulated_error(width, dtype, arithmetic, activation, second), bound
 
 
-SIZES = list(gpu_validation.SIZES)
+# The big size's model and operands take seconds to build: its tests share one worker, which builds them once.
+ONE_WORKER = pytest.mark.xdist_group("numerics at the big size")
+SIZES = [pytest.param(size, marks=ONE_WORKER) if size == "big" else size for size in gpu_validation.SIZES]
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -230,6 +233,7 @@ def test_each_forbidden_arithmetic_fails_by_its_margin(size, case):
     assert error >= MARGIN * bound, f"{size} {case}: {error:.3e} vs bound {bound:.3e}"
 
 
+@ONE_WORKER
 @pytest.mark.parametrize(
     ("dtype", "activation", "second"), [("bfloat16", "relu", None), ("float16", "gelu", "no-bias")]
 )

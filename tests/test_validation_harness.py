@@ -144,6 +144,21 @@ def test_a_rehearsal_runs_the_time_plan_in_order_and_leaves_a_verdict_and_one_ar
         < order.index("PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:4: the kit's checks")
         < order.index("notebook's code cells as plain python3")
     )
+    # the allocator runs: each child gets its setting, shown in its command, and is judged by what it recorded
+    shown = [child["command"] for child in children if child["name"].startswith("allocator-")]
+    assert shown == [
+        f"PYTORCH_CUDA_ALLOC_CONF={s} python3 mesure_memoire.py measure --device cuda:0 --batch=5 --context=77 "
+        f"--width=3000 --dtype=float32 --warmup=1 --repeats=2 --seed=0 --output results/{n}.json"
+        for s, n in zip(
+            gpu_validation.ALLOCATOR_RUNS,
+            ("allocator-roundup_power2_divisions", "allocator-expandable_segments", "allocator-backend"),
+            strict=True,
+        )
+    ]
+    for setting in gpu_validation.ALLOCATOR_RUNS:
+        assert rows[f"PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks"] == (
+            f"PASS  PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks  5"
+        )
 
 
 def test_a_budget_spent_stops_the_run_with_the_verdict_and_archive_of_every_row_so_far(
@@ -226,26 +241,6 @@ def test_an_unknown_vendor_field_costs_only_itself(tmp_path, capsys, monkeypatch
     )
     vendor = json.loads(evidence(tmp_path)[1]["vendor-tool.json"])
     assert vendor == [{**fake_child.VENDOR, "clocks.sm": None}]
-
-
-def test_the_allocator_runs_set_their_setting_and_judge_what_the_result_records(tmp_path, capsys, monkeypatch, scratch):
-    with_stand_in_children(monkeypatch)
-    _, _, _, rows = validate(tmp_path, capsys)
-    texts = evidence(tmp_path)[1]
-    shown = [child["command"] for child in json.loads(texts["children.json"]) if child["name"].startswith("allocator-")]
-    assert shown == [
-        f"PYTORCH_CUDA_ALLOC_CONF={s} python3 mesure_memoire.py measure --device cuda:0 --batch=5 --context=77 "
-        f"--width=3000 --dtype=float32 --warmup=1 --repeats=2 --seed=0 --output results/{n}.json"
-        for s, n in zip(
-            gpu_validation.ALLOCATOR_RUNS,
-            ("allocator-roundup_power2_divisions", "allocator-expandable_segments", "allocator-backend"),
-            strict=True,
-        )
-    ]
-    for setting in gpu_validation.ALLOCATOR_RUNS:
-        assert rows[f"PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks"] == (
-            f"PASS  PYTORCH_CUDA_ALLOC_CONF={setting}: the kit's checks  5"
-        )
 
 
 def allocator_result(monkeypatch, setting):

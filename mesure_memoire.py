@@ -2319,7 +2319,6 @@ def _result_summary(path, result):
         "warm_ns": [line["nanoseconds"] for line in warm],
         "warm_median_device_ms": _device_median_ms(warm),
         "not_fresh": config["fresh_process_warning"] is not None,
-        "agrees": checks["agrees"],
         "all_finite": result["output_summary"]["all_finite"],
         # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
         "not_checked": bool(checks["not_checked"]),

@@ -167,6 +167,7 @@ def phase_failed(phase, error=SHOWN_BOOM):
         ("get_device_capability", "float16", 2, set_up_failed("the dtype probe")),
         ("is_bf16_supported", "bfloat16", 2, set_up_failed("the dtype probe")),
         ("set_device", "float32", 2, set_up_failed("torch.cuda.set_device")),
+        ("device", "float32", 2, set_up_failed("torch.device")),
         ("init", "float32", 2, set_up_failed("torch.cuda.init")),
         ("memory_allocated", "float32", 2, set_up_failed("torch.cuda.memory_allocated")),
         ("memory_reserved", "float32", 2, set_up_failed("torch.cuda.memory_reserved")),
@@ -196,6 +197,8 @@ def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
         monkeypatch.setattr(torch.cuda, step, _boom)
     elif step == "manual_seed":
         monkeypatch.setattr(torch, "manual_seed", _boom)
+    elif step == "device":
+        monkeypatch.setattr(torch, "device", _boom)
     elif step == "events":
         recorder.Event = _boom
     elif step == "the output summary":

@@ -688,8 +688,8 @@ def test_phase_failed_keeps_the_phase_and_the_error():
 class StandInWithStats(RecordingCudaStandIn):
     """RecordingCudaStandIn whose memory_stats returns ``stats``, as a PyTorch might."""
 
-    def __init__(self, stats):
-        super().__init__()
+    def __init__(self, stats, device="dev"):
+        super().__init__(device=device)
         self.stats = stats
 
     def memory_stats(self, device):
@@ -712,6 +712,22 @@ def test_a_phase_keeps_only_whole_requested_counters(case, stats):
     requested = [record[f"{which}_requested_bytes"] for which in ("baseline", "end", "peak")]
     assert requested == [None, None, None]
     assert record["peak_allocated_bytes"] == 1500  # the other counters are kept
+
+
+REQUESTED_PARTLY = [
+    *REQUESTED_NOT_WHOLE,
+    ("the peak alone", {"requested_bytes.all.peak": 1400}),
+    ("the current alone", {"requested_bytes.all.current": 900}),
+    ("a whole peak, a fractional current", {"requested_bytes.all.current": 1.5, "requested_bytes.all.peak": 1400}),
+]
+
+
+@pytest.mark.parametrize(("case", "stats"), REQUESTED_PARTLY, ids=plain_ids(REQUESTED_PARTLY))
+def test_the_products_run_once_more_say_null_requested_bytes_unless_both_counters_are_whole(case, stats):
+    cpu = torch.device("cpu")
+    _, _, per_call = mesure_memoire.measure_phases(torch, StandInWithStats(stats, device=cpu), cpu, config())
+    # the stand-in's peak allocated (1500) less its allocated (1000); requested bytes unknown, not a failure
+    assert per_call == {product: {"allocated_bytes": 500, "requested_bytes": None} for product in ("fc1", "fc2")}
 
 
 def test_summarize_output_of_a_real_tensor():

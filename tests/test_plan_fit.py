@@ -365,6 +365,29 @@ def test_other_settings_check_requested_bytes_exactly_and_leave_allocated_bytes_
         assert check(changed, allocator=allocator)[0][index]["verdict"] == "disagrees", index
 
 
+def test_the_reason_names_every_setting_that_differs_from_the_defaults():
+    allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True, "max_split_size_bytes": 21 * MIB}
+    checked, _, _ = check(records_as_planned(config(**WIDE)), allocator=allocator)
+    reason = (
+        "allocated bytes: settings other than PyTorch's defaults (max_split_size_bytes 22020096, "
+        "expandable_segments True)"
+    )
+    assert {r["not_checked_reason"] for r in checked} == {reason}
+
+
+def test_unreadable_settings_without_requested_counters_check_nothing_and_give_both_reasons():
+    records = records_as_planned(config(**WIDE))
+    for record in records:  # a PyTorch whose memory_stats has no requested-bytes counters
+        record.update(baseline_requested_bytes=None, end_requested_bytes=None, peak_requested_bytes=None)
+    checked, prediction_check, _ = check(records, allocator=None)
+    reason = (
+        "allocated bytes: PyTorch's allocator settings could not be read; "
+        "this PyTorch's memory_stats has no requested-bytes counters"
+    )
+    assert {(r["verdict"], r["not_checked_reason"]) for r in checked} == {("not checked", reason)}
+    assert prediction_check["agrees"] is False
+
+
 def test_unreadable_settings_check_requested_bytes_only():
     records = records_as_planned(config(**WIDE))
     records[1]["end_allocated_bytes"] += 512

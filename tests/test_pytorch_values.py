@@ -249,11 +249,74 @@ def test_an_odd_counter_during_the_phases_exits_3_and_writes_nothing(stand_in_gp
     measure_refused(tmp_path, capsys, 3, "phase model_load failed", said)
 
 
-def test_an_odd_counter_before_the_phases_exits_2(stand_in_gpu, monkeypatch, tmp_path, capsys):
+DIMENSIONS = "batch 1, context 16, width 64, dtype float32"
+
+
+def set_up_failed(step, name, expected):
+    """The refusal of a set-up step whose reading PyTorch gave of the wrong type or range."""
+    error = MESSAGES["unexpected value"].format(name=name, expected=expected)
+    return MESSAGES["set-up step failed"].format(step=step, device="cuda:0", error=error)
+
+
+@pytest.mark.parametrize("counter", ["memory_allocated", "memory_reserved"])
+def test_an_odd_counter_before_the_phases_exits_2_naming_the_step(stand_in_gpu, monkeypatch, tmp_path, capsys, counter):
     stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: -4096)
-    said = MESSAGES["unexpected value"].format(name="memory_reserved", expected=COUNT)
-    measure_refused(tmp_path, capsys, 2, said)
+    monkeypatch.setattr(torch.cuda, counter, lambda device: -4096)
+    measure_refused(tmp_path, capsys, 2, set_up_failed(f"torch.cuda.{counter}", counter, COUNT))
+
+
+def test_an_odd_mem_get_info_once_cuda_is_initialised_exits_2_naming_the_step(
+    stand_in_gpu, monkeypatch, tmp_path, capsys
+):
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
+
+    def init():  # the reading before CUDA starts was whole; the one after it is not
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (3, 2))
+
+    monkeypatch.setattr(torch.cuda, "init", init)
+    expected = "a pair of whole numbers, free <= total"
+    measure_refused(tmp_path, capsys, 2, set_up_failed("torch.cuda.mem_get_info", "mem_get_info", expected))
+
+
+@pytest.mark.parametrize("device_ms", [-0.5, math.nan, "0.25", True], ids=plain_id)
+def test_an_odd_device_time_during_the_phases_exits_3_naming_it(stand_in_gpu, monkeypatch, tmp_path, capsys, device_ms):
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu"), device_ms=device_ms))
+    said = MESSAGES["unexpected value"].format(name="elapsed_time", expected="a time >= 0 in milliseconds")
+    measure_refused(
+        tmp_path, capsys, 3, MESSAGES["phase failed"].format(phase="model_load", dimensions=DIMENSIONS, error=said)
+    )
+
+
+class TurningOdd(RecordingCudaStandIn):
+    """The recording stand-in for torch.cuda (no GPU here) whose counters in ``odd`` replace its own once set."""
+
+    def __init__(self):
+        super().__init__(device=torch.device("cpu"))
+        self.odd = {}
+
+    def levels(self):
+        return {**super().levels(), **self.odd}
+
+
+@pytest.mark.parametrize(
+    ("level", "name"), [("peak_allocated", "max_memory_allocated"), ("allocated", "memory_allocated")]
+)
+def test_an_odd_counter_while_the_products_run_once_more_exits_3_naming_it(
+    stand_in_gpu, monkeypatch, tmp_path, capsys, level, name
+):
+    recorder = TurningOdd()
+    stand_in_measurement(monkeypatch, recorder)
+    real_summary = mesure_memoire.summarize_output
+
+    def summary_then_odd(torch_module, output):  # the phases ran with whole counters; what follows reads odd ones
+        summary = real_summary(torch_module, output)
+        recorder.odd = {level: -1}
+        return summary
+
+    monkeypatch.setattr(mesure_memoire, "summarize_output", summary_then_odd)
+    said = MESSAGES["unexpected value"].format(name=name, expected=COUNT)
+    failed = MESSAGES["phase failed"].format(phase="per_call_workspace", dimensions=DIMENSIONS, error=said)
+    measure_refused(tmp_path, capsys, 3, failed)
 
 
 # --- 4. what PyTorch raises: an unreadable message, SystemExit, GeneratorExit --------------------------------

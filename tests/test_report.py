@@ -790,6 +790,15 @@ def test_an_unprintable_file_name_is_one_escaped_cell_in_each_table(tmp_path, mo
     assert [line.split("  ")[0] for line in lines if "b.json" in line] == ["'a\\nb.json'"] * 2
 
 
+def test_a_file_name_starting_with_a_space_keeps_the_device_wide_table_s_columns(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "  b.json").write_bytes((DATA / "bfloat16.json").read_bytes())
+    assert mesure_memoire.main(["report", "  b.json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines.index("file      device used MiB  outside allocator MiB")
+    assert lines[header + 1] == "  b.json           584.00                 564.00"
+
+
 def test_a_refusal_names_the_file_and_the_field():
     def problem(result):
         return refusal_of(result)

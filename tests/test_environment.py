@@ -684,6 +684,12 @@ def test_the_environment_text_exactly_without_a_gpu():
     )
 
 
+class NotAnOSErrorWithAnErrno(RuntimeError):
+    """A library's error that carries an ``errno`` attribute without being an OS error: its number is not one."""
+
+    errno = 13
+
+
 CUDA_KERNEL_NOTE = "\nCUDA kernel errors might be asynchronously reported at some other API call"
 # describe_error: an OS error's own description, never its file names; the part of a known PyTorch message
 # the allow-list matches; anything else withheld.
@@ -757,6 +763,12 @@ DESCRIBED = [
         f"PermissionError: [Errno {errno.EACCES}] {os.strerror(errno.EACCES)}",
     ),
     (OSError("no such device /dev/nvidia0"), "OSError (text withheld)"),  # no errno: PyTorch's text
+    (OSError(errno.EPERM, "hunter2"), f"PermissionError: [Errno {errno.EPERM}] {os.strerror(errno.EPERM)}"),
+    # 0 is no error's number; 2**31 - 1 is the largest C int os.strerror takes, 2**31 one it refuses.
+    (OSError(0, "hunter2 at /home/ana"), "OSError (text withheld)"),
+    (OSError(2**31 - 1, "hunter2"), f"OSError: [Errno {2**31 - 1}] {os.strerror(2**31 - 1)}"),
+    (OSError(2**31, "hunter2"), "OSError (text withheld)"),
+    (NotAnOSErrorWithAnErrno("hunter2"), "NotAnOSErrorWithAnErrno (text withheld)"),
 ]
 
 

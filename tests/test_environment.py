@@ -741,6 +741,14 @@ class NotAnOSErrorWithAnErrno(RuntimeError):
     errno = 13
 
 
+class OSErrorWithoutAnErrno(OSError):
+    """A library's OS error whose ``errno`` cannot be read: described all the same, never a second error."""
+
+    @property
+    def errno(self):
+        raise AttributeError("errno")
+
+
 def test_the_environment_text_says_unknown_for_a_withheld_name_and_an_unreadable_total(stand_in_gpu, capsys):
     properties = stand_in_gpu()
     properties.name = "GPU ~hunter2"
@@ -830,6 +838,7 @@ DESCRIBED = [
     (OSError(2**31 - 1, "hunter2"), f"OSError: [Errno {2**31 - 1}] {os.strerror(2**31 - 1)}"),
     (OSError(2**31, "hunter2"), "OSError (text withheld)"),
     (NotAnOSErrorWithAnErrno("hunter2"), "NotAnOSErrorWithAnErrno (text withheld)"),
+    (OSErrorWithoutAnErrno("hunter2"), "OSErrorWithoutAnErrno (text withheld)"),
 ]
 
 

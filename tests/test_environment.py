@@ -16,6 +16,7 @@ import torch
 import mesure_memoire
 from conftest import (
     BLOCK_NUMPY,
+    DEFAULT_SNAPSHOT_SETTINGS,
     GIB,
     MESSAGES,
     MESURE_SCRIPT,
@@ -434,6 +435,31 @@ def test_a_pytorch_without_the_newer_flags_leaves_them_null():
     }
 
 
+def test_a_matmul_flag_that_is_neither_a_boolean_nor_a_known_word_is_null():
+    odd = types.SimpleNamespace(  # a stand-in for a PyTorch whose flags answer odd values
+        get_float32_matmul_precision=lambda: "hunter2",
+        backends=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(
+                matmul=types.SimpleNamespace(
+                    allow_tf32=1,
+                    fp32_precision="TF32",
+                    allow_fp16_reduced_precision_reduction=False,
+                    allow_bf16_reduced_precision_reduction=True,
+                    allow_fp16_accumulation="hunter2",
+                )
+            )
+        ),
+    )
+    assert mesure_memoire.matmul_arithmetic(odd) == {
+        "float32_matmul_precision": None,
+        "allow_tf32": None,
+        "fp32_precision": None,
+        "allow_fp16_reduced_precision_reduction": False,
+        "allow_bf16_reduced_precision_reduction": True,
+        "allow_fp16_accumulation": None,
+    }
+
+
 def test_the_collector_on_a_rocm_build_keeps_the_architecture(two_devices, monkeypatch):
     two_devices.properties.gcnArchName = "gfx942:sramecc+:xnack-"
     two_devices.properties.major, two_devices.properties.minor = 9, 4
@@ -530,6 +556,31 @@ def test_each_failing_query_leaves_null_and_names_itself(stand_in_gpu, monkeypat
     ] == [None] * 5
     assert environment["gpu"]["allocator_backend"] is None
     assert environment["gpu_available"] is True
+
+
+def test_each_odd_answer_is_null_and_its_field_error_names_it_and_what_was_expected(stand_in_gpu, monkeypatch):
+    properties = stand_in_gpu()
+    properties.multi_processor_count = "132"
+    properties.gcnArchName = "/opt/hunter2/gfx942"
+    monkeypatch.setattr(torch.version, "hip", "7.0.1", raising=False)  # gcnArchName is read from a ROCm build
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "ieee")  # fp32_precision takes it; not this one
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "torch._C._BlasBackend.Cublas_Lt")
+    monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "hunter2")
+    environment = mesure_memoire.collect_environment("cuda:0")
+    expected = {
+        "float32_matmul_precision": "one of highest, high, medium",
+        "preferred_blas_library": "a library's name",
+        "gcn_arch_name": "an architecture's name",
+        "multi_processor_count": "a whole number >= 0",
+        "allocator_backend": "one of native, cudaMallocAsync",
+    }
+    assert environment["field_errors"] == {
+        name: MESSAGES["unexpected value"].format(name=name, expected=what) for name, what in expected.items()
+    }
+    gpu, settings = environment["gpu"], environment["settings"]
+    assert gpu["gcn_arch_name"] is gpu["multi_processor_count"] is gpu["allocator_backend"] is None
+    assert settings["float32_matmul_precision"] is settings["preferred_blas_library"] is None
+    assert "hunter2" not in mesure_memoire.to_json(environment)
 
 
 def test_the_collector_without_pytorch(monkeypatch):
@@ -684,6 +735,30 @@ def test_the_environment_text_exactly_without_a_gpu():
     )
 
 
+class NotAnOSErrorWithAnErrno(RuntimeError):
+    """A library's error that carries an ``errno`` attribute without being an OS error: its number is not one."""
+
+    errno = 13
+
+
+class OSErrorWithoutAnErrno(OSError):
+    """A library's OS error whose ``errno`` cannot be read: described all the same, never a second error."""
+
+    @property
+    def errno(self):
+        raise AttributeError("errno")
+
+
+def test_the_environment_text_says_unknown_for_a_withheld_name_and_an_unreadable_total(stand_in_gpu, capsys):
+    properties = stand_in_gpu()
+    properties.name = "GPU ~hunter2"
+    properties.total_memory = "80 GiB"
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  GPU name              unknown" in lines
+    assert "  memory (runtime)      unknown" in lines
+
+
 CUDA_KERNEL_NOTE = "\nCUDA kernel errors might be asynchronously reported at some other API call"
 # describe_error: an OS error's own description, never its file names; the part of a known PyTorch message
 # the allow-list matches; anything else withheld.
@@ -757,6 +832,13 @@ DESCRIBED = [
         f"PermissionError: [Errno {errno.EACCES}] {os.strerror(errno.EACCES)}",
     ),
     (OSError("no such device /dev/nvidia0"), "OSError (text withheld)"),  # no errno: PyTorch's text
+    (OSError(errno.EPERM, "hunter2"), f"PermissionError: [Errno {errno.EPERM}] {os.strerror(errno.EPERM)}"),
+    # 0 is no error's number; 2**31 - 1 is the largest C int os.strerror takes, 2**31 one it refuses.
+    (OSError(0, "hunter2 at /home/ana"), "OSError (text withheld)"),
+    (OSError(2**31 - 1, "hunter2"), f"OSError: [Errno {2**31 - 1}] {os.strerror(2**31 - 1)}"),
+    (OSError(2**31, "hunter2"), "OSError (text withheld)"),
+    (NotAnOSErrorWithAnErrno("hunter2"), "NotAnOSErrorWithAnErrno (text withheld)"),
+    (OSErrorWithoutAnErrno("hunter2"), "OSErrorWithoutAnErrno (text withheld)"),
 ]
 
 
@@ -869,6 +951,13 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
     unlimited = {**SNAPSHOT_STAND_IN, "max_split_size": -1}  # SIZE_MAX as the int64 PyTorch hands over
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": unlimited})
     assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"]["max_split_size_bytes"] is None
+
+
+def test_a_division_count_of_1_rounds_nothing_and_is_not_kept_one_of_2_is(stand_in_gpu, monkeypatch):
+    counts = {str(2**index): {0: 1, 1: 1, 3: 2}.get(index, 0) for index in range(16)}
+    snapshot = {**DEFAULT_SNAPSHOT_SETTINGS, "roundup_power2_divisions": counts}
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": snapshot})
+    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"]["roundup_power2_divisions"] == {"8": 2}
 
 
 def test_settings_this_pytorch_cannot_tell_are_null(stand_in_gpu, monkeypatch):

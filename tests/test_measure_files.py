@@ -78,7 +78,7 @@ def test_the_written_file_is_whole_and_exact(tmp_path):
 # --- files: names, limits, temporary files, exclusive writes ---------------------------------------------------
 
 
-def test_the_name_limit_is_the_output_folders_and_255_bytes_where_it_cannot_be_read(tmp_path, monkeypatch):
+def test_the_limits_are_the_output_folders_or_255_bytes_a_name_and_4096_a_path_where_unreadable(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     os.mkdir("here")
     limits = {"here": {"PC_NAME_MAX": 11, "PC_PATH_MAX": 22}}  # the file system that will hold the file
@@ -92,6 +92,11 @@ def test_the_name_limit_is_the_output_folders_and_255_bytes_where_it_cannot_be_r
         assert mesure_memoire.check_new_output("here/" + "n" * 255) == "here/" + "n" * 255, error
         assert kit_error_of(mesure_memoire.check_new_output, "here/" + "n" * 256) == (
             MESSAGES["--output too long"].format(name=mesure_memoire.name_as_typed("here/" + "n" * 256), limit=255)
+        ), error
+        # and paths below 4096 bytes (PATH_MAX counts the terminating NUL)
+        assert mesure_memoire.check_new_output("./" * 2000 + "n" * 95) == "./" * 2000 + "n" * 95, error
+        assert kit_error_of(mesure_memoire.check_new_output, "./" * 2000 + "n" * 96) == (
+            MESSAGES["--output too long"].format(name=mesure_memoire.name_as_typed("./" * 2000 + "n" * 96), limit=255)
         ), error
 
 

@@ -129,14 +129,16 @@ def test_real_versions_are_kept(stand_in_gpu, monkeypatch, capsys, version):
 
 def test_the_gpu_s_name_is_kept_as_is_and_withheld_when_not_short_printable_text_without_a_path(stand_in_gpu, capsys):
     properties = stand_in_gpu()
-    properties.name = "NVIDIA A100-SXM4-80GB (MIG 1g.10gb)"
-    assert environment_json(capsys)["gpu"]["name"] == "NVIDIA A100-SXM4-80GB (MIG 1g.10gb)"
+    for kept in ("NVIDIA A100-SXM4-80GB (MIG 1g.10gb)", "X", "x" * 100):
+        properties.name = kept
+        assert environment_json(capsys)["gpu"]["name"] == kept
     expected = "printable text of at most 100 characters without /, \\ or ~"
     for odd, key in (
         (f"NVIDIA H200 (from /home/ana/{SECRET}/x.so)", "withheld text"),
         (f"GPU C:\\Users\\{SECRET}", "withheld text"),
         (f"GPU ~{SECRET}", "withheld text"),
         ("x" * 101, "withheld text"),
+        ("", "withheld text"),
         (f"GPU\x1b[31m{SECRET}", "withheld text"),
         (b"GPU", "unexpected value"),
     ):
@@ -175,12 +177,15 @@ ODD_ENVIRONMENT = [
     ("total_memory", "80 GiB", "total_memory", "a whole number > 0"),
     ("total_memory", math.nan, "total_memory", "a whole number > 0"),
     ("total_memory", 0, "total_memory", "a whole number > 0"),
+    ("total_memory", 10**mesure_memoire.MAX_DIGITS, "total_memory", "a whole number > 0"),
     ("mem_get_info", 5, "mem_get_info", "a pair of whole numbers, free <= total"),
     ("mem_get_info", ("1", "2"), "mem_get_info", "a pair of whole numbers, free <= total"),
     ("mem_get_info", (3, 2), "mem_get_info", "a pair of whole numbers, free <= total"),
+    ("mem_get_info", (1, 10**mesure_memoire.MAX_DIGITS), "mem_get_info", "a pair of whole numbers, free <= total"),
     ("cudnn", math.nan, "cudnn_or_miopen_version", COUNT),
     ("cudnn", b"90100", "cudnn_or_miopen_version", COUNT),
     ("major", "9", "compute_capability", "two whole numbers below 100"),
+    ("major", 100, "compute_capability", "two whole numbers below 100"),
     ("device_count", 1.5, "device_count", COUNT),
 ]
 
@@ -218,6 +223,34 @@ def test_an_odd_value_read_before_the_phases_makes_measure_refuse(
     stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
     _make_odd(monkeypatch, stand_in_gpu, what, value)
     measure_refused(tmp_path, capsys, 2, MESSAGES["unexpected value"].format(name=field, expected=expected))
+
+
+def test_values_at_the_edges_of_their_range_are_kept(stand_in_gpu, monkeypatch, capsys):
+    properties = stand_in_gpu()
+    properties.total_memory = 1  # the smallest total > 0
+    largest = 10**mesure_memoire.MAX_DIGITS - 1
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (0, largest))  # a full GPU, the largest total
+    data = environment_json(capsys)
+    assert data["field_errors"] == {}
+    gpu = data["gpu"]
+    assert (gpu["total_memory_bytes"], gpu["mem_get_info_free_bytes"], gpu["mem_get_info_total_bytes"]) == (
+        1,
+        0,
+        largest,
+    )
+
+
+@pytest.mark.parametrize("device_ms", [0, 0.0, 1000.5, 10**mesure_memoire.MAX_DIGITS - 1], ids=plain_id)
+def test_a_device_time_from_0_to_below_10_to_the_30_ms_is_kept(device_ms):
+    record, _ = mesure_memoire.run_phase(RecordingCudaStandIn(device_ms=device_ms), "dev", "inputs", lambda: None)
+    assert record["device_ms"] == float(device_ms)
+
+
+@pytest.mark.parametrize("device_ms", [True, -0.5, math.nan, 10**mesure_memoire.MAX_DIGITS, "0.25"], ids=plain_id)
+def test_an_odd_device_time_exits_3_and_writes_nothing(stand_in_gpu, monkeypatch, tmp_path, capsys, device_ms):
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu"), device_ms=device_ms))
+    said = MESSAGES["unexpected value"].format(name="elapsed_time", expected="a time >= 0 in milliseconds")
+    measure_refused(tmp_path, capsys, 3, "phase model_load failed", said)
 
 
 def test_mem_get_info_raising_anything_leaves_it_unknown(stand_in_gpu, monkeypatch, tmp_path, capsys):
@@ -338,6 +371,11 @@ def test_what_pytorch_raises_in_a_query_is_a_field_error(stand_in_gpu, monkeypat
     assert data["field_errors"]["properties"].startswith(type(error).__name__)
 
 
+def test_an_error_whose_message_cannot_be_read_is_named_by_its_type_alone(stand_in_gpu, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", raising(Unprintable()))
+    assert environment_json(capsys)["field_errors"]["properties"] == "Unprintable"
+
+
 @pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))
 def test_what_pytorch_raises_in_a_phase_exits_3_in_one_line(stand_in_gpu, monkeypatch, tmp_path, capsys, error):
     stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, error)))
@@ -358,6 +396,7 @@ class PrintingTorch:
 
     def exec_module(self, module):
         print(f"hello from a fake torch, {SECRET}")
+        sys.stdout.write(f"and written, {SECRET}\n")
 
 
 def test_pytorch_s_stdout_at_import_stays_out_of_the_json(monkeypatch, capsys):

@@ -697,6 +697,7 @@ MESSAGES = {
     ),
     "tool: the kit missing": "{prog}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)"
     "\n",
+    "report: folder cannot be listed": "report: {folder} cannot be listed ({error})",
     "sweep: folder kept": "{stop}; {name} kept: it holds {strays}, which the sweep did not write",
     "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
     "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",

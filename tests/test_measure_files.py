@@ -3,6 +3,7 @@ write, temporary files beside the result, the umask, and what a crash or a full 
 """
 
 import errno
+import itertools
 import json
 import os
 import stat
@@ -383,6 +384,22 @@ def test_ctrl_c_anywhere_in_measure_exits_130_and_leaves_no_file(folder, capsys,
     assert code == 130
     assert captured.out == ""
     assert captured.err == MESSAGES["interrupted, no partial file"].format(signal="Ctrl-C")
+
+
+def test_a_name_the_output_check_draws_already_taken_is_refused_and_that_file_kept(
+    folder, capsys, monkeypatch, stand_in_measure
+):
+    """The check before measuring creates a temporary file, then links it under a second name: were either name
+    someone else's file, the run is refused before measuring and that file stays as it was."""
+    taken = folder / f".partial-{bytes(8).hex()}.tmp"
+    taken.write_bytes(b"someone else's")
+    names = itertools.cycle([b"\x01" * 8, bytes(8)])  # one name free, the other taken
+    monkeypatch.setattr(os, "urandom", lambda size: next(names)[:size])
+    code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])  # every file kept as it was
+    assert code == 2
+    said = MESSAGES["--output cannot create"].format(name="o.json", error="FileExistsError: [Errno 17] File exists")
+    assert captured.err == error_line(said)
+    assert stand_in_measure == [], "nothing measured"
 
 
 def test_a_temporary_name_already_taken_is_never_overwritten_and_limits_have_a_fallback(folder, monkeypatch):

@@ -590,6 +590,26 @@ def test_a_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, 
     assert mesure_memoire.main(["report", "edge.json"]) == 0  # exactly at the bound: read
 
 
+def test_a_file_that_keeps_growing_is_refused_at_the_size_bound(tmp_path, monkeypatch, capsys):
+    """A file another process keeps appending to, read a MiB at a time (as a network file system may): refused
+    once past the bound, instead of read for as long as it grows."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "growing.json").write_bytes(b"")
+    served = []
+
+    def endless(handle, size):
+        served.append(min(size, 2**20))
+        if sum(served) > 4 * mesure_memoire.MAX_RESULT_BYTES:  # the writer gives up here: a reader still reading
+            raise OSError(errno.EIO, "Input/output error")  # would end in this error, not the refusal below
+        return b" " * served[-1]
+
+    monkeypatch.setattr(os, "read", endless)
+    assert mesure_memoire.main(["report", "growing.json"]) == 2
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["report: not a kit result"].format(file="'growing.json'", why=MESSAGES["report: larger than 32 MiB"])
+    )
+
+
 def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(["report", "x\0y"]) == 2

@@ -1,6 +1,7 @@
 """`sweep`: one `measure` per value, each in a fresh child, after the plan's fit check; every path is run
 with a stand-in interpreter for the children (tests/data/sweep/stand_in_python.py), since no GPU exists here."""
 
+import errno
 import io
 import json
 import os
@@ -691,6 +692,116 @@ def test_sigterm_with_a_stray_file_in_the_folder_leaves_it_and_names_it(stand_in
     assert os.listdir("out") == ["notes.txt"]
 
 
+def signal_once_the_child_hangs(monkeypatch, stand_in, width, sent):
+    """The user's Ctrl-C (or a SIGTERM) to this process, sent once the child measuring ``width`` hangs."""
+    real_communicate, pending = subprocess.Popen.communicate, [sent]
+
+    def communicate(process, input=None, timeout=None):
+        if pending and f"--width={width}" in process.args:
+            deadline = time.monotonic() + 30
+            while not (stand_in.home / "hanging.pid").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            os.kill(os.getpid(), pending.pop())
+        return real_communicate(process, input, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "communicate", communicate)
+
+
+def sweep_as_from_a_terminal(argv):
+    """main(argv) with Ctrl-C raising KeyboardInterrupt here, as from a terminal (see the hanging child above)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return mesure_memoire.main(argv)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_after_a_value_measured_keeps_its_result_and_says_only_the_interruption(stand_in, capsys, monkeypatch):
+    stand_in({"256": "write", "512": "hang"})
+    signal_once_the_child_hangs(monkeypatch, stand_in, 512, signal.SIGINT)
+    assert sweep_as_from_a_terminal([*SWEEP, "--values", "256,512"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == MESSAGES["interrupted, no partial file"].format(signal="Ctrl-C")
+    assert captured.out == "width 256: measured, out/mesures-width-256.json\n"
+    assert os.listdir("out") == ["mesures-width-256.json"]
+
+
+@pytest.mark.parametrize(
+    ("sent", "status", "said"),
+    [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")],
+    ids=["Ctrl-C", "SIGTERM"],
+)
+def test_a_signal_before_any_result_leaves_the_stray_files_and_names_each(
+    stand_in, capsys, monkeypatch, sent, status, said
+):
+    stand_in({"256": "hang"})
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "stray": ["notes.txt", "notes.txt~"]}))
+    signal_once_the_child_hangs(monkeypatch, stand_in, 256, sent)
+    assert sweep_as_from_a_terminal([*SWEEP, "--values", "256"]) == status
+    captured = capsys.readouterr()
+    interrupted = MESSAGES["interrupted, no partial file"].format(signal=said).rstrip("\n")
+    strays = "'notes.txt', 'notes.txt~'"
+    assert captured.err == MESSAGES["sweep: folder kept"].format(stop=interrupted, name="out", strays=strays) + "\n"
+    assert captured.out == ""
+    assert sorted(os.listdir("out")) == ["notes.txt", "notes.txt~"]
+
+
+def test_ctrl_c_while_a_timed_out_child_is_being_stopped_ends_the_sweep_there(stand_in, capsys, monkeypatch):
+    """Ctrl-C while the sweep waits for the child it interrupted after its time-out: the child is killed and
+    the sweep ends as interrupted (130), not as stopped by the time-out alone."""
+    monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 5)
+    stand_in({"256": "hang", "512": "write"})
+    real_send_signal, real_communicate, interrupted = subprocess.Popen.send_signal, subprocess.Popen.communicate, []
+
+    def send_signal(process, number):
+        real_send_signal(process, number)
+        if number == signal.SIGINT:  # not the kill that follows
+            interrupted.append(process)
+
+    def communicate(process, input=None, timeout=None):
+        if process in interrupted:  # the sweep now waits for the interrupted child: the user presses Ctrl-C
+            interrupted.remove(process)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_communicate(process, input, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "send_signal", send_signal)
+    monkeypatch.setattr(subprocess.Popen, "communicate", communicate)
+    assert sweep_as_from_a_terminal([*SWEEP, "--values", "256,512", "--timeout-s", "1"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == MESSAGES["interrupted, no partial file"].format(signal="Ctrl-C")
+    assert captured.out == ""
+    assert os.listdir(".") == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((stand_in.home / "hanging.pid").read_text()), 0)
+
+
+def unlistable(monkeypatch, name):
+    """os.listdir refusing the folder ``name`` (made unreadable meanwhile: chmod a-r, as another user)."""
+    real_listdir = os.listdir
+
+    def listdir(path="."):
+        if os.path.basename(os.path.normpath(path)) == name:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+
+
+def test_a_kept_folder_that_cannot_be_listed_is_said_so(stand_in, capsys, monkeypatch):
+    stand_in({"256": "exit0"})
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "stray": "notes.txt"}))
+    unlistable(monkeypatch, "out")
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
+    stop = MESSAGES["sweep: the child wrote nothing"].format(where="width 256")
+    strays = "files that cannot be listed (PermissionError: [Errno 13] Permission denied)"
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["sweep: folder kept"].format(stop=stop, name="out", strays=strays)
+    )
+    assert [entry.name for entry in os.scandir("out")] == ["notes.txt"]
+
+
 # The sweep's parent, run for real with the stand-in children; with "summary", its summary (the report's
 # lines) is written slowly, its name first logged in the stand-in's moments.log.
 PARENT = """
@@ -812,6 +923,7 @@ def test_report_reads_the_folder_sweep_wrote_in_the_order_of_the_values(tmp_path
 
 def test_report_names_and_skips_the_other_files_of_the_folder(tmp_path, monkeypatch, capsys):
     others = ["notes.txt", ".partial-x1.tmp", "mesures-width-0256.json", "mesures-depth-8.json"]
+    others += ["mesures-width-2048.orig", "archive-width-4096.json"]  # a copy kept aside, under another name
     sweep_folder(tmp_path, monkeypatch, *others)
     assert mesure_memoire.main(["report", "sweep-width", "--json"]) == 0
     captured = capsys.readouterr()
@@ -832,6 +944,19 @@ def test_a_folder_without_a_sweep_result_is_one_line_saying_what_to_pass(tmp_pat
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == error_line(MESSAGES["report: no sweep result in the folder"].format(folder="'elsewhere'"))
+
+
+def test_a_folder_that_cannot_be_listed_is_one_line(tmp_path, monkeypatch, capsys):
+    sweep_folder(tmp_path, monkeypatch)
+    unlistable(monkeypatch, "sweep-width")
+    assert mesure_memoire.main(["report", "sweep-width"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == error_line(
+        MESSAGES["report: folder cannot be listed"].format(
+            folder="'sweep-width'", error="PermissionError: [Errno 13] Permission denied"
+        )
+    )
 
 
 def test_a_folder_of_two_dimensions_is_refused_in_one_line(tmp_path, monkeypatch, capsys):

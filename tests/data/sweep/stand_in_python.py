@@ -13,8 +13,9 @@ real script's ``measure`` with a stand-in PyTorch whose import, phase and write 
 log their name in ``moments.log``, STEP then taking SECONDS in a call that does not return to the
 interpreter (SIGINT and SIGTERM blocked, as in a long kernel or driver call); its process id in
 ``child.pid``.  With "stray"
-in ``behaviours.json``, a ``measure`` child first leaves a file of that name in the output's folder (a file
-manager's, an editor's).  Each call also logs the interpreter flags it was started with (``flags.log``),
+in ``behaviours.json``, a ``measure`` child first leaves a file of that name (or one of each name of a list) in the
+output's folder (a file manager's, an editor's).  Each call also logs the interpreter flags it was started with
+(``flags.log``),
 whether its standard input is /dev/null (``stdin.log``), and a hanging child the signal that stops it
 (``signals.log``).  It measures nothing.
 """
@@ -45,8 +46,9 @@ if command == "environment":
     raise SystemExit(probe.get("exit", 0))
 given = dict(option[2:].split("=", 1) for option in options)
 behaviour = BEHAVIOURS["values"][given[BEHAVIOURS["vary"]]]
-if "stray" in BEHAVIOURS:
-    open(os.path.join(os.path.dirname(given["output"]), BEHAVIOURS["stray"]), "w").close()
+strays = BEHAVIOURS.get("stray", [])
+for stray in [strays] if isinstance(strays, str) else strays:
+    open(os.path.join(os.path.dirname(given["output"]), stray), "w").close()
 if behaviour == "remove-folder-then-exit3":
     for name in os.listdir(os.path.dirname(given["output"])):
         os.unlink(os.path.join(os.path.dirname(given["output"]), name))

@@ -1733,7 +1733,7 @@ def _probe(folder, path):
         except OSError as error:  # EPERM, ENOTSUP ...: the write below needs a hard link
             raise KitError(
                 f"--output: cannot create {name_as_typed(path)}: its folder's file system has no hard links "
-                f"({error.strerror or type(error).__name__}), which the never-overwriting write needs; nothing measured"
+                f"({error.strerror}), which the never-overwriting write needs; nothing measured"
             ) from None
     finally:
         linked.remove()

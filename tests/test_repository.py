@@ -2,9 +2,11 @@
 formatting, the generated notebook, the manifest, and the line endings of the shipped files."""
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 
 import pytest
 
@@ -37,6 +39,22 @@ def test_ruff_finds_no_lint_error():
 def test_ruff_format_would_change_nothing():
     completed = _ruff("format", "--no-cache", "--check", ".")
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def _formatter_opt_outs(path):
+    with path.open("rb") as source:
+        comments = [token.string for token in tokenize.tokenize(source.readline) if token.type == tokenize.COMMENT]
+    return [comment for comment in comments if re.search(r"\bfmt: *(skip|off)\b", comment)]
+
+
+def test_no_python_file_opts_out_of_ruff_format():
+    """`ruff format --check` passes lines marked `# fmt: skip` or `# fmt: off`: the house style allows none."""
+    files = [
+        *ROOT.glob("*.py"),
+        *(path for folder in ("tools", "tests", "benchmarks") for path in (ROOT / folder).rglob("*.py")),
+    ]
+    marked = [str(path.relative_to(ROOT)) for path in files if _formatter_opt_outs(path)]
+    assert not marked, f"these files tell ruff format to leave lines as they are: {marked}"
 
 
 def test_the_notebook_is_generated_from_the_current_script(capsys):

@@ -48,8 +48,9 @@ def wall_seconds(python, arguments):
     completed = subprocess.run([python, *arguments], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds = time.perf_counter() - started
     if completed.returncode != 0:
-        raise SystemExit(f"startup.py: {' '.join(arguments)} exited with {completed.returncode}: "
-                         f"{completed.stderr.strip()!r}")  # fmt: skip
+        raise SystemExit(
+            f"startup.py: {' '.join(arguments)} exited with {completed.returncode}: {completed.stderr.strip()!r}"
+        )
     return seconds
 
 
@@ -73,8 +74,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     medians = measure(args.python, args.runs, COMMANDS + tuple(PARTS.values()) if args.parts else COMMANDS)
     bare = medians[BARE]
-    version = subprocess.run([args.python, "-c", "import platform; print(platform.python_version())"],
-                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+    version = subprocess.run(
+        [args.python, "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True
+    ).stdout.strip()
     print(f"Python {version}, median of {args.runs} interleaved runs each; goal: at most {GOAL_RATIO}x a bare start")
     print(f"  {'python -c pass':<66} {bare * 1000:7.1f} ms")
     for arguments in COMMANDS:

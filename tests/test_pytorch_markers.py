@@ -112,4 +112,5 @@ def test_a_marker_that_stops_pytorch_s_import_ends_in_a_clean_diagnosis(tmp_path
     assert completed.returncode == 0, completed.stderr
     data = json.loads(completed.stdout)
     assert data["torch"] is None
+    assert data["torch_error"] == MESSAGES["torch import error, scrubbed"].format(type="ValueError")
     assert data["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]

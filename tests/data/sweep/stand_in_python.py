@@ -12,12 +12,10 @@ output's folder and its process id in ``hanging.pid``; "write-then-hang" writes 
 real script's ``measure`` with a stand-in PyTorch whose import, phase and write (the result's fsync) each
 log their name in ``moments.log``, STEP then taking SECONDS in a call that does not return to the
 interpreter (SIGINT and SIGTERM blocked, as in a long kernel or driver call); its process id in
-``child.pid``.  With "stray"
-in ``behaviours.json``, a ``measure`` child first leaves a file of that name (or one of each name of a list) in the
-output's folder (a file manager's, an editor's).  Each call also logs the interpreter flags it was started with
-(``flags.log``),
-whether its standard input is /dev/null (``stdin.log``), and a hanging child the signal that stops it
-(``signals.log``).  It measures nothing.
+``child.pid``.  With "stray" in ``behaviours.json``, a ``measure`` child first leaves a file of that name
+(or one of each name of a list) in the output's folder (a file manager's, an editor's).  Each call also
+logs the interpreter flags it was started with (``flags.log``), whether its standard input is /dev/null
+(``stdin.log``), and a hanging child the signal that stops it (``signals.log``).  It measures nothing.
 """
 
 import json

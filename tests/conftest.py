@@ -568,6 +568,7 @@ MESSAGES = {
     "device out of range": "{device} is out of range: PyTorch sees {count} device(s)",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
     "--output too long": "--output: {name} is too long for this file system (names: {limit} bytes)",
+    "--output path too long": "--output: {name} is too long for this file system (paths: {limit} bytes)",
     "--output exists": "--output: {name} already exists; choose a new name (results are never overwritten)",
     "--output a folder": "--output: {name} names a folder, not a new file",
     "--output no folder": "--output: the folder of {name} does not exist",

@@ -97,7 +97,9 @@ def test_the_limits_are_the_output_folders_or_255_bytes_a_name_and_4096_a_path_w
         # and paths below 4096 bytes (PATH_MAX counts the terminating NUL)
         assert mesure_memoire.check_new_output("./" * 2000 + "n" * 95) == "./" * 2000 + "n" * 95, error
         assert kit_error_of(mesure_memoire.check_new_output, "./" * 2000 + "n" * 96) == (
-            MESSAGES["--output too long"].format(name=mesure_memoire.name_as_typed("./" * 2000 + "n" * 96), limit=255)
+            MESSAGES["--output path too long"].format(
+                name=mesure_memoire.name_as_typed("./" * 2000 + "n" * 96), limit=4095
+            )
         ), error
 
 
@@ -116,7 +118,7 @@ def test_check_new_output_bounds_the_name_and_the_path(tmp_path, monkeypatch):
     assert mesure_memoire.check_new_output("ddd/eee/" + "r" * 7) == "ddd/eee/" + "r" * 7  # 15 bytes
     # 16 bytes: the system's PATH_MAX counts the terminating NUL, so the kernel would refuse it after the run
     assert kit_error_of(mesure_memoire.check_new_output, "ddd/eee/" + "r" * 8) == (
-        MESSAGES["--output too long"].format(name="ddd/eee/rrrrrrrr", limit=10)
+        MESSAGES["--output path too long"].format(name="ddd/eee/rrrrrrrr", limit=15)
     )
     assert sorted(os.listdir(tmp_path)) == ["d", "dd", "ddd"]  # the probe files are gone
 

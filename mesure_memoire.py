@@ -1709,10 +1709,11 @@ def check_new_output(path):
             raise KitError(f"--output: the folder of {name_as_typed(path)} does not exist")
         # The file is written after the measurement: a name too long for this file system is refused now.
         name_max, path_max = _name_limits(folder)
-        if len(os.fsencode(name)) > name_max or len(os.fsencode(path)) >= path_max:
-            raise KitError(
-                f"--output: {name_as_typed(path)} is too long for this file system (names: {name_max} bytes)"
-            )
+        too_long = f"--output: {name_as_typed(path)} is too long for this file system"
+        if len(os.fsencode(name)) > name_max:
+            raise KitError(f"{too_long} (names: {name_max} bytes)")
+        if len(os.fsencode(path)) >= path_max:  # PATH_MAX counts the terminating NUL
+            raise KitError(f"{too_long} (paths: {path_max - 1} bytes)")
         _probe(folder, path)
     except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
         raise KitError(

@@ -802,6 +802,46 @@ def test_a_kept_folder_that_cannot_be_listed_is_said_so(stand_in, capsys, monkey
     assert [entry.name for entry in os.scandir("out")] == ["notes.txt"]
 
 
+def test_a_failed_child_s_folder_that_cannot_be_listed_is_one_line(stand_in, capsys, monkeypatch):
+    """After a child's refusal the sweep clears what it left: a folder made unreadable meanwhile (by another
+    user) is kept and said so, in the same line as the child's refusal, not a traceback."""
+    stand_in({"256": "exit2", "512": "write"})
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "stray": "notes.txt"}))
+    unlistable(monkeypatch, "out")
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 2
+    refused = MESSAGES["sweep: the child refused"].format(
+        where="width 256", status=2, line=error_line("--dtype bfloat16: not supported (stand-in)").rstrip("\n")
+    )
+    strays = "files that cannot be listed (PermissionError: [Errno 13] Permission denied)"
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["sweep: folder kept"].format(stop=refused, name="out", strays=strays)
+    )
+    assert [entry.name for entry in os.scandir("out")] == ["notes.txt"]
+
+
+def test_a_failed_child_s_file_that_cannot_be_removed_is_named_in_one_line(stand_in, capsys, monkeypatch):
+    """A timed-out child's partial file that the sweep cannot remove (the folder made read-only meanwhile)
+    stays, named in the one line, not a traceback."""
+    monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 5)
+    stand_in({"256": "hang"})
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if os.path.dirname(os.path.normpath(path)) == "out":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert mesure_memoire.main([*SWEEP, "--values", "256", "--timeout-s", "1"]) == 2
+    left = sorted(os.listdir("out"))
+    assert len(left) == 1 and left[0].startswith(".partial-"), left
+    timed_out = MESSAGES["sweep: the child timed out"].format(where="width 256", seconds=1)
+    assert capsys.readouterr().err == error_line(
+        MESSAGES["sweep: folder kept"].format(stop=timed_out, name="out", strays=repr(left[0]))
+    )
+
+
 # The sweep's parent, run for real with the stand-in children; with "summary", its summary (the report's
 # lines) is written slowly, its name first logged in the stand-in's moments.log.
 PARENT = """

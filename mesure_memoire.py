@@ -3028,14 +3028,14 @@ def remove_leftovers(folder, output):
     sweep's own, so it holds exactly the results of the children that exited 0; a stray file stays)."""
     try:
         names = os.listdir(folder)
-    except FileNotFoundError:  # removed meanwhile: nothing left in it
+    except OSError:  # removed or made unreadable meanwhile: remove_sweep_folder says what stays
         return
     for name in names:
         path = os.path.join(folder, name)
         if path == output or (name.startswith(".partial-") and name.endswith(".tmp")):
             try:  # noqa: SIM105 -- contextlib would be imported for this one line
                 os.unlink(path)
-            except FileNotFoundError:
+            except OSError:  # gone already, or not removable: named by remove_sweep_folder
                 pass
 
 

@@ -586,7 +586,6 @@ def environment_of(device, index):
         return environment
     environment["torch"] = query("torch", lambda: checked_version("torch", torch.__version__))
     _read_settings(torch, query, environment["settings"])
-    environment["matmul_arithmetic"] = matmul_arithmetic(torch)
     environment["cuda_build"] = query("cuda_build", lambda: checked_version("cuda_build", torch.version.cuda))
     environment["hip_build"] = query("hip_build", lambda: checked_version("hip_build", torch.version.hip))
     environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: _cudnn_version(torch))
@@ -665,7 +664,6 @@ def _empty_environment(device):
         "gpu_unavailable_reason": None,
         "gpu": None,
         "settings": dict.fromkeys(SETTINGS),
-        "matmul_arithmetic": None,
         "allocator_settings": None,
         "field_errors": {},
         "driver_note": DRIVER_NOTE,
@@ -694,7 +692,7 @@ def _read_settings(torch, query, settings):
     matmul = _guarded(lambda: torch.backends.cuda.matmul)
     precision = "float32_matmul_precision"
     settings[precision] = query(
-        precision, lambda: checked_word(precision, torch.get_float32_matmul_precision(), _FLAG_WORDS[:3])
+        precision, lambda: checked_word(precision, torch.get_float32_matmul_precision(), ("highest", "high", "medium"))
     )
     settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
     settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
@@ -716,7 +714,7 @@ def _blas_library(torch):
 # <<< notebook
 
 
-# >>> notebook: 2.2 The matmul arithmetic and the allocator settings PyTorch parsed
+# >>> notebook: 2.2 The allocator settings PyTorch parsed
 # roundup_power2_divisions has one count per power-of-two interval from 1 MiB: each interval's MiB
 ALLOCATOR_INTERVAL_KEYS = tuple(str(2**index) for index in range(16))
 DEFAULT_ALLOCATOR = {
@@ -725,35 +723,6 @@ DEFAULT_ALLOCATOR = {
     "expandable_segments": False,
     "roundup_power2_divisions": {},
 }
-
-
-# The flags that choose a matmul's arithmetic (torch.backends.cuda.matmul's; fp32_precision and
-# allow_fp16_accumulation are newer: 2.11 has both, 2.8 the second only, 2.4 neither): the validation judges
-# the outputs against what they allow.
-MATMUL_FLAGS = (
-    "allow_tf32",
-    "fp32_precision",
-    "allow_fp16_reduced_precision_reduction",
-    "allow_bf16_reduced_precision_reduction",
-    "allow_fp16_accumulation",
-)
-
-
-def matmul_arithmetic(torch):
-    """The matmul arithmetic PyTorch is asked for now; null where this version lacks a flag or a read
-    raises (after ``fp32_precision = "tf32"``, the legacy reads do)."""
-    matmul = _guarded(lambda: torch.backends.cuda.matmul)
-    reads = {"float32_matmul_precision": lambda: torch.get_float32_matmul_precision()}
-    reads.update({flag: lambda flag=flag: getattr(matmul, flag) for flag in MATMUL_FLAGS})
-    return {name: _guarded(lambda read=read: _flag_value(read())) for name, read in reads.items()}
-
-
-# The values the matmul flags take: booleans, and the words of the precision settings (fp32_precision's too).
-_FLAG_WORDS = ("highest", "high", "medium", "ieee", "tf32", "none")
-
-
-def _flag_value(value):
-    return value if isinstance(value, bool) else checked_word("a matmul flag", value, _FLAG_WORDS)
 
 
 def _guarded(read):
@@ -901,9 +870,6 @@ def format_environment(environment):
     for key, value in (environment.get("settings") or {}).items():
         if value is not None:
             lines.append(f"  setting               {key} = {value}")
-    flags = environment.get("matmul_arithmetic") or {}
-    if flags:
-        lines.append("  matmul arithmetic     " + ", ".join(f"{key} = {value}" for key, value in flags.items()))
     for name, error in sorted(environment["field_errors"].items()):
         label = "PyTorch warned" if name == PYTORCH_WARNINGS_FIELD else "query failed"
         lines.append(f"  {label:<21} {name}: {error}")

@@ -340,14 +340,6 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(two_devices, 
             "cublas_workspace_size_bytes": 8 * MIB + 128 * 2**10,
             "cublaslt_workspace_size_bytes": MIB,
         },
-        "matmul_arithmetic": {
-            "float32_matmul_precision": "high",
-            "allow_tf32": True,
-            "fp32_precision": "tf32" if HAS_MATMUL_FLAG["fp32_precision"] else None,
-            "allow_fp16_reduced_precision_reduction": False,
-            "allow_bf16_reduced_precision_reduction": True,
-            "allow_fp16_accumulation": False if HAS_MATMUL_FLAG["allow_fp16_accumulation"] else None,
-        },
         "allocator_settings": None,  # the cudaMallocAsync backend has no snapshot: unknown
         "field_errors": {},
         "driver_note": mesure_memoire.DRIVER_NOTE,
@@ -375,89 +367,6 @@ def test_attributes_an_older_pytorch_lacks_are_null_not_errors(two_devices, monk
     assert environment["field_errors"] == {}
     for name in ("preferred_blas_library", "cublas_workspace_size_bytes", "cublaslt_workspace_size_bytes"):
         assert environment["settings"][name] is None
-
-
-# fp32_precision and allow_fp16_accumulation: 2.11 and later have both, 2.8.0 only the second, 2.4.1 neither
-# (the version matrix).
-HAS_MATMUL_FLAG = {
-    flag: hasattr(torch.backends.cuda.matmul, flag) for flag in ("fp32_precision", "allow_fp16_accumulation")
-}
-NEWER_MATMUL_FLAGS = all(HAS_MATMUL_FLAG.values())
-
-
-@pytest.fixture
-def matmul_flags_restored():
-    """PyTorch's real matmul flags, put back as they were after the test."""
-    matmul = torch.backends.cuda.matmul
-    kept = {flag: getattr(matmul, flag) for flag in ("fp32_precision", "allow_fp16_accumulation")}
-    yield matmul
-    for flag, value in kept.items():
-        setattr(matmul, flag, value)
-
-
-@pytest.mark.skipif(not NEWER_MATMUL_FLAGS, reason="this PyTorch lacks fp32_precision or allow_fp16_accumulation")
-def test_the_matmul_arithmetic_is_read_from_pytorch_and_a_raising_read_is_null(matmul_flags_restored):
-    matmul = matmul_flags_restored
-    matmul.fp32_precision, matmul.allow_fp16_accumulation = "ieee", True
-    assert mesure_memoire.matmul_arithmetic(torch) == {
-        "float32_matmul_precision": "highest",
-        "allow_tf32": False,
-        "fp32_precision": "ieee",
-        "allow_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
-        "allow_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
-        "allow_fp16_accumulation": True,
-    }
-    matmul.fp32_precision = "tf32"  # the new API set: PyTorch's legacy reads raise
-    flags = mesure_memoire.collect_environment("cuda:0")["matmul_arithmetic"]
-    assert (flags["float32_matmul_precision"], flags["allow_tf32"], flags["fp32_precision"]) == (None, None, "tf32")
-
-
-def test_a_pytorch_without_the_newer_flags_leaves_them_null():
-    older = types.SimpleNamespace(  # a stand-in for PyTorch 2.4's API: no fp32_precision, no fp16 accumulation
-        get_float32_matmul_precision=lambda: "high",
-        backends=types.SimpleNamespace(
-            cuda=types.SimpleNamespace(
-                matmul=types.SimpleNamespace(
-                    allow_tf32=True,
-                    allow_fp16_reduced_precision_reduction=False,
-                    allow_bf16_reduced_precision_reduction=True,
-                )
-            )
-        ),
-    )
-    assert mesure_memoire.matmul_arithmetic(older) == {
-        "float32_matmul_precision": "high",
-        "allow_tf32": True,
-        "fp32_precision": None,
-        "allow_fp16_reduced_precision_reduction": False,
-        "allow_bf16_reduced_precision_reduction": True,
-        "allow_fp16_accumulation": None,
-    }
-
-
-def test_a_matmul_flag_that_is_neither_a_boolean_nor_a_known_word_is_null():
-    odd = types.SimpleNamespace(  # a stand-in for a PyTorch whose flags answer odd values
-        get_float32_matmul_precision=lambda: "hunter2",
-        backends=types.SimpleNamespace(
-            cuda=types.SimpleNamespace(
-                matmul=types.SimpleNamespace(
-                    allow_tf32=1,
-                    fp32_precision="TF32",
-                    allow_fp16_reduced_precision_reduction=False,
-                    allow_bf16_reduced_precision_reduction=True,
-                    allow_fp16_accumulation="hunter2",
-                )
-            )
-        ),
-    )
-    assert mesure_memoire.matmul_arithmetic(odd) == {
-        "float32_matmul_precision": None,
-        "allow_tf32": None,
-        "fp32_precision": None,
-        "allow_fp16_reduced_precision_reduction": False,
-        "allow_bf16_reduced_precision_reduction": True,
-        "allow_fp16_accumulation": None,
-    }
 
 
 def test_the_collector_on_a_rocm_build_keeps_the_architecture(two_devices, monkeypatch):
@@ -592,7 +501,6 @@ def test_the_collector_without_pytorch(monkeypatch):
     assert environment["torch_error"] == "ModuleNotFoundError: No module named 'torch'"
     assert environment["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]
     assert environment["settings"] == dict.fromkeys(mesure_memoire.SETTINGS)
-    assert environment["matmul_arithmetic"] is None  # nothing asked: no PyTorch to ask
     assert environment["device_count"] is None
     assert environment["field_errors"] == {}
 
@@ -636,7 +544,6 @@ def test_the_environment_text_exactly_with_a_gpu():
             "allocator_backend": None,
         },
         "settings": {"cudnn_allow_tf32": False, "preferred_blas_library": None, "allocator_backend": "native"},
-        "matmul_arithmetic": {"allow_tf32": None, "fp32_precision": "tf32"},
         "field_errors": {
             "pytorch_warnings": "UserWarning: w",
             "mem_get_info": "RuntimeError: x",
@@ -664,7 +571,6 @@ def test_the_environment_text_exactly_with_a_gpu():
             "  allocator settings    unknown (allocated bytes not checked)",
             "  setting               cudnn_allow_tf32 = False",
             "  setting               allocator_backend = native",
-            "  matmul arithmetic     allow_tf32 = None, fp32_precision = tf32",
             "  query failed          mem_get_info: RuntimeError: x",
             "  PyTorch warned        pytorch_warnings: UserWarning: w",
             "  query failed          zz: RuntimeError: y",

@@ -15,6 +15,7 @@ import os
 import sys
 import tarfile
 import tempfile
+import types
 
 import pytest
 import torch
@@ -422,11 +423,94 @@ def test_the_cross_check_computes_measure_s_forward_exactly():
     assert answer["elements"] == 2 * 8 * 64
 
 
+# The flags the numerics rows judge by.  fp32_precision and allow_fp16_accumulation: 2.11 and later have both,
+# 2.8.0 only the second, 2.4.1 neither (the version matrix).
+HAS_MATMUL_FLAG = {
+    flag: hasattr(torch.backends.cuda.matmul, flag) for flag in ("fp32_precision", "allow_fp16_accumulation")
+}
+NEWER_MATMUL_FLAGS = all(HAS_MATMUL_FLAG.values())
+
+
+@pytest.fixture
+def matmul_flags_restored():
+    """PyTorch's real matmul flags, put back as they were after the test."""
+    matmul = torch.backends.cuda.matmul
+    kept = {flag: getattr(matmul, flag) for flag in ("fp32_precision", "allow_fp16_accumulation")}
+    yield matmul
+    for flag, value in kept.items():
+        setattr(matmul, flag, value)
+
+
+@pytest.mark.skipif(not NEWER_MATMUL_FLAGS, reason="this PyTorch lacks fp32_precision or allow_fp16_accumulation")
+def test_the_matmul_arithmetic_is_read_from_pytorch_and_a_raising_read_is_null(matmul_flags_restored):
+    matmul = matmul_flags_restored
+    matmul.fp32_precision, matmul.allow_fp16_accumulation = "ieee", True
+    assert gpu_validation.matmul_arithmetic(torch) == {
+        "float32_matmul_precision": "highest",
+        "allow_tf32": False,
+        "fp32_precision": "ieee",
+        "allow_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
+        "allow_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
+        "allow_fp16_accumulation": True,
+    }
+    matmul.fp32_precision = "tf32"  # the new API set: PyTorch's legacy reads raise
+    flags = gpu_validation.matmul_arithmetic(torch)
+    assert (flags["float32_matmul_precision"], flags["allow_tf32"], flags["fp32_precision"]) == (None, None, "tf32")
+
+
+def test_a_pytorch_without_the_newer_flags_leaves_them_null():
+    older = types.SimpleNamespace(  # a stand-in for PyTorch 2.4's API: no fp32_precision, no fp16 accumulation
+        get_float32_matmul_precision=lambda: "high",
+        backends=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(
+                matmul=types.SimpleNamespace(
+                    allow_tf32=True,
+                    allow_fp16_reduced_precision_reduction=False,
+                    allow_bf16_reduced_precision_reduction=True,
+                )
+            )
+        ),
+    )
+    assert gpu_validation.matmul_arithmetic(older) == {
+        "float32_matmul_precision": "high",
+        "allow_tf32": True,
+        "fp32_precision": None,
+        "allow_fp16_reduced_precision_reduction": False,
+        "allow_bf16_reduced_precision_reduction": True,
+        "allow_fp16_accumulation": None,
+    }
+
+
+def test_a_matmul_flag_that_is_neither_a_boolean_nor_a_known_word_is_null():
+    odd = types.SimpleNamespace(  # a stand-in for a PyTorch whose flags answer odd values
+        get_float32_matmul_precision=lambda: "hunter2",
+        backends=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(
+                matmul=types.SimpleNamespace(
+                    allow_tf32=1,
+                    fp32_precision="TF32",
+                    allow_fp16_reduced_precision_reduction=False,
+                    allow_bf16_reduced_precision_reduction=True,
+                    allow_fp16_accumulation="hunter2",
+                )
+            )
+        ),
+    )
+    assert gpu_validation.matmul_arithmetic(odd) == {
+        "float32_matmul_precision": None,
+        "allow_tf32": None,
+        "fp32_precision": None,
+        "allow_fp16_reduced_precision_reduction": False,
+        "allow_bf16_reduced_precision_reduction": True,
+        "allow_fp16_accumulation": None,
+    }
+
+
 @pytest.mark.parametrize("dtype", gpu_validation.DTYPES)
 def test_real_outputs_pass_both_bounds_under_the_flags_pytorch_reports_then_the_flags_come_back(dtype):
-    before = mesure_memoire.matmul_arithmetic(torch)
+    before = gpu_validation.matmul_arithmetic(torch)
     answers = gpu_validation.cross_check(torch, torch.device("cpu"), [spec(dtype)])
-    assert answers["settings"] == before == mesure_memoire.matmul_arithmetic(torch), "flags restored"
+    assert answers["settings"] == before == gpu_validation.matmul_arithmetic(torch), "flags restored"
     assert answers["strict_settings"] == {
         **before,
         "allow_fp16_reduced_precision_reduction": False,
@@ -453,12 +537,12 @@ class FailsWithReductionOff(torch.nn.Sequential):  # the kit's layers; its forwa
 
 
 def test_the_flags_come_back_even_when_the_strict_forward_raises(monkeypatch):
-    before = mesure_memoire.matmul_arithmetic(torch)
+    before = gpu_validation.matmul_arithmetic(torch)
     build = mesure_memoire.build_model  # the kit's layers, in a model whose forward fails under the strict flags
     monkeypatch.setattr(mesure_memoire, "build_model", lambda t, width: FailsWithReductionOff(*build(t, width)))
     with pytest.raises(RuntimeError, match="reduction off"):
         gpu_validation.cross_check(torch, torch.device("cpu"), [spec("float16")])
-    assert mesure_memoire.matmul_arithmetic(torch) == before
+    assert gpu_validation.matmul_arithmetic(torch) == before
 
 
 def test_a_wrong_forward_fails_both_bounds(monkeypatch):

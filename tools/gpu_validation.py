@@ -239,8 +239,36 @@ def float64_reference(torch, x, w1, b1, w2, b2):
     return y, {name: value.sum().item() for name, value in sums.items()}
 
 
+# The flags that choose a matmul's arithmetic (torch.backends.cuda.matmul's; fp32_precision and
+# allow_fp16_accumulation are newer: 2.11 has both, 2.8 the second only, 2.4 neither): the numerics rows judge
+# the outputs against what they allow.
+MATMUL_FLAGS = (
+    "allow_tf32",
+    "fp32_precision",
+    "allow_fp16_reduced_precision_reduction",
+    "allow_bf16_reduced_precision_reduction",
+    "allow_fp16_accumulation",
+)
+FLAG_WORDS = ("highest", "high", "medium", "ieee", "tf32", "none")  # the precision settings' words, both APIs'
+
+
+def matmul_arithmetic(torch):
+    """The matmul arithmetic PyTorch is asked for now; null where this version lacks a flag, a read raises
+    (after ``fp32_precision = "tf32"``, the legacy reads do) or answers neither a boolean nor a known word."""
+    reads = {"float32_matmul_precision": lambda: torch.get_float32_matmul_precision()}
+    reads.update({flag: lambda flag=flag: getattr(torch.backends.cuda.matmul, flag) for flag in MATMUL_FLAGS})
+    flags = {}
+    for name, read in reads.items():
+        try:
+            value = read()
+        except Exception:  # AttributeError where a version lacks the flag, RuntimeError from mixed APIs
+            value = None
+        flags[name] = value if isinstance(value, bool) or (isinstance(value, str) and value in FLAG_WORDS) else None
+    return flags
+
+
 def allowed_arithmetic(dtype, flags):
-    """What the recorded flags (kit.matmul_arithmetic) allow a matmul in ``dtype``: (the type its partial sums
+    """What the recorded flags (matmul_arithmetic) allow a matmul in ``dtype``: (the type its partial sums
     may be kept in, float32 input roundoff).  An unread reduction flag is PyTorch's default (True); an unread
     precision flag allows nothing (the strict reading)."""
     in_dtype = flags.get(REDUCTION_FLAGS.get(dtype)) is not False  # split-K in any chunk count, in the dtype
@@ -308,7 +336,7 @@ def reduction_in_compute_type(torch):
         for flag in REDUCTION_FLAGS.values():
             saved[flag] = getattr(matmul, flag)
             setattr(matmul, flag, False)
-        strict = kit.matmul_arithmetic(torch)
+        strict = matmul_arithmetic(torch)
     except Exception:  # a release or build without the flags: the tight bound then fails, named
         strict = None
     try:
@@ -322,7 +350,7 @@ def cross_check(torch, device, specs):
     """For each spec: measure's forward again (same seed, model, inputs), its float64 checksum and absolute
     sum, its errors against a float64 reference of the same weights and inputs (under the default flags, then
     with reduced-precision reduction off), Timer's median if asked."""
-    answers = {"settings": kit.matmul_arithmetic(torch), "torch": str(torch.__version__)}  # what is judged
+    answers = {"settings": matmul_arithmetic(torch), "torch": str(torch.__version__)}  # what is judged
     for spec in specs:
         torch.manual_seed(spec["seed"])  # the order measure follows: weights on the CPU, then inputs
         model = kit.build_model(torch, spec["width"]).to(device=device, dtype=getattr(torch, spec["dtype"])).eval()

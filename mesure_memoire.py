@@ -1075,37 +1075,46 @@ def _tensor_bytes(config, model):
     return tensor_bytes
 
 
-def memory_plan(config):
+def _predicted_levels(names, tensor_bytes):
+    """For each phase of ``names``, in order: (its predicted counters above its baseline, the allocated level
+    at its baseline and at its peak, from a fresh process, the first forward's workspace allowance included)."""
+    levels, level, simulated = [], 0, {}
+    for name in names:
+        if name not in simulated:  # each phase once: every warm_forward repetition is predicted alike
+            simulated[name] = _simulate(_phase_events(name), tensor_bytes)
+        predicted = simulated[name]
+        workspace_bytes = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
+        levels.append((predicted, level, level + workspace_bytes + predicted["peak_allocated_bytes"]))
+        level += workspace_bytes
+        # Outputs are released when a phase ends: the next baseline holds weights, inputs, workspace.
+        if name in ("model_load", "inputs"):
+            level += predicted["end_allocated_bytes"]
+    return levels
+
+
+def memory_plan(config, model=None):
     """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under PyTorch's
     default allocator settings.  Requested bytes are exact; allocated bytes use the allocator's 512-byte
     rounding, a block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``); figures are relative to each
     phase's baseline.  The first forward's BLAS workspace is measured, not predicted:
-    ``predicted_peak_allocated_bytes`` counts a named allowance for it."""
-    model = synthetic_model(config)
+    ``predicted_peak_allocated_bytes`` counts a named allowance for it.  ``model``: synthetic_model(config)."""
+    model = model or synthetic_model(config)
     tensor_bytes = _tensor_bytes(config, model)
-    phases, level, peak, peak_phase = [], 0, 0, None
-    simulated = {}  # each phase once: every warm_forward repetition is predicted alike
-    for name, labels in _phase_labels(config):
-        if name not in simulated:
-            simulated[name] = _simulate(_phase_events(name), tensor_bytes)
-        predicted = simulated[name]
+    levels = _predicted_levels(phase_names(config), tensor_bytes)
+    phases = []
+    for (name, labels), (predicted, baseline, peak_level) in zip(_phase_labels(config), levels, strict=True):
         record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
-        record["predicted_baseline_allocated_bytes"] = level  # from a fresh process, allowance included
-        workspace_bytes = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
-        if workspace_bytes:
+        record["predicted_baseline_allocated_bytes"] = baseline  # from a fresh process, allowance included
+        if name == "cold_forward":
             record["blas_workspace"] = (
                 "allocated by the first matrix product and kept: measured by the run, not predicted here "
                 "(the allowance counts it in the predicted peak)"
             )
         # The level at the phase's peak, from a fresh process: what a card must hold at that moment.
-        record["predicted_peak_level_allocated_bytes"] = level + workspace_bytes + predicted["peak_allocated_bytes"]
-        if record["predicted_peak_level_allocated_bytes"] > peak:
-            peak, peak_phase = record["predicted_peak_level_allocated_bytes"], name
-        level += workspace_bytes + predicted["end_allocated_bytes"]
+        record["predicted_peak_level_allocated_bytes"] = peak_level
         phases.append(record)
-        # Outputs are released when a phase ends: the next baseline holds weights, inputs, workspace.
-        if name not in ("model_load", "inputs"):
-            level -= predicted["end_allocated_bytes"]
+    highest = max(phases, key=lambda record: record["predicted_peak_level_allocated_bytes"])  # the first, on a tie
+    peak, peak_phase = highest["predicted_peak_level_allocated_bytes"], highest["phase"]
     return {
         "kit": KIT_NAME,
         "plan_schema_version": PLAN_SCHEMA_VERSION,
@@ -1189,10 +1198,15 @@ def card_memory_bytes(memory_gib):
 def largest_that_fits(config, memory_bytes, dimension):
     """The largest whole value of ``dimension`` (the others as in ``config``) whose plan needs at most
     ``memory_bytes``; None when even 1 does not fit.  The plan grows with each dimension: doubling finds a
-    value that does not fit, then halving the interval finds the last one that does."""
+    value that does not fit, then halving the interval finds the last one that does.  Each step predicts each
+    phase of the plan once, at the step's sizes: the repetitions of a phase change no level."""
+    names = list(dict.fromkeys(phase_names(config)))
 
     def fits(value):
-        return memory_plan({**config, dimension: value})["needs_card_memory_bytes"] <= memory_bytes
+        sized = {**config, dimension: value}
+        model = synthetic_model(sized)
+        peak = max(peak_level for _, _, peak_level in _predicted_levels(names, _tensor_bytes(sized, model)))
+        return _card_and_host_needs(peak, model)["needs_card_memory_bytes"] <= memory_bytes
 
     if not fits(1):
         return None
@@ -1806,7 +1820,7 @@ def measure(config, tool):
     """
     from datetime import datetime, timezone
 
-    model_summary = synthetic_model(config)
+    model = synthetic_model(config)
     torch, torch_version_warning = _torch_to_measure_with()
     cuda = torch.cuda
     set_up = _set_up_step(config["device"])
@@ -1814,7 +1828,7 @@ def measure(config, tool):
     index = device_index(config["device"])
     environment = environment_of(config["device"], index)
     _refuse_what_pytorch_gave(environment)
-    plan = memory_plan(config)  # one plan: the fit, the check, the file
+    plan = memory_plan(config, model)  # one plan: the fit, the check, the file
     _refuse_what_cannot_run(torch, set_up, config, index, plan, environment)
     device = set_up("torch.device", lambda: torch.device("cuda", index))
     set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
@@ -1844,7 +1858,7 @@ def measure(config, tool):
             "device_used_bytes_before_measure": device_used_before,
             "fresh_process_warning": None if fresh else FRESH_PROCESS_WARNING,
         },
-        "synthetic_model": model_summary,
+        "synthetic_model": model,
         "phases": phases,
         "prediction_check": prediction_check,
         "workspace": workspace,

@@ -56,6 +56,7 @@ if sys.version_info < (3, 10):  # noqa: UP036 -- the check is the point
 import argparse  # noqa: E402, I001 -- after the version check; the command line only
 
 # >>> notebook: Imports (standard library only; PyTorch, matplotlib, json and re imported where used: start-up)
+import collections
 import math
 import os
 import time
@@ -64,21 +65,11 @@ from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
 # >>> notebook: Constants and the error type
 KIT_NAME = "iteragpu-lab-v1"
-# The result's format: report reads this one only (6: each phase names the counters its verdict checked).
-RESULT_SCHEMA_VERSION = 6
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PHASES = ("model_load", "inputs", "cold_forward", "warmup", "warm_forward")
-PHASE_MEMORY_FIELDS = (
-    "baseline_allocated_bytes",
-    "baseline_reserved_bytes",
-    "end_allocated_bytes",
-    "end_reserved_bytes",
-    "peak_allocated_bytes",
-    "peak_reserved_bytes",
-)
 NOT_INCLUDED_IN_ESTIMATE = (
     "activations",
     "KV cache",
@@ -882,6 +873,157 @@ def format_environment(environment):
 # <<< notebook
 
 
+# >>> notebook: The result's format, declared once: measure writes it, report checks it, the tables show it
+# The result's format: report reads this version only (a change of what measure writes changes it).
+RESULT_SCHEMA_VERSION = 6
+MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
+
+
+def _count_or_none(value):
+    """A whole number the kit could have written (0 <= value < 10**MAX_DIGITS), else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**MAX_DIGITS
+    return value if ok else None
+
+
+class NullOr:
+    """A part of RESULT_FORMAT that may also be null."""
+
+    def __init__(self, description):
+        self.description = description
+
+
+def _one_cold_some_warm(phases):
+    names = [line["phase"] for line in phases]
+    return names.count("cold_forward") == 1 and "warm_forward" in names
+
+
+def _is_time(value):  # NaN compares false
+    return value is None or type(value) in (int, float) and 0 <= value < 10**MAX_DIGITS
+
+
+# The rules a field is checked by: (check, what it must be).
+COUNT_FIELD = (lambda value: _count_or_none(value) is not None, f"a whole number >= 0 of at most {MAX_DIGITS} digits")
+POSITIVE_FIELD = (lambda value: bool(_count_or_none(value)), f"a whole number > 0 of at most {MAX_DIGITS} digits")
+READING_FIELD = (lambda value: value is None or _count_or_none(value) is not None, "null or a whole number >= 0")
+NAME_FIELD = (
+    lambda value: value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS,
+    f"null or text of at most {MAX_NAME_CHARACTERS} characters",
+)
+BOOLEAN_FIELD = (lambda value: isinstance(value, bool), "true or false")
+LIST_FIELD = (lambda value: isinstance(value, list), "a list")
+# A phase line as measure writes it, field by field in order: the rule report checks it by (None: report does
+# not read it); its column in the phase table (None: not shown); whether report shows its maximum over the
+# phases (under the same column); the torch.cuda counter it reads (at the phase's baseline for a baseline_
+# field, else at its end).  The tables show a field by its unit: bytes in MiB, times in ms.
+PhaseField = collections.namedtuple(
+    "PhaseField", ("rule", "column", "report", "counter"), defaults=(None, None, False, None)
+)
+PHASE_FIELDS = {
+    "phase": PhaseField((lambda value: isinstance(value, str) and value in PHASES, "one of " + ", ".join(PHASES))),
+    "nanoseconds": PhaseField(COUNT_FIELD, "ms"),
+    "seconds": PhaseField(),
+    "device_ms": PhaseField((_is_time, "null or a time >= 0"), "device ms"),
+    "baseline_allocated_bytes": PhaseField(counter="memory_allocated"),
+    "baseline_reserved_bytes": PhaseField(counter="memory_reserved"),
+    "end_allocated_bytes": PhaseField(column="end alloc MiB", counter="memory_allocated"),
+    "end_reserved_bytes": PhaseField(READING_FIELD, counter="memory_reserved"),
+    "peak_allocated_bytes": PhaseField(COUNT_FIELD, "peak alloc MiB", True, "max_memory_allocated"),
+    "peak_reserved_bytes": PhaseField(COUNT_FIELD, "peak reserved MiB", True, "max_memory_reserved"),
+    "baseline_device_used_bytes": PhaseField(),
+    "end_device_used_bytes": PhaseField(READING_FIELD),
+    "baseline_requested_bytes": PhaseField(),
+    "end_requested_bytes": PhaseField(),
+    "peak_requested_bytes": PhaseField(),
+}
+PHASE_MEMORY_FIELDS = tuple(name for name, field in PHASE_FIELDS.items() if field.counter)
+REPORTED_PEAKS = {name: field.column for name, field in PHASE_FIELDS.items() if field.report}
+
+
+def shown_figure(name, value):
+    """A field as the tables show it, by the unit its name ends with: bytes in MiB, times in ms (3 places)."""
+    if value is None:
+        return "n/a"
+    if name.endswith("_bytes"):
+        return in_units(value, MIB_BYTES)
+    if name == "nanoseconds":
+        return str(rounded(decimal_ratio(value, 10**6), 3))
+    return f"{value:.3f}"
+
+
+# What report reads of a result, each field with its rule: an object is a dict of its fields, a list of lines
+# [its line's description, the rule of the whole list].  What report does not read is not described.
+RESULT_FORMAT = {
+    "kit": (lambda value: value == KIT_NAME, repr(KIT_NAME)),
+    "schema_version": (
+        lambda value: _count_or_none(value) == RESULT_SCHEMA_VERSION,
+        f"{RESULT_SCHEMA_VERSION}, this kit's (measure again with this kit)",
+    ),
+    "environment": {
+        "gpu": NullOr({"name": NAME_FIELD}),
+        "torch": NAME_FIELD,
+        "cuda_build": NAME_FIELD,
+        "hip_build": NAME_FIELD,
+        "allocator_settings": (
+            lambda value: value is None or _as_measure_writes(value),
+            "null or the allocator settings measure writes",
+        ),
+    },
+    "configuration": {
+        "batch": POSITIVE_FIELD,
+        "context": POSITIVE_FIELD,
+        "width": POSITIVE_FIELD,
+        "dtype": (lambda value: isinstance(value, str) and value in DTYPE_BYTES, "one of " + ", ".join(DTYPE_BYTES)),
+        "fresh_process_warning": (lambda value: value is None or isinstance(value, str), "null or text"),
+    },
+    "synthetic_model": {"parameters": COUNT_FIELD},
+    "phases": [
+        {name: field.rule for name, field in PHASE_FIELDS.items() if field.rule},
+        (_one_cold_some_warm, "one cold_forward line and at least one warm_forward line"),
+    ],
+    "prediction_check": {"agrees": BOOLEAN_FIELD, "disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
+    "output_summary": {"all_finite": BOOLEAN_FIELD},
+}
+_MISSING = object()  # a field the file does not hold
+
+
+def _first_wrong(value, description, field=""):
+    """The first part of ``value`` that ``description`` refuses, as (field, value, what); None when all hold."""
+    nullable = isinstance(description, NullOr)
+    if nullable:
+        if value is None:
+            return None
+        description = description.description
+    if isinstance(description, dict):
+        if not isinstance(value, dict):
+            return field, value, "null or an object" if nullable else "an object"
+        for key, part in description.items():
+            wrong = _first_wrong(value.get(key, _MISSING), part, f"{field}.{key}" if field else key)
+            if wrong:
+                return wrong
+        return None
+    if isinstance(description, list):
+        line, (check, what) = description
+        if not isinstance(value, list):
+            return field, value, "a list"
+        for index, item in enumerate(value):
+            wrong = _first_wrong(item, line, f"{field}[{index}]")
+            if wrong:
+                return wrong
+        return None if check(value) else (field, value, what)
+    check, what = description
+    return None if value is not _MISSING and check(value) else (field, value, what)
+
+
+def _shown(value):
+    """A wrong value as a message shows it: an object or a list by its kind only, anything else bounded."""
+    if value is _MISSING:
+        return "nothing"
+    return {dict: "an object", list: "a list"}.get(type(value)) or quoted(value)
+
+
+# <<< notebook
+
+
 # >>> notebook: 3. Phase-by-phase measurement (GPU only, no CPU fallback)
 def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
     """Validate a measurement's parameters; returns them as a dict (device None: a plan for no device)."""
@@ -1299,13 +1441,16 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     read from two CUDA events recorded on the device's current stream around the work.
     """
 
-    def count(name):  # a counter, checked where it enters: a value report would refuse is never written
-        return checked_count(name, getattr(cuda, name)(device))
+    def counters(baseline):  # PHASE_FIELDS' allocator counters, in its order, checked where they enter
+        return {
+            name: checked_count(field.counter, getattr(cuda, field.counter)(device))
+            for name, field in PHASE_FIELDS.items()
+            if field.counter and name.startswith("baseline_") == baseline
+        }
 
     cuda.synchronize(device)
-    baseline_device_used = device_used_bytes(cuda, device)  # outside the timed region, like every reading
-    baseline_allocated = count("memory_allocated")
-    baseline_reserved = count("memory_reserved")
+    record = {"phase": phase, "baseline_device_used_bytes": device_used_bytes(cuda, device)}  # outside the timing
+    record.update(counters(baseline=True))
     baseline_stats = cuda.memory_stats(device)
     cuda.reset_peak_memory_stats(device)
     events = None
@@ -1319,27 +1464,16 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     if events:
         events[1].record(stream)
     cuda.synchronize(device)
-    elapsed_ns = clock() - started_ns
-    end_device_used = device_used_bytes(cuda, device)
-    record = {
-        "phase": phase,
-        "nanoseconds": elapsed_ns,
-        "seconds": elapsed_ns / 1e9,
-        "device_ms": checked_milliseconds("elapsed_time", events[0].elapsed_time(events[1])) if events else None,
-        "baseline_allocated_bytes": baseline_allocated,
-        "baseline_reserved_bytes": baseline_reserved,
-        "end_allocated_bytes": count("memory_allocated"),
-        "end_reserved_bytes": count("memory_reserved"),
-        "peak_allocated_bytes": count("max_memory_allocated"),
-        "peak_reserved_bytes": count("max_memory_reserved"),
-        "baseline_device_used_bytes": baseline_device_used,
-        "end_device_used_bytes": end_device_used,
-    }
+    elapsed_ns = record["nanoseconds"] = clock() - started_ns
+    record["end_device_used_bytes"] = device_used_bytes(cuda, device)
+    record["seconds"] = elapsed_ns / 1e9
+    record["device_ms"] = checked_milliseconds("elapsed_time", events[0].elapsed_time(events[1])) if events else None
+    record.update(counters(baseline=False))
     stats = cuda.memory_stats(device)
     record["baseline_requested_bytes"] = _requested(baseline_stats, "current")
     record["end_requested_bytes"] = _requested(stats, "current")
     record["peak_requested_bytes"] = _requested(stats, "peak")
-    return record, output
+    return {name: record[name] for name in PHASE_FIELDS}, output
 
 
 class PhaseFailed(Exception):
@@ -2019,23 +2153,12 @@ def _workspace_warning(workspace):
 
 def format_phase_table(result):
     """The measurement as a table; a prediction that disagrees is marked, and each difference listed."""
-
-    header = ("phase", "ms", "device ms", "end alloc MiB", "peak alloc MiB", "peak reserved MiB", "prediction")
-    rows = [header]
+    columns = {name: field.column for name, field in PHASE_FIELDS.items() if field.column}
+    rows = [("phase", *columns.values(), "prediction")]
     for record in result["phases"]:
-        device_ms = record.get("device_ms")
         verdict = record.get("verdict", "not checked")
-        rows.append(
-            (
-                _phase_label(record),
-                f"{rounded(decimal_ratio(record['nanoseconds'], 10**6), 3)}",
-                "n/a" if device_ms is None else f"{device_ms:.3f}",
-                in_units(record["end_allocated_bytes"], MIB_BYTES),
-                in_units(record["peak_allocated_bytes"], MIB_BYTES),
-                in_units(record["peak_reserved_bytes"], MIB_BYTES),
-                "DISAGREES" if verdict == "disagrees" else verdict,
-            )
-        )
+        figures = [shown_figure(name, record.get(name)) for name in columns]
+        rows.append((_phase_label(record), *figures, "DISAGREES" if verdict == "disagrees" else verdict))
     lines = [_table(rows)]
     for disagreement in (result.get("prediction_check") or {}).get("disagreements", []):
         label = _phase_label(disagreement)
@@ -2075,7 +2198,6 @@ def format_phase_table(result):
 
 # >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
-MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
 QUOTED_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
 REPORT_FLOP_CONVENTION = (
     "FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, "
@@ -2145,12 +2267,6 @@ def read_result_file(path):
         ) from None
 
 
-def _count_or_none(value):
-    """A whole number the kit could have written (0 <= value < 10**MAX_DIGITS), else None."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**MAX_DIGITS
-    return value if ok else None
-
-
 def _milliseconds(nanoseconds):
     return decimal_ratio(nanoseconds, 10**6)
 
@@ -2168,112 +2284,7 @@ def _median(values):
 # <<< notebook
 
 
-# >>> notebook: 4.2 The one description of a result's format, each result checked against it
-class NullOr:
-    """A part of RESULT_FORMAT that may also be null."""
-
-    def __init__(self, description):
-        self.description = description
-
-
-def _one_cold_some_warm(phases):
-    names = [line["phase"] for line in phases]
-    return names.count("cold_forward") == 1 and "warm_forward" in names
-
-
-def _is_time(value):  # NaN compares false
-    return value is None or type(value) in (int, float) and 0 <= value < 10**MAX_DIGITS
-
-
-# What report reads of a result (schema 6), each field with its rule (check, what it must be): an object is a
-# dict of its fields, a list of lines [its line's description, the rule of the whole list].  What report does
-# not read is not described.
-COUNT_FIELD = (lambda value: _count_or_none(value) is not None, f"a whole number >= 0 of at most {MAX_DIGITS} digits")
-POSITIVE_FIELD = (lambda value: bool(_count_or_none(value)), f"a whole number > 0 of at most {MAX_DIGITS} digits")
-READING_FIELD = (lambda value: value is None or _count_or_none(value) is not None, "null or a whole number >= 0")
-NAME_FIELD = (
-    lambda value: value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS,
-    f"null or text of at most {MAX_NAME_CHARACTERS} characters",
-)
-BOOLEAN_FIELD = (lambda value: isinstance(value, bool), "true or false")
-LIST_FIELD = (lambda value: isinstance(value, list), "a list")
-RESULT_FORMAT = {
-    "kit": (lambda value: value == KIT_NAME, repr(KIT_NAME)),
-    "schema_version": (
-        lambda value: _count_or_none(value) == RESULT_SCHEMA_VERSION,
-        f"{RESULT_SCHEMA_VERSION}, this kit's (measure again with this kit)",
-    ),
-    "environment": {
-        "gpu": NullOr({"name": NAME_FIELD}),
-        "torch": NAME_FIELD,
-        "cuda_build": NAME_FIELD,
-        "hip_build": NAME_FIELD,
-        "allocator_settings": (
-            lambda value: value is None or _as_measure_writes(value),
-            "null or the allocator settings measure writes",
-        ),
-    },
-    "configuration": {
-        "batch": POSITIVE_FIELD,
-        "context": POSITIVE_FIELD,
-        "width": POSITIVE_FIELD,
-        "dtype": (lambda value: isinstance(value, str) and value in DTYPE_BYTES, "one of " + ", ".join(DTYPE_BYTES)),
-        "fresh_process_warning": (lambda value: value is None or isinstance(value, str), "null or text"),
-    },
-    "synthetic_model": {"parameters": COUNT_FIELD},
-    "phases": [
-        {
-            "phase": (lambda value: isinstance(value, str) and value in PHASES, "one of " + ", ".join(PHASES)),
-            "nanoseconds": COUNT_FIELD,
-            "peak_allocated_bytes": COUNT_FIELD,
-            "peak_reserved_bytes": COUNT_FIELD,
-            "end_reserved_bytes": READING_FIELD,
-            "end_device_used_bytes": READING_FIELD,
-            "device_ms": (_is_time, "null or a time >= 0"),
-        },
-        (_one_cold_some_warm, "one cold_forward line and at least one warm_forward line"),
-    ],
-    "prediction_check": {"agrees": BOOLEAN_FIELD, "disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
-    "output_summary": {"all_finite": BOOLEAN_FIELD},
-}
-_MISSING = object()  # a field the file does not hold
-
-
-def _first_wrong(value, description, field=""):
-    """The first part of ``value`` that ``description`` refuses, as (field, value, what); None when all hold."""
-    nullable = isinstance(description, NullOr)
-    if nullable:
-        if value is None:
-            return None
-        description = description.description
-    if isinstance(description, dict):
-        if not isinstance(value, dict):
-            return field, value, "null or an object" if nullable else "an object"
-        for key, part in description.items():
-            wrong = _first_wrong(value.get(key, _MISSING), part, f"{field}.{key}" if field else key)
-            if wrong:
-                return wrong
-        return None
-    if isinstance(description, list):
-        line, (check, what) = description
-        if not isinstance(value, list):
-            return field, value, "a list"
-        for index, item in enumerate(value):
-            wrong = _first_wrong(item, line, f"{field}[{index}]")
-            if wrong:
-                return wrong
-        return None if check(value) else (field, value, what)
-    check, what = description
-    return None if value is not _MISSING and check(value) else (field, value, what)
-
-
-def _shown(value):
-    """A wrong value as a message shows it: an object or a list by its kind only, anything else bounded."""
-    if value is _MISSING:
-        return "nothing"
-    return {dict: "an object", list: "a list"}.get(type(value)) or quoted(value)
-
-
+# >>> notebook: 4.2 Each result checked against the one format, and what report keeps of it
 def _result_summary(path, result):
     """Return what the report reads from one result, or raise KitError naming the file and its first wrong field."""
     wrong = _first_wrong(result, RESULT_FORMAT)
@@ -2294,8 +2305,7 @@ def _result_summary(path, result):
         "dtype": config["dtype"],
         "parameters": result["synthetic_model"]["parameters"],
         # Only these figures are kept, so that the parsed file can be freed before the next is read.
-        "peak_allocated_bytes": max(line["peak_allocated_bytes"] for line in phases),
-        "peak_reserved_bytes": max(line["peak_reserved_bytes"] for line in phases),
+        **{name: max(line[name] for line in phases) for name in REPORTED_PEAKS},
         "cold_ns": cold["nanoseconds"],
         "warm_ns": [line["nanoseconds"] for line in warm],
         "warm_median_device_ms": _device_median_ms(warm),
@@ -2424,8 +2434,7 @@ def report_rows(named_results):
                     "context": context,
                     "width": width,
                     "parameters": item["parameters"],
-                    "peak_allocated_bytes": item["peak_allocated_bytes"],
-                    "peak_reserved_bytes": item["peak_reserved_bytes"],
+                    **{name: item[name] for name in REPORTED_PEAKS},
                     "device_used_end_bytes": item["device_used_end_bytes"],
                     "outside_allocator_bytes": item["outside_allocator_bytes"],
                     "cold_forward_ms": _milliseconds(item["cold_ns"]),
@@ -2493,8 +2502,7 @@ def format_report(data):
         "context",
         "width",
         "parameters",
-        "peak alloc MiB",
-        "peak reserved MiB",
+        *REPORTED_PEAKS.values(),
         "cold ms",
         "warm median ms",
         "positions/s*",
@@ -2515,8 +2523,7 @@ def format_report(data):
                 str(row["context"]),
                 str(row["width"]),
                 str(row["parameters"]),
-                in_units(row["peak_allocated_bytes"], MIB_BYTES),
-                in_units(row["peak_reserved_bytes"], MIB_BYTES),
+                *(shown_figure(name, row[name]) for name in REPORTED_PEAKS),
                 figure(row["cold_forward_ms"], 3),
                 figure(row["warm_median_ms"], 3),
                 figure(row["derived_positions_per_second"], 0),

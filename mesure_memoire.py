@@ -2284,9 +2284,10 @@ def _median(values):
 # <<< notebook
 
 
-# >>> notebook: 4.2 Each result checked against the one format, and what report keeps of it
-def _result_summary(path, result):
-    """Return what the report reads from one result, or raise KitError naming the file and its first wrong field."""
+# >>> notebook: 4.2 Each result checked against the one format, and its row
+def _result_row(path, result):
+    """One row of report for one result, its flags apart; or raise KitError naming the file and its first wrong
+    field.  Only figures are kept, so that the parsed file can be freed before the next is read."""
     wrong = _first_wrong(result, RESULT_FORMAT)
     if wrong:
         field, value, what = wrong
@@ -2294,30 +2295,32 @@ def _result_summary(path, result):
     config, environment, phases = result["configuration"], result["environment"], result["phases"]
     warm = [line for line in phases if line["phase"] == "warm_forward"]
     (cold,) = [line for line in phases if line["phase"] == "cold_forward"]
-    gpu, checks = environment["gpu"], result["prediction_check"]
-    return {
-        "schema_version": result["schema_version"],
-        "identity": {
+    batch, context, width = (config[key] for key in ("batch", "context", "width"))
+    median_ns, flop = _median([line["nanoseconds"] for line in warm]), forward_flop(batch, context, width)
+    gpu = environment["gpu"]
+    with exact_context():
+        per_second = None if median_ns == 0 else Decimal(10**9) / median_ns
+        return {
+            "file": path,
+            "schema_version": result["schema_version"],
             "gpu": None if gpu is None else gpu["name"],
             **{key: environment[key] for key in ("torch", "cuda_build", "hip_build")},
-        },
-        "dimensions": {key: config[key] for key in ("batch", "context", "width")},
-        "dtype": config["dtype"],
-        "parameters": result["synthetic_model"]["parameters"],
-        # Only these figures are kept, so that the parsed file can be freed before the next is read.
-        **{name: max(line[name] for line in phases) for name in REPORTED_PEAKS},
-        "cold_ns": cold["nanoseconds"],
-        "warm_ns": [line["nanoseconds"] for line in warm],
-        "warm_median_device_ms": _device_median_ms(warm),
-        "not_fresh": config["fresh_process_warning"] is not None,
-        "all_finite": result["output_summary"]["all_finite"],
-        # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
-        "not_checked": bool(checks["not_checked"]),
-        "disagreed": bool(checks["disagreements"]) or not (checks["agrees"] or checks["not_checked"]),
-        **_device_wide(phases[-1]),
-        "device_readings_missing": phases[-1]["end_device_used_bytes"] is None,
-        "allocator_flag": _allocator_flag(environment["allocator_settings"]),
-    }
+            "dtype": config["dtype"],
+            "batch": batch,
+            "context": context,
+            "width": width,
+            "parameters": result["synthetic_model"]["parameters"],
+            **{name: max(line[name] for line in phases) for name in REPORTED_PEAKS},
+            **_device_wide(phases[-1]),
+            "cold_forward_ms": _milliseconds(cold["nanoseconds"]),
+            "warm_repetitions": len(warm),
+            "warm_median_ms": median_ns / 10**6,
+            "warm_median_device_ms": _device_median_ms(warm),
+            "positions_per_forward": batch * context,
+            "flop_per_forward": flop,
+            "derived_positions_per_second": None if per_second is None else batch * context * per_second,
+            "derived_flop_per_second": None if per_second is None else flop * per_second,
+        }
 
 
 # <<< notebook
@@ -2350,16 +2353,13 @@ def _allocator_flag(allocator):
 
 
 def _device_wide(last_phase):
-    """The device-wide memory in use at the end of a run, and the part of it outside PyTorch's
-    allocator in that process (device used - reserved); None for both where the result has no reading.
-    RESULT_FORMAT made each reading null or a count."""
+    """The device-wide memory in use at the end of a run, and the part of it outside PyTorch's allocator in that
+    process (device used - reserved; None where the device figure is below the allocator's own one, which makes
+    it no figure: the two are read apart); None for both where the result has no reading."""
     used, reserved = last_phase["end_device_used_bytes"], last_phase["end_reserved_bytes"]
     if used is None or reserved is None:
-        return {"device_used_end_bytes": None, "outside_allocator_bytes": None, "outside_impossible": False}
-    # The two readings are taken apart: a device figure below the allocator's own one is no figure.
-    impossible = used < reserved
-    outside_bytes = None if impossible else used - reserved
-    return {"device_used_end_bytes": used, "outside_allocator_bytes": outside_bytes, "outside_impossible": impossible}
+        return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
+    return {"device_used_end_bytes": used, "outside_allocator_bytes": None if used < reserved else used - reserved}
 
 
 def _device_median_ms(warm):
@@ -2382,26 +2382,30 @@ def forward_flop(batch, context, width):
 ENVIRONMENT_LABELS = {"gpu": "GPU", "torch": "PyTorch", "cuda_build": "CUDA build", "hip_build": "HIP build"}
 
 
-def _row_flags(item, first):
-    """What makes a checked result's row less comparable, or not a true measurement."""
+def _row_flags(result, row, first):
+    """What makes a result's row (``row``, of report_rows) less comparable to ``first``'s, or not a true
+    measurement."""
+    checks = result["prediction_check"]
     flags = []
-    if item["not_fresh"]:
+    if result["configuration"]["fresh_process_warning"] is not None:
         flags.append("not a fresh process")
-    if item.get("disagreed"):
+    # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
+    if checks["disagreements"] or not (checks["agrees"] or checks["not_checked"]):
         flags.append("prediction disagreed")
-    if item.get("not_checked"):
+    if checks["not_checked"]:
         flags.append("prediction not checked (each such phase's not_checked_reason says why)")
-    if item.get("all_finite") is False:
+    if not result["output_summary"]["all_finite"]:
         flags.append("non-finite output")
-    if item["peak_allocated_bytes"] > item["peak_reserved_bytes"]:  # allocated is part of reserved: not true
+    if row["peak_allocated_bytes"] > row["peak_reserved_bytes"]:  # allocated is part of reserved: not true
         flags.append("peak allocated above peak reserved")
-    if item["outside_impossible"]:
+    if row["device_used_end_bytes"] is not None and row["outside_allocator_bytes"] is None:
         flags.append("device used below reserved: impossible reading, outside allocator not shown")
-    if item["device_readings_missing"]:
+    if result["phases"][-1]["end_device_used_bytes"] is None:
         flags.append("device readings not recorded")
-    if item["allocator_flag"]:
-        flags.append(item["allocator_flag"])
-    differing = [label for key, label in ENVIRONMENT_LABELS.items() if item["identity"][key] != first[key]]
+    allocator_flag = _allocator_flag(result["environment"]["allocator_settings"])
+    if allocator_flag:
+        flags.append(allocator_flag)
+    differing = [label for key, label in ENVIRONMENT_LABELS.items() if row[key] != first[key]]
     if differing:
         flags.append("environment differs from row 1: " + ", ".join(differing))
     return flags
@@ -2410,44 +2414,13 @@ def _row_flags(item, first):
 def report_rows(named_results):
     """One row per (file as given, parsed result), in order; pure: reads and writes nothing.
 
-    ``named_results`` may be a generator: each result is checked, summarized and dropped in turn.
+    ``named_results`` may be a generator: each result is checked, reduced to its row and dropped in turn.
     """
-    checked = [(path, _result_summary(path, result)) for path, result in named_results]
-    first = checked[0][1]["identity"] if checked else {}
     rows = []
-    for path, item in checked:
-        batch, context, width = (item["dimensions"][key] for key in ("batch", "context", "width"))
-        median_ns = _median(item["warm_ns"])
-        flop = forward_flop(batch, context, width)
-        with exact_context():
-            per_second = None if median_ns == 0 else Decimal(10**9) / median_ns
-            warm_median_ms = median_ns / 10**6
-        flags = _row_flags(item, first)
-        with exact_context():
-            rows.append(
-                {
-                    "file": path,
-                    "schema_version": item["schema_version"],
-                    **item["identity"],
-                    "dtype": item["dtype"],
-                    "batch": batch,
-                    "context": context,
-                    "width": width,
-                    "parameters": item["parameters"],
-                    **{name: item[name] for name in REPORTED_PEAKS},
-                    "device_used_end_bytes": item["device_used_end_bytes"],
-                    "outside_allocator_bytes": item["outside_allocator_bytes"],
-                    "cold_forward_ms": _milliseconds(item["cold_ns"]),
-                    "warm_repetitions": len(item["warm_ns"]),
-                    "warm_median_ms": warm_median_ms,
-                    "warm_median_device_ms": item["warm_median_device_ms"],
-                    "positions_per_forward": batch * context,
-                    "flop_per_forward": flop,
-                    "derived_positions_per_second": None if per_second is None else batch * context * per_second,
-                    "derived_flop_per_second": None if per_second is None else flop * per_second,
-                    "flags": flags,
-                }
-            )
+    for path, result in named_results:
+        row = _result_row(path, result)
+        row["flags"] = _row_flags(result, row, rows[0] if rows else row)
+        rows.append(row)
     return rows
 
 

@@ -1701,13 +1701,11 @@ def forwards_with_workspaces(plan, per_call):
 
 def _above_baseline(record):
     """The measured counters of one phase above its baseline (requested bytes where PyTorch has them)."""
-    measured = {
-        "end_allocated_bytes": record["end_allocated_bytes"] - record["baseline_allocated_bytes"],
-        "peak_allocated_bytes": record["peak_allocated_bytes"] - record["baseline_allocated_bytes"],
-    }
-    if record.get("baseline_requested_bytes") is not None:
-        for counter in ("end_requested_bytes", "peak_requested_bytes"):
-            measured[counter] = record[counter] - record["baseline_requested_bytes"]
+    measured = {}
+    for counter in PREDICTED_COUNTERS:  # end_KIND or peak_KIND, whose baseline is baseline_KIND
+        baseline = record.get("baseline_" + counter.split("_", 1)[1])
+        if baseline is not None:
+            measured[counter] = record[counter] - baseline
     return measured
 
 
@@ -2267,10 +2265,6 @@ def read_result_file(path):
         ) from None
 
 
-def _milliseconds(nanoseconds):
-    return decimal_ratio(nanoseconds, 10**6)
-
-
 def _median(values):
     """The median of ints or Decimals, exactly (the mean of the two middle values for an even count)."""
     ordered = sorted(values)
@@ -2312,7 +2306,7 @@ def _result_row(path, result):
             "parameters": result["synthetic_model"]["parameters"],
             **{name: max(line[name] for line in phases) for name in REPORTED_PEAKS},
             **_device_wide(phases[-1]),
-            "cold_forward_ms": _milliseconds(cold["nanoseconds"]),
+            "cold_forward_ms": decimal_ratio(cold["nanoseconds"], 10**6),
             "warm_repetitions": len(warm),
             "warm_median_ms": median_ns / 10**6,
             "warm_median_device_ms": _device_median_ms(warm),

@@ -1014,6 +1014,40 @@ def _first_wrong(value, description, field=""):
     return None if value is not _MISSING and check(value) else (field, value, what)
 
 
+def _median(values):
+    """The median of ints or Decimals, exactly (the mean of the two middle values for an even count)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return Decimal(ordered[middle])
+    with exact_context():
+        return (Decimal(ordered[middle - 1]) + Decimal(ordered[middle])) / 2
+
+
+def warm_spread(phases):
+    """The warm repetitions' wall times in ms, exactly: minimum, median, maximum, and the drift (the last third's
+    median over the first third's, less 1; None below three repetitions or after a zero time)."""
+    times = [line["nanoseconds"] for line in phases if line["phase"] == "warm_forward"]
+    third = len(times) // 3
+    first = _median(times[:third]) if third else 0
+    with exact_context():
+        return {
+            "warm_min_ms": Decimal(min(times)) / 10**6,
+            "warm_median_ms": _median(times) / 10**6,
+            "warm_max_ms": Decimal(max(times)) / 10**6,
+            "warm_drift": _median(times[-third:]) / first - 1 if first else None,
+        }
+
+
+def spread_text(spread):
+    """The warm repetitions' spread and drift, one line."""
+    drift = spread["warm_drift"]
+    figures = ", ".join(f"{word} {rounded(spread[f'warm_{word}_ms'], 3)}" for word in ("min", "median", "max"))
+    return f"Warm repetitions (wall ms): {figures}; drift " + (
+        "n/a (under 3 repetitions)" if drift is None else f"{drift:+.1%} (last third's median vs first third's)"
+    )
+
+
 def _shown(value):
     """A wrong value as a message shows it: an object or a list by its kind only, anything else bounded."""
     if value is _MISSING:
@@ -2188,6 +2222,7 @@ def format_phase_table(result):
             + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
             + ("" if checksum is None else f", float64 checksum {checksum!r}")
         )
+    lines.append(spread_text(warm_spread(result["phases"])))
     return "\n".join(lines)
 
 
@@ -2265,16 +2300,6 @@ def read_result_file(path):
         ) from None
 
 
-def _median(values):
-    """The median of ints or Decimals, exactly (the mean of the two middle values for an even count)."""
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return Decimal(ordered[middle])
-    with exact_context():
-        return (Decimal(ordered[middle - 1]) + Decimal(ordered[middle])) / 2
-
-
 # <<< notebook
 
 
@@ -2308,7 +2333,7 @@ def _result_row(path, result):
             **_device_wide(phases[-1]),
             "cold_forward_ms": decimal_ratio(cold["nanoseconds"], 10**6),
             "warm_repetitions": len(warm),
-            "warm_median_ms": median_ns / 10**6,
+            **warm_spread(phases),
             "warm_median_device_ms": _device_median_ms(warm),
             "positions_per_forward": batch * context,
             "flop_per_forward": flop,
@@ -2390,6 +2415,7 @@ def _row_flags(result, row, first):
         flags.append("prediction not checked (each such phase's not_checked_reason says why)")
     if not result["output_summary"]["all_finite"]:
         flags.append("non-finite output")
+    flags += _variation_flags(row)
     if row["peak_allocated_bytes"] > row["peak_reserved_bytes"]:  # allocated is part of reserved: not true
         flags.append("peak allocated above peak reserved")
     if row["device_used_end_bytes"] is not None and row["outside_allocator_bytes"] is None:
@@ -2402,6 +2428,25 @@ def _row_flags(result, row, first):
     differing = [label for key, label in ENVIRONMENT_LABELS.items() if row[key] != first[key]]
     if differing:
         flags.append("environment differs from row 1: " + ", ".join(differing))
+    return flags
+
+
+# A row whose warm times move by more than this within the run (drift, or max - min against the median) cannot
+# tell two rows apart by that much; 10 % of the time is 10 % of a cost per result, more than most cards' 7-day
+# discount (README).
+VARIATION_LIMIT = Decimal("0.1")
+
+
+def _variation_flags(row):
+    """A flag each for a drift and a spread of the warm times beyond VARIATION_LIMIT."""
+    drift, median = row["warm_drift"], row["warm_median_ms"]
+    flags = []
+    if drift is not None and abs(drift) > VARIATION_LIMIT:
+        flags.append(f"warm times drift {drift:+.1%}")
+    with exact_context():
+        spread = (row["warm_max_ms"] - row["warm_min_ms"]) / median if median else None
+    if spread is not None and spread > VARIATION_LIMIT:
+        flags.append(f"warm times spread {spread:.1%} of the median")
     return flags
 
 
@@ -2471,7 +2516,10 @@ def format_report(data):
         "parameters",
         *REPORTED_PEAKS.values(),
         "cold ms",
+        "warm min ms",
         "warm median ms",
+        "warm max ms",
+        "drift",
         "positions/s*",
         "GFLOP/s*",
         "flags",
@@ -2492,7 +2540,10 @@ def format_report(data):
                 str(row["parameters"]),
                 *(shown_figure(name, row[name]) for name in REPORTED_PEAKS),
                 figure(row["cold_forward_ms"], 3),
+                figure(row["warm_min_ms"], 3),
                 figure(row["warm_median_ms"], 3),
+                figure(row["warm_max_ms"], 3),
+                "n/a" if row["warm_drift"] is None else f"{row['warm_drift']:+.1%}",
                 figure(row["derived_positions_per_second"], 0),
                 figure(gflop_per_second, 2),
                 "; ".join(row["flags"]) or "none",
@@ -2510,7 +2561,8 @@ def format_report(data):
     lines += device_wide_lines(data["results"])
     lines += [
         "Peaks: maxima over each run's phases, PyTorch's allocator in that process only.",
-        "Times: wall clock; the warm median is the median of the warm_forward lines.",
+        "Times: wall clock; the warm figures are over the warm_forward lines, the drift their last third's median "
+        "against their first third's.",
         f"* {data['derived_figures']}.",
         f"  {data['flop_convention']}.",
     ]

@@ -231,7 +231,8 @@ def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypat
         "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": NO_PER_CALL},
         "phases": [
             {
-                "phase": "inputs",
+                "phase": "warm_forward",
+                "repetition": 1,
                 "nanoseconds": 10**6,
                 "device_ms": None,
                 "end_allocated_bytes": 0,
@@ -279,7 +280,7 @@ def test_a_name_an_ascii_only_stdout_cannot_encode_is_escaped_not_a_failure(monk
         "configuration": {"fresh_process_warning": None},
         "torch_version_warning": None,
         "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": NO_PER_CALL},
-        "phases": [],
+        "phases": [{"phase": "warm_forward", "nanoseconds": 10**6, "device_ms": None}],
     }
     monkeypatch.setattr(mesure_memoire, "measure_to_file", lambda configuration, output, tool: result)
     written = ascii_only_stdout(monkeypatch)
@@ -359,7 +360,8 @@ DISAGREES warmup: peak_allocated_bytes above baseline measured 1536, predicted 1
 DISAGREES warm_forward #2: end_requested_bytes above baseline measured 0, predicted 4 (difference -4 bytes)
 BLAS workspace measured: 8519680 bytes allocated by the first forward beyond the prediction
 BLAS workspace per call: fc1 1048576 bytes, taken and given back within the product (predicted so)
-Last output: 1024 elements, all finite, float64 checksum -1.25"""
+Last output: 1024 elements, all finite, float64 checksum -1.25
+Warm repetitions (wall ms): min 0.001, median 0.001, max 0.001; drift n/a (under 3 repetitions)"""
 
 
 def test_the_phase_table_exactly():
@@ -393,9 +395,9 @@ def test_the_phase_table_without_workspace_checksum_or_checks():
     )
     lines = mesure_memoire.format_phase_table(result).splitlines()
     assert lines[:4] == PHASE_TABLE_TEXT.splitlines()[:4]
-    assert lines[4:] == ["Last output: 4 elements, NOT ALL FINITE"]
+    assert lines[4:] == ["Last output: 4 elements, NOT ALL FINITE", PHASE_TABLE_TEXT.splitlines()[-1]]
     result = dict(result, workspace=None, output_summary=None)
-    assert mesure_memoire.format_phase_table(result).splitlines() == lines[:4]
+    assert mesure_memoire.format_phase_table(result).splitlines() == [*lines[:4], lines[-1]]
 
 
 def test_the_phase_table_shows_zero_passes():

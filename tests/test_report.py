@@ -44,7 +44,7 @@ def row_of(result, name="r.json"):
 
 def test_the_float32_row_matches_the_hand_computation():
     row = row_of(load("float32.json"), "float32.json")
-    # batch 2, context 128, width 1024, float32; warm lines 1.2, 1.0, 1.1, 1.3 ms; cold 5.4321 ms.
+    # batch 2, context 128, width 1024, float32; warm lines 1.16, 1.12, 1.14, 1.18 ms; cold 5.4321 ms.
     positions = 2 * 128
     flop = 2 * positions * 1024 * 4096 * 2 + positions * 4096 + positions * 1024  # two matmuls, two biases
     assert flop == 4296278016
@@ -67,7 +67,10 @@ def test_the_float32_row_matches_the_hand_computation():
         "outside_allocator_bytes": 500 * 2**20,
         "cold_forward_ms": Decimal("5.4321"),
         "warm_repetitions": 4,
-        "warm_median_ms": Decimal("1.15"),  # (1.1 + 1.2) / 2
+        "warm_min_ms": Decimal("1.12"),
+        "warm_median_ms": Decimal("1.15"),  # (1.14 + 1.16) / 2
+        "warm_max_ms": Decimal("1.18"),
+        "warm_drift": row["warm_drift"],  # 1.18 / 1.16 - 1, the last third (one line) against the first
         "warm_median_device_ms": None,
         "positions_per_forward": 256,
         "flop_per_forward": 4296278016,
@@ -84,7 +87,7 @@ def test_the_float32_row_matches_the_hand_computation():
 
 def test_the_bfloat16_row_matches_the_hand_computation():
     row = row_of(load("bfloat16.json"))
-    # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.8, 1.0 ms; warm device 0.75, 0.5, 1.25 ms.
+    # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.88, 0.92 ms; warm device 0.75, 0.5, 1.25 ms.
     assert (row["schema_version"], row["dtype"], row["parameters"]) == (6, "bfloat16", 8 * 512 * 512 + 5 * 512)
     assert row["warm_median_ms"] == Decimal("0.9")
     assert row["warm_median_device_ms"] == Decimal("0.75")
@@ -169,6 +172,39 @@ def test_forward_flop_follows_the_stated_convention():
 # --- flags ----------------------------------------------------------------------------------------------
 
 
+def warm_times(result, *milliseconds):
+    """``result`` with its warm lines replaced by one per time (ms), in order."""
+    others = [line for line in result["phases"] if line["phase"] != "warm_forward"]
+    (warm, *_) = [line for line in result["phases"] if line["phase"] == "warm_forward"]
+    lines = [dict(warm, repetition=n, nanoseconds=round(ms * 10**6)) for n, ms in enumerate(milliseconds, 1)]
+    return {**result, "phases": others + lines}
+
+
+@pytest.mark.parametrize(
+    ("milliseconds", "drift", "flags"),
+    [
+        ((1.0, 1.0, 1.1), Decimal("0.1"), []),  # the limit itself: not flagged
+        ((1.0, 1.05, 1.11), Decimal("0.11"), ["warm times drift +11.0%", "warm times spread 10.5% of the median"]),
+        (
+            (4.0, 4.0, 3.5, 3.4, 3.4, 3.4),
+            Decimal("-0.15"),
+            ["warm times drift -15.0%", "warm times spread 17.4% of the median"],  # 0.6 / 3.45
+        ),
+        ((1.0, 1.3, 1.0), Decimal(0), ["warm times spread 30.0% of the median"]),  # one slow line: no drift
+        ((1.0, 1.2), None, ["warm times spread 18.2% of the median"]),  # under three lines: no drift told
+    ],
+    ids=["at_the_limit", "drifting", "falling_as_the_clock_recovers", "one_outlier", "two_lines"],
+)
+def test_a_drift_or_a_spread_beyond_a_tenth_is_flagged(milliseconds, drift, flags):
+    row = row_of(warm_times(load("float32.json"), *milliseconds))
+    assert (row["warm_min_ms"], row["warm_max_ms"]) == (
+        Decimal(str(min(milliseconds))),
+        Decimal(str(max(milliseconds))),
+    )
+    assert row["warm_drift"] == drift
+    assert row["flags"] == flags
+
+
 def test_each_flag_is_raised_by_its_own_cause_only():
     base = load("bfloat16.json")
     not_fresh, disagrees, non_finite = (copy.deepcopy(base) for _ in range(3))
@@ -240,11 +276,11 @@ def test_all_flags_together_in_the_text():
 
 EXPECTED_TEXT = """\
 file           GPU          dtype     batch  context  width  parameters  peak alloc MiB  peak reserved MiB  cold ms  \
-warm median ms  positions/s*  GFLOP/s*  flags
+warm min ms  warm median ms  warm max ms  drift  positions/s*  GFLOP/s*  flags
 float32.json   Crafted GPU  float32       2      128   1024     8393728           46.02              48.00    5.432  \
-         1.150        222609   3735.89  none
+      1.120           1.150        1.180  +1.7%        222609   3735.89  none
 bfloat16.json  Crafted GPU  bfloat16      4      256    512     2099712           18.00              20.00    4.100  \
-         0.900       1137778   4775.10  none
+      0.880           0.900        0.920  +2.2%       1137778   4775.10  none
 Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside PyTorch's \
 allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any other process on that \
 GPU.
@@ -252,7 +288,8 @@ file           device used MiB  outside allocator MiB
 float32.json            548.00                 500.00
 bfloat16.json           584.00                 564.00
 Peaks: maxima over each run's phases, PyTorch's allocator in that process only.
-Times: wall clock; the warm median is the median of the warm_forward lines.
+Times: wall clock; the warm figures are over the warm_forward lines, the drift their last third's median \
+against their first third's.
 * derived, not measured: a forward's positions or FLOP divided by the warm median wall time (which includes \
 Python's overhead and the synchronizations).
   FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, = 16*N*width**2 + 5*N*width \

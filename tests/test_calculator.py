@@ -19,13 +19,14 @@ import pytest
 
 import calcul_forfaits
 from conftest import (
+    COST_RULE,
     MESSAGES,
     ROOT,
     UnwritableStdout,
     assert_one_line_refusal,
     calculator_refusal,
     error_line,
-    half_up_cents,
+    half_up_cost,
     imported_modules,
     plain_id,
     run_script,
@@ -66,7 +67,7 @@ def test_every_row_and_several_lot_counts(lots):
         assert package["lot_price_cents"] == lot_cents
         assert package["total_price_cents"] == lot_cents * lots
         assert package["gpus"] == int(row["gpus_per_lot"]) * lots
-        assert package["cost_per_accepted_result_usd"] == half_up_cents(Fraction(lot_cents * lots, 100 * 7))
+        assert package["cost_per_accepted_result_usd"] == half_up_cost(Fraction(lot_cents * lots, 100 * 7))
 
 
 def test_the_api_prices_one_lot_without_a_cost_by_default():
@@ -78,21 +79,39 @@ def test_the_api_prices_one_lot_without_a_cost_by_default():
 @pytest.mark.parametrize(
     ("total_cents", "accepted", "expected"),
     [
-        (100, 3, "0.33"),
-        (200, 3, "0.67"),
-        (1, 2, "0.01"),
-        (5, 1000, "0.00"),
-        (25, 10, "0.03"),
+        (100, 3, "0.3333"),
+        (200, 3, "0.6667"),
+        (1, 2, "0.005000"),
+        (5, 1000, "0.00005000"),
+        (25, 10, "0.02500"),
         (364800, 1, "3648.00"),
-        (5, 10, "0.01"),
-        (15, 10, "0.02"),
-        (4, 10, "0.00"),
+        (123456, 1, "1234.56"),  # the cent is finer than four significant digits
+        (222300, 120, "18.53"),  # 18.525, half-up: both rules agree
+        (12345, 1000, "0.1235"),  # 0.12345, half-up (half-even would give 0.1234)
+        (199999, 2, "1000.00"),  # 999.995, half-up to the cent
+        (99995, 10000, "0.1000"),  # 0.099995 carries into a new digit: still four significant digits
+        (45200, 1890000, "0.0002392"),  # issue 54: the H100 SXM's 7 days, 1,890,000 results, once "0.00"
+        (239, 100, "0.02390"),  # two rentals once both "0.02"
+        (242, 100, "0.02420"),
     ],
 )
-def test_cost_rounds_half_up_to_the_cent(total_cents, accepted, expected):
+def test_cost_rounds_half_up_to_four_significant_digits_or_the_cent_whichever_is_finer(total_cents, accepted, expected):
     package = calcul_forfaits.price_package([tariff(total_cents)], "x", 3, 1, accepted)
     assert package["cost_per_accepted_result_usd"] == expected
-    assert half_up_cents(Fraction(total_cents, 100 * accepted)) == expected
+    assert half_up_cost(Fraction(total_cents, 100 * accepted)) == expected
+    assert package["cost_rounding"] == COST_RULE
+
+
+def test_a_nonzero_cost_never_prints_as_zero(capsys):
+    status, out, err = call(capsys, "--gpu", "h100-sxm", "--days", "7", "--accepted-results", "1890000")
+    assert (status, err) == (0, "")
+    assert "  cost per accepted result  0.0002392 USD = total price / 1890000 accepted results (rounded half-up " in out
+    assert "0.00 USD" not in out
+    smallest = "9" * 30  # the most accepted results the grammar takes: the cost is still written, in plain digits
+    status, out, err = call(capsys, "--gpu", "l4", "--days", "3", "--accepted-results", smallest, "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cost(Fraction(3000, 100 * int(smallest)))
+    assert json.loads(out)["cost_per_accepted_result_usd"] == "0." + "0" * 28 + "3000"
 
 
 def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
@@ -116,7 +135,7 @@ def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
     assert status == 0, err
     total = int(biggest_cents) * int(lots)
     assert json.loads(out)["total_price_cents"] == total
-    assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cents(Fraction(total, 100 * 7))
+    assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cost(Fraction(total, 100 * 7))
 
 
 def test_the_readme_example_and_its_output(capsys):
@@ -154,7 +173,7 @@ def test_json_output_and_null_cost_without_accepted_results(capsys):
         "snapshot_date": "2026-09-24",
         "accepted_results": None,
         "cost_per_accepted_result_usd": None,
-        "cost_rounding": "total price / accepted results, rounded half-up to the cent",
+        "cost_rounding": COST_RULE,
     }
     status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3", "--json")
     assert status == 0, err
@@ -169,7 +188,7 @@ def test_text_output_states_the_snapshot_limits(capsys):
     assert "no hourly proration" in out
     assert "proves neither current availability nor a reservation" in out
     assert "check the offer shown before buying" in out
-    assert "= total price / 120 accepted results (rounded half-up to the cent)" in out
+    assert "= total price / 120 accepted results (rounded half-up to four significant digits or to the cent, " in out
     assert "  cost per accepted result  18.53 USD = total price" in out  # 2223.00 USD / 120 = 18.525, half-up
 
 
@@ -1035,3 +1054,8 @@ def test_an_ascii_only_stdout_gets_a_non_ascii_catalog_name_escaped(tmp_path):
     completed = run_script("calcul_forfaits.py", "--catalog", "c.csv", "--list", cwd=tmp_path, env=env)
     assert (completed.returncode, completed.stderr) == (0, "")
     assert "NVIDIA H200 \\xe9" in completed.stdout
+
+
+def test_the_protocol_states_the_calculator_s_cost_rounding():
+    protocol = " ".join((ROOT / "protocole-qualite.md").read_text(encoding="utf-8").split())
+    assert "rounded half-up to four significant digits or to the cent, whichever is finer" in protocol

@@ -55,7 +55,8 @@ RESULTS_FILE_NAME = "resultats-bruts.csv"
 MAX_TABLE_BYTES = 2**20  # a valid catalog is about 2.5 KB; years of runs fit many times over
 MAX_MEASUREMENT_BYTES = 64 * 2**20  # a measure result file holds a few KB per hundred phases
 MAX_HASHED_BYTES = 4 * MAX_MEASUREMENT_BYTES  # over one results file: about a second of hashing
-COST_RULE = "total price / accepted results, rounded half-up to the cent"
+COST_ROUNDING = "rounded half-up to four significant digits or to the cent, whichever is finer"
+COST_RULE = f"total price / accepted results, {COST_ROUNDING}"
 MAX_DIGITS = 30  # mesure_memoire.py's bound too: one for every whole number the kit reads
 
 
@@ -343,6 +344,22 @@ def usd_share(cents, divisor):
         return str((Decimal(cents) / 100 / Decimal(divisor)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
 
 
+def cost_usd(cents, divisor):
+    """``cents / divisor`` in USD, positive, as a decimal string: rounded half-up to four significant digits or to
+    the cent, whichever is finer, so that no cost rounds to 0.00 and small costs stay comparable.  Whole
+    numbers only, so exact whatever the sizes; Decimal writes the digits, never in exponent form."""
+    from decimal import Decimal
+
+    numerator, denominator = cents, 100 * divisor
+    places = 2
+    while numerator * 10**places < 1000 * denominator:  # fewer than four significant digits before the point
+        places += 1
+    units = (2 * numerator * 10**places + denominator) // (2 * denominator)  # half-up
+    if places > 2 and units == 10**4:  # 9.9995 carried to 10.000: four significant digits are 10.00
+        units, places = units // 10, places - 1
+    return f"{Decimal(f'{units}E-{places}'):f}"  # the constructor is exact; scaleb would round to 28 digits
+
+
 def package(tariff, lots):
     """A rental of ``lots`` lots of one tariff: the price of the whole package, counted once."""
     return {
@@ -365,7 +382,7 @@ def price_package(catalog, gpu, days, lots=1, accepted_results=None):
     result = package(find_tariff(catalog, gpu, days), positive_int("--lots", lots))
     if accepted_results is not None:
         accepted_results = positive_int("--accepted-results", accepted_results)
-    cost = None if accepted_results is None else usd_share(result["total_price_cents"], accepted_results)
+    cost = None if accepted_results is None else cost_usd(result["total_price_cents"], accepted_results)
     return {
         **result,
         "accepted_results": accepted_results,
@@ -498,7 +515,7 @@ def checked_run(name, line_number, row, protocol, first_line):
 
 def ranked(rentals):
     """The rentals, cheapest accepted result first (none accepted last), each with its cost per result."""
-    from fractions import Fraction  # the exact order: two costs may round to the same cent
+    from fractions import Fraction  # the exact order: two costs may round to the same figure
 
     table = sorted(
         rentals,
@@ -510,7 +527,7 @@ def ranked(rentals):
     )
     for rental in table:
         accepted = rental["units_accepted"]
-        rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
+        rental["cost_per_accepted_result_usd"] = cost_usd(rental["total_price_cents"], accepted) if accepted else None
     return table
 
 
@@ -674,7 +691,7 @@ def format_package(data):
     if data["cost_per_accepted_result_usd"] is not None:
         cost = (
             f"{data['cost_per_accepted_result_usd']} {data['currency']} = total price / "
-            f"{data['accepted_results']} accepted results (rounded half-up to the cent)"
+            f"{data['accepted_results']} accepted results ({COST_ROUNDING})"
         )
     return f"""Package: {data["model"]} ({data["gpu"]}), {data["days"]} days, {data["lots"]} lot(s)
   GPUs                      {data["gpus"]} ({data["gpus_per_lot"]} per lot x {data["lots"]} lot(s))
@@ -754,8 +771,7 @@ def format_rentals(data):
             *columns_text(rows_of_cells),
             f"Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
             f"{data['snapshot_date']}, whole {currency} cents, no hourly proration.",
-            "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to "
-            "the cent.",
+            f"Cost per accepted result = total price / units accepted over the rental's runs, {COST_ROUNDING}.",
         ]
     )
 

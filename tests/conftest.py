@@ -732,6 +732,7 @@ MESSAGES = {
     "calculator: larger than": "larger than {limit} bytes",
     "calculator: cannot be read": "cannot be read ({error})",
     "calculator: not a plan": "not a plan: expected the JSON of mesure_memoire.py measure --plan --json",
+    "calculator: plan encoding": "not a plan: neither UTF-8 nor UTF-16 with a byte order mark",
     "calculator: invalid plan": "a plan with a missing or invalid configuration or needs figure",
     "calculator: unknown plan schema": "plan_schema_version {version} is not one this calculator reads (1)",
     "calculator: closest": "closest: {slugs}; ",

@@ -127,6 +127,26 @@ NOT_A_PLAN = MESSAGES["calculator: not a plan"]
 INVALID = MESSAGES["calculator: invalid plan"]
 
 
+# What Windows PowerShell 5.1's ">" writes (UTF-16 LE, a byte order mark, CRLF), and UTF-8 with a byte order mark.
+WINDOWS_ENCODINGS = {
+    "utf-16-le with bom and crlf": lambda text: b"\xff\xfe" + text.replace("\n", "\r\n").encode("utf-16-le"),
+    "utf-16-be with bom": lambda text: b"\xfe\xff" + text.encode("utf-16-be"),
+    "utf-8 with bom": lambda text: b"\xef\xbb\xbf" + text.encode("utf-8"),
+}
+
+
+@pytest.mark.parametrize("encoding", list(WINDOWS_ENCODINGS), ids=plain_id)
+def test_a_plan_saved_by_windows_powershell_or_with_a_byte_order_mark_is_read(tmp_path, capsys, monkeypatch, encoding):
+    """A real plan, re-encoded as Windows writes it: the same answer as from its UTF-8 bytes, file or stdin."""
+    path, _ = plan_file(tmp_path, capsys)
+    expected = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
+    saved = tmp_path / "saved.json"
+    saved.write_bytes(WINDOWS_ENCODINGS[encoding](path.read_text()))
+    assert call_calculator(capsys, "--for-plan", saved, "--days", "7", "--json") == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(saved.read_bytes())))
+    assert call_calculator(capsys, "--for-plan", "-", "--days", "7", "--json") == expected
+
+
 def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
     """The quotient is rounded once, half-up to the cent: 28 digits would round it twice (…0.0049999999 to
     …0.0050000, then up to …0.01)."""
@@ -143,6 +163,12 @@ def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
     [
         (b"", NOT_A_PLAN),
         (b"\xff\xfe", NOT_A_PLAN),
+        (b"\xff\xfe{\x00", NOT_A_PLAN),
+        (b"\xff\xfe{", MESSAGES["calculator: plan encoding"]),  # an odd byte after the mark: not UTF-16
+        (b"\xff\xfe\x00\xd8}\x00", MESSAGES["calculator: plan encoding"]),  # a lone surrogate
+        ('{"kit": "iteragpu-lab-v1 \u00e9"}'.encode("latin-1"), MESSAGES["calculator: plan encoding"]),
+        (plan_text().encode("utf-16-le"), NOT_A_PLAN),  # UTF-16 without its mark: not told from UTF-8's NULs
+        (b"\xef\xbb\xbf\xef\xbb\xbf" + plan_text().encode(), NOT_A_PLAN),  # one mark is skipped, not two
         (b"[" * 100000, NOT_A_PLAN),
         (b"[1, 2]", NOT_A_PLAN),
         (b'{"kit": "iteragpu-lab-v1"}', NOT_A_PLAN),

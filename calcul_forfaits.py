@@ -564,13 +564,23 @@ def is_positive_int(value):
     return type(value) is int and 0 < value < 10**MAX_DIGITS
 
 
+def plan_text(data, name):
+    """A plan's bytes as text: UTF-8, with or without a byte order mark, or UTF-16 with one (either order):
+    what Windows PowerShell 5.1's ">" writes (UTF-16 LE, a mark, CRLF, which JSON reads as spaces)."""
+    utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))
+    try:
+        return data.decode("utf-16" if utf16 else "utf-8").removeprefix("\ufeff")  # "utf-16" drops its own mark
+    except UnicodeDecodeError:
+        fail(name, "not a plan: neither UTF-8 nor UTF-16 with a byte order mark")
+
+
 def parse_plan(data, name):
     """The configuration and needs of a plan file, checked; anything else is refused."""
     import json
 
     try:
-        plan = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the parser's depth
+        plan = json.loads(plan_text(data, name))
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         plan = None
     if not isinstance(plan, dict) or plan.get("kit") != PLAN_KIT or "plan_schema_version" not in plan:
         fail(name, "not a plan: expected the JSON of mesure_memoire.py measure --plan --json")

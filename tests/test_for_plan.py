@@ -309,6 +309,7 @@ def test_the_readme_s_for_plan_example_on_the_readme_s_plan(tmp_path, capsys, mo
     assert plan_line.startswith("python mesure_memoire.py measure ")
     assert "--device" not in plan_line  # the plan needs no device
     assert "\npython calcul_forfaits.py --for-plan plan.json --days 7\n" in readme
+    assert "`--for-plan -`" in readme, "the README shows the plan read from standard input"
     assert "`memory_gb` × 10**9 bytes" in readme
     monkeypatch.chdir(tmp_path)
     plan_file(tmp_path, capsys, run=plan_line.split()[2:-3])  # less "--json > plan.json"

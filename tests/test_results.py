@@ -613,3 +613,21 @@ def test_a_table_the_terminal_cannot_encode_is_written_escaped(folder, capsys, m
     assert (status, capsys.readouterr().err) == (0, "")
     ascii_out.flush()
     assert "rent-\\xe9" in ascii_out.buffer.getvalue().decode("ascii")
+
+
+def test_help_lists_the_columns_results_reads_in_the_template_s_order(capsys):
+    """The columns of the blank template, in its order, on one line of --help (argparse wraps at spaces only)."""
+    assert calcul_forfaits.main(["--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    header = (ROOT / "resultats-bruts.csv").read_text(encoding="utf-8").strip()
+    assert ", ".join(header.split(",")) in help_text
+
+
+def test_the_protocol_runs_results_on_the_renter_s_filled_copy_not_the_blank_template():
+    protocol = (ROOT / "protocole-qualite.md").read_text(encoding="utf-8")
+    section = protocol.split("## 9.", 1)[1]
+    commands = [line for line in section.splitlines() if line.startswith("python calcul_forfaits.py --results ")]
+    assert len(commands) == 1, commands
+    filled = commands[0].split()[-1]
+    assert filled != "resultats-bruts.csv", "the blank template holds no run: --results refuses it"
+    assert f"`{filled}`" in section, "the section names the filled copy it runs on"

@@ -810,6 +810,7 @@ OPTIONS = {
     "--catalog": ("CSV", f"the price file (default: {CATALOG_FILE_NAME} beside this script)"),
     "--json": (None, "print JSON instead of text"),
 }
+RESULTS_HELP = f"--results reads these columns, in this order: {', '.join(RESULTS_COLUMNS)}."
 MODES = {  # each mode, and the options that go with it
     "--gpu": ("--gpu", "--days", "--lots", "--accepted-results", "--catalog", "--json"),
     "--list": ("--list", "--days", "--catalog", "--json"),
@@ -820,7 +821,7 @@ MODES = {  # each mode, and the options that go with it
 
 def parse_command_line(argv):
     """The mode and the options given, checked: (mode, {option: value, True for a flag})."""
-    parser = ArgumentParser(prog=PROG, usage=USAGE, description=SUMMARY, add_help=False)
+    parser = ArgumentParser(prog=PROG, usage=USAGE, description=SUMMARY, epilog=RESULTS_HELP, add_help=False)
     parser.add_argument("-h", "--help", action="help", help="print this help and exit")
     for option, (metavar, text) in OPTIONS.items():
         value = {"metavar": metavar} if metavar else {"nargs": 0, "const": True}

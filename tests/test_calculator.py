@@ -327,6 +327,11 @@ options:
   --accepted-results N  with --gpu: distinct useful units really accepted; no default on purpose
   --catalog CSV         the price file (default: tarifs-forfaits.csv beside this script)
   --json                print JSON instead of text
+
+--results reads these columns, in this order: run_id, rental_id, date_utc, gpu, days, lots, device,
+gpu_name, driver_version, torch_version, cuda_or_hip_build, measurement_file, measurement_sha256,
+units_submitted, units_accepted, quality_metric, threshold, threshold_fixed_on, wall_clock_hours,
+notes.
 """
 
 
@@ -995,7 +1000,7 @@ def test_the_protocol_holds_each_required_element():
     ):
         assert element in protocol, element
     assert protocol.count("____") >= 15  # blanks to fill, not answers
-    assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```")
+    assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results mes-resultats.csv\n```")
 
 
 # --- start-up, and every Python --------------------------------------------------------------------

@@ -424,11 +424,24 @@ def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
     status, out, _ = call(capsys, "--list")
     assert status == 0
     lines = out.splitlines()
-    assert len(lines) == 1 + 45 + 1
-    assert lines[0].split() == ["gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot", "price", "per", "GPU-day"]
+    assert len(lines) == 1 + 45 + 2
+    assert lines[0].split() == [
+        "gpu",
+        "model",
+        "memory_gb",
+        "PyTorch",
+        "GiB",
+        "gpus_per_lot",
+        "days",
+        "lot",
+        "price",
+        "per",
+        "GPU-day",
+    ]
     b200_7 = next(line for line in lines if line.startswith("b200 ") and " 7 " in line)
     assert b200_7.split()[-2:] == ["130.29", "USD"]  # 1824.00 / (7 days x 2 GPUs) = 130.285..., half-up
-    assert lines[-1] == "IteraGPU catalog snapshot of 2026-09-24; per GPU-day rounded half-up to the cent."
+    assert lines[-2] == "IteraGPU catalog snapshot of 2026-09-24; per GPU-day rounded half-up to the cent."
+    assert lines[-1].startswith("memory_gb: as advertised; PyTorch GiB: total_memory as PyTorch reports it"), lines[-1]
     assert all(not line.endswith(" ") for line in lines)
     status, out, _ = call(capsys, "--list", "--days", "7", "--json")
     rows = json.loads(out)
@@ -443,7 +456,12 @@ def test_a_catalog_line_shows_every_column(capsys):
     status, out, _ = call(capsys, "--list", "--days", "7")
     b200 = next(line for line in out.splitlines() if line.startswith("b200 "))
     assert status == 0
-    assert b200.split() == ["b200", "NVIDIA", "B200", "180", "2", "7", "1824.00", "USD", "130.29", "USD"]
+    assert b200.split() == ["b200", "NVIDIA", "B200", "180", "none", "2", "7", "1824.00", "USD", "130.29", "USD"]
+    h200 = next(line for line in out.splitlines() if line.startswith("h200 "))
+    assert h200.split()[:5] == ["h200", "NVIDIA", "H200", "141", "139.80"]
+    status, out, _ = call(capsys, "--list", "--days", "7", "--json")
+    figures = {row["gpu"]: (row["memory_gb"], row["pytorch_total_memory_bytes"]) for row in json.loads(out)}
+    assert (figures["h200"], figures["b200"]) == ((141, 150109880320), (180, None))
 
 
 # --- the catalog's validation ----------------------------------------------------------------------
@@ -460,8 +478,13 @@ def replace_line(number, new):
 
 
 def with_cell(number, column, value):
+    """The shipped catalog with one cell changed (a column its header lacks: a cell added at the end)."""
     cells = GOOD.split(b"\n")[number - 1].split(b",")
-    cells[calcul_forfaits.CATALOG_COLUMNS.index(column)] = value
+    names = HEADER.decode().split(",")
+    if column in names:
+        cells[names.index(column)] = value
+    else:
+        cells.append(value)
     return replace_line(number, b",".join(cells))
 
 
@@ -474,7 +497,18 @@ CORRUPTIONS = {
     ),
     "missing row": (replace_line(3, b"").replace(b"\n\n", b"\n"), "", "has no row for 7 days"),
     "missing rows": (GOOD.replace(b"\n".join(GOOD.split(b"\n")[2:4]) + b"\n", b""), "", "has no row for 7, 30 days"),
-    "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24\n" % d for d in (3, 7, 30)), "", SIXTEEN),
+    "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24,\n" % d for d in (3, 7, 30)), "", SIXTEEN),
+    "figure not a number": (
+        with_cell(2, "pytorch_total_memory_bytes", b"79.25"),
+        "line 2",
+        "pytorch_total_memory_bytes",
+    ),
+    "zero figure": (with_cell(2, "pytorch_total_memory_bytes", b"0"), "line 2", "pytorch_total_memory_bytes"),
+    "inconsistent figure": (
+        with_cell(3, "pytorch_total_memory_bytes", b"85088670843"),
+        "line 3",
+        f"pytorch_total_memory_bytes of {GPU_LINE_2}",
+    ),
     "decimal cents": (with_cell(2, "price_cents", b"9400.50"), "line 2", "price_cents"),
     "negative cents": (with_cell(2, "price_cents", b"-9400"), "line 2", "price_cents"),
     "empty cents": (with_cell(2, "price_cents", b""), "line 2", "price_cents"),
@@ -501,7 +535,8 @@ CORRUPTIONS = {
     "bad header": (
         GOOD.replace(b"price_cents", b"price_usd", 1),
         "line 1",
-        "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date",
+        "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date,"
+        "pytorch_total_memory_bytes (the last one may be left out)",
     ),
     "missing field": (replace_line(2, b",".join(GOOD.split(b"\n")[1].split(b",")[:7])), "line 2", "fields"),
     "blank line": (replace_line(3, b""), "line 3", "fields"),
@@ -529,7 +564,7 @@ def test_the_shipped_catalog_parses_to_its_rows():
     catalog = calcul_forfaits.load_catalog()
     assert [tuple(t) for t in catalog] == [calcul_forfaits.CATALOG_COLUMNS] * 45
     rows = csv_rows()
-    assert [{k: str(v) for k, v in t.items()} for t in catalog] == rows
+    assert [{k: "" if v is None else str(v) for k, v in t.items()} for t in catalog] == rows
     assert {type(t["price_cents"]) for t in catalog} == {int}
     assert {type(t["model"]) for t in catalog} == {str}
 
@@ -548,6 +583,46 @@ def test_names_made_of_digits_stay_names(tmp_path, capsys):
     status, out, err = call(capsys, "--catalog", tmp_path / "digits.csv", "--gpu", "4", "--days", "3", "--json")
     assert status == 0, err
     assert (json.loads(out)["gpu"], json.loads(out)["model"]) == ("4", "4")
+
+
+def without_the_figures():
+    """The shipped catalog as a user might have made it: the eight columns, no PyTorch figure."""
+    return b"\n".join(line.rsplit(b",", 1)[0] for line in GOOD.split(b"\n") if line) + b"\n"
+
+
+def test_a_catalog_without_pytorch_figures_loads_and_every_card_rests_on_its_nominal_memory(tmp_path, capsys):
+    (tmp_path / "mine.csv").write_bytes(without_the_figures())
+    status, out, err = call(capsys, "--catalog", tmp_path / "mine.csv", "--list", "--days", "7", "--json")
+    assert (status, err) == (0, "")
+    assert {row["pytorch_total_memory_bytes"] for row in json.loads(out)} == {None}
+    assert call(capsys, "--catalog", tmp_path / "mine.csv", "--gpu", "b200", "--days", "7")[0] == 0
+    plan = tmp_path / "plan.json"
+    import mesure_memoire
+
+    assert mesure_memoire.main(["measure", "--plan", "--json"]) == 0
+    plan.write_text(capsys.readouterr().out)
+    status, out, err = call(capsys, "--catalog", tmp_path / "mine.csv", "--for-plan", plan, "--days", "7", "--json")
+    assert (status, err) == (0, "")
+    cards = json.loads(out)["cards"]
+    assert {card["judged_on"] for card in cards} == {"memory_gb x 10**9 (nominal)"}
+    assert all(card["judged_memory_bytes"] == card["memory_gb"] * 10**9 for card in cards)
+    status, text, _ = call(capsys, "--catalog", tmp_path / "mine.csv", "--for-plan", plan, "--days", "7")
+    assert sum(line.split()[-4] == "yes*" for line in text.splitlines()[3:18]) == 15, text
+
+
+def test_the_catalog_s_pytorch_figures_are_the_maintainers_record_s():
+    """validation/card-memory.md gives each card's figure, or none, with its source; the H200's is the project's
+    own run's total_memory."""
+    record = (ROOT / "validation" / "card-memory.md").read_text(encoding="utf-8")
+    rows = {row["gpu"]: row for row in csv_rows() if row["days"] == "3"}
+    for gpu, row in rows.items():
+        line = next((line for line in record.splitlines() if line.startswith(f"| `{gpu}` |")), None)
+        assert line is not None, gpu
+        figure = row["pytorch_total_memory_bytes"]
+        assert (f"| {int(figure):,} |" if figure else "| none |") in line, (gpu, line)
+    evidence = json.loads((ROOT / "validation/h200-2026-12-04/rerun/m-float16.json").read_text(encoding="utf-8"))
+    assert evidence["environment"]["gpu"]["name"] == "NVIDIA H200"
+    assert int(rows["h200"]["pytorch_total_memory_bytes"]) == evidence["environment"]["gpu"]["total_memory_bytes"]
 
 
 def test_a_quoted_model_name_is_read_as_csv(tmp_path, capsys):

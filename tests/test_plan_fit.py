@@ -2,6 +2,7 @@
 that measure applies too (stand-in GPU), and the allocator settings PyTorch parsed (allocated bytes checked
 under the defaults only)."""
 
+import itertools
 import json
 import re
 
@@ -422,3 +423,13 @@ def test_another_or_unknown_backend_is_not_checked_and_never_disagrees(backend, 
     assert prediction_check["agrees"] is False
     assert len(prediction_check["not_checked"]) == 5
     assert (workspace["measured_bytes"], workspace["requested_bytes"]) == (None, None)
+
+
+def test_the_help_says_memory_gib_takes_the_gib_pytorch_reports_and_where_a_catalog_card_s_is(capsys):
+    assert mesure_memoire.main(["measure", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = next(number for number, line in enumerate(lines) if line.startswith("  --memory-gib GIB"))
+    following = itertools.takewhile(lambda line: not line.startswith("  -"), lines[first + 1 :])  # its own lines
+    entry = " ".join(" ".join([lines[first], *following]).split())
+    for fact in ("PyTorch", "environment", "calcul_forfaits.py --list"):
+        assert fact in entry, (fact, entry)

@@ -153,6 +153,13 @@ CATALOG_RULES = {
     "price_cents": POSITIVE,
     "currency": (CURRENCY.__eq__, f"{CURRENCY}, the kit's currency"),
     "snapshot_date": DATE,
+    # Optional (a catalog may leave the column out, or a cell empty): the card's total_memory as PyTorch reports
+    # it, the lowest figure on record (validation/card-memory.md); without it --for-plan judges on memory_gb x
+    # 10**9 bytes and marks the answer.
+    "pytorch_total_memory_bytes": (
+        lambda text: not text or is_whole(text),
+        "a whole positive number of bytes, or empty (no figure recorded)",
+    ),
 }
 RESULTS_RULES = {
     "run_id": TEXT,
@@ -225,12 +232,13 @@ def read_bounded(path, name, limit=MAX_TABLE_BYTES):
     fail(name, f"larger than {limit} bytes")
 
 
-def parse_table(data, name, rules):
+def parse_table(data, name, rules, last_optional=False):
     """Validate a CSV's bytes against ``rules``; returns [(line number, {column: value})] after the header.
 
     UTF-8 (a byte order mark, as some spreadsheets write, is skipped), LF or CRLF line ends, blank
-    lines at the end ignored, the exact header, the right number of fields on every line, no
-    control (nor other unprintable) character in any field, and each column's rule.
+    lines at the end ignored, the exact header (``last_optional``: it may leave out the last column), the
+    right number of fields on every line, no control (nor other unprintable) character in any field, and each
+    column's rule.
     """
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
@@ -252,8 +260,11 @@ def parse_table(data, name, rules):
                 row = next(csv.reader([line], strict=True))
             except csv.Error as error:
                 fail(name, f"malformed CSV ({error})", line_number)
+        if line_number == 1 and last_optional and tuple(row) == tuple(rules)[:-1]:
+            rules = dict(tuple(rules.items())[:-1])
         if line_number == 1 and tuple(row) != tuple(rules):
-            fail(name, f"bad header, expected {','.join(rules)}", line_number)
+            left_out = " (the last one may be left out)" if last_optional else ""
+            fail(name, f"bad header, expected {','.join(rules)}{left_out}", line_number)
         try:
             fields = dict(zip(rules, row, strict=True))
         except ValueError:
@@ -273,14 +284,19 @@ def parse_table(data, name, rules):
 def parse_catalog(data, name=repr(CATALOG_FILE_NAME)):  # noqa: B008  (a constant string)
     """Validate the catalog's bytes and return its tariffs (dicts, whole numbers as ints)."""
     tariffs, line_of_key, first_row_of_gpu = [], {}, {}
-    for line_number, row in parse_table(data, name, CATALOG_RULES):
-        tariff = {**row, **{column: int(row[column]) for column in INT_COLUMNS}}
+    for line_number, row in parse_table(data, name, CATALOG_RULES, last_optional=True):
+        figure = row.get("pytorch_total_memory_bytes")
+        tariff = {
+            **row,
+            **{column: int(row[column]) for column in INT_COLUMNS},
+            "pytorch_total_memory_bytes": int(figure) if figure else None,
+        }
         key = (tariff["gpu"], tariff["days"])
         if key in line_of_key:
             fail(name, f"duplicate row for {key[0]}, {key[1]} days (first on line {line_of_key[key]})", line_number)
         line_of_key[key] = line_number
         first_row = first_row_of_gpu.setdefault(tariff["gpu"], tariff)
-        for column in ("model", "memory_gb", "gpus_per_lot"):
+        for column in ("model", "memory_gb", "gpus_per_lot", "pytorch_total_memory_bytes"):
             if tariff[column] != first_row[column]:
                 fail(name, f"{column} of {tariff['gpu']} differs from its first row", line_number)
         if tariffs and tariff["snapshot_date"] != tariffs[0]["snapshot_date"]:
@@ -539,8 +555,13 @@ PLAN_DTYPES = ("float32", "float16", "bfloat16")
 FIT_SIZES = ("batch", "context", "width")
 GIB_BYTES, GB_BYTES = 2**30, 10**9
 MEMORY_NOTE = (
-    "The catalog's memory is nominal (memory_gb x 10**9 bytes); environment on the rented box gives the card's "
-    "own total; a measure there is the proof."
+    "PyTorch GiB: total_memory as PyTorch reports it (the catalog's pytorch_total_memory_bytes); a card holds the "
+    "run when it covers needs_card_memory_bytes, as measure --plan --memory-gib judges."
+)
+NOMINAL = "memory_gb x 10**9 (nominal)"  # what a card without PyTorch's figure is judged on
+NOMINAL_NOTE = (
+    "*: no PyTorch figure recorded: judged on the nominal memory_gb x 10**9 bytes, which PyTorch may not see whole; "
+    "environment on the rented box gives its figure, a measure there is the proof."
 )
 
 
@@ -596,23 +617,34 @@ def parse_plan(data, name):
     return {"configuration": {key: config[key] for key in (*FIT_SIZES, "dtype")}, **needs}
 
 
+def holds_run(needs_card_memory_bytes, card_memory_bytes):
+    """The fit rule of mesure_memoire.py's fit_on_card (--plan --memory-gib), copied: a card holds the run when
+    its memory covers the plan's needs, which already count the margin and the context allowance.  One rule:
+    tests/test_for_plan.py holds both scripts to the same verdict on every catalog card."""
+    return needs_card_memory_bytes <= card_memory_bytes
+
+
 def cards_for_plan(catalog, plan, days):
     """One row per GPU model of the catalog: whether one GPU of it holds the run, the room left (negative:
-    lacking) and the price of one lot for ``days``.  Fitting rows first, cheapest first; then the others,
+    lacking) and the price of one lot for ``days``.  Each card is judged on the memory PyTorch reports for it,
+    else on its nominal memory (the row says which).  Fitting rows first, cheapest first; then the others,
     closest to fitting first."""
     needs = plan["needs_card_memory_bytes"]
     rows = []
     for tariff in catalog:
         if tariff["days"] != days:
             continue
-        memory_bytes = tariff["memory_gb"] * GB_BYTES
+        figure = tariff["pytorch_total_memory_bytes"]
+        memory_bytes = tariff["memory_gb"] * GB_BYTES if figure is None else figure
         rows.append(
             {
                 "gpu": tariff["gpu"],
                 "model": tariff["model"],
                 "memory_gb": tariff["memory_gb"],
-                "memory_bytes": memory_bytes,
-                "fits": needs <= memory_bytes,
+                "pytorch_total_memory_bytes": figure,
+                "judged_memory_bytes": memory_bytes,
+                "judged_on": NOMINAL if figure is None else "pytorch_total_memory_bytes",
+                "fits": holds_run(needs, memory_bytes),
                 "room_bytes": memory_bytes - needs,
                 "gpus_per_lot": tariff["gpus_per_lot"],
                 "lot_price_cents": tariff["price_cents"],
@@ -638,14 +670,19 @@ def in_units(value_bytes, unit_bytes):
         return str((Decimal(value_bytes) / unit_bytes).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
 
 
+def pytorch_gib(figure):
+    """A card's PyTorch figure in GiB for a table, or "none" when the catalog records none."""
+    return "none" if figure is None else in_units(figure, GIB_BYTES)
+
+
 def card_cells(row, currency):
     room = "left" if row["fits"] else "short"
     return (
         row["gpu"],
         row["model"],
         str(row["memory_gb"]),
-        in_units(row["memory_bytes"], GIB_BYTES),
-        "yes" if row["fits"] else "no",
+        pytorch_gib(row["pytorch_total_memory_bytes"]),
+        ("yes" if row["fits"] else "no") + ("*" if row["judged_on"] == NOMINAL else ""),
         f"{in_units(abs(row['room_bytes']), GIB_BYTES)} {room}",
         f"{in_units(abs(row['room_bytes']), GB_BYTES)} {room}",
         str(row["gpus_per_lot"]),
@@ -661,7 +698,7 @@ def format_cards(data):
         "gpu",
         "model",
         "memory GB",
-        "memory GiB",
+        "PyTorch GiB",
         "holds the run",
         "room GiB",
         "room GB",
@@ -679,6 +716,7 @@ def format_cards(data):
             f"Lot price: one lot for {days} days, whatever its GPUs (the run uses one); IteraGPU catalog snapshot "
             f"of {data['snapshot_date']}, whole {data['currency']} cents.",
             data["memory_is"],
+            *([NOMINAL_NOTE] if any(row["judged_on"] == NOMINAL for row in data["cards"]) else []),
         ]
     )
 
@@ -724,11 +762,13 @@ def catalog_table(catalog, days=None):
 
 
 def format_catalog(rows):
-    rows_of_cells = [("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")] + [
+    header = ("gpu", "model", "memory_gb", "PyTorch GiB", "gpus_per_lot", "days", "lot price", "per GPU-day")
+    rows_of_cells = [header] + [
         (
             r["gpu"],
             r["model"],
             str(r["memory_gb"]),
+            pytorch_gib(r["pytorch_total_memory_bytes"]),
             str(r["gpus_per_lot"]),
             str(r["days"]),
             f"{cents_to_usd(r['price_cents'])} {r['currency']}",
@@ -738,7 +778,11 @@ def format_catalog(rows):
     ]
     return "\n".join(
         columns_text(rows_of_cells)
-        + [f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent."]
+        + [
+            f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent.",
+            "memory_gb: as advertised; PyTorch GiB: total_memory as PyTorch reports it (pytorch_total_memory_bytes), "
+            "what --for-plan judges on; none: no figure recorded, --for-plan judges on memory_gb x 10**9 bytes.",
+        ]
     )
 
 
@@ -801,9 +845,13 @@ USAGE = (
 # The options: name -> (metavar, or None for a flag; help).  The parser and its --help both read it.
 OPTIONS = {
     "--gpu": ("SLUG", "the GPU model of the package to price, e.g. b200 (any case; see --list)"),
-    "--list": (None, "print the catalog with the price per GPU-day"),
+    "--list": (None, "print the catalog: the memory advertised and as PyTorch reports it, the price per GPU-day"),
     "--results": ("FILE", f"a filled {RESULTS_FILE_NAME}: the cost per accepted result of each rental"),
-    "--for-plan": ("FILE", "measure --plan --json's output (-: stdin): which catalog GPU holds the run"),
+    "--for-plan": (
+        "FILE",
+        "measure --plan --json's output (-: stdin): which catalog GPU holds the run, judged as --memory-gib judges, "
+        "on the memory PyTorch reports for each card (see --list)",
+    ),
     "--days": ("N", "3, 7 or 30 days, no proration (--gpu, --for-plan); with --list: a filter"),
     "--lots": ("N", "with --gpu: the number of lots, a positive whole number (default 1)"),
     "--accepted-results": ("N", "with --gpu: distinct useful units really accepted; no default on purpose"),

@@ -3201,7 +3201,8 @@ ESTIMATE_ARGUMENTS = [
 ]
 ENVIRONMENT_ARGUMENTS = [("--device", "cuda:N", REQUIRED, "the GPU to inspect"), *JSON_ARGUMENTS]
 MEMORY_GIB_HELP = (
-    "with --plan: a card's memory in GiB; whether the run fits, and the largest batch, context and width that fit"
+    "with --plan: a card's memory in GiB as PyTorch reports it (environment shows it on the box; a catalog card's: "
+    "calcul_forfaits.py --list); whether the run fits, and the largest batch, context and width that fit"
 )
 MEASURE_ARGUMENTS = [
     ("--device", "cuda:N", None, "the GPU to measure; required unless --plan"),

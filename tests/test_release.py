@@ -476,6 +476,14 @@ def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
     assert (completed.returncode, completed.stdout, completed.stderr) == (0, "OK\n", ""), completed
 
 
+README_WORD_BUDGET = 2200  # DEVELOPERS.md: the shipped README is a renter's read, at most 2,200 words
+
+
+def test_the_readme_stays_within_its_word_budget():
+    words = len(README.split())  # as `wc -w README.md` counts them: runs of non-blank characters
+    assert words <= README_WORD_BUDGET, f"README.md has {words} words, over its budget of {README_WORD_BUDGET}"
+
+
 def test_the_verification_is_short():
     code = verification_code()
     assert len(code.splitlines()) <= 8

@@ -138,15 +138,25 @@ def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
     assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cost(Fraction(total, 100 * 7))
 
 
-def test_the_readme_example_and_its_output(capsys):
+def test_the_readme_example_and_what_the_readme_says_of_its_prices(capsys):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "python calcul_forfaits.py --gpu b200 --days 7 --lots 2\n" in readme
     status, out, err = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2")
     assert status == 0, err
-    shown = readme.split("```text\n", 1)[1].split("```", 1)[0]
-    assert out == shown
     assert "4 (2 per lot x 2 lot(s))" in out  # the B200 lot holds two GPUs
     assert "total price               3648.00 USD (364800 cents) = lot price x 2\n" in out
+    assert (
+        "snapshot of 2026-09-24, whole USD cents for the whole duration (3, 7 or 30 days), no hourly proration" in out
+    )
+    assert "The CSV proves neither current availability nor a reservation: check the offer shown before buying" in out
+    said = " ".join(readme.split())
+    for fact in (
+        "two lots give four GPUs for twice the lot's price",
+        "catalog snapshot of 24 September 2026",
+        "in whole USD cents for the whole duration (3, 7 or 30 days), no hourly proration",
+        "The CSV proves neither current availability nor a reservation: check the offer shown before buying",
+    ):
+        assert fact in said, fact
 
 
 def test_the_readme_command_through_the_interpreter(tmp_path):

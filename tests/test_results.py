@@ -77,17 +77,19 @@ def write(folder, *rows, header=HEADER):
 # --- the table --------------------------------------------------------------------------------------
 
 
-def test_the_readme_example_on_the_blank_template_matches_the_command_byte_for_byte(capsys, tmp_path, monkeypatch):
-    """The README runs --results on the shipped template, as it is in the extracted folder: its one line, shown."""
+def test_the_readme_s_command_reads_a_filled_copy(capsys, tmp_path, monkeypatch):
+    """The README runs --results on the renter's filled copy of the template (here the example, under the README's
+    name, beside the result files it names), never on the blank template."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    command = "```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```\n\n```text\n"
-    assert command in readme
-    shown = readme.split(command, 1)[1].split("```", 1)[0]
-    (tmp_path / "resultats-bruts.csv").write_bytes((ROOT / "resultats-bruts.csv").read_bytes())
+    command = next(line for line in readme.splitlines() if line.startswith("python calcul_forfaits.py --results "))
+    filled = command.split()[-1]
+    assert filled != "resultats-bruts.csv"
+    shutil.copytree(DATA, tmp_path, dirs_exist_ok=True)
+    shutil.copy(EXAMPLE, tmp_path / filled)
     monkeypatch.chdir(tmp_path)
-    status, out, err = call(capsys, "--results", "resultats-bruts.csv")
-    assert (status, out) == (2, "")
-    assert err == shown
+    status, out, err = call(capsys, *command.split()[2:], "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out)["rentals"] == json.loads(call(capsys, "--results", str(EXAMPLE), "--json")[1])["rentals"]
 
 
 def test_the_example_file_gives_each_rental_once_cheapest_first(capsys):

@@ -55,7 +55,8 @@ RESULTS_FILE_NAME = "resultats-bruts.csv"
 MAX_TABLE_BYTES = 2**20  # a valid catalog is about 2.5 KB; years of runs fit many times over
 MAX_MEASUREMENT_BYTES = 64 * 2**20  # a measure result file holds a few KB per hundred phases
 MAX_HASHED_BYTES = 4 * MAX_MEASUREMENT_BYTES  # over one results file: about a second of hashing
-COST_RULE = "total price / accepted results, rounded half-up to the cent"
+COST_ROUNDING = "rounded half-up to four significant digits or to the cent, whichever is finer"
+COST_RULE = f"total price / accepted results, {COST_ROUNDING}"
 MAX_DIGITS = 30  # mesure_memoire.py's bound too: one for every whole number the kit reads
 
 
@@ -152,6 +153,13 @@ CATALOG_RULES = {
     "price_cents": POSITIVE,
     "currency": (CURRENCY.__eq__, f"{CURRENCY}, the kit's currency"),
     "snapshot_date": DATE,
+    # Optional (a catalog may leave the column out, or a cell empty): the card's total_memory as PyTorch reports
+    # it, the lowest figure on record (validation/card-memory.md); without it --for-plan judges on memory_gb x
+    # 10**9 bytes and marks the answer.
+    "pytorch_total_memory_bytes": (
+        lambda text: not text or is_whole(text),
+        "a whole positive number of bytes, or empty (no figure recorded)",
+    ),
 }
 RESULTS_RULES = {
     "run_id": TEXT,
@@ -224,12 +232,13 @@ def read_bounded(path, name, limit=MAX_TABLE_BYTES):
     fail(name, f"larger than {limit} bytes")
 
 
-def parse_table(data, name, rules):
+def parse_table(data, name, rules, last_optional=False):
     """Validate a CSV's bytes against ``rules``; returns [(line number, {column: value})] after the header.
 
     UTF-8 (a byte order mark, as some spreadsheets write, is skipped), LF or CRLF line ends, blank
-    lines at the end ignored, the exact header, the right number of fields on every line, no
-    control (nor other unprintable) character in any field, and each column's rule.
+    lines at the end ignored, the exact header (``last_optional``: it may leave out the last column), the
+    right number of fields on every line, no control (nor other unprintable) character in any field, and each
+    column's rule.
     """
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
@@ -251,8 +260,11 @@ def parse_table(data, name, rules):
                 row = next(csv.reader([line], strict=True))
             except csv.Error as error:
                 fail(name, f"malformed CSV ({error})", line_number)
+        if line_number == 1 and last_optional and tuple(row) == tuple(rules)[:-1]:
+            rules = dict(tuple(rules.items())[:-1])
         if line_number == 1 and tuple(row) != tuple(rules):
-            fail(name, f"bad header, expected {','.join(rules)}", line_number)
+            left_out = " (the last one may be left out)" if last_optional else ""
+            fail(name, f"bad header, expected {','.join(rules)}{left_out}", line_number)
         try:
             fields = dict(zip(rules, row, strict=True))
         except ValueError:
@@ -272,14 +284,19 @@ def parse_table(data, name, rules):
 def parse_catalog(data, name=repr(CATALOG_FILE_NAME)):  # noqa: B008  (a constant string)
     """Validate the catalog's bytes and return its tariffs (dicts, whole numbers as ints)."""
     tariffs, line_of_key, first_row_of_gpu = [], {}, {}
-    for line_number, row in parse_table(data, name, CATALOG_RULES):
-        tariff = {**row, **{column: int(row[column]) for column in INT_COLUMNS}}
+    for line_number, row in parse_table(data, name, CATALOG_RULES, last_optional=True):
+        figure = row.get("pytorch_total_memory_bytes")
+        tariff = {
+            **row,
+            **{column: int(row[column]) for column in INT_COLUMNS},
+            "pytorch_total_memory_bytes": int(figure) if figure else None,
+        }
         key = (tariff["gpu"], tariff["days"])
         if key in line_of_key:
             fail(name, f"duplicate row for {key[0]}, {key[1]} days (first on line {line_of_key[key]})", line_number)
         line_of_key[key] = line_number
         first_row = first_row_of_gpu.setdefault(tariff["gpu"], tariff)
-        for column in ("model", "memory_gb", "gpus_per_lot"):
+        for column in ("model", "memory_gb", "gpus_per_lot", "pytorch_total_memory_bytes"):
             if tariff[column] != first_row[column]:
                 fail(name, f"{column} of {tariff['gpu']} differs from its first row", line_number)
         if tariffs and tariff["snapshot_date"] != tariffs[0]["snapshot_date"]:
@@ -343,6 +360,22 @@ def usd_share(cents, divisor):
         return str((Decimal(cents) / 100 / Decimal(divisor)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
 
 
+def cost_usd(cents, divisor):
+    """``cents / divisor`` in USD, positive, as a decimal string: rounded half-up to four significant digits or to
+    the cent, whichever is finer, so that no cost rounds to 0.00 and small costs stay comparable.  Whole
+    numbers only, so exact whatever the sizes; Decimal writes the digits, never in exponent form."""
+    from decimal import Decimal
+
+    numerator, denominator = cents, 100 * divisor
+    places = 2
+    while numerator * 10**places < 1000 * denominator:  # fewer than four significant digits before the point
+        places += 1
+    units = (2 * numerator * 10**places + denominator) // (2 * denominator)  # half-up
+    if places > 2 and units == 10**4:  # 9.9995 carried to 10.000: four significant digits are 10.00
+        units, places = units // 10, places - 1
+    return f"{Decimal(f'{units}E-{places}'):f}"  # the constructor is exact; scaleb would round to 28 digits
+
+
 def package(tariff, lots):
     """A rental of ``lots`` lots of one tariff: the price of the whole package, counted once."""
     return {
@@ -365,7 +398,7 @@ def price_package(catalog, gpu, days, lots=1, accepted_results=None):
     result = package(find_tariff(catalog, gpu, days), positive_int("--lots", lots))
     if accepted_results is not None:
         accepted_results = positive_int("--accepted-results", accepted_results)
-    cost = None if accepted_results is None else usd_share(result["total_price_cents"], accepted_results)
+    cost = None if accepted_results is None else cost_usd(result["total_price_cents"], accepted_results)
     return {
         **result,
         "accepted_results": accepted_results,
@@ -498,7 +531,7 @@ def checked_run(name, line_number, row, protocol, first_line):
 
 def ranked(rentals):
     """The rentals, cheapest accepted result first (none accepted last), each with its cost per result."""
-    from fractions import Fraction  # the exact order: two costs may round to the same cent
+    from fractions import Fraction  # the exact order: two costs may round to the same figure
 
     table = sorted(
         rentals,
@@ -510,7 +543,7 @@ def ranked(rentals):
     )
     for rental in table:
         accepted = rental["units_accepted"]
-        rental["cost_per_accepted_result_usd"] = usd_share(rental["total_price_cents"], accepted) if accepted else None
+        rental["cost_per_accepted_result_usd"] = cost_usd(rental["total_price_cents"], accepted) if accepted else None
     return table
 
 
@@ -522,8 +555,13 @@ PLAN_DTYPES = ("float32", "float16", "bfloat16")
 FIT_SIZES = ("batch", "context", "width")
 GIB_BYTES, GB_BYTES = 2**30, 10**9
 MEMORY_NOTE = (
-    "The catalog's memory is nominal (memory_gb x 10**9 bytes); environment on the rented box gives the card's "
-    "own total; a measure there is the proof."
+    "PyTorch GiB: total_memory as PyTorch reports it (the catalog's pytorch_total_memory_bytes); a card holds the "
+    "run when it covers needs_card_memory_bytes, as measure --plan --memory-gib judges."
+)
+NOMINAL = "memory_gb x 10**9 (nominal)"  # what a card without PyTorch's figure is judged on
+NOMINAL_NOTE = (
+    "*: no PyTorch figure recorded: judged on the nominal memory_gb x 10**9 bytes, which PyTorch may not see whole; "
+    "environment on the rented box gives its figure, a measure there is the proof."
 )
 
 
@@ -547,13 +585,23 @@ def is_positive_int(value):
     return type(value) is int and 0 < value < 10**MAX_DIGITS
 
 
+def plan_text(data, name):
+    """A plan's bytes as text: UTF-8, with or without a byte order mark, or UTF-16 with one (either order):
+    what Windows PowerShell 5.1's ">" writes (UTF-16 LE, a mark, CRLF, which JSON reads as spaces)."""
+    utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))
+    try:
+        return data.decode("utf-16" if utf16 else "utf-8").removeprefix("\ufeff")  # "utf-16" drops its own mark
+    except UnicodeDecodeError:
+        fail(name, "not a plan: neither UTF-8 nor UTF-16 with a byte order mark")
+
+
 def parse_plan(data, name):
     """The configuration and needs of a plan file, checked; anything else is refused."""
     import json
 
     try:
-        plan = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the parser's depth
+        plan = json.loads(plan_text(data, name))
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         plan = None
     if not isinstance(plan, dict) or plan.get("kit") != PLAN_KIT or "plan_schema_version" not in plan:
         fail(name, "not a plan: expected the JSON of mesure_memoire.py measure --plan --json")
@@ -569,23 +617,34 @@ def parse_plan(data, name):
     return {"configuration": {key: config[key] for key in (*FIT_SIZES, "dtype")}, **needs}
 
 
+def holds_run(needs_card_memory_bytes, card_memory_bytes):
+    """The fit rule of mesure_memoire.py's fit_on_card (--plan --memory-gib), copied: a card holds the run when
+    its memory covers the plan's needs, which already count the margin and the context allowance.  One rule:
+    tests/test_for_plan.py holds both scripts to the same verdict on every catalog card."""
+    return needs_card_memory_bytes <= card_memory_bytes
+
+
 def cards_for_plan(catalog, plan, days):
     """One row per GPU model of the catalog: whether one GPU of it holds the run, the room left (negative:
-    lacking) and the price of one lot for ``days``.  Fitting rows first, cheapest first; then the others,
+    lacking) and the price of one lot for ``days``.  Each card is judged on the memory PyTorch reports for it,
+    else on its nominal memory (the row says which).  Fitting rows first, cheapest first; then the others,
     closest to fitting first."""
     needs = plan["needs_card_memory_bytes"]
     rows = []
     for tariff in catalog:
         if tariff["days"] != days:
             continue
-        memory_bytes = tariff["memory_gb"] * GB_BYTES
+        figure = tariff["pytorch_total_memory_bytes"]
+        memory_bytes = tariff["memory_gb"] * GB_BYTES if figure is None else figure
         rows.append(
             {
                 "gpu": tariff["gpu"],
                 "model": tariff["model"],
                 "memory_gb": tariff["memory_gb"],
-                "memory_bytes": memory_bytes,
-                "fits": needs <= memory_bytes,
+                "pytorch_total_memory_bytes": figure,
+                "judged_memory_bytes": memory_bytes,
+                "judged_on": NOMINAL if figure is None else "pytorch_total_memory_bytes",
+                "fits": holds_run(needs, memory_bytes),
                 "room_bytes": memory_bytes - needs,
                 "gpus_per_lot": tariff["gpus_per_lot"],
                 "lot_price_cents": tariff["price_cents"],
@@ -611,14 +670,19 @@ def in_units(value_bytes, unit_bytes):
         return str((Decimal(value_bytes) / unit_bytes).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
 
 
+def pytorch_gib(figure):
+    """A card's PyTorch figure in GiB for a table, or "none" when the catalog records none."""
+    return "none" if figure is None else in_units(figure, GIB_BYTES)
+
+
 def card_cells(row, currency):
     room = "left" if row["fits"] else "short"
     return (
         row["gpu"],
         row["model"],
         str(row["memory_gb"]),
-        in_units(row["memory_bytes"], GIB_BYTES),
-        "yes" if row["fits"] else "no",
+        pytorch_gib(row["pytorch_total_memory_bytes"]),
+        ("yes" if row["fits"] else "no") + ("*" if row["judged_on"] == NOMINAL else ""),
         f"{in_units(abs(row['room_bytes']), GIB_BYTES)} {room}",
         f"{in_units(abs(row['room_bytes']), GB_BYTES)} {room}",
         str(row["gpus_per_lot"]),
@@ -634,7 +698,7 @@ def format_cards(data):
         "gpu",
         "model",
         "memory GB",
-        "memory GiB",
+        "PyTorch GiB",
         "holds the run",
         "room GiB",
         "room GB",
@@ -652,6 +716,7 @@ def format_cards(data):
             f"Lot price: one lot for {days} days, whatever its GPUs (the run uses one); IteraGPU catalog snapshot "
             f"of {data['snapshot_date']}, whole {data['currency']} cents.",
             data["memory_is"],
+            *([NOMINAL_NOTE] if any(row["judged_on"] == NOMINAL for row in data["cards"]) else []),
         ]
     )
 
@@ -674,7 +739,7 @@ def format_package(data):
     if data["cost_per_accepted_result_usd"] is not None:
         cost = (
             f"{data['cost_per_accepted_result_usd']} {data['currency']} = total price / "
-            f"{data['accepted_results']} accepted results (rounded half-up to the cent)"
+            f"{data['accepted_results']} accepted results ({COST_ROUNDING})"
         )
     return f"""Package: {data["model"]} ({data["gpu"]}), {data["days"]} days, {data["lots"]} lot(s)
   GPUs                      {data["gpus"]} ({data["gpus_per_lot"]} per lot x {data["lots"]} lot(s))
@@ -697,11 +762,13 @@ def catalog_table(catalog, days=None):
 
 
 def format_catalog(rows):
-    rows_of_cells = [("gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot price", "per GPU-day")] + [
+    header = ("gpu", "model", "memory_gb", "PyTorch GiB", "gpus_per_lot", "days", "lot price", "per GPU-day")
+    rows_of_cells = [header] + [
         (
             r["gpu"],
             r["model"],
             str(r["memory_gb"]),
+            pytorch_gib(r["pytorch_total_memory_bytes"]),
             str(r["gpus_per_lot"]),
             str(r["days"]),
             f"{cents_to_usd(r['price_cents'])} {r['currency']}",
@@ -711,7 +778,11 @@ def format_catalog(rows):
     ]
     return "\n".join(
         columns_text(rows_of_cells)
-        + [f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent."]
+        + [
+            f"IteraGPU catalog snapshot of {rows[0]['snapshot_date']}; per GPU-day rounded half-up to the cent.",
+            "memory_gb: as advertised; PyTorch GiB: total_memory as PyTorch reports it (pytorch_total_memory_bytes), "
+            "what --for-plan judges on; none: no figure recorded, --for-plan judges on memory_gb x 10**9 bytes.",
+        ]
     )
 
 
@@ -754,8 +825,7 @@ def format_rentals(data):
             *columns_text(rows_of_cells),
             f"Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
             f"{data['snapshot_date']}, whole {currency} cents, no hourly proration.",
-            "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to "
-            "the cent.",
+            f"Cost per accepted result = total price / units accepted over the rental's runs, {COST_ROUNDING}.",
         ]
     )
 
@@ -775,15 +845,20 @@ USAGE = (
 # The options: name -> (metavar, or None for a flag; help).  The parser and its --help both read it.
 OPTIONS = {
     "--gpu": ("SLUG", "the GPU model of the package to price, e.g. b200 (any case; see --list)"),
-    "--list": (None, "print the catalog with the price per GPU-day"),
+    "--list": (None, "print the catalog: the memory advertised and as PyTorch reports it, the price per GPU-day"),
     "--results": ("FILE", f"a filled {RESULTS_FILE_NAME}: the cost per accepted result of each rental"),
-    "--for-plan": ("FILE", "measure --plan --json's output (-: stdin): which catalog GPU holds the run"),
+    "--for-plan": (
+        "FILE",
+        "measure --plan --json's output (-: stdin): which catalog GPU holds the run, judged as --memory-gib judges, "
+        "on the memory PyTorch reports for each card (see --list)",
+    ),
     "--days": ("N", "3, 7 or 30 days, no proration (--gpu, --for-plan); with --list: a filter"),
     "--lots": ("N", "with --gpu: the number of lots, a positive whole number (default 1)"),
     "--accepted-results": ("N", "with --gpu: distinct useful units really accepted; no default on purpose"),
     "--catalog": ("CSV", f"the price file (default: {CATALOG_FILE_NAME} beside this script)"),
     "--json": (None, "print JSON instead of text"),
 }
+RESULTS_HELP = f"--results reads these columns, in this order: {', '.join(RESULTS_COLUMNS)}."
 MODES = {  # each mode, and the options that go with it
     "--gpu": ("--gpu", "--days", "--lots", "--accepted-results", "--catalog", "--json"),
     "--list": ("--list", "--days", "--catalog", "--json"),
@@ -794,7 +869,7 @@ MODES = {  # each mode, and the options that go with it
 
 def parse_command_line(argv):
     """The mode and the options given, checked: (mode, {option: value, True for a flag})."""
-    parser = ArgumentParser(prog=PROG, usage=USAGE, description=SUMMARY, add_help=False)
+    parser = ArgumentParser(prog=PROG, usage=USAGE, description=SUMMARY, epilog=RESULTS_HELP, add_help=False)
     parser.add_argument("-h", "--help", action="help", help="print this help and exit")
     for option, (metavar, text) in OPTIONS.items():
         value = {"metavar": metavar} if metavar else {"nargs": 0, "const": True}

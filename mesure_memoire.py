@@ -1338,7 +1338,7 @@ def format_plan(plan):
         f"measure needs {plan['needs_free_bytes']} bytes = {in_units(plan['needs_free_bytes'])} GiB free "
         f"(the peak plus a {in_units(plan['fit_margin_bytes'])} GiB margin); a card needs "
         f"{plan['needs_card_memory_bytes']} bytes = {in_units(plan['needs_card_memory_bytes'])} GiB "
-        f"(plus a {in_units(plan['context_allowance_bytes'])} GiB allowance for the CUDA/ROCm context).",
+        f"(including a {in_units(plan['context_allowance_bytes'])} GiB allowance for the CUDA/ROCm context).",
         f"Host memory: building the model on the CPU needs {plan['needs_host_memory_bytes']} bytes = "
         f"{in_units(plan['needs_host_memory_bytes'])} GiB of RAM (measure checks it).",
         "Not included: " + ", ".join(plan["not_included"]) + ".",
@@ -1429,14 +1429,12 @@ def format_fit(plan):
         f"{dimension} {'none (even 1 does not fit)' if value is None else value}"
         for dimension, value in plan["largest"].items()
     )
-    return "\n".join(
-        [
-            f"On a card of {plan['memory_gib']:f} GiB ({memory_bytes} bytes): {verdict}, "
-            f"needing {needs} bytes ({in_units(needs)} GiB).",
-            f"Largest that fits, each dimension alone with the others as given: {largest}.",
-            plan["fit_note"],
-        ]
-    )
+    lines = [
+        f"On a card of {plan['memory_gib']:f} GiB ({memory_bytes} bytes): {verdict}, "
+        f"needing {needs} bytes ({in_units(needs)} GiB).",
+        f"Largest that fits, each dimension alone with the others as given: {largest}.",
+    ]
+    return "\n".join(lines + [plan["fit_note"]] if plan["fits"] else lines)  # the note explains a fit only
 
 
 def format_plan_and_fit(plan):
@@ -3209,7 +3207,8 @@ ESTIMATE_ARGUMENTS = [
 ]
 ENVIRONMENT_ARGUMENTS = [("--device", "cuda:N", REQUIRED, "the GPU to inspect"), *JSON_ARGUMENTS]
 MEMORY_GIB_HELP = (
-    "with --plan: a card's memory in GiB; whether the run fits, and the largest batch, context and width that fit"
+    "with --plan: a card's memory in GiB as PyTorch reports it (environment shows it on the box; a catalog card's: "
+    "calcul_forfaits.py --list); whether the run fits, and the largest batch, context and width that fit"
 )
 MEASURE_ARGUMENTS = [
     ("--device", "cuda:N", None, "the GPU to measure; required unless --plan"),

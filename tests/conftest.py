@@ -538,6 +538,24 @@ def half_up_cents(fraction):
     return f"{cents // 100}.{cents % 100:02d}"
 
 
+COST_RULE = (
+    "total price / accepted results, rounded half-up to four significant digits or to the cent, whichever is finer"
+)
+
+
+def half_up_cost(fraction):
+    """An independent rounding of a positive cost in USD, with fractions: half-up to four significant digits or
+    to the cent, whichever is finer ("0.0002392" for 452.00 USD / 1,890,000; "18.53"; "3648.00")."""
+    places = 2
+    while fraction * 10**places < 1000:  # fewer than four significant digits before the point
+        places += 1
+    units = (fraction * 10**places + Fraction(1, 2)).__floor__()
+    if places > 2 and units == 10**4:  # 9.9995 rounds up to 10.00, four significant digits still
+        units, places = units // 10, places - 1
+    digits = str(units).rjust(places + 1, "0")
+    return f"{digits[:-places]}.{digits[-places:]}"
+
+
 # What measure_phases measures after the phases on a GPU whose BLAS workspaces are kept: no per-call workspace.
 NO_PER_CALL = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product in ("fc1", "fc2")}
 
@@ -714,6 +732,7 @@ MESSAGES = {
     "calculator: larger than": "larger than {limit} bytes",
     "calculator: cannot be read": "cannot be read ({error})",
     "calculator: not a plan": "not a plan: expected the JSON of mesure_memoire.py measure --plan --json",
+    "calculator: plan encoding": "not a plan: neither UTF-8 nor UTF-16 with a byte order mark",
     "calculator: invalid plan": "a plan with a missing or invalid configuration or needs figure",
     "calculator: unknown plan schema": "plan_schema_version {version} is not one this calculator reads (1)",
     "calculator: closest": "closest: {slugs}; ",

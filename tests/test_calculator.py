@@ -19,13 +19,14 @@ import pytest
 
 import calcul_forfaits
 from conftest import (
+    COST_RULE,
     MESSAGES,
     ROOT,
     UnwritableStdout,
     assert_one_line_refusal,
     calculator_refusal,
     error_line,
-    half_up_cents,
+    half_up_cost,
     imported_modules,
     plain_id,
     run_script,
@@ -66,7 +67,7 @@ def test_every_row_and_several_lot_counts(lots):
         assert package["lot_price_cents"] == lot_cents
         assert package["total_price_cents"] == lot_cents * lots
         assert package["gpus"] == int(row["gpus_per_lot"]) * lots
-        assert package["cost_per_accepted_result_usd"] == half_up_cents(Fraction(lot_cents * lots, 100 * 7))
+        assert package["cost_per_accepted_result_usd"] == half_up_cost(Fraction(lot_cents * lots, 100 * 7))
 
 
 def test_the_api_prices_one_lot_without_a_cost_by_default():
@@ -78,21 +79,39 @@ def test_the_api_prices_one_lot_without_a_cost_by_default():
 @pytest.mark.parametrize(
     ("total_cents", "accepted", "expected"),
     [
-        (100, 3, "0.33"),
-        (200, 3, "0.67"),
-        (1, 2, "0.01"),
-        (5, 1000, "0.00"),
-        (25, 10, "0.03"),
+        (100, 3, "0.3333"),
+        (200, 3, "0.6667"),
+        (1, 2, "0.005000"),
+        (5, 1000, "0.00005000"),
+        (25, 10, "0.02500"),
         (364800, 1, "3648.00"),
-        (5, 10, "0.01"),
-        (15, 10, "0.02"),
-        (4, 10, "0.00"),
+        (123456, 1, "1234.56"),  # the cent is finer than four significant digits
+        (222300, 120, "18.53"),  # 18.525, half-up: both rules agree
+        (12345, 1000, "0.1235"),  # 0.12345, half-up (half-even would give 0.1234)
+        (199999, 2, "1000.00"),  # 999.995, half-up to the cent
+        (99995, 10000, "0.1000"),  # 0.099995 carries into a new digit: still four significant digits
+        (45200, 1890000, "0.0002392"),  # issue 54: the H100 SXM's 7 days, 1,890,000 results, once "0.00"
+        (239, 100, "0.02390"),  # two rentals once both "0.02"
+        (242, 100, "0.02420"),
     ],
 )
-def test_cost_rounds_half_up_to_the_cent(total_cents, accepted, expected):
+def test_cost_rounds_half_up_to_four_significant_digits_or_the_cent_whichever_is_finer(total_cents, accepted, expected):
     package = calcul_forfaits.price_package([tariff(total_cents)], "x", 3, 1, accepted)
     assert package["cost_per_accepted_result_usd"] == expected
-    assert half_up_cents(Fraction(total_cents, 100 * accepted)) == expected
+    assert half_up_cost(Fraction(total_cents, 100 * accepted)) == expected
+    assert package["cost_rounding"] == COST_RULE
+
+
+def test_a_nonzero_cost_never_prints_as_zero(capsys):
+    status, out, err = call(capsys, "--gpu", "h100-sxm", "--days", "7", "--accepted-results", "1890000")
+    assert (status, err) == (0, "")
+    assert "  cost per accepted result  0.0002392 USD = total price / 1890000 accepted results (rounded half-up " in out
+    assert "0.00 USD" not in out
+    smallest = "9" * 30  # the most accepted results the grammar takes: the cost is still written, in plain digits
+    status, out, err = call(capsys, "--gpu", "l4", "--days", "3", "--accepted-results", smallest, "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cost(Fraction(3000, 100 * int(smallest)))
+    assert json.loads(out)["cost_per_accepted_result_usd"] == "0." + "0" * 28 + "3000"
 
 
 def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
@@ -116,18 +135,28 @@ def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
     assert status == 0, err
     total = int(biggest_cents) * int(lots)
     assert json.loads(out)["total_price_cents"] == total
-    assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cents(Fraction(total, 100 * 7))
+    assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cost(Fraction(total, 100 * 7))
 
 
-def test_the_readme_example_and_its_output(capsys):
+def test_the_readme_example_and_what_the_readme_says_of_its_prices(capsys):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "python calcul_forfaits.py --gpu b200 --days 7 --lots 2\n" in readme
     status, out, err = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2")
     assert status == 0, err
-    shown = readme.split("```text\n", 1)[1].split("```", 1)[0]
-    assert out == shown
     assert "4 (2 per lot x 2 lot(s))" in out  # the B200 lot holds two GPUs
     assert "total price               3648.00 USD (364800 cents) = lot price x 2\n" in out
+    assert (
+        "snapshot of 2026-09-24, whole USD cents for the whole duration (3, 7 or 30 days), no hourly proration" in out
+    )
+    assert "The CSV proves neither current availability nor a reservation: check the offer shown before buying" in out
+    said = " ".join(readme.split())
+    for fact in (
+        "two lots give four GPUs for twice the lot's price",
+        "catalog snapshot of 24 September 2026",
+        "in whole USD cents for the whole duration (3, 7 or 30 days), no hourly proration",
+        "The CSV proves neither current availability nor a reservation: check the offer shown before buying",
+    ):
+        assert fact in said, fact
 
 
 def test_the_readme_command_through_the_interpreter(tmp_path):
@@ -154,7 +183,7 @@ def test_json_output_and_null_cost_without_accepted_results(capsys):
         "snapshot_date": "2026-09-24",
         "accepted_results": None,
         "cost_per_accepted_result_usd": None,
-        "cost_rounding": "total price / accepted results, rounded half-up to the cent",
+        "cost_rounding": COST_RULE,
     }
     status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--lots", "2", "--accepted-results", "3", "--json")
     assert status == 0, err
@@ -169,7 +198,7 @@ def test_text_output_states_the_snapshot_limits(capsys):
     assert "no hourly proration" in out
     assert "proves neither current availability nor a reservation" in out
     assert "check the offer shown before buying" in out
-    assert "= total price / 120 accepted results (rounded half-up to the cent)" in out
+    assert "= total price / 120 accepted results (rounded half-up to four significant digits or to the cent, " in out
     assert "  cost per accepted result  18.53 USD = total price" in out  # 2223.00 USD / 120 = 18.525, half-up
 
 
@@ -300,14 +329,22 @@ IteraGPU Lab v1: the price of a whole IteraGPU package, and the cost of one acce
 options:
   -h, --help            print this help and exit
   --gpu SLUG            the GPU model of the package to price, e.g. b200 (any case; see --list)
-  --list                print the catalog with the price per GPU-day
+  --list                print the catalog: the memory advertised and as PyTorch reports it, the
+                        price per GPU-day
   --results FILE        a filled resultats-bruts.csv: the cost per accepted result of each rental
-  --for-plan FILE       measure --plan --json's output (-: stdin): which catalog GPU holds the run
+  --for-plan FILE       measure --plan --json's output (-: stdin): which catalog GPU holds the run,
+                        judged as --memory-gib judges, on the memory PyTorch reports for each card
+                        (see --list)
   --days N              3, 7 or 30 days, no proration (--gpu, --for-plan); with --list: a filter
   --lots N              with --gpu: the number of lots, a positive whole number (default 1)
   --accepted-results N  with --gpu: distinct useful units really accepted; no default on purpose
   --catalog CSV         the price file (default: tarifs-forfaits.csv beside this script)
   --json                print JSON instead of text
+
+--results reads these columns, in this order: run_id, rental_id, date_utc, gpu, days, lots, device,
+gpu_name, driver_version, torch_version, cuda_or_hip_build, measurement_file, measurement_sha256,
+units_submitted, units_accepted, quality_metric, threshold, threshold_fixed_on, wall_clock_hours,
+notes.
 """
 
 
@@ -400,11 +437,24 @@ def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
     status, out, _ = call(capsys, "--list")
     assert status == 0
     lines = out.splitlines()
-    assert len(lines) == 1 + 45 + 1
-    assert lines[0].split() == ["gpu", "model", "memory_gb", "gpus_per_lot", "days", "lot", "price", "per", "GPU-day"]
+    assert len(lines) == 1 + 45 + 2
+    assert lines[0].split() == [
+        "gpu",
+        "model",
+        "memory_gb",
+        "PyTorch",
+        "GiB",
+        "gpus_per_lot",
+        "days",
+        "lot",
+        "price",
+        "per",
+        "GPU-day",
+    ]
     b200_7 = next(line for line in lines if line.startswith("b200 ") and " 7 " in line)
     assert b200_7.split()[-2:] == ["130.29", "USD"]  # 1824.00 / (7 days x 2 GPUs) = 130.285..., half-up
-    assert lines[-1] == "IteraGPU catalog snapshot of 2026-09-24; per GPU-day rounded half-up to the cent."
+    assert lines[-2] == "IteraGPU catalog snapshot of 2026-09-24; per GPU-day rounded half-up to the cent."
+    assert lines[-1].startswith("memory_gb: as advertised; PyTorch GiB: total_memory as PyTorch reports it"), lines[-1]
     assert all(not line.endswith(" ") for line in lines)
     status, out, _ = call(capsys, "--list", "--days", "7", "--json")
     rows = json.loads(out)
@@ -419,7 +469,12 @@ def test_a_catalog_line_shows_every_column(capsys):
     status, out, _ = call(capsys, "--list", "--days", "7")
     b200 = next(line for line in out.splitlines() if line.startswith("b200 "))
     assert status == 0
-    assert b200.split() == ["b200", "NVIDIA", "B200", "180", "2", "7", "1824.00", "USD", "130.29", "USD"]
+    assert b200.split() == ["b200", "NVIDIA", "B200", "180", "none", "2", "7", "1824.00", "USD", "130.29", "USD"]
+    h200 = next(line for line in out.splitlines() if line.startswith("h200 "))
+    assert h200.split()[:5] == ["h200", "NVIDIA", "H200", "141", "139.80"]
+    status, out, _ = call(capsys, "--list", "--days", "7", "--json")
+    figures = {row["gpu"]: (row["memory_gb"], row["pytorch_total_memory_bytes"]) for row in json.loads(out)}
+    assert (figures["h200"], figures["b200"]) == ((141, 150109880320), (180, None))
 
 
 # --- the catalog's validation ----------------------------------------------------------------------
@@ -436,8 +491,13 @@ def replace_line(number, new):
 
 
 def with_cell(number, column, value):
+    """The shipped catalog with one cell changed (a column its header lacks: a cell added at the end)."""
     cells = GOOD.split(b"\n")[number - 1].split(b",")
-    cells[calcul_forfaits.CATALOG_COLUMNS.index(column)] = value
+    names = HEADER.decode().split(",")
+    if column in names:
+        cells[names.index(column)] = value
+    else:
+        cells.append(value)
     return replace_line(number, b",".join(cells))
 
 
@@ -450,7 +510,18 @@ CORRUPTIONS = {
     ),
     "missing row": (replace_line(3, b"").replace(b"\n\n", b"\n"), "", "has no row for 7 days"),
     "missing rows": (GOOD.replace(b"\n".join(GOOD.split(b"\n")[2:4]) + b"\n", b""), "", "has no row for 7, 30 days"),
-    "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24\n" % d for d in (3, 7, 30)), "", SIXTEEN),
+    "a sixteenth model": (GOOD + b"".join(b"zz,ZZ,1,1,%d,100,USD,2026-09-24,\n" % d for d in (3, 7, 30)), "", SIXTEEN),
+    "figure not a number": (
+        with_cell(2, "pytorch_total_memory_bytes", b"79.25"),
+        "line 2",
+        "pytorch_total_memory_bytes",
+    ),
+    "zero figure": (with_cell(2, "pytorch_total_memory_bytes", b"0"), "line 2", "pytorch_total_memory_bytes"),
+    "inconsistent figure": (
+        with_cell(3, "pytorch_total_memory_bytes", b"85088670843"),
+        "line 3",
+        f"pytorch_total_memory_bytes of {GPU_LINE_2}",
+    ),
     "decimal cents": (with_cell(2, "price_cents", b"9400.50"), "line 2", "price_cents"),
     "negative cents": (with_cell(2, "price_cents", b"-9400"), "line 2", "price_cents"),
     "empty cents": (with_cell(2, "price_cents", b""), "line 2", "price_cents"),
@@ -477,7 +548,8 @@ CORRUPTIONS = {
     "bad header": (
         GOOD.replace(b"price_cents", b"price_usd", 1),
         "line 1",
-        "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date",
+        "bad header, expected gpu,model,memory_gb,gpus_per_lot,days,price_cents,currency,snapshot_date,"
+        "pytorch_total_memory_bytes (the last one may be left out)",
     ),
     "missing field": (replace_line(2, b",".join(GOOD.split(b"\n")[1].split(b",")[:7])), "line 2", "fields"),
     "blank line": (replace_line(3, b""), "line 3", "fields"),
@@ -505,7 +577,7 @@ def test_the_shipped_catalog_parses_to_its_rows():
     catalog = calcul_forfaits.load_catalog()
     assert [tuple(t) for t in catalog] == [calcul_forfaits.CATALOG_COLUMNS] * 45
     rows = csv_rows()
-    assert [{k: str(v) for k, v in t.items()} for t in catalog] == rows
+    assert [{k: "" if v is None else str(v) for k, v in t.items()} for t in catalog] == rows
     assert {type(t["price_cents"]) for t in catalog} == {int}
     assert {type(t["model"]) for t in catalog} == {str}
 
@@ -524,6 +596,46 @@ def test_names_made_of_digits_stay_names(tmp_path, capsys):
     status, out, err = call(capsys, "--catalog", tmp_path / "digits.csv", "--gpu", "4", "--days", "3", "--json")
     assert status == 0, err
     assert (json.loads(out)["gpu"], json.loads(out)["model"]) == ("4", "4")
+
+
+def without_the_figures():
+    """The shipped catalog as a user might have made it: the eight columns, no PyTorch figure."""
+    return b"\n".join(line.rsplit(b",", 1)[0] for line in GOOD.split(b"\n") if line) + b"\n"
+
+
+def test_a_catalog_without_pytorch_figures_loads_and_every_card_rests_on_its_nominal_memory(tmp_path, capsys):
+    (tmp_path / "mine.csv").write_bytes(without_the_figures())
+    status, out, err = call(capsys, "--catalog", tmp_path / "mine.csv", "--list", "--days", "7", "--json")
+    assert (status, err) == (0, "")
+    assert {row["pytorch_total_memory_bytes"] for row in json.loads(out)} == {None}
+    assert call(capsys, "--catalog", tmp_path / "mine.csv", "--gpu", "b200", "--days", "7")[0] == 0
+    plan = tmp_path / "plan.json"
+    import mesure_memoire
+
+    assert mesure_memoire.main(["measure", "--plan", "--json"]) == 0
+    plan.write_text(capsys.readouterr().out)
+    status, out, err = call(capsys, "--catalog", tmp_path / "mine.csv", "--for-plan", plan, "--days", "7", "--json")
+    assert (status, err) == (0, "")
+    cards = json.loads(out)["cards"]
+    assert {card["judged_on"] for card in cards} == {"memory_gb x 10**9 (nominal)"}
+    assert all(card["judged_memory_bytes"] == card["memory_gb"] * 10**9 for card in cards)
+    status, text, _ = call(capsys, "--catalog", tmp_path / "mine.csv", "--for-plan", plan, "--days", "7")
+    assert sum("yes*" in line.split() for line in text.splitlines()[3:18]) == 15, text
+
+
+def test_the_catalog_s_pytorch_figures_are_the_maintainers_record_s():
+    """validation/card-memory.md gives each card's figure, or none, with its source; the H200's is the project's
+    own run's total_memory."""
+    record = (ROOT / "validation" / "card-memory.md").read_text(encoding="utf-8")
+    rows = {row["gpu"]: row for row in csv_rows() if row["days"] == "3"}
+    for gpu, row in rows.items():
+        line = next((line for line in record.splitlines() if line.startswith(f"| `{gpu}` |")), None)
+        assert line is not None, gpu
+        figure = row["pytorch_total_memory_bytes"]
+        assert (f"| {int(figure):,} |" if figure else "| none |") in line, (gpu, line)
+    evidence = json.loads((ROOT / "validation/h200-2026-12-04/rerun/m-float16.json").read_text(encoding="utf-8"))
+    assert evidence["environment"]["gpu"]["name"] == "NVIDIA H200"
+    assert int(rows["h200"]["pytorch_total_memory_bytes"]) == evidence["environment"]["gpu"]["total_memory_bytes"]
 
 
 def test_a_quoted_model_name_is_read_as_csv(tmp_path, capsys):
@@ -976,7 +1088,7 @@ def test_the_protocol_holds_each_required_element():
     ):
         assert element in protocol, element
     assert protocol.count("____") >= 15  # blanks to fill, not answers
-    assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```")
+    assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results mes-resultats.csv\n```")
 
 
 # --- start-up, and every Python --------------------------------------------------------------------
@@ -1035,3 +1147,8 @@ def test_an_ascii_only_stdout_gets_a_non_ascii_catalog_name_escaped(tmp_path):
     completed = run_script("calcul_forfaits.py", "--catalog", "c.csv", "--list", cwd=tmp_path, env=env)
     assert (completed.returncode, completed.stderr) == (0, "")
     assert "NVIDIA H200 \\xe9" in completed.stdout
+
+
+def test_the_protocol_states_the_calculator_s_cost_rounding():
+    protocol = " ".join((ROOT / "protocole-qualite.md").read_text(encoding="utf-8").split())
+    assert "rounded half-up to four significant digits or to the cent, whichever is finer" in protocol

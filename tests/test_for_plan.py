@@ -3,12 +3,14 @@
 
 import csv
 import io
+import itertools
 import json
 import subprocess
 import sys
 
 import pytest
 
+import calcul_forfaits
 import mesure_memoire
 from conftest import (
     MESSAGES,
@@ -37,6 +39,12 @@ def catalog_rows(days):
         return [row for row in csv.DictReader(handle) if row["days"] == str(days)]
 
 
+def judged_bytes(row):
+    """A catalog row's memory as the verdict counts it: PyTorch's figure, else the nominal GB (marked)."""
+    figure = row.get("pytorch_total_memory_bytes")
+    return int(figure) if figure else int(row["memory_gb"]) * 10**9
+
+
 def test_every_model_of_the_catalog_once_fitting_and_cheapest_first_then_the_closest(tmp_path, capsys):
     path, plan = plan_file(tmp_path, capsys)
     status, out, err = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
@@ -49,41 +57,120 @@ def test_every_model_of_the_catalog_once_fitting_and_cheapest_first_then_the_clo
     assert data["needs_host_memory_bytes"] == plan["needs_host_memory_bytes"] == 115201200000
     expected = []
     for row in catalog_rows(7):
-        memory_bytes = int(row["memory_gb"]) * 10**9
+        memory_bytes = judged_bytes(row)
         expected.append(
             (row["gpu"], memory_bytes, needs <= memory_bytes, memory_bytes - needs, int(row["price_cents"]))
         )
     fitting = sorted((e for e in expected if e[2]), key=lambda e: e[4])
     others = sorted((e for e in expected if not e[2]), key=lambda e: (-e[3], e[4]))
-    assert [(c["gpu"], c["memory_bytes"], c["fits"], c["room_bytes"], c["lot_price_cents"]) for c in data["cards"]] == [
+    cards = data["cards"]
+    assert [(c["gpu"], c["judged_memory_bytes"], c["fits"], c["room_bytes"], c["lot_price_cents"]) for c in cards] == [
         *fitting,
         *others,
     ]
-    assert [c["gpu"] for c in data["cards"][:5]] == ["mi300x", "h200", "b300", "b200", "rtx-pro-6000"]
-    # Equal room: the cheaper first (a100-80gb 220.00, h100-pcie 338.00, h100-sxm 452.00 USD).
-    assert [c["gpu"] for c in data["cards"][5:8]] == ["a100-80gb", "h100-pcie", "h100-sxm"]
-    b200 = next(c for c in data["cards"] if c["gpu"] == "b200")
+    assert [c["gpu"] for c in cards[:5]] == ["mi300x", "h200", "b300", "b200", "rtx-pro-6000"]
+    assert [c["gpu"] for c in cards[5:8]] == ["a100-80gb", "h100-sxm", "h100-pcie"]  # 79.24, 79.10, 74.51 GiB
+    # Equal room: the cheaper first (a40 58.00, rtx-a6000 72.00 USD, both on their nominal 48 GB).
+    assert [c["gpu"] for c in cards if c["judged_memory_bytes"] == 48 * 10**9] == ["a40", "rtx-a6000"]
+    b200 = next(c for c in cards if c["gpu"] == "b200")
     assert (b200["gpus_per_lot"], b200["lot_price_cents"], data["gpus_per_run"]) == (2, 182400, 1)
     assert (data["days"], data["currency"], data["snapshot_date"]) == (7, "USD", "2026-09-24")
+
+
+def test_each_card_is_judged_on_pytorch_s_figure_or_marked_as_resting_on_the_nominal_one(tmp_path, capsys):
+    path, _ = plan_file(tmp_path, capsys)
+    status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
+    cards = {card["gpu"]: card for card in json.loads(out)["cards"]}
+    assert status == 0
+    for row in catalog_rows(7):
+        card = cards[row["gpu"]]
+        figure = int(row["pytorch_total_memory_bytes"]) if row["pytorch_total_memory_bytes"] else None
+        assert card["memory_gb"] == int(row["memory_gb"]), "memory_gb stays what the provider advertises"
+        assert card["pytorch_total_memory_bytes"] == figure
+        assert card["judged_memory_bytes"] == judged_bytes(row)
+        assert card["judged_on"] == ("pytorch_total_memory_bytes" if figure else "memory_gb x 10**9 (nominal)")
+    assert cards["h200"]["pytorch_total_memory_bytes"] == 150109880320  # the project's own H200 run
+    status, text, _ = call_calculator(capsys, "--for-plan", path, "--days", "7")
+    lines = text.splitlines()
+    header = lines[2]
+    assert "memory GB" in header and "PyTorch GiB" in header and "memory GiB" not in header
+    h200 = next(line for line in lines if line.startswith("h200 "))
+    assert h200.split()[:6] == ["h200", "NVIDIA", "H200", "141", "139.80", "yes"], h200
+    h100_pcie = next(line for line in lines if line.startswith("h100-pcie "))
+    assert h100_pcie.split()[:7] == ["h100-pcie", "NVIDIA", "H100", "PCIe", "80", "none", "no*"], h100_pcie
+    nominal = [row["gpu"] for row in catalog_rows(7) if not row["pytorch_total_memory_bytes"]]
+    marked = [line.split()[0] for line in lines[3:18] if "yes*" in line.split() or "no*" in line.split()]
+    assert sorted(marked) == sorted(nominal) and nominal, "every answer resting on a nominal figure is marked"
+    assert any(line.startswith("*: no PyTorch figure recorded") for line in lines), lines
+
+
+def test_at_a_card_s_exact_figure_it_holds_the_run_and_one_byte_more_does_not(tmp_path, capsys):
+    """The H200's total_memory to the byte (139.80 GiB written to two decimals is about 773 kB short of it)."""
+    path = tmp_path / "plan.json"
+    for needs, fits, room in ((150109880320, True, 0), (150109880321, False, -1)):
+        path.write_text(plan_text(needs_card_memory_bytes=needs))
+        status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
+        h200 = next(card for card in json.loads(out)["cards"] if card["gpu"] == "h200")
+        assert (status, h200["fits"], h200["room_bytes"]) == (0, fits, room)
+
+
+def exact_gib(memory_bytes):
+    """Bytes as GiB written exactly (a power of two divides them: at most 30 decimals)."""
+    from decimal import Context, Decimal
+
+    return f"{Context(prec=80).divide(Decimal(memory_bytes), Decimal(2**30)):f}"
+
+
+def test_memory_gib_and_for_plan_agree_on_every_card_at_its_edge(tmp_path, capsys):
+    """For each card, its exact figure as --memory-gib: the largest context that fits and one more; the
+    calculator's verdict on each of those plans is measure's (exit 0 fits, 3 does not)."""
+    plan_path = tmp_path / "plan.json"
+    for row in catalog_rows(7):
+        gib = exact_gib(judged_bytes(row))
+        assert mesure_memoire.main(["measure", "--width", "8192", "--plan", "--memory-gib", gib, "--json"]) in (0, 3)
+        largest = json.loads(capsys.readouterr().out)["largest"]["context"]
+        for context in (largest, largest + 1):
+            run = ["measure", "--context", str(context), "--width", "8192", "--plan", "--memory-gib", gib, "--json"]
+            status = mesure_memoire.main(run)
+            plan_path.write_text(capsys.readouterr().out)
+            assert status == (0 if context == largest else 3), (row["gpu"], context)
+            _, out, _ = call_calculator(capsys, "--for-plan", plan_path, "--days", "7", "--json")
+            card = next(card for card in json.loads(out)["cards"] if card["gpu"] == row["gpu"])
+            assert card["fits"] is (status == 0), (row["gpu"], context, status)
+
+
+def test_the_80_and_141_gb_cards_hold_a_run_that_fits_their_recorded_figure(tmp_path, capsys):
+    """Issue 54's plan: 76.25 GiB fits --memory-gib 80, and the 80 GB A100 and H100 SXM and the H200, whose
+    PyTorch figures are recorded; the cheapest card that holds it is the A100 80GB, not an MI300X."""
+    issue_run = ["measure", "--batch", "64", "--context", "4096", "--width", "8192", "--plan"]
+    path, plan = plan_file(tmp_path, capsys, "--memory-gib", "80", run=issue_run)
+    assert plan["fits"] is True
+    status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
+    cards = json.loads(out)["cards"]
+    fits = {card["gpu"]: card["fits"] for card in cards}
+    assert (fits["a100-80gb"], fits["h100-sxm"], fits["h200"]) == (True, True, True)
+    assert (cards[0]["gpu"], cards[0]["lot_price_cents"]) == ("a100-80gb", 22000)
 
 
 TEXT_HEAD = """\
 Plan: batch 2, context 128, width 60000, float32; one card needs 118170079232 bytes = 110.05 GiB = 118.17 GB; the \
 host needs 115201200000 bytes = 107.29 GiB of RAM.
 One GPU per run, 7-day packages; those that hold the run first, cheapest first, then the closest:
-gpu           model                           memory GB  memory GiB  holds the run     room GiB      room GB  \
-GPUs per lot    lot price
-mi300x        AMD Instinct MI300X                   192      178.81            yes   68.76 left   73.83 left  \
-           1   271.00 USD
-h200          NVIDIA H200                           141      131.32            yes   21.26 left   22.83 left  \
-           1   573.00 USD"""
+gpu           model                           memory GB  PyTorch GiB  holds the run     room GiB      room GB \
+ GPUs per lot    lot price
+mi300x        AMD Instinct MI300X                   192         none           yes*   68.76 left   73.83 left \
+            1   271.00 USD
+h200          NVIDIA H200                           141       139.80            yes   29.75 left   31.94 left \
+            1   573.00 USD"""
 TEXT_TAIL = """\
-rtx-4090      NVIDIA GeForce RTX 4090                24       22.35             no  87.70 short  94.17 short  \
-           1    85.00 USD
+l4            NVIDIA L4                              24         none            no*  87.70 short  94.17 short \
+            1    64.00 USD
 Lot price: one lot for 7 days, whatever its GPUs (the run uses one); IteraGPU catalog snapshot of 2026-09-24, whole \
 USD cents.
-The catalog's memory is nominal (memory_gb x 10**9 bytes); environment on the rented box gives the card's own total; \
-a measure there is the proof.
+PyTorch GiB: total_memory as PyTorch reports it (the catalog's pytorch_total_memory_bytes); a card holds the run \
+when it covers needs_card_memory_bytes, as measure --plan --memory-gib judges.
+*: no PyTorch figure recorded: judged on the nominal memory_gb x 10**9 bytes, which PyTorch may not see whole; \
+environment on the rented box gives its figure, a measure there is the proof.
 """
 
 
@@ -93,7 +180,7 @@ def test_the_text_from_the_same_data(tmp_path, capsys):
     assert (status, err) == (0, "")
     assert out.startswith(TEXT_HEAD + "\n")
     assert out.endswith(TEXT_TAIL)
-    assert len(out.splitlines()) == 2 + 1 + 15 + 2
+    assert len(out.splitlines()) == 2 + 1 + 15 + 3
 
 
 def test_a_plan_with_memory_gib_and_standard_input(tmp_path, capsys, monkeypatch):
@@ -127,6 +214,26 @@ NOT_A_PLAN = MESSAGES["calculator: not a plan"]
 INVALID = MESSAGES["calculator: invalid plan"]
 
 
+# What Windows PowerShell 5.1's ">" writes (UTF-16 LE, a byte order mark, CRLF), and UTF-8 with a byte order mark.
+WINDOWS_ENCODINGS = {
+    "utf-16-le with bom and crlf": lambda text: b"\xff\xfe" + text.replace("\n", "\r\n").encode("utf-16-le"),
+    "utf-16-be with bom": lambda text: b"\xfe\xff" + text.encode("utf-16-be"),
+    "utf-8 with bom": lambda text: b"\xef\xbb\xbf" + text.encode("utf-8"),
+}
+
+
+@pytest.mark.parametrize("encoding", list(WINDOWS_ENCODINGS), ids=plain_id)
+def test_a_plan_saved_by_windows_powershell_or_with_a_byte_order_mark_is_read(tmp_path, capsys, monkeypatch, encoding):
+    """A real plan, re-encoded as Windows writes it: the same answer as from its UTF-8 bytes, file or stdin."""
+    path, _ = plan_file(tmp_path, capsys)
+    expected = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
+    saved = tmp_path / "saved.json"
+    saved.write_bytes(WINDOWS_ENCODINGS[encoding](path.read_text()))
+    assert call_calculator(capsys, "--for-plan", saved, "--days", "7", "--json") == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(saved.read_bytes())))
+    assert call_calculator(capsys, "--for-plan", "-", "--days", "7", "--json") == expected
+
+
 def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
     """The quotient is rounded once, half-up to the cent: 28 digits would round it twice (…0.0049999999 to
     …0.0050000, then up to …0.01)."""
@@ -143,6 +250,12 @@ def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
     [
         (b"", NOT_A_PLAN),
         (b"\xff\xfe", NOT_A_PLAN),
+        (b"\xff\xfe{\x00", NOT_A_PLAN),
+        (b"\xff\xfe{", MESSAGES["calculator: plan encoding"]),  # an odd byte after the mark: not UTF-16
+        (b"\xff\xfe\x00\xd8}\x00", MESSAGES["calculator: plan encoding"]),  # a lone surrogate
+        ('{"kit": "iteragpu-lab-v1 \u00e9"}'.encode("latin-1"), MESSAGES["calculator: plan encoding"]),
+        (plan_text().encode("utf-16-le"), NOT_A_PLAN),  # UTF-16 without its mark: not told from UTF-8's NULs
+        (b"\xef\xbb\xbf\xef\xbb\xbf" + plan_text().encode(), NOT_A_PLAN),  # one mark is skipped, not two
         (b"[" * 100000, NOT_A_PLAN),
         (b"[1, 2]", NOT_A_PLAN),
         (b'{"kit": "iteragpu-lab-v1"}', NOT_A_PLAN),
@@ -250,8 +363,8 @@ def test_the_calculator_imports_nothing_of_the_measuring_script():
 
 
 def test_at_exactly_the_needed_memory_a_card_holds_the_run_and_rounding_is_half_up(tmp_path, capsys):
-    """The L4's 24 GB exactly: it holds the run, 0.00 left; 125,000,000 bytes short of the next is 0.13 GB
-    (half-up; half-even would write 0.12)."""
+    """The L4's 24 GB exactly (no PyTorch figure recorded: its nominal one, marked): it holds the run, 0.00 left;
+    125,000,000 bytes short of the next is 0.13 GB (half-up; half-even would write 0.12)."""
     path = tmp_path / "plan.json"
     path.write_text(plan_text(needs_card_memory_bytes=24 * 10**9))
     status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
@@ -260,7 +373,7 @@ def test_at_exactly_the_needed_memory_a_card_holds_the_run_and_rounding_is_half_
     path.write_text(plan_text(needs_card_memory_bytes=24 * 10**9 + 125000000))
     status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7")
     l4_line = next(line for line in out.splitlines() if line.startswith("l4 "))
-    assert l4_line.split()[5:11] == ["no", "0.12", "short", "0.13", "short", "1"], l4_line
+    assert l4_line.split()[3:11] == ["24", "none", "no*", "0.12", "short", "0.13", "short", "1"], l4_line
 
 
 def test_an_unreadable_standard_input_is_refused_in_one_line(capsys, monkeypatch):
@@ -283,9 +396,21 @@ def test_the_readme_s_for_plan_example_on_the_readme_s_plan(tmp_path, capsys, mo
     assert plan_line.startswith("python mesure_memoire.py measure ")
     assert "--device" not in plan_line  # the plan needs no device
     assert "\npython calcul_forfaits.py --for-plan plan.json --days 7\n" in readme
-    assert "`memory_gb` × 10**9 bytes" in readme
+    assert "`--for-plan -`" in readme, "the README shows the plan read from standard input"
+    assert "`pytorch_total_memory_bytes`" in readme, "where a catalog card's figure is read"
+    said = [part for part in readme.split("\n\n") if "--memory-gib" in part and "PyTorch" in part]
+    assert any("`environment`" in part for part in said), "--memory-gib takes the GiB PyTorch reports"
     monkeypatch.chdir(tmp_path)
     plan_file(tmp_path, capsys, run=plan_line.split()[2:-3])  # less "--json > plan.json"
     status, out, err = call_calculator(capsys, "--for-plan", "plan.json", "--days", "7")
     assert (status, err) == (0, "")
     assert out.startswith("Plan: batch 2, context 128, width 1024, float32;")
+
+
+def test_the_help_says_which_figure_for_plan_judges_on(capsys):
+    assert calcul_forfaits.main(["--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = next(number for number, line in enumerate(lines) if line.startswith("  --for-plan FILE"))
+    following = itertools.takewhile(lambda line: not line.startswith("  -"), lines[first + 1 :])  # its own lines
+    entry = " ".join(" ".join([lines[first], *following]).split())
+    assert "PyTorch" in entry and "--memory-gib" in entry, entry

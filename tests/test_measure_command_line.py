@@ -768,7 +768,7 @@ HELP_LINES = {
         "  --seed N          seed of the weights and inputs (default 0)",
         "  --plan            predict the memory per phase: arithmetic only, no GPU, writes nothing",
         "  --json            with --plan: print one JSON object",
-        "  --memory-gib GIB  with --plan: a card's memory in GiB; whether the run fits, and the largest",
+        "  --memory-gib GIB  with --plan: a card's memory in GiB as PyTorch reports it (environment shows it",
     ],
     "sweep": [
         "usage: mesure_memoire.py sweep [-h] --device cuda:N --vary DIMENSION --values V1,V2,... --output-dir",

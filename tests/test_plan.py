@@ -435,7 +435,7 @@ BLAS workspace allowance on the first forward: 256.000 MiB (the largest default 
 the workspace)
 Predicted peak allocated: 268604928 bytes = 0.25 GiB, in cold_forward
 measure needs 1342346752 bytes = 1.25 GiB free (the peak plus a 1.00 GiB margin); a card needs 2416088576 bytes = \
-2.25 GiB (plus a 1.00 GiB allowance for the CUDA/ROCm context).
+2.25 GiB (including a 1.00 GiB allowance for the CUDA/ROCm context).
 Host memory: building the model on the CPU needs 132352 bytes = 0.00 GiB of RAM (measure checks it).
 Not included: the CUDA/ROCm context, the BLAS handles and kernel code, which the allocator's counters never see, \
 reserved memory above allocated (the allocator's segments)."""

@@ -2,6 +2,7 @@
 that measure applies too (stand-in GPU), and the allocator settings PyTorch parsed (allocated bytes checked
 under the defaults only)."""
 
+import itertools
 import json
 import re
 
@@ -152,15 +153,17 @@ def test_the_fit_text_and_json_come_from_the_same_data(capsys):
     assert needs(width=5007) <= 3 * GIB < needs(width=5008)
 
 
-def test_the_fit_text_when_it_does_not_fit():
-    plan_ = mesure_memoire.memory_plan(config())
-    plan_.update(mesure_memoire.fit_on_card(plan_, "1"))
-    assert mesure_memoire.format_fit(plan_).splitlines()[:2] == [
+def test_the_fit_text_when_it_does_not_fit(capsys):
+    """No "Fits:" note after a run that does not fit (exit 3): the verdict and the largest sizes end the text."""
+    assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", "1"]) == 3
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == [
         "On a card of 1.0 GiB (1073741824 bytes): does NOT fit (1342346752 bytes short), needing 2416088576 bytes "
         "(2.25 GiB).",
         "Largest that fits, each dimension alone with the others as given: batch none (even 1 does not fit), "
         "context none (even 1 does not fit), width none (even 1 does not fit).",
     ]
+    assert not any(line.startswith("Fits:") for line in lines)
 
 
 def test_the_card_memory_is_written_in_plain_digits_however_small():
@@ -298,7 +301,7 @@ def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
     assert completed.returncode == 3
     lines = completed.stdout.splitlines()
     assert lines[0].startswith("Plan for measure")
-    assert lines[-2].startswith("Fits: measure and sweep accept")
+    assert lines[-2].startswith("Largest that fits")  # no "Fits:" note: the run does not fit
     assert lines[-1] + "\n" == error_line(MESSAGES["does not fit the card"].format(gib="2.0"))
     assert list(tmp_path.iterdir()) == []
 
@@ -420,3 +423,13 @@ def test_another_or_unknown_backend_is_not_checked_and_never_disagrees(backend, 
     assert prediction_check["agrees"] is False
     assert len(prediction_check["not_checked"]) == 5
     assert (workspace["measured_bytes"], workspace["requested_bytes"]) == (None, None)
+
+
+def test_the_help_says_memory_gib_takes_the_gib_pytorch_reports_and_where_a_catalog_card_s_is(capsys):
+    assert mesure_memoire.main(["measure", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = next(number for number, line in enumerate(lines) if line.startswith("  --memory-gib GIB"))
+    following = itertools.takewhile(lambda line: not line.startswith("  -"), lines[first + 1 :])  # its own lines
+    entry = " ".join(" ".join([lines[first], *following]).split())
+    for fact in ("PyTorch", "environment", "calcul_forfaits.py --list"):
+        assert fact in entry, (fact, entry)

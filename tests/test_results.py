@@ -17,7 +17,7 @@ from fractions import Fraction
 import pytest
 
 import calcul_forfaits
-from conftest import MESSAGES, ROOT, assert_one_line_refusal, calculator_refusal, error_line, half_up_cents, tree_digest
+from conftest import MESSAGES, ROOT, assert_one_line_refusal, calculator_refusal, error_line, half_up_cost, tree_digest
 from conftest import call_calculator as call
 
 DATA = ROOT / "tests" / "data" / "results"
@@ -77,17 +77,19 @@ def write(folder, *rows, header=HEADER):
 # --- the table --------------------------------------------------------------------------------------
 
 
-def test_the_readme_example_on_the_blank_template_matches_the_command_byte_for_byte(capsys, tmp_path, monkeypatch):
-    """The README runs --results on the shipped template, as it is in the extracted folder: its one line, shown."""
+def test_the_readme_s_command_reads_a_filled_copy(capsys, tmp_path, monkeypatch):
+    """The README runs --results on the renter's filled copy of the template (here the example, under the README's
+    name, beside the result files it names), never on the blank template."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    command = "```console\npython calcul_forfaits.py --results resultats-bruts.csv\n```\n\n```text\n"
-    assert command in readme
-    shown = readme.split(command, 1)[1].split("```", 1)[0]
-    (tmp_path / "resultats-bruts.csv").write_bytes((ROOT / "resultats-bruts.csv").read_bytes())
+    command = next(line for line in readme.splitlines() if line.startswith("python calcul_forfaits.py --results "))
+    filled = command.split()[-1]
+    assert filled != "resultats-bruts.csv"
+    shutil.copytree(DATA, tmp_path, dirs_exist_ok=True)
+    shutil.copy(EXAMPLE, tmp_path / filled)
     monkeypatch.chdir(tmp_path)
-    status, out, err = call(capsys, "--results", "resultats-bruts.csv")
-    assert (status, out) == (2, "")
-    assert err == shown
+    status, out, err = call(capsys, *command.split()[2:], "--json")
+    assert (status, err) == (0, "")
+    assert json.loads(out)["rentals"] == json.loads(call(capsys, "--results", str(EXAMPLE), "--json")[1])["rentals"]
 
 
 def test_the_example_file_gives_each_rental_once_cheapest_first(capsys):
@@ -109,7 +111,7 @@ def test_the_example_file_gives_each_rental_once_cheapest_first(capsys):
         assert rental["total_price_cents"] == total
         assert rental["runs"] == count
         assert rental["units_accepted"] == accepted
-        assert rental["cost_per_accepted_result_usd"] == half_up_cents(cost / 100)
+        assert rental["cost_per_accepted_result_usd"] == half_up_cost(cost / 100)
     assert any(rental["runs"] > 1 for rental in data["rentals"])  # the example shows a price counted once
 
 
@@ -148,7 +150,7 @@ def test_a_rental_with_several_runs_counts_its_price_once(folder, capsys):
         "run_ids": ["a", "b"],
         "units_submitted": 200,
         "units_accepted": 97,
-        "cost_per_accepted_result_usd": half_up_cents(Fraction(h100, 100 * 97)),
+        "cost_per_accepted_result_usd": half_up_cost(Fraction(h100, 100 * 97)),
     }
     assert second["rental_id"] == "rent-2"
     assert second["cost_per_accepted_result_usd"] == cents(PRICES[("mi300x", 7)])
@@ -182,14 +184,15 @@ def test_a_rental_with_several_runs_counts_its_price_once(folder, capsys):
         "2",
         "200",
         "97",
-        half_up_cents(Fraction(h100, 100 * 97)),
+        half_up_cost(Fraction(h100, 100 * 97)),
         "USD",
     ]
     assert lines[3].split()[0] == "rent-2"
     assert lines[4:] == [
         "Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
         "2026-09-24, whole USD cents, no hourly proration.",
-        "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to the cent.",
+        "Cost per accepted result = total price / units accepted over the rental's runs, rounded half-up to four "
+        "significant digits or to the cent, whichever is finer.",
     ]
 
 
@@ -612,3 +615,21 @@ def test_a_table_the_terminal_cannot_encode_is_written_escaped(folder, capsys, m
     assert (status, capsys.readouterr().err) == (0, "")
     ascii_out.flush()
     assert "rent-\\xe9" in ascii_out.buffer.getvalue().decode("ascii")
+
+
+def test_help_lists_the_columns_results_reads_in_the_template_s_order(capsys):
+    """The columns of the blank template, in its order, on one line of --help (argparse wraps at spaces only)."""
+    assert calcul_forfaits.main(["--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    header = (ROOT / "resultats-bruts.csv").read_text(encoding="utf-8").strip()
+    assert ", ".join(header.split(",")) in help_text
+
+
+def test_the_protocol_runs_results_on_the_renter_s_filled_copy_not_the_blank_template():
+    protocol = (ROOT / "protocole-qualite.md").read_text(encoding="utf-8")
+    section = protocol.split("## 9.", 1)[1]
+    commands = [line for line in section.splitlines() if line.startswith("python calcul_forfaits.py --results ")]
+    assert len(commands) == 1, commands
+    filled = commands[0].split()[-1]
+    assert filled != "resultats-bruts.csv", "the blank template holds no run: --results refuses it"
+    assert f"`{filled}`" in section, "the section names the filled copy it runs on"

@@ -875,7 +875,7 @@ def format_environment(environment):
 
 # >>> notebook: The result's format, declared once: measure writes it, report checks it, the tables show it
 # The result's format: report reads this version only (a change of what measure writes changes it).
-RESULT_SCHEMA_VERSION = 6
+RESULT_SCHEMA_VERSION = 7
 MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
 
 
@@ -982,6 +982,14 @@ RESULT_FORMAT = {
     ],
     "prediction_check": {"agrees": BOOLEAN_FIELD, "disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
     "output_summary": {"all_finite": BOOLEAN_FIELD},
+    "sustained": NullOr(
+        {
+            "seconds_asked": POSITIVE_FIELD,
+            "steady_ms_per_forward": (lambda value: value is not None and _is_time(value), "a time >= 0"),
+            "steady": (lambda value: value is None or isinstance(value, bool), "null, true or false"),
+            "ratio_to_warm_median": (_is_time, "null or a ratio >= 0"),
+        }
+    ),
 }
 _MISSING = object()  # a field the file does not hold
 
@@ -1039,6 +1047,15 @@ def warm_spread(phases):
         }
 
 
+def _device_median_ms(warm):
+    """The median of the warm lines' ``device_ms``, or None where any is null."""
+    values = [phase["device_ms"] for phase in warm]  # RESULT_FORMAT checked each: null or a time
+    if any(value is None for value in values):
+        return None
+    # repr, not float(): an int keeps its digits (a float has 17); abs() writes a crafted -0.0 as 0.
+    return _median([abs(Decimal(repr(value))) for value in values])
+
+
 def spread_text(spread):
     """The warm repetitions' spread and drift, one line."""
     drift = spread["warm_drift"]
@@ -1058,8 +1075,151 @@ def _shown(value):
 # <<< notebook
 
 
+# >>> notebook: The sustained run and the card's state (measure --sustained-s)
+SUSTAINED_MAX_SECONDS = 600  # minutes bring a card to its power and thermal steady state; a trial stays bounded
+SUSTAINED_REASON = "a sustained run is a bounded trial too"
+WINDOW_NS = 10**9  # a window: about a second of forwards at the warm repetitions' pace
+# Steady: each of the last half's windows within 2 % of their median; a capped clock swings by more.
+STEADY_TOLERANCE = Decimal("0.02")
+VENDOR_TOOL = "nvidia-smi"  # found by the OS's search of PATH, the one environment variable the kit lets it read
+VENDOR_TIMEOUT_S = 10  # a hung vendor tool is killed: the reading is null, the run goes on
+CARD_FIELDS = {
+    "sm_clock_mhz": "clocks.sm",
+    "max_sm_clock_mhz": "clocks.max.sm",
+    "power_draw_w": "power.draw",
+    "power_limit_w": "power.limit",
+    "temperature_c": "temperature.gpu",
+    "clock_event_reasons": "clocks_event_reasons.active",
+}
+CLOCK_EVENT_REASONS = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+)  # bit 0 upwards, as nvidia-smi --help-query-gpu lists them
+
+
+def _card_value(name, text):
+    """One field of the vendor tool's line: a number (the reasons as their names), None for [N/A] or odd text."""
+    import re
+
+    if name == "clock_event_reasons":
+        bits = int(text, 16) if re.fullmatch(r"0x[0-9A-Fa-f]{1,16}", text) else None
+        return None if bits is None else [reason for bit, reason in enumerate(CLOCK_EVENT_REASONS) if bits >> bit & 1]
+    if not re.fullmatch(r"[0-9]{1,9}(?:\.[0-9]{1,6})?", text):
+        return None
+    if name.endswith("_w"):
+        return float(text)
+    return int(text) if text.isdigit() else None
+
+
+def _uuid_key(uuid):
+    return str(uuid).strip().lower().removeprefix("gpu-")
+
+
+def read_card(tool, uuid):
+    """The card's state from the vendor tool, as {"reading": {field: value}, "why_null": None}, or a null reading
+    and why.  The GPU is matched by its UUID, which is neither kept nor shown."""
+    import subprocess
+
+    query = ",".join(("uuid", *CARD_FIELDS.values()))
+    command = [tool, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    except OSError as error:
+        return {"reading": None, "why_null": f"{VENDOR_TOOL} could not start: {describe_error(error)}"}
+    try:
+        out, _ = process.communicate(timeout=VENDOR_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"reading": None, "why_null": f"{VENDOR_TOOL} did not answer within {VENDOR_TIMEOUT_S} s"}
+    finally:
+        process.kill()
+        process.wait()
+    if process.returncode:
+        return {"reading": None, "why_null": f"{VENDOR_TOOL} exited with status {process.returncode}"}
+    for line in out.decode("utf-8", "replace").splitlines():
+        texts = [text.strip() for text in line.split(",")]
+        if len(texts) == 1 + len(CARD_FIELDS) and _uuid_key(texts[0]) == _uuid_key(uuid):
+            values = [_card_value(name, text) for name, text in zip(CARD_FIELDS, texts[1:], strict=True)]
+            return {"reading": dict(zip(CARD_FIELDS, values, strict=True)), "why_null": None}
+    return {"reading": None, "why_null": f"no GPU {VENDOR_TOOL} lists is the one PyTorch measured"}
+
+
+def card_reader(cuda, index):
+    """A function that reads the card's state (read_card), or says why it cannot."""
+    import shutil
+
+    tool = shutil.which(VENDOR_TOOL)
+    if tool is None:
+        return lambda: {"reading": None, "why_null": f"no {VENDOR_TOOL} on PATH"}
+    try:
+        uuid = cuda.get_device_properties(index).uuid
+    except PYTORCH_FAILURES:
+        return lambda: {"reading": None, "why_null": "PyTorch gave no UUID to match the card by"}
+    return lambda: read_card(tool, uuid)
+
+
+def sustained_run(cuda, device, forward, warm, seconds, read_card_state, clock=time.perf_counter_ns):
+    """Forwards back to back for about ``seconds`` after the warm repetitions (``warm``, their lines), in windows
+    of about WINDOW_NS at their pace: a CUDA event between windows, no synchronization until the end, so that
+    the queue never drains; the card read from a thread while the last window is in flight."""
+    import threading
+
+    per_window = max(1, int(WINDOW_NS // max(_median([line["nanoseconds"] for line in warm]), 1)))
+    stream = cuda.current_stream(device)
+    card = {}
+    reader = threading.Thread(target=lambda: card.update(read_card_state()), daemon=True)
+    events = [cuda.Event(enable_timing=True)]
+    events[0].record(stream)
+    started_ns = last_ns = clock()
+    while reader.ident is None:  # until the last window is launched
+        now_ns = clock()
+        if 2 * now_ns - last_ns - started_ns >= seconds * 10**9:  # elapsed + one more window's time
+            reader.start()
+        last_ns = now_ns
+        for _ in range(per_window):
+            forward()
+        events.append(cuda.Event(enable_timing=True))
+        events[-1].record(stream)
+    cuda.synchronize(device)
+    reader.join()
+    window_ms = [
+        checked_milliseconds("elapsed_time", start.elapsed_time(end))
+        for start, end in zip(events[:-1], events[1:], strict=True)
+    ]
+    return {"seconds_asked": seconds, "forwards_per_window": per_window}, window_ms, card
+
+
+def sustained_section(run, window_ms, warm):
+    """The result's sustained section: the time per forward of each window; the steady value (the last half's
+    median); whether steady (each of that half within STEADY_TOLERANCE; None under three windows there); its
+    ratio to the warm repetitions' device median."""
+    with exact_context():
+        per_forward = [abs(Decimal(repr(ms))) / run["forwards_per_window"] for ms in window_ms]
+        half = per_forward[len(per_forward) // 2 :]
+        steady_ms = _median(half)
+        warm_ms = _device_median_ms(warm)
+        return {
+            **run,
+            "window_ms_per_forward": per_forward,
+            "steady_ms_per_forward": steady_ms,
+            "steady": None
+            if len(half) < 3
+            else all(abs(ms - steady_ms) <= STEADY_TOLERANCE * steady_ms for ms in half),
+            "ratio_to_warm_median": steady_ms / warm_ms if warm_ms else None,
+        }
+
+
+# <<< notebook
+
+
 # >>> notebook: 3. Phase-by-phase measurement (GPU only, no CPU fallback)
-def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
+def measure_config(device, batch, context, width, dtype, warmup, repeats, seed, sustained_seconds=None):
     """Validate a measurement's parameters; returns them as a dict (device None: a plan for no device)."""
     if device is not None:
         device_index(device)
@@ -1074,6 +1234,9 @@ def measure_config(device, batch, context, width, dtype, warmup, repeats, seed):
         "warmup": whole_number("--warmup", warmup, 0, MAX_PASSES, PASSES_REASON),
         "repeats": whole_number("--repeats", repeats, 1, MAX_PASSES, PASSES_REASON),
         "seed": whole_number("--seed", seed, 0, MAX_SEED),
+        "sustained_seconds": None
+        if sustained_seconds is None
+        else whole_number("--sustained-s", sustained_seconds, 1, SUSTAINED_MAX_SECONDS, SUSTAINED_REASON),
     }
 
 
@@ -1516,13 +1679,14 @@ class PhaseFailed(Exception):
 
 def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     """Run the phases of the spec's table in order; returns (their records, the output summary, the
-    per-call workspace).
+    per-call workspace, the sustained run and the card's state: {"sustained", "card_state"}).
 
     ``cuda`` is ``torch.cuda`` for a real measurement (tests pass a recording stand-in).  The
     summary of the last output and the per-call workspace are measured after the phases, outside any timing.
     """
     dtype = getattr(torch, config["dtype"])
     records = []
+    read_card_state = card_reader(cuda, device_index(config["device"]))
 
     def timed_phase(name, work, **labels):
         try:
@@ -1558,6 +1722,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
         # Forward outputs are not kept: each is released when timed_phase() returns, except the
         # last, which is released only after its summary.
         timed_phase("cold_forward", lambda: model(inputs))
+        card_before = read_card_state()  # the card's state before the warm-up, outside any timing
         if config["warmup"]:
             timed_phase("warmup", warmup_passes, passes=config["warmup"])
         output = None
@@ -1568,12 +1733,23 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
             summary = summarize_output(torch, output)
         except PYTORCH_FAILURES as exc:
             raise PhaseFailed("output_summary", exc) from exc
-        output = None  # the last output goes before the products run again
+        output = None  # the last output goes before the sustained run and the products run again
+        sustained, card_last = None, None
+        if config["sustained_seconds"]:
+            warm = [line for line in records if line["phase"] == "warm_forward"]
+            try:
+                run, window_ms, card_last = sustained_run(
+                    cuda, device, lambda: model(inputs), warm, config["sustained_seconds"], read_card_state, clock
+                )
+                sustained = sustained_section(run, window_ms, warm)
+            except PYTORCH_FAILURES as exc:
+                raise PhaseFailed("sustained", exc) from exc
         try:
             per_call = measure_per_call_workspace(cuda, device, model, inputs)
         except PYTORCH_FAILURES as exc:
             raise PhaseFailed("per_call_workspace", exc) from exc
-    return records, summary, per_call
+    card_state = {"before_warmup": card_before, "last_sustained_window": card_last}
+    return records, summary, per_call, {"sustained": sustained, "card_state": card_state}
 
 
 # A forward's BLAS workspaces are kept (per handle and stream) or taken per call, depending on the PyTorch
@@ -1999,7 +2175,7 @@ def measure(config, tool):
     set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
     allocated_before, reserved_before, device_used_before = _counters_before(set_up, cuda, device, index)
     try:
-        phases, output_summary, per_call = measure_phases(torch, cuda, device, config)
+        phases, output_summary, per_call, timing = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
     backend = environment["gpu"]["allocator_backend"]
@@ -2027,6 +2203,7 @@ def measure(config, tool):
         "prediction_check": prediction_check,
         "workspace": workspace,
         "output_summary": output_summary,
+        **timing,
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
@@ -2221,7 +2398,36 @@ def format_phase_table(result):
             + ("" if checksum is None else f", float64 checksum {checksum!r}")
         )
     lines.append(spread_text(warm_spread(result["phases"])))
+    card_state, sustained = result.get("card_state"), result.get("sustained")
+    if card_state:
+        lines.append(card_text("before the warm-up", card_state["before_warmup"]))
+    if sustained:
+        lines += [sustained_text(sustained), card_text("in the last window", card_state["last_sustained_window"])]
     return "\n".join(lines)
+
+
+def card_text(when, state):
+    """The card's state at ``when``, one line."""
+    reading = state["reading"]
+    if reading is None:
+        return f"Card {when}: not read ({state['why_null']})"
+    shown = {name: "n/a" if value is None else value for name, value in reading.items()}
+    reasons = "n/a" if reading["clock_event_reasons"] is None else ", ".join(reading["clock_event_reasons"]) or "none"
+    return (
+        f"Card {when} ({VENDOR_TOOL}): SM clock {shown['sm_clock_mhz']} of {shown['max_sm_clock_mhz']} MHz, power "
+        f"{shown['power_draw_w']} of {shown['power_limit_w']} W, {shown['temperature_c']} C, clock events: {reasons}"
+    )
+
+
+def sustained_text(sustained):
+    """The sustained run, one line."""
+    steady = {True: "steady", False: "NOT steady", None: "too few windows to tell"}[sustained["steady"]]
+    ratio = sustained["ratio_to_warm_median"]
+    return (
+        f"Sustained run, {sustained['seconds_asked']} s asked: {len(sustained['window_ms_per_forward'])} windows of "
+        f"{sustained['forwards_per_window']} forwards; {sustained['steady_ms_per_forward']:.3f} device ms "
+        f"per forward at the end ({steady})" + ("" if ratio is None else f", {ratio:.3f} x the warm median")
+    )
 
 
 # <<< notebook
@@ -2337,6 +2543,29 @@ def _result_row(path, result):
             "flop_per_forward": flop,
             "derived_positions_per_second": None if per_second is None else batch * context * per_second,
             "derived_flop_per_second": None if per_second is None else flop * per_second,
+            **_sustained_row(result["sustained"], flop),
+        }
+
+
+SUSTAINED_ROW = ("sustained_seconds", "sustained_ms_per_forward", "sustained_steady", "sustained_ratio_to_warm_median")
+
+
+def _sustained_row(sustained, flop):
+    """report's figures of a sustained run, and its derived FLOP/s; None each where the result has none."""
+    if sustained is None:
+        return dict.fromkeys((*SUSTAINED_ROW, "derived_sustained_flop_per_second"))
+    steady_ms, ratio = (sustained[key] for key in ("steady_ms_per_forward", "ratio_to_warm_median"))
+    steady_ms = abs(Decimal(repr(steady_ms)))  # exact from the digits written; a crafted -0.0 as 0
+    with exact_context():
+        figures = (
+            sustained["seconds_asked"],
+            steady_ms,
+            sustained["steady"],
+            None if ratio is None else abs(Decimal(repr(ratio))),
+        )
+        return {
+            **dict(zip(SUSTAINED_ROW, figures, strict=True)),
+            "derived_sustained_flop_per_second": flop * 1000 / steady_ms if steady_ms else None,
         }
 
 
@@ -2379,15 +2608,6 @@ def _device_wide(last_phase):
     return {"device_used_end_bytes": used, "outside_allocator_bytes": None if used < reserved else used - reserved}
 
 
-def _device_median_ms(warm):
-    """The median of the warm lines' ``device_ms``, or None where any is null."""
-    values = [phase["device_ms"] for phase in warm]  # RESULT_FORMAT checked each: null or a time
-    if any(value is None for value in values):
-        return None
-    # repr, not float(): an int keeps its digits (a float has 17); abs() writes a crafted -0.0 as 0.
-    return _median([abs(Decimal(repr(value))) for value in values])
-
-
 def forward_flop(batch, context, width):
     """FLOP of one forward of the synthetic MLP, by REPORT_FLOP_CONVENTION (an exact int)."""
     positions, hidden = batch * context, 4 * width
@@ -2414,6 +2634,8 @@ def _row_flags(result, row, first):
     if not result["output_summary"]["all_finite"]:
         flags.append("non-finite output")
     flags += _variation_flags(row)
+    if row["sustained_steady"] is False:
+        flags.append("sustained run not steady")
     if row["peak_allocated_bytes"] > row["peak_reserved_bytes"]:  # allocated is part of reserved: not true
         flags.append("peak allocated above peak reserved")
     if row["device_used_end_bytes"] is not None and row["outside_allocator_bytes"] is None:
@@ -2500,6 +2722,34 @@ def device_wide_lines(rows):
     return [DEVICE_WIDE_NOTE, _table(table)]
 
 
+SUSTAINED_NOTE = (
+    "Sustained runs (measure --sustained-s): forwards back to back, timed by CUDA events per window; steady: the "
+    "last half's median time per forward; x warm: against the warm repetitions' device median; GFLOP/s: a "
+    "forward's FLOP over the steady time (derived)."
+)
+
+
+def sustained_lines(rows):
+    """A table of the sustained runs, for the results that hold one; none otherwise."""
+    recorded = [row for row in rows if row["sustained_seconds"] is not None]
+    if not recorded:
+        return []
+    table = [("file", "seconds", "steady ms", "steady", "x warm", "GFLOP/s")]
+    for row in recorded:
+        ratio, flop_per_second = row["sustained_ratio_to_warm_median"], row["derived_sustained_flop_per_second"]
+        table.append(
+            (
+                _cell(row["file"]),
+                str(row["sustained_seconds"]),
+                str(rounded(row["sustained_ms_per_forward"], 3)),
+                {True: "yes", False: "NO", None: "n/a"}[row["sustained_steady"]],
+                "n/a" if ratio is None else str(rounded(ratio, 3)),
+                "n/a" if flop_per_second is None else str(rounded(flop_per_second / 10**9, 2)),
+            )
+        )
+    return [SUSTAINED_NOTE, _table(table)]
+
+
 def format_report(data):
     def figure(value, places):
         return "n/a" if value is None else str(rounded(value, places))
@@ -2557,6 +2807,7 @@ def format_report(data):
         for row in rows
     ]
     lines += device_wide_lines(data["results"])
+    lines += sustained_lines(data["results"])
     lines += [
         "Peaks: maxima over each run's phases, PyTorch's allocator in that process only.",
         "Times: wall clock; the warm figures are over the warm_forward lines, the drift their last third's median "
@@ -2846,9 +3097,8 @@ def _command_measure(args):
     # The values arrive as typed: measure_config checks them, with the messages the notebook gets too.
     if args.device is None and not args.plan:
         raise KitError("--device is required (unless --plan)")
-    config = measure_config(
-        args.device, args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed
-    )
+    sizes = (args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed)
+    config = measure_config(args.device, *sizes, args.sustained_s)
     if args.plan:
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
@@ -3210,10 +3460,15 @@ MEMORY_GIB_HELP = (
     "with --plan: a card's memory in GiB as PyTorch reports it (environment shows it on the box; a catalog card's: "
     "calcul_forfaits.py --list); whether the run fits, and the largest batch, context and width that fit"
 )
+SUSTAINED_HELP = (
+    f"after the warm repetitions, forwards back to back for SECONDS (1 to {SUSTAINED_MAX_SECONDS}), timed per "
+    "window: how the card's power management slows long work (default: none)"
+)
 MEASURE_ARGUMENTS = [
     ("--device", "cuda:N", None, "the GPU to measure; required unless --plan"),
     ("--output", "FILE", None, "new JSON file for the result (never overwritten); required unless --plan"),
     *RUN_ARGUMENTS,
+    ("--sustained-s", "SECONDS", None, SUSTAINED_HELP),
     ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
     ("--json", None, False, "with --plan: print one JSON object"),
     ("--memory-gib", "GIB", None, MEMORY_GIB_HELP),

@@ -558,6 +558,14 @@ def half_up_cost(fraction):
 
 # What measure_phases measures after the phases on a GPU whose BLAS workspaces are kept: no per-call workspace.
 NO_PER_CALL = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product in ("fc1", "fc2")}
+# measure_phases' time beyond the phases: no sustained run asked, no vendor tool on PATH.
+NO_TIMING = {
+    "sustained": None,
+    "card_state": {
+        "before_warmup": {"reading": None, "why_null": "no nvidia-smi on PATH"},
+        "last_sustained_window": None,
+    },
+}
 
 
 # --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
@@ -676,7 +684,7 @@ MESSAGES = {
     "report: an object": "an object",
     "report: null or an object": "null or an object",
     "report: this kit": "'iteragpu-lab-v1'",
-    "report: this schema": "6, this kit's (measure again with this kit)",
+    "report: this schema": "7, this kit's (measure again with this kit)",
     "report: a dtype": "one of float32, float16, bfloat16",
     "report: a phase": "one of model_load, inputs, cold_forward, warmup, warm_forward",
     "report: cold and warm lines": "one cold_forward line and at least one warm_forward line",

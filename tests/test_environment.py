@@ -117,8 +117,11 @@ def test_privacy_no_environment_variable_hostname_user_or_path_in_any_output(tmp
 def test_the_scripts_never_read_environment_variables():
     for script in ("mesure_memoire.py", "calcul_forfaits.py"):
         source = (ROOT / script).read_text(encoding="utf-8")
-        for reader in ("os.environ", "getenv", "gethostname", "getuser", ".uuid", "platform.node", "expanduser"):
+        for reader in ("os.environ", "getenv", "gethostname", "getuser", "platform.node", "expanduser"):
             assert reader not in source, (script, reader)
+        # The GPU's UUID is read once, to find the measured card among nvidia-smi's (test_card_state.py: never
+        # written or printed); PATH only by the OS's search for that tool (shutil.which).
+        assert source.count(".uuid") == (script == "mesure_memoire.py"), script
 
 
 # The tests below use the stand_in_gpu fixture (conftest.py), because no GPU can be had

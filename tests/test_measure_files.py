@@ -268,7 +268,7 @@ def stand_in_measure(monkeypatch):
     def fake_measure(config, tool):
         calls.append(config)
         cpu = torch.device("cpu")
-        phases, output_summary, per_call = mesure_memoire.measure_phases(
+        phases, output_summary, per_call, timing = mesure_memoire.measure_phases(
             torch, RecordingCudaStandIn(device=cpu), cpu, config
         )
         return {
@@ -281,6 +281,7 @@ def stand_in_measure(monkeypatch):
             "phases": phases,
             "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": per_call},
             "output_summary": output_summary,
+            **timing,
         }
 
     monkeypatch.setattr(mesure_memoire, "measure", fake_measure)

@@ -24,6 +24,7 @@ from conftest import (
     MESSAGES,
     MIB,
     NO_PER_CALL,
+    NO_TIMING,
     SMALL_TRIAL,
     RecordingCudaStandIn,
     config,
@@ -137,7 +138,7 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     recorder = RecordingCudaStandIn(
         observe=lambda: sum(ref() is not None for ref in outputs), device=torch.device("cpu")
     )
-    records, summary, _ = mesure_memoire.measure_phases(
+    records, summary, _, _ = mesure_memoire.measure_phases(
         torch, recorder, torch.device("cpu"), config(warmup=warmup, repeats=repeats)
     )
 
@@ -218,8 +219,11 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
         "predicted_peak_allocated_bytes",
         "fit_margin_bytes",
         "torch_version_warning",
+        "sustained",
+        "card_state",
     }
-    assert result["schema_version"] == 6
+    assert result["schema_version"] == 7
+    assert (result["sustained"], result["card_state"]) == (None, NO_TIMING["card_state"])
     assert result["tool"] == "mesure_memoire.py"
     assert result["torch_version_warning"] is None  # this PyTorch's version reads as MAJOR.MINOR
     assert result["created_utc"].endswith("Z")
@@ -235,6 +239,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
         "warmup": 1,
         "repeats": 2,
         "seed": 0,
+        "sustained_seconds": None,
         "cuda_initialized_before_measure": False,
         "allocated_bytes_before_measure": 0,
         "reserved_bytes_before_measure": 0,
@@ -318,7 +323,9 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
 
 def measures(monkeypatch, settings):
     """measure()'s result for ``settings``, its phases agreeing with the plan (no refusal came first)."""
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}, NO_PER_CALL))
+    monkeypatch.setattr(
+        mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}, NO_PER_CALL, NO_TIMING)
+    )
     return mesure_memoire.measure(settings, tool="t")
 
 
@@ -424,7 +431,12 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
 
     def measure_phases(torch_module, cuda, on, configuration):
         assert (torch_module, cuda, on, configuration) == (torch, torch.cuda, device, settings)  # else: no result
-        return agreeing_records(settings), {"all_finite": True, "checksum_float64": 0.5, "elements": 48}, NO_PER_CALL
+        return (
+            agreeing_records(settings),
+            {"all_finite": True, "checksum_float64": 0.5, "elements": 48},
+            NO_PER_CALL,
+            NO_TIMING,
+        )
 
     monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
     result = mesure_memoire.measure(settings, tool="a tool")
@@ -436,8 +448,9 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     assert result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
         "kit": "iteragpu-lab-v1",
-        "schema_version": 6,
+        "schema_version": 7,
         "tool": "a tool",
+        **NO_TIMING,
         "torch_version_warning": None,
         "configuration": {
             **settings,
@@ -472,7 +485,9 @@ def test_measure_warns_when_the_process_already_held_gpu_memory(stand_in_gpu, mo
     stand_in_gpu()
     SetUpCalls(monkeypatch, allocated=allocated, reserved=reserved)
     settings = config()
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}, NO_PER_CALL))
+    monkeypatch.setattr(
+        mesure_memoire, "measure_phases", lambda *args: (agreeing_records(settings), {}, NO_PER_CALL, NO_TIMING)
+    )
     configuration = mesure_memoire.measure(settings, tool="t")["configuration"]
     assert (configuration["allocated_bytes_before_measure"], configuration["reserved_bytes_before_measure"]) == (
         allocated,
@@ -502,7 +517,7 @@ def test_measure_checks_the_counters_the_settings_pytorch_parsed_allow(
     settings = config(batch=5, context=77, width=3000)
     records = agreeing_records(settings)
     records[1]["end_allocated_bytes"] += 2 * MIB  # the inputs' block beyond its slack: disagrees if checked
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}, NO_PER_CALL))
+    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (records, {}, NO_PER_CALL, NO_TIMING))
     result = mesure_memoire.measure(settings, tool="t")
     inputs = result["phases"][1]
     expected = "disagrees" if backend == "native" and not divisions else verdict
@@ -556,7 +571,9 @@ def test_an_unreadable_pytorch_version_is_measured_with_a_warning_in_the_result(
     stand_in_gpu()
     SetUpCalls(monkeypatch)
     monkeypatch.setattr(torch, "__version__", "custom-build")
-    monkeypatch.setattr(mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL))
+    monkeypatch.setattr(
+        mesure_memoire, "measure_phases", lambda *args: (agreeing_records(config()), {}, NO_PER_CALL, NO_TIMING)
+    )
     result = mesure_memoire.measure(config(), tool="t")
     # not a version: withheld (it could hold a path), so the warning cannot quote it
     assert result["torch_version_warning"] == MESSAGES["unreadable PyTorch version"].format(version="None")
@@ -724,7 +741,7 @@ REQUESTED_PARTLY = [
 @pytest.mark.parametrize(("case", "stats"), REQUESTED_PARTLY, ids=plain_ids(REQUESTED_PARTLY))
 def test_the_products_run_once_more_say_null_requested_bytes_unless_both_counters_are_whole(case, stats):
     cpu = torch.device("cpu")
-    _, _, per_call = mesure_memoire.measure_phases(torch, StandInWithStats(stats, device=cpu), cpu, config())
+    _, _, per_call, _ = mesure_memoire.measure_phases(torch, StandInWithStats(stats, device=cpu), cpu, config())
     # the stand-in's peak allocated (1500) less its allocated (1000); requested bytes unknown, not a failure
     assert per_call == {product: {"allocated_bytes": 500, "requested_bytes": None} for product in ("fc1", "fc2")}
 
@@ -781,7 +798,7 @@ def test_measure_phases_puts_the_model_and_inputs_on_the_measured_device(monkeyp
     settings = config(batch=2, context=3, width=4, dtype="bfloat16", warmup=2, repeats=3, seed=5)
     recorder = RecordingCudaStandIn(device="cuda:7 stand-in")
     ticks = iter(range(0, 10**6, 7))  # each phase reads the clock twice: 7 ns apart
-    records, summary, _ = mesure_memoire.measure_phases(
+    records, summary, _, _ = mesure_memoire.measure_phases(
         DeviceRecordingTorch(seen), recorder, "cuda:7 stand-in", settings, clock=lambda: next(ticks)
     )
     assert [r["nanoseconds"] for r in records] == [7] * 7
@@ -945,8 +962,13 @@ def test_measure_config_validates_each_option_by_its_name():
         "warmup": 0,
         "repeats": 1,
         "seed": 2**64 - 1,
+        "sustained_seconds": None,
     }
     assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0)["seed"] == 0
+    assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0, "600")["sustained_seconds"] == 600
+    for bad in (0, "601", "07", -1, True):
+        message = kit_error_of(mesure_memoire.measure_config, "cuda:0", 1, 1, 1, "float16", 0, 1, 0, bad)
+        assert message.startswith("--sustained-s: expected a whole number from 1 to 600"), message
     good = ["cuda:0", 1, 1, 1, "float32", 0, 1, 0]
     for index, option in ((1, "--batch"), (2, "--context"), (3, "--width")):
         args = list(good)
@@ -1045,9 +1067,10 @@ def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stan
             agreeing_records(settings),
             {"all_finite": True, "checksum_float64": 0.5, "elements": 1024},
             NO_PER_CALL,
+            NO_TIMING,
         ),
     )
     result = mesure_memoire.measure(settings, tool="a tool")
-    assert result["schema_version"] == 6
+    assert result["schema_version"] == 7
     # Read after init, on the chosen device: before init, or on another device, it would be 0.
     assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB

@@ -549,7 +549,7 @@ def test_every_parameter_is_annotated_with_its_type_for_papermill():
     assert "(papermill's: --cwd)" in "".join(cell["source"])
 
 
-def test_plain_python_runs_the_code_cells_twice_in_one_process_alike(tmp_path):
+def test_plain_python_runs_the_code_cells_twice_in_one_process_alike(tmp_path, tmp_path_factory):
     """As on a GPU box without Jupyter: the code cells joined into one script, run twice in one namespace as a
     second Run All does.  PyTorch warns on its first import only (here: without NumPy); re-running the
     definitions must not forget it.  An output file that already exists is refused both times, untouched."""
@@ -561,8 +561,10 @@ def test_plain_python_runs_the_code_cells_twice_in_one_process_alike(tmp_path):
         "    runs.append(out.getvalue())\n"
         "print(json.dumps(runs))\n"
     )
+    script = tmp_path_factory.mktemp("cells") / "twice.py"  # from a file: the code is beyond one argument's limit
+    script.write_text(f"CODE = {code!r}\nnamespace = {{}}\n" + twice, encoding="utf-8")
     completed = subprocess.run(
-        [sys.executable, "-c", f"CODE = {code!r}\nnamespace = {{}}\n" + twice],
+        [sys.executable, str(script)],
         capture_output=True,
         text=True,
         cwd=tmp_path,

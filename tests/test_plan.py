@@ -480,6 +480,7 @@ def test_the_plan_command_passes_each_option_to_its_place(capsys):
         "warmup": 7,
         "repeats": 11,
         "seed": 13,
+        "sustained_seconds": None,
     }
 
 
@@ -781,7 +782,7 @@ def run_on_the_cpu(settings):
     """measure_phases with the real model on the CPU, its counters taken from the live storages."""
     tracker = LiveTensorBytes("cpu")
     with tracker:
-        records, summary, per_call = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
+        records, summary, per_call, _ = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
     return mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(settings), per_call)
 
 
@@ -871,7 +872,7 @@ def run_with_workspaces(monkeypatch, settings, gelu=torch.nn.GELU):
     monkeypatch.setattr(mesure_memoire, "build_model", build_model)
     tracker = LiveTensorBytes("cpu")
     with tracker:
-        records, _, per_call = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
+        records, _, per_call, _ = mesure_memoire.measure_phases(torch, LiveTensorCounters(tracker), CPU, settings)
     return records, per_call
 
 

@@ -50,7 +50,7 @@ def test_the_float32_row_matches_the_hand_computation():
     assert flop == 4296278016
     assert row == {
         "file": "float32.json",
-        "schema_version": 6,
+        "schema_version": 7,
         "gpu": "Crafted GPU",
         "torch": "2.13.0+cu130",
         "cuda_build": "13.0",
@@ -76,6 +76,8 @@ def test_the_float32_row_matches_the_hand_computation():
         "flop_per_forward": 4296278016,
         "derived_positions_per_second": row["derived_positions_per_second"],
         "derived_flop_per_second": row["derived_flop_per_second"],
+        **dict.fromkeys(mesure_memoire.SUSTAINED_ROW),  # no sustained run
+        "derived_sustained_flop_per_second": None,
         "flags": [],
     }
     # 256 / 0.00115 s and 4296278016 / 0.00115 s, by hand
@@ -88,7 +90,7 @@ def test_the_float32_row_matches_the_hand_computation():
 def test_the_bfloat16_row_matches_the_hand_computation():
     row = row_of(load("bfloat16.json"))
     # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.88, 0.92 ms; warm device 0.75, 0.5, 1.25 ms.
-    assert (row["schema_version"], row["dtype"], row["parameters"]) == (6, "bfloat16", 8 * 512 * 512 + 5 * 512)
+    assert (row["schema_version"], row["dtype"], row["parameters"]) == (7, "bfloat16", 8 * 512 * 512 + 5 * 512)
     assert row["warm_median_ms"] == Decimal("0.9")
     assert row["warm_median_device_ms"] == Decimal("0.75")
     assert row["cold_forward_ms"] == Decimal("4.1")
@@ -97,6 +99,14 @@ def test_the_bfloat16_row_matches_the_hand_computation():
     assert mesure_memoire.rounded(row["derived_flop_per_second"], 2) == Decimal("4775098595555.56")
     assert (row["peak_allocated_bytes"], row["peak_reserved_bytes"]) == (18879488, 10 * 2**21)
     assert row["flags"] == []
+    # 30 s asked; the last half of 8 windows: 0.825, 0.826, 0.824, 0.825 ms per forward, within 2 % of 0.825
+    assert (row["sustained_seconds"], row["sustained_ms_per_forward"], row["sustained_steady"]) == (
+        30,
+        Decimal("0.825"),
+        True,
+    )
+    assert row["sustained_ratio_to_warm_median"] == Decimal("1.1")  # 0.825 / 0.75, as written
+    assert mesure_memoire.rounded(row["derived_sustained_flop_per_second"], 2) == Decimal("5209198467878.79")
 
 
 def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
@@ -287,6 +297,11 @@ GPU.
 file           device used MiB  outside allocator MiB
 float32.json            548.00                 500.00
 bfloat16.json           584.00                 564.00
+Sustained runs (measure --sustained-s): forwards back to back, timed by CUDA events per window; steady: the last \
+half's median time per forward; x warm: against the warm repetitions' device median; GFLOP/s: a forward's FLOP over \
+the steady time (derived).
+file           seconds  steady ms  steady  x warm  GFLOP/s
+bfloat16.json       30      0.825     yes   1.100  5209.20
 Peaks: maxima over each run's phases, PyTorch's allocator in that process only.
 Times: wall clock; the warm figures are over the warm_forward lines, the drift their last third's median \
 against their first third's.
@@ -485,9 +500,13 @@ HOSTILE = {
         lambda folder: _write(folder, "s5.json", _valid_with(lambda r: r.update(schema_version=5))),
         wrong("schema_version", "this schema", 5),
     ),
-    "schema 7": (
-        lambda folder: _write(folder, "s7.json", _valid_with(lambda r: r.update(schema_version=7))),
-        wrong("schema_version", "this schema", 7),
+    "schema 6": (  # the schema before the sustained run and the card's state
+        lambda folder: _write(folder, "s6.json", _valid_with(lambda r: r.update(schema_version=6))),
+        wrong("schema_version", "this schema", 6),
+    ),
+    "schema 8": (
+        lambda folder: _write(folder, "s8.json", _valid_with(lambda r: r.update(schema_version=8))),
+        wrong("schema_version", "this schema", 8),
     ),
     "schema true": (
         lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),
@@ -844,7 +863,7 @@ def test_an_unprintable_file_name_is_one_escaped_cell_in_each_table(tmp_path, mo
     (tmp_path / "a\nb.json").write_bytes((DATA / "bfloat16.json").read_bytes())
     assert mesure_memoire.main(["report", "a\nb.json"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split("  ")[0] for line in lines if "b.json" in line] == ["'a\\nb.json'"] * 2
+    assert [line.split("  ")[0] for line in lines if "b.json" in line] == ["'a\\nb.json'"] * 3
 
 
 def test_a_file_name_starting_with_a_space_keeps_the_device_wide_table_s_columns(tmp_path, monkeypatch, capsys):
@@ -1083,7 +1102,7 @@ def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monke
     out = capsys.readouterr().out
     table_end = out.index("Device-wide")
     assert out[table_end:].startswith(DEVICE_WIDE_TEXT)
-    assert out[table_end + len(DEVICE_WIDE_TEXT) :].startswith("Peaks: maxima over each run's phases")
+    assert out[table_end + len(DEVICE_WIDE_TEXT) :].startswith("Sustained runs (measure --sustained-s)")
     assert [line.split()[0] for line in out[:table_end].splitlines()] == ["file", "float32.json", "bfloat16.json"]
     assert mesure_memoire.main(["report", "float32.json"]) == 0
     assert "Device-wide" not in capsys.readouterr().out  # no reading: no empty block

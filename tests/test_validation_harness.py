@@ -417,7 +417,7 @@ def spec(dtype, width=64, **changes):
 def test_the_cross_check_computes_measure_s_forward_exactly():
     config = mesure_memoire.measure_config("cuda:0", 2, 8, 64, "bfloat16", 1, 1, 0)
     cpu = torch.device("cpu")
-    _, summary, _ = mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=cpu), cpu, config)
+    _, summary, _, _ = mesure_memoire.measure_phases(torch, RecordingCudaStandIn(device=cpu), cpu, config)
     answer = gpu_validation.cross_check(torch, torch.device("cpu"), [spec("bfloat16")])["x"]
     assert answer["checksum_float64"] == summary["checksum_float64"]
     assert answer["elements"] == 2 * 8 * 64

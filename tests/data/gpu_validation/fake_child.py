@@ -138,6 +138,8 @@ def crafted_result(options, doctors=(), output=""):
             "checksum_float64": CHECKSUM[config["dtype"]],
             "elements": config["batch"] * config["context"] * config["width"],
         },
+        "sustained": None,
+        "card_state": {"before_warmup": {"reading": None, "why_null": "no nvidia-smi on PATH"}},
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }

@@ -1,0 +1,250 @@
+"""measure --sustained-s and the card's state (issue 56): forwards back to back timed per window, the steady
+value and whether it is steady, and the vendor tool's readings beside them.
+
+No GPU can be had here: the CUDA events are the stand-in's (RecordingCudaStandIn, replaying a scripted series of
+window times), the forwards are the real model's on the CPU, and ``nvidia-smi`` is a stand-in script put on PATH
+(canned lines as the real tool prints them with --format=csv,noheader,nounits).  They prove the kit's
+arithmetic, its order of calls and what it writes, nothing about a real card.
+"""
+
+import json
+import sys
+import time
+import types
+from decimal import Decimal
+
+import pytest
+import torch
+
+import mesure_memoire
+from conftest import SMALL_TRIAL, RecordingCudaStandIn, assert_one_line, stand_in_measurement
+
+pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
+
+CPU = torch.device("cpu")
+UUID = "GPU-5d4f3c2e-1a2b-3c4d-5e6f-708192a3b4c5"
+OTHER_UUID = "GPU-00000000-1111-2222-3333-444444444444"
+
+
+class ScriptedEvents(RecordingCudaStandIn):
+    """The stand-in for torch.cuda whose events replay ``windows`` (ms) once the phases' events are read, and
+    whose device has ``uuid`` (PyTorch's form: no "GPU-" prefix)."""
+
+    def __init__(self, windows, phase_events, uuid=UUID):
+        super().__init__(device=CPU, device_ms=0.25)
+        self.windows, self.phase_events, self.uuid = list(windows), phase_events, uuid
+
+    def _record(self, name, value=None):
+        if name == "elapsed_time":
+            self.phase_events -= 1
+            value = self.windows.pop(0) if self.phase_events < 0 else value
+        return super()._record(name, value)
+
+    def get_device_properties(self, index):
+        return types.SimpleNamespace(uuid=self.uuid.removeprefix("GPU-"))
+
+
+def ticking_clock(step_ns=10**8):
+    """A clock that moves ``step_ns`` at each reading: each phase 0.1 s, each window 0.1 s of host time."""
+    readings = iter(range(0, 10**15, step_ns))
+    return lambda: next(readings)
+
+
+def sustained(windows, step_ns=10**8):
+    """measure_phases with --sustained-s 1 on the CPU model (warm-up 1, 2 repetitions), the events replaying
+    ``windows``, the clock moving ``step_ns`` at each reading."""
+    settings = mesure_memoire.measure_config("cuda:0", 1, 4, 8, "float32", 1, 2, 0, 1)
+    recorder = ScriptedEvents(windows, phase_events=6)
+    _, _, _, timing = mesure_memoire.measure_phases(torch, recorder, CPU, settings, clock=ticking_clock(step_ns))
+    return timing
+
+
+# A 0.1 s warm median and 0.1 s per window of host time: 10 forwards a window, 9 windows for 1 s (the ninth is
+# launched when the time elapsed and one more window reach the second asked).
+STEADY = [1.0, 1.0, 1.01, 0.99, 1.0, 1.0, 1.01, 0.99, 1.0]
+DRIFTING = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4]  # the clock falls as the card heats
+CAPPED = [1.0, 1.2, 1.0, 1.25, 1.0, 1.2, 1.0, 1.25, 1.0]  # the power cap's clock swings
+
+
+@pytest.mark.parametrize(
+    ("windows", "steady", "steady_ms"),
+    [(STEADY, True, "0.1"), (DRIFTING, False, "0.13"), (CAPPED, False, "0.1")],
+    ids=["steady", "drifting", "capped"],
+)
+def test_the_windows_the_steady_value_and_whether_steady(windows, steady, steady_ms):
+    timing = sustained(windows)
+    section = timing["sustained"]
+    assert (section["seconds_asked"], section["forwards_per_window"]) == (1, 10)
+    assert section["window_ms_per_forward"] == [Decimal(repr(ms)) / 10 for ms in windows]
+    assert section["steady_ms_per_forward"] == Decimal(steady_ms)  # the last half's (5 windows) median
+    assert section["steady"] is steady
+    assert section["ratio_to_warm_median"] == Decimal(steady_ms) / Decimal("0.25")  # the warm device median
+
+
+def test_too_few_windows_leave_steady_unjudged():
+    timing = sustained([1.0, 1.0, 1.0], step_ns=25 * 10**7)  # 4 forwards a window, 3 windows: a last half of 2
+    section = timing["sustained"]
+    assert (section["forwards_per_window"], len(section["window_ms_per_forward"]), section["steady"]) == (4, 3, None)
+
+
+def test_the_queue_never_drains_and_the_card_is_read_while_the_last_window_is_in_flight(monkeypatch):
+    def read_card():
+        recorder.calls.append(("card read", None))
+        return {"reading": None, "why_null": "stand-in"}
+
+    monkeypatch.setattr(mesure_memoire, "card_reader", lambda cuda, index: read_card)
+    settings = mesure_memoire.measure_config("cuda:0", 1, 4, 8, "float32", 1, 2, 0, 1)
+    recorder = ScriptedEvents(STEADY, phase_events=6)
+    mesure_memoire.measure_phases(torch, recorder, CPU, settings, clock=ticking_clock())
+    names = [name for name, _ in recorder.calls]
+    records = [index for index, name in enumerate(names) if name == "event.record"]
+    first, last = records[-10], records[-1]  # the sustained run's 10 events: its start and 9 windows
+    assert "synchronize" not in names[first:last]
+    reads = [index for index, name in enumerate(names) if name == "card read"]
+    assert len(reads) == 2  # before the warm-up, and in the last window
+    assert names[reads[0] + 1 : reads[0] + 3] == ["synchronize", "memory_allocated"]  # the warmup phase begins
+    # From the thread, once the window before the last has been launched, and read before the windows' times.
+    assert records[-2] < reads[1] < names.index("elapsed_time", last)
+
+
+def measure_result(monkeypatch, folder, capsys, *arguments, recorder=None):
+    stand_in_measurement(monkeypatch, recorder or ScriptedEvents(STEADY, phase_events=6))
+    code = mesure_memoire.main(["measure", *SMALL_TRIAL, *arguments, "--output", "r.json"])
+    captured = capsys.readouterr()
+    written = (folder / "r.json").read_text(encoding="utf-8") if (folder / "r.json").exists() else None
+    return code, captured, written
+
+
+def test_the_sustained_section_is_written_and_shown(stand_in_gpu, monkeypatch, folder, capsys):
+    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**8)  # windows of 0.1 s: about ten in the second
+    recorder = ScriptedEvents([1.0] * 10**4, phase_events=6)
+    code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "1", recorder=recorder)
+    assert code == 0, captured.err
+    result = json.loads(written)
+    assert result["configuration"]["sustained_seconds"] == 1
+    section = result["sustained"]
+    assert section["seconds_asked"] == 1 and section["steady"] is True
+    assert len(section["window_ms_per_forward"]) >= 3
+    assert result["card_state"]["last_sustained_window"] == {"reading": None, "why_null": "no nvidia-smi on PATH"}
+    assert "Sustained run, 1 s asked: " in captured.out
+    assert "Card in the last window: not read (no nvidia-smi on PATH)" in captured.out
+    assert mesure_memoire.main(["report", "r.json"]) == 0
+    assert "Sustained runs (measure --sustained-s)" in capsys.readouterr().out
+
+
+def test_ctrl_c_during_the_sustained_run_writes_nothing_and_exits_130(stand_in_gpu, monkeypatch, folder, capsys):
+    class InterruptedWindow(ScriptedEvents):
+        def _record(self, name, value=None):
+            if name == "event.record" and self.phase_events < 0:  # the phases' events all read: sustaining
+                raise KeyboardInterrupt
+            if name == "Event" and self.phase_events == 0:
+                self.phase_events = -1
+            return super()._record(name, value)
+
+    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**6)
+    recorder = InterruptedWindow(STEADY, phase_events=6)
+    code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "5", recorder=recorder)
+    assert (code, written) == (130, None)
+    assert_one_line(captured.err, "interrupted")
+    assert sorted(path.name for path in folder.iterdir()) == ["existing.json", "fifo", "sub"]
+
+
+@pytest.mark.parametrize("value", ["0", "601", "1.5", "07"])
+def test_a_sustained_duration_out_of_bounds_is_refused_before_any_work(folder, capsys, value):
+    assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--sustained-s", value, "--output", "r.json"]) == 2
+    line = assert_one_line(capsys.readouterr().err, "--sustained-s: expected a whole number from 1 to 600")
+    assert "a sustained run is a bounded trial too" in line
+    assert not (folder / "r.json").exists()
+
+
+# --- the card's state: a stand-in nvidia-smi on PATH ----------------------------------------------------------
+
+FIELDS = "1980, 1980, 121.53, 700.00, 38, 0x0000000000000001"
+
+
+def vendor_tool(tmp_path, monkeypatch, body):
+    """A stand-in nvidia-smi (Python, ``body`` its code after the imports) alone on PATH."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text(f"#!{sys.executable}\nimport sys, time\n{body}\n", encoding="utf-8")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(folder))
+
+
+def printing(*lines):
+    return f"print({chr(10).join(lines)!r})"
+
+
+def read(uuid=UUID):
+    return mesure_memoire.card_reader(ScriptedEvents([], 0, uuid), 0)()
+
+
+CANNED = {
+    "canned": (printing(f"{UUID}, {FIELDS}"), 121.53, ["gpu_idle"]),
+    "not available": (printing(f"{UUID}, 1980, 1980, [N/A], [Not Supported], 38, [N/A]"), None, None),
+    "two GPUs, the second measured": (
+        printing(f"{OTHER_UUID}, 345, 1980, 75.00, 700.00, 30, 0x1", f"{UUID}, 1755, 1980, 699.12, 700.00, 61, 0x4"),
+        699.12,
+        ["sw_power_cap"],
+    ),
+    "odd text": (printing(f"{UUID}, fast, 1980, nan, 700.00, 38, 0xZZ"), None, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CANNED))
+def test_the_card_s_line_is_matched_by_uuid_and_read_field_by_field(tmp_path, monkeypatch, case):
+    body, power_draw_w, reasons = CANNED[case]
+    vendor_tool(tmp_path, monkeypatch, body)
+    state = read()
+    assert state["why_null"] is None
+    assert (state["reading"]["power_draw_w"], state["reading"]["clock_event_reasons"]) == (power_draw_w, reasons)
+    assert state["reading"]["max_sm_clock_mhz"] == 1980
+    assert UUID.lower().removeprefix("gpu-") not in json.dumps(state)
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (printing(f"{OTHER_UUID}, {FIELDS}"), "no GPU nvidia-smi lists is the one PyTorch measured"),
+        (
+            "print('Field \"clocks_event_reasons.active\" is not a valid field to query.'); sys.exit(2)",
+            "nvidia-smi exited with status 2",
+        ),
+        ("time.sleep(30)", "nvidia-smi did not answer within 1 s"),
+        (printing(f"{UUID}, 1980, 1980"), "no GPU nvidia-smi lists is the one PyTorch measured"),  # too few fields
+    ],
+    ids=["another_gpu", "unknown_field", "hang", "short_line"],
+)
+def test_no_match_an_unknown_field_or_a_hang_is_null_and_why(tmp_path, monkeypatch, body, why):
+    monkeypatch.setattr(mesure_memoire, "VENDOR_TIMEOUT_S", 1)
+    vendor_tool(tmp_path, monkeypatch, body)
+    started = time.monotonic()
+    assert read() == {"reading": None, "why_null": why}
+    assert time.monotonic() - started < 10  # a hung tool is killed, the kit goes on
+
+
+def test_without_the_tool_on_path_the_reading_is_null(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert read() == {"reading": None, "why_null": "no nvidia-smi on PATH"}
+
+
+def test_the_readings_are_recorded_and_shown_without_the_uuid(stand_in_gpu, tmp_path, monkeypatch, folder, capsys):
+    vendor_tool(tmp_path, monkeypatch, printing(f"{OTHER_UUID}, {FIELDS}", f"{UUID}, {FIELDS}"))
+    code, captured, written = measure_result(monkeypatch, folder, capsys)
+    assert code == 0, captured.err
+    result = json.loads(written)
+    assert result["card_state"]["before_warmup"]["reading"] == {
+        "sm_clock_mhz": 1980,
+        "max_sm_clock_mhz": 1980,
+        "power_draw_w": 121.53,
+        "power_limit_w": 700.0,
+        "temperature_c": 38,
+        "clock_event_reasons": ["gpu_idle"],
+    }
+    assert result["card_state"]["last_sustained_window"] is None  # no sustained run asked
+    line = "Card before the warm-up (nvidia-smi): SM clock 1980 of 1980 MHz, power 121.53 of 700.0 W, 38 C"
+    assert line + ", clock events: gpu_idle\n" in captured.out
+    for text in (written, captured.out, captured.err):
+        for uuid in (UUID, OTHER_UUID):
+            assert uuid.lower().removeprefix("gpu-") not in text.lower()

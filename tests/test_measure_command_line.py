@@ -63,7 +63,15 @@ def test_no_torch_is_refused(tmp_path):
     completed = run_script(
         "mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path, python_flags=("-S",)
     )
-    assert_one_line_refusal(completed, MESSAGES["PyTorch not importable"])
+    assert_one_line_refusal(completed, MESSAGES["PyTorch not importable"], MESSAGES["run it on the GPU box"])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.whole_kit
+def test_no_gpu_is_refused_saying_where_to_run_it_and_what_works_here(tmp_path):
+    no_gpu_here()
+    completed = run_script("mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path)
+    assert_one_line_refusal(completed, "no usable GPU for cuda:0", MESSAGES["run it on the GPU box"])
     assert list(tmp_path.iterdir()) == []
 
 

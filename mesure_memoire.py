@@ -115,12 +115,18 @@ class KitError(Exception):
     """An expected failure: one line for the user, and the exit status to use."""
 
     exit_code = 2
+    nothing_written = "nothing measured, no file written"  # what a refused measurement leaves: its line's ending
 
 
 class MeasurementFailed(KitError):
     """The GPU work itself failed (out of memory, most often): nothing is written."""
 
     exit_code = 3
+    nothing_written = "nothing written"
+
+
+# What a refusal for a missing GPU or PyTorch tells the user to do next, in its one line.
+RUN_ON_THE_GPU_BOX = "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
 
 
 # <<< notebook
@@ -341,6 +347,13 @@ def describe_error(exc):
     if kept:
         return f"{name}: {one_line(kept)}"
     return f"{name} (text withheld)" if message.strip() else name
+
+
+def pytorch_failure(what, exc, kind=KitError):
+    """The kit's failure for ``exc``, which a call into PyTorch raised: a ``kind`` (KitError, exit 2, or
+    MeasurementFailed, 3) whose one line names what failed (a step, a phase), what the kit keeps of the error
+    and what the failure leaves (its exit status's ending)."""
+    return kind(f"{what}: {describe_error(exc)}; {kind.nothing_written}")
 
 
 def pytorch_warnings_line():
@@ -639,9 +652,9 @@ def _refuse_what_pytorch_gave(environment):
     the allocator settings."""
     unexpected = unexpected_values(environment)
     if unexpected:
-        raise KitError(f"{unexpected[0]}: nothing measured, no file written")
+        raise KitError(f"{unexpected[0]}: {KitError.nothing_written}")
     if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
+        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
 
 
 def _empty_environment(device):
@@ -1405,7 +1418,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     try:
         torch.manual_seed(config["seed"])  # the CPU initialization of the weights
     except PYTORCH_FAILURES as exc:
-        raise KitError(f"seeding failed: {describe_error(exc)}; nothing measured, no file written") from None
+        raise pytorch_failure("seeding failed", exc) from None
     with torch.inference_mode():
         model = timed_phase("model_load", load_model)
         inputs = timed_phase("inputs", make_inputs)
@@ -1911,7 +1924,7 @@ def _torch_to_measure_with():
     Asked before any query that could start CUDA."""
     torch, torch_error = import_torch()
     if torch is None:
-        raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
+        raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
     return torch, torch_release_warning(_guarded(lambda: checked_version("torch", torch.__version__)))
 
 
@@ -1925,9 +1938,7 @@ def _set_up_step(device):
         except KitError:
             raise
         except PYTORCH_FAILURES as exc:
-            raise KitError(
-                f"{step} failed on {device}: {describe_error(exc)}; nothing measured, no file written"
-            ) from None
+            raise pytorch_failure(f"{step} failed on {device}", exc) from None
 
     return set_up
 
@@ -1937,8 +1948,8 @@ def _refuse_what_cannot_run(torch, set_up, config, index, plan, environment):
     peak that cannot fit, a model the host cannot build."""
     if not environment["gpu_available"]:
         raise KitError(
-            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; "
-            "nothing measured, no CPU fallback, no file written"
+            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback, "
+            f"{KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}"
         )
     problem = set_up("the dtype probe", lambda: _dtype_problem(torch, index, config["dtype"]))
     if problem:
@@ -1965,7 +1976,7 @@ def _measurement_failed(torch, config, failure):
             f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
             "nothing written; shrink one dimension and retry in a new process"
         )
-    return MeasurementFailed(f"phase {failure.phase} failed ({dimensions}): {describe_error(error)}; nothing written")
+    return pytorch_failure(f"phase {failure.phase} failed ({dimensions})", error, MeasurementFailed)
 
 
 def measure_to_file(config, output_path, tool):
@@ -2138,7 +2149,10 @@ def read_result_file(path):
     try:
         handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
-        raise KitError(f"report: {_quoted_path(path)} does not exist") from None
+        raise KitError(
+            f"report: {_quoted_path(path)} does not exist: check its name, or run measure on the GPU box first "
+            "(its --output names the file)"
+        ) from None
     except (OSError, ValueError) as exc:
         raise KitError(f"report: {_quoted_path(path)} cannot be opened ({type(exc).__name__})") from None
     try:
@@ -2969,7 +2983,7 @@ def probe_device(device):
     if not environment.get("gpu_available") or not environment.get("gpu"):
         raise KitError(
             f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
-            "no folder created"
+            f"no folder created: {RUN_ON_THE_GPU_BOX}"
         )
     return environment
 

@@ -400,6 +400,70 @@ class CapturedWarnings:
 # <<< notebook
 
 
+# >>> notebook: PyTorch's stderr: captured at the descriptor, kept by the same allow-list
+def _flush_stderr():
+    import contextlib
+
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # none, or closed
+        sys.stderr.flush()
+
+
+def kept_stderr_line(line):
+    """What the kit keeps of a line PyTorch wrote on stderr: a known error's or warning's part, else nothing."""
+    return one_line(kept_text(line, KNOWN_ERRORS) or kept_warning_text(line))
+
+
+class PyTorchStderr:
+    """``with PyTorchStderr():`` what is written on the process's stderr meanwhile (PyTorch's C++ side writes on
+    descriptor 2 directly, at its import and in its calls: ANSI escapes, paths, settings' values) goes into a
+    pipe that a thread drains; each line is kept by the allow-list in PYTORCH_WARNINGS, as "stderr: ..."."""
+
+    LIMIT_BYTES = 2**16  # what a line-by-line reading keeps; beyond it, drained and dropped
+
+    def __enter__(self):
+        import threading
+
+        self._saved, self._chunks, self.text = None, [], ""
+        _flush_stderr()  # what the kit wrote before stays the kit's
+        try:
+            read_end, write_end = os.pipe()
+        except OSError:  # no descriptor left: nothing captured
+            return self
+        self._reader = threading.Thread(target=self._drain, args=(read_end,), daemon=True)
+        self._reader.start()
+        try:
+            self._saved = os.dup(2)
+            os.dup2(write_end, 2)
+        except OSError:  # descriptor 2 closed: there is nothing to capture
+            self._saved = None
+        os.close(write_end)
+        return self
+
+    def _drain(self, read_end):
+        size = 0
+        while chunk := os.read(read_end, 2**16):
+            self._chunks.append(chunk[: max(0, self.LIMIT_BYTES - size)])
+            size += len(chunk)
+        os.close(read_end)
+
+    def __exit__(self, *exc_info):
+        if self._saved is None:
+            return False
+        _flush_stderr()  # what Python wrote meanwhile went to the pipe too
+        os.dup2(self._saved, 2)  # the pipe's last write end closes: the thread reads to its end
+        os.close(self._saved)
+        self._reader.join(timeout=1)  # a process PyTorch started may hold the pipe open: not waited for
+        self.text = b"".join(self._chunks).decode("utf-8", "replace")
+        for line in filter(str.strip, self.text.splitlines()):
+            kept = f"stderr: {kept_stderr_line(line.strip())}"
+            if kept not in PYTORCH_WARNINGS:
+                PYTORCH_WARNINGS.append(kept)
+        return False
+
+
+# <<< notebook
+
+
 # >>> notebook: PyTorch's values: each checked where it enters
 # A version as PyTorch 2.4 to 2.15 and their builds write one ("2.13.0+cpu", "2.4.0a0+git1234abc", "12.8",
 # "6.3.42131-fa1d09cbd"): anything else (a path, a sentence) is not kept.
@@ -467,6 +531,21 @@ def checked_milliseconds(name, value):
     if number and 0 <= value < 10**MAX_DIGITS:
         return float(value)
     raise UnexpectedValue(name, "a time >= 0 in milliseconds")
+
+
+def unexpected_values(environment):
+    """The field errors that say PyTorch gave a value of the wrong type or range."""
+    return [error for error in environment["field_errors"].values() if error.startswith("UnexpectedValue: ")]
+
+
+def _refuse_what_pytorch_gave(environment):
+    """Refuse (exit 2, before any phase) a value PyTorch gave of the wrong type or range, or its refusal of
+    the allocator settings."""
+    unexpected = unexpected_values(environment)
+    if unexpected:
+        raise KitError(f"{unexpected[0]}: {KitError.nothing_written}")
+    if ALLOCATOR_REFUSED in environment["field_errors"].values():
+        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
 
 
 # <<< notebook
@@ -586,7 +665,12 @@ def collect_environment(device):
     Reads no environment variable and records no hostname, user name, path, GPU UUID
     or serial number.  Each query that fails leaves null and a line in ``field_errors``.
     """
-    return environment_of(device, device_index(device))
+    index = device_index(device)
+    with PyTorchStderr():
+        environment = environment_of(device, index)
+    if PYTORCH_WARNINGS:
+        environment["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
+    return environment
 
 
 def environment_of(device, index):
@@ -640,21 +724,6 @@ def environment_of(device, index):
 def _cudnn_version(torch):
     version = torch.backends.cudnn.version()  # None in a build without cuDNN or MIOpen
     return _optional_count("cudnn_or_miopen_version", version)
-
-
-def unexpected_values(environment):
-    """The field errors that say PyTorch gave a value of the wrong type or range."""
-    return [error for error in environment["field_errors"].values() if error.startswith("UnexpectedValue: ")]
-
-
-def _refuse_what_pytorch_gave(environment):
-    """Refuse (exit 2, before any phase) a value PyTorch gave of the wrong type or range, or its refusal of
-    the allocator settings."""
-    unexpected = unexpected_values(environment)
-    if unexpected:
-        raise KitError(f"{unexpected[0]}: {KitError.nothing_written}")
-    if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
 
 
 def _empty_environment(device):
@@ -716,16 +785,6 @@ def _read_settings(torch, query, settings):
     settings["preferred_blas_library"] = query("preferred_blas_library", lambda: _blas_library(torch))
 
 
-def _blas_library(torch):
-    """The preferred BLAS library's name ("Cublas", "Cublaslt", "Ck", ...): the last part of its enum's text."""
-    import re
-
-    name = message_of(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
-    if re.fullmatch(r"[A-Za-z]{1,20}", name):
-        return name
-    raise UnexpectedValue("preferred_blas_library", "a library's name")
-
-
 # <<< notebook
 
 
@@ -767,6 +826,16 @@ _FLAG_WORDS = ("highest", "high", "medium", "ieee", "tf32", "none")
 
 def _flag_value(value):
     return value if isinstance(value, bool) else checked_word("a matmul flag", value, _FLAG_WORDS)
+
+
+def _blas_library(torch):
+    """The preferred BLAS library's name ("Cublas", "Cublaslt", "Ck", ...): the last part of its enum's text."""
+    import re
+
+    name = message_of(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
+    if re.fullmatch(r"[A-Za-z]{1,20}", name):
+        return name
+    raise UnexpectedValue("preferred_blas_library", "a library's name")
 
 
 def _guarded(read):
@@ -1986,7 +2055,7 @@ def measure_to_file(config, output_path, tool):
     ``environment.field_errors``.
     """
     check_new_output(output_path)
-    with CapturedWarnings():
+    with CapturedWarnings(), PyTorchStderr():
         result = measure(config, tool)
     if PYTORCH_WARNINGS:
         result["environment"]["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()

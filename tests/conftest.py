@@ -737,7 +737,11 @@ MESSAGES = {
     ),
     "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
     "calculator: not a positive whole number": "{option}: expected a positive whole number, got {value}",
-    "torch import error, scrubbed": '{type} at import; python -c "import torch" shows PyTorch\'s message',
+    "torch import error, scrubbed": (
+        '{type} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
+    ),
+    # PyTorch's text withheld from a refusal: the refusal names the option that shows it (issue 57).
+    "withheld: --debug shows it": "{type} (text withheld; --debug or the notebook's DEBUG shows it)",
     "PyTorch not importable": "PyTorch is not importable",
     "torch is not PyTorch": (
         "the module named torch is not PyTorch (it lacks torch.cuda, torch.backends or torch.version)"

@@ -180,7 +180,12 @@ def phase_failed(phase, error=SHOWN_BOOM):
         ("memory_allocated", "float32", 2, set_up_failed("torch.cuda.memory_allocated")),
         ("memory_reserved", "float32", 2, set_up_failed("torch.cuda.memory_reserved")),
         ("manual_seed", "float32", 2, MESSAGES["seeding failed"].format(error=SHOWN_BOOM)),
-        ("a phase", "float32", 3, phase_failed("inputs", "RuntimeError (text withheld)")),
+        (
+            "a phase",
+            "float32",
+            3,
+            phase_failed("inputs", MESSAGES["withheld: --debug shows it"].format(type="RuntimeError")),
+        ),
         ("events", "float32", 3, phase_failed("model_load")),
         ("the output summary", "float32", 3, phase_failed("output_summary")),
         ("the products once more", "float32", 3, phase_failed("per_call_workspace")),

@@ -125,6 +125,8 @@ class MeasurementFailed(KitError):
     nothing_written = "nothing written"
 
 
+# How a refusal that withholds PyTorch's text says how to see it.
+DEBUG_SHOWS_IT = "--debug or the notebook's DEBUG shows it"
 # What a refusal for a missing GPU or PyTorch tells the user to do next, in its one line.
 RUN_ON_THE_GPU_BOX = "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
 
@@ -330,10 +332,11 @@ def kept_text(message, patterns):
     return None
 
 
-def describe_error(exc):
+def describe_error(exc, withheld="text withheld"):
     """An error as "Type: text", the text only what the kit allows: an OS error's number and the system's
     description of it (never its file names), the kit's own message, a known PyTorch message's part; else the
-    type and "(text withheld)"."""
+    type and "(text withheld)" (``withheld``: those words).  --debug shows the error whole (PyTorchStderr)."""
+    PyTorchStderr.note(exc)
     name = type(exc).__name__
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     if isinstance(number, int) and 0 < number < 2**31:  # a C int: what os.strerror takes
@@ -346,14 +349,14 @@ def describe_error(exc):
     kept = kept_text(message, KNOWN_ERRORS)
     if kept:
         return f"{name}: {one_line(kept)}"
-    return f"{name} (text withheld)" if message.strip() else name
+    return f"{name} ({withheld})" if message.strip() else name
 
 
 def pytorch_failure(what, exc, kind=KitError):
     """The kit's failure for ``exc``, which a call into PyTorch raised: a ``kind`` (KitError, exit 2, or
     MeasurementFailed, 3) whose one line names what failed (a step, a phase), what the kit keeps of the error
     and what the failure leaves (its exit status's ending)."""
-    return kind(f"{what}: {describe_error(exc)}; {kind.nothing_written}")
+    return kind(f"{what}: {describe_error(exc, f'text withheld; {DEBUG_SHOWS_IT}')}; {kind.nothing_written}")
 
 
 def pytorch_warnings_line():
@@ -401,10 +404,12 @@ class CapturedWarnings:
 
 
 # >>> notebook: PyTorch's stderr: captured at the descriptor, kept by the same allow-list
-def _flush_stderr():
+def _to_stderr(text=""):
+    """Write ``text`` on sys.stderr and flush it; a closed or missing stderr is not an error."""
     import contextlib
 
-    with contextlib.suppress(AttributeError, OSError, ValueError):  # none, or closed
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stderr.write(text)
         sys.stderr.flush()
 
 
@@ -414,17 +419,24 @@ def kept_stderr_line(line):
 
 
 class PyTorchStderr:
-    """``with PyTorchStderr():`` what is written on the process's stderr meanwhile (PyTorch's C++ side writes on
+    """``with PyTorchStderr(show):`` what is written on the process's stderr meanwhile (PyTorch's C++ side writes on
     descriptor 2 directly, at its import and in its calls: ANSI escapes, paths, settings' values) goes into a
-    pipe that a thread drains; each line is kept by the allow-list in PYTORCH_WARNINGS, as "stderr: ..."."""
+    pipe that a thread drains; each line is kept by the allow-list in PYTORCH_WARNINGS, as "stderr: ...".  With
+    ``show`` (--debug, the notebook's DEBUG), that text whole and each PyTorch failure described meanwhile, with
+    its traceback, are written on the terminal at the end: never into a file or a JSON output."""
 
     LIMIT_BYTES = 2**16  # what a line-by-line reading keeps; beyond it, drained and dropped
+    current = None  # the capture under way, which describe_error tells of each failure
+
+    def __init__(self, show=False):
+        self.show, self.failures, self.text = show, [], ""
 
     def __enter__(self):
         import threading
 
-        self._saved, self._chunks, self.text = None, [], ""
-        _flush_stderr()  # what the kit wrote before stays the kit's
+        self._outer, PyTorchStderr.current = PyTorchStderr.current, self
+        self._saved, self._chunks = None, []
+        _to_stderr()  # what the kit wrote before stays the kit's
         try:
             read_end, write_end = os.pipe()
         except OSError:  # no descriptor left: nothing captured
@@ -447,18 +459,36 @@ class PyTorchStderr:
         os.close(read_end)
 
     def __exit__(self, *exc_info):
-        if self._saved is None:
-            return False
-        _flush_stderr()  # what Python wrote meanwhile went to the pipe too
-        os.dup2(self._saved, 2)  # the pipe's last write end closes: the thread reads to its end
-        os.close(self._saved)
-        self._reader.join(timeout=1)  # a process PyTorch started may hold the pipe open: not waited for
-        self.text = b"".join(self._chunks).decode("utf-8", "replace")
+        PyTorchStderr.current = self._outer
+        if self._saved is not None:
+            _to_stderr()  # what Python wrote meanwhile went to the pipe too
+            os.dup2(self._saved, 2)  # the pipe's last write end closes: the thread reads to its end
+            os.close(self._saved)
+            self._reader.join(timeout=1)  # a process PyTorch started may hold the pipe open: not waited for
+            self.text = b"".join(self._chunks).decode("utf-8", "replace")
         for line in filter(str.strip, self.text.splitlines()):
             kept = f"stderr: {kept_stderr_line(line.strip())}"
             if kept not in PYTORCH_WARNINGS:
                 PYTORCH_WARNINGS.append(kept)
+        if self.show:
+            self._show_whole()
         return False
+
+    def _show_whole(self):
+        """--debug: PyTorch's own text on the terminal, as it wrote it, then each failure with its traceback."""
+        import traceback
+
+        parts = [f"--- what PyTorch wrote on stderr ---\n{self.text}"] if self.text else []
+        for failure in self.failures:
+            parts.append(f"--- {type(failure).__name__} raised in PyTorch ---\n")
+            parts.append("".join(traceback.format_exception(type(failure), failure, failure.__traceback__)))
+        _to_stderr("".join(parts))
+
+    @classmethod
+    def note(cls, failure):
+        """Keep a PyTorch failure for --debug, where a capture that shows is under way."""
+        if cls.current is not None and cls.current.show and failure not in cls.current.failures:
+            cls.current.failures.append(failure)
 
 
 # <<< notebook
@@ -624,7 +654,8 @@ def import_torch():
             pytorch = all(hasattr(torch, name) for name in ("cuda", "backends", "version"))
     except PYTORCH_FAILURES as exc:  # ImportError, or OSError from a missing shared library
         # Its message may quote an environment variable's value (TORCH_LOGS) or a path: not recorded.
-        return None, f'{type(exc).__name__} at import; python -c "import torch" shows PyTorch\'s message'
+        PyTorchStderr.note(exc)
+        return None, f'{type(exc).__name__} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
     return (torch, None) if pytorch else (None, NOT_PYTORCH)
 
 
@@ -659,14 +690,15 @@ SETTINGS = (
 )
 
 
-def collect_environment(device):
+def collect_environment(device, debug=False):
     """What this process sees: Python, OS, PyTorch and the chosen GPU (``device``, as the user wrote it).
 
     Reads no environment variable and records no hostname, user name, path, GPU UUID
     or serial number.  Each query that fails leaves null and a line in ``field_errors``.
+    ``debug``: PyTorch's own text on the terminal too (PyTorchStderr).
     """
     index = device_index(device)
-    with PyTorchStderr():
+    with PyTorchStderr(debug):
         environment = environment_of(device, index)
     if PYTORCH_WARNINGS:
         environment["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
@@ -2048,14 +2080,14 @@ def _measurement_failed(torch, config, failure):
     return pytorch_failure(f"phase {failure.phase} failed ({dimensions})", error, MeasurementFailed)
 
 
-def measure_to_file(config, output_path, tool):
+def measure_to_file(config, output_path, tool, debug=False):
     """The whole measurement: refuse an unusable output first, measure, then write atomically.
 
     Warnings PyTorch raises meanwhile are not printed: they are recorded in the result's
-    ``environment.field_errors``.
+    ``environment.field_errors`` (``debug``: PyTorch's own text on the terminal too, never in the file).
     """
     check_new_output(output_path)
-    with CapturedWarnings(), PyTorchStderr():
+    with CapturedWarnings(), PyTorchStderr(debug):
         result = measure(config, tool)
     if PYTORCH_WARNINGS:
         result["environment"]["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
@@ -2918,7 +2950,7 @@ def _command_estimate(args):
 
 
 def _command_environment(args):
-    _emit(args, collect_environment(args.device), format_environment)
+    _emit(args, collect_environment(args.device, args.debug), format_environment)
 
 
 def _command_measure(args):
@@ -2944,7 +2976,7 @@ def _command_measure(args):
     output_path = args.output
     if output_path is None:
         raise KitError("--output: a new file name is required (or --plan, which measures nothing and writes nothing)")
-    result = measure_to_file(config, output_path, tool="mesure_memoire.py")
+    result = measure_to_file(config, output_path, tool="mesure_memoire.py", debug=args.debug)
     for warning in result_warnings(result):
         say("mesure_memoire.py", warning, prefix="warning: ")
     _print(format_phase_table(result))
@@ -3152,10 +3184,11 @@ def sweep_configs(args):
     return dimension, [(value, measure_config(**{**fixed, dimension: value})) for value in sweep_values(args.values)]
 
 
-def measure_in_child(config, folder, output, timeout_s):
+def measure_in_child(config, folder, output, timeout_s, debug=False):
     """Run `measure` for ``config`` in a fresh child; (exit status or None, stderr).  Unless the child succeeds,
-    nothing of it stays in ``folder``."""
+    nothing of it stays in ``folder``.  ``debug``: the child gets --debug, and its stderr reaches the terminal."""
     arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
+    arguments += ["--debug"] if debug else []
     try:
         status, err = run_child(arguments, timeout_s)
     except BaseException:  # Ctrl-C: the child is stopped; its partial file must not stay
@@ -3163,6 +3196,8 @@ def measure_in_child(config, folder, output, timeout_s):
         raise
     if status != 0:
         remove_leftovers(folder, output)
+    if debug:
+        _to_stderr(err)
     return status, err
 
 
@@ -3198,7 +3233,7 @@ def launchable(dimension, configs, environment):
     return launched, None
 
 
-def sweep_children(dimension, configs, environment, folder, timeout_s):
+def sweep_children(dimension, configs, environment, folder, timeout_s, debug=False):
     """Measure each value in turn, after the plan's fit check against the probed free memory; returns
     ([(value, file written)], the KitError that stopped the sweep, or None).  When nothing was measured, the
     folder goes, unless someone else left a file in it: then both stay, named in the sweep's one line."""
@@ -3210,7 +3245,7 @@ def sweep_children(dimension, configs, environment, folder, timeout_s):
     try:
         for value, config, plan in launched:
             where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
-            status, err = measure_in_child(config, folder, output, timeout_s)
+            status, err = measure_in_child(config, folder, output, timeout_s, debug)
             if status != 0 or not os.path.isfile(output):
                 stop = child_stopped(where, status, err, plan, timeout_s)
                 break
@@ -3242,7 +3277,7 @@ def _command_sweep(args):
     warning = torch_release_warning(environment.get("torch"))  # a refusal, or a warning the results keep too
     if warning:
         say("mesure_memoire.py", warning, prefix="warning: ")
-    written, stop = sweep_children(dimension, configs, environment, folder, timeout_s)
+    written, stop = sweep_children(dimension, configs, environment, folder, timeout_s, args.debug)
     if not written:
         raise stop
     if stop is not None:
@@ -3264,6 +3299,10 @@ EPILOG = (
     "digits (0.5, not .5 or 5.); no sign, exponent, separator or space."
 )
 JSON_HELP = "print one JSON object instead of text"
+DEBUG_HELP = (
+    "show PyTorch's own messages, their tracebacks and what it wrote on stderr, on the terminal only (never in a "
+    "file or JSON); they may show paths and environment values"
+)
 # {command: (summary, handler, [(option, metavar, default, help)])}: a metavar of None makes a flag;
 # REQUIRED, an option without a default.
 REQUIRED = "required"
@@ -3284,7 +3323,8 @@ ESTIMATE_ARGUMENTS = [
     ("--reserve-gib", "GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
     *JSON_ARGUMENTS,
 ]
-ENVIRONMENT_ARGUMENTS = [("--device", "cuda:N", REQUIRED, "the GPU to inspect"), *JSON_ARGUMENTS]
+DEBUG_ARGUMENTS = [("--debug", None, False, DEBUG_HELP)]
+ENVIRONMENT_ARGUMENTS = [("--device", "cuda:N", REQUIRED, "the GPU to inspect"), *JSON_ARGUMENTS, *DEBUG_ARGUMENTS]
 MEMORY_GIB_HELP = (
     "with --plan: a card's memory in GiB; whether the run fits, and the largest batch, context and width that fit"
 )
@@ -3295,6 +3335,7 @@ MEASURE_ARGUMENTS = [
     ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
     ("--json", None, False, "with --plan: print one JSON object"),
     ("--memory-gib", "GIB", None, MEMORY_GIB_HELP),
+    *DEBUG_ARGUMENTS,
 ]
 SWEEP_ARGUMENTS = [
     ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
@@ -3303,6 +3344,7 @@ SWEEP_ARGUMENTS = [
     ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
     *RUN_ARGUMENTS,
     ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
+    *DEBUG_ARGUMENTS,
 ]
 COMMAND_OPTIONS = {
     "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, ESTIMATE_ARGUMENTS),

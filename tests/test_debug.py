@@ -94,7 +94,7 @@ def test_with_debug_the_failure_s_traceback_comes_before_the_kit_s_one_line(stan
     captured = phase_failure(tmp_path, monkeypatch, capfd, "--debug")
     *shown, last = captured.err.splitlines()
     assert last.startswith("mesure_memoire.py: error: phase inputs failed")
-    assert "Traceback (most recent call last)" in shown
+    assert "Traceback (most recent call last):" in shown
     assert f"RuntimeError: {SECRET}" in shown
     assert captured.out == ""
 

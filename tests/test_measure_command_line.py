@@ -294,7 +294,7 @@ def test_a_name_an_ascii_only_stdout_cannot_encode_is_escaped_not_a_failure(monk
         "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": NO_PER_CALL},
         "phases": [],
     }
-    monkeypatch.setattr(mesure_memoire, "measure_to_file", lambda configuration, output, tool: result)
+    monkeypatch.setattr(mesure_memoire, "measure_to_file", lambda configuration, output, tool, debug: result)
     written = ascii_only_stdout(monkeypatch)
     # The result is written before its name is printed: the status must not say the command failed.
     assert mesure_memoire.main([*MEASURE, "--output", "r\u00e9sultat.json"]) == 0

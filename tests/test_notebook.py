@@ -400,8 +400,8 @@ def test_the_results_cell_prints_report_for_the_file_it_wrote(tmp_path, monkeypa
         if cell_id.startswith(("shared-code-", "step-")) or cell_id == "parameters":
             exec(compile(source, "<notebook>", "exec"), namespace)
 
-    def stand_in_measure_to_file(config, output, tool):
-        assert (config["batch"], config["width"], tool) == (1, 64, "mesure-memoire.ipynb")
+    def stand_in_measure_to_file(config, output, tool, debug):
+        assert (config["batch"], config["width"], tool, debug) == (1, 64, "mesure-memoire.ipynb", False)
         (tmp_path / output).write_text(json.dumps(crafted), encoding="utf-8")
         return {**crafted, "torch_version_warning": "an unreadable version"}
 
@@ -532,7 +532,7 @@ def test_debug_is_a_parameter_off_by_default_that_the_environment_and_measure_ce
     namespace["DEBUG"] = True
     asked = []
 
-    def stand_in(*args, debug):  # no GPU here: which option the cell passes is the point
+    def stand_in(*args, debug, **keywords):  # no GPU here: which option the cell passes is the point
         asked.append(debug)
         raise namespace["KitError"]("stand-in: not run")
 

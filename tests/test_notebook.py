@@ -578,8 +578,11 @@ def test_plain_python_runs_the_code_cells_twice_in_one_process_alike(tmp_path):
         "    runs.append(out.getvalue())\n"
         "print(json.dumps(runs))\n"
     )
+    # From a file: the code as one -c argument would pass Linux's limit on one argument (128 KiB).
+    script = tmp_path.parent / f"{tmp_path.name}-twice.py"
+    script.write_text(f"CODE = {code!r}\nnamespace = {{}}\n" + twice, encoding="utf-8")
     completed = subprocess.run(
-        [sys.executable, "-c", f"CODE = {code!r}\nnamespace = {{}}\n" + twice],
+        [sys.executable, str(script)],
         capture_output=True,
         text=True,
         cwd=tmp_path,

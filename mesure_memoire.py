@@ -359,6 +359,23 @@ def pytorch_failure(what, exc, kind=KitError):
     return kind(f"{what}: {describe_error(exc, f'text withheld; {DEBUG_SHOWS_IT}')}; {kind.nothing_written}")
 
 
+def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
+    """The one path for a call into PyTorch: ``function()``'s value.  What PyTorch raises in it (not Ctrl-C, not the
+    kit's own refusal) is raised as ``failure(what, error)`` (pytorch_failure: the kit's line naming ``what``, a
+    step; PhaseFailed: a phase, which measure words); with no ``failure``, the value is None, and the error's kept
+    line goes in ``field_errors[what]`` where given (a field; an API this version lacks, AttributeError: none)."""
+    try:
+        return function()
+    except KitError:
+        raise
+    except PYTORCH_FAILURES as exc:
+        if failure is not None:
+            raise failure(what, exc) from None
+        if field_errors is not None and not isinstance(exc, AttributeError):
+            field_errors[what] = describe_error(exc)
+        return None
+
+
 def pytorch_warnings_line():
     """The warnings PyTorch raised in this process, on one line, for ``field_errors``."""
     return " | ".join(PYTORCH_WARNINGS)
@@ -745,7 +762,7 @@ def environment_of(device, index):
         torch, environment["field_errors"], settings["allocator_backend"]
     )
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
-        function = _guarded(lambda name=name: getattr(torch.backends.cuda, name))
+        function = pytorch_call(name, lambda name=name: getattr(torch.backends.cuda, name), None)
         if function is not None:
             settings[f"{name}_bytes"] = query(
                 name, lambda function=function, name=name: _on_device(torch, index, function, name)
@@ -791,21 +808,15 @@ def _field_query(field_errors):
     """``query(name, function)``: function's value, or None with a line in ``field_errors`` when it fails."""
 
     def query(name, function):
-        try:
-            with CapturedWarnings(field_errors):
-                return function()
-        except AttributeError:  # an API this PyTorch version lacks: null, not a failed query
-            return None
-        except PYTORCH_FAILURES as exc:
-            field_errors[name] = describe_error(exc)
-            return None
+        with CapturedWarnings(field_errors):
+            return pytorch_call(name, function, None, field_errors)
 
     return query
 
 
 def _read_settings(torch, query, settings):
     """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
-    matmul = _guarded(lambda: torch.backends.cuda.matmul)
+    matmul = pytorch_call("matmul", lambda: torch.backends.cuda.matmul, None)
     precision = "float32_matmul_precision"
     settings[precision] = query(
         precision, lambda: checked_word(precision, torch.get_float32_matmul_precision(), _FLAG_WORDS[:3])
@@ -846,10 +857,11 @@ MATMUL_FLAGS = (
 def matmul_arithmetic(torch):
     """The matmul arithmetic PyTorch is asked for now; null where this version lacks a flag or a read
     raises (after ``fp32_precision = "tf32"``, the legacy reads do)."""
-    matmul = _guarded(lambda: torch.backends.cuda.matmul)
+    matmul = pytorch_call("matmul", lambda: torch.backends.cuda.matmul, None)
     reads = {"float32_matmul_precision": lambda: torch.get_float32_matmul_precision()}
     reads.update({flag: lambda flag=flag: getattr(matmul, flag) for flag in MATMUL_FLAGS})
-    return {name: _guarded(lambda read=read: _flag_value(read())) for name, read in reads.items()}
+    # None where this version lacks a flag (AttributeError) or a read raises (RuntimeError from mixed APIs)
+    return {name: pytorch_call(name, lambda read=read: _flag_value(read()), None) for name, read in reads.items()}
 
 
 # The values the matmul flags take: booleans, and the words of the precision settings (fp32_precision's too).
@@ -868,13 +880,6 @@ def _blas_library(torch):
     if re.fullmatch(r"[A-Za-z]{1,20}", name):
         return name
     raise UnexpectedValue("preferred_blas_library", "a library's name")
-
-
-def _guarded(read):
-    try:
-        return read()
-    except PYTORCH_FAILURES:  # AttributeError where a version lacks the flag, RuntimeError from mixed APIs
-        return None
 
 
 def allocator_settings(torch, field_errors, backend):
@@ -1417,9 +1422,8 @@ def device_used_bytes(cuda, device):
     reading = getattr(cuda, "mem_get_info", None)
     if reading is None:
         return None
-    try:
-        answer = reading(device)
-    except PYTORCH_FAILURES:  # RuntimeError most often; whatever it raises, the reading is unknown
+    answer = pytorch_call("mem_get_info", lambda: reading(device), None)  # whatever it raises: unknown
+    if answer is None:
         return None
     free_bytes, total_bytes = checked_free_and_total(answer)  # a value that is not one is refused
     return total_bytes - free_bytes
@@ -1493,10 +1497,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     records = []
 
     def timed_phase(name, work, **labels):
-        try:
-            record, output = run_phase(cuda, device, name, work, clock)
-        except PYTORCH_FAILURES as exc:
-            raise PhaseFailed(name, exc) from exc
+        record, output = pytorch_call(name, lambda: run_phase(cuda, device, name, work, clock), PhaseFailed)
         records.append({**record, **labels})
         return output
 
@@ -1516,10 +1517,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
             output = model(inputs)
         return output  # the last output is alive at the end reading
 
-    try:
-        torch.manual_seed(config["seed"])  # the CPU initialization of the weights
-    except PYTORCH_FAILURES as exc:
-        raise pytorch_failure("seeding failed", exc) from None
+    pytorch_call("seeding failed", lambda: torch.manual_seed(config["seed"]))  # the CPU initialization of the weights
     with torch.inference_mode():
         model = timed_phase("model_load", load_model)
         inputs = timed_phase("inputs", make_inputs)
@@ -1532,15 +1530,11 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
         for repetition in range(1, config["repeats"] + 1):
             output = None  # release the previous repetition's output before the next pass
             output = timed_phase("warm_forward", lambda: model(inputs), repetition=repetition)
-        try:
-            summary = summarize_output(torch, output)
-        except PYTORCH_FAILURES as exc:
-            raise PhaseFailed("output_summary", exc) from exc
+        summary = pytorch_call("output_summary", lambda: summarize_output(torch, output), PhaseFailed)
         output = None  # the last output goes before the products run again
-        try:
-            per_call = measure_per_call_workspace(cuda, device, model, inputs)
-        except PYTORCH_FAILURES as exc:
-            raise PhaseFailed("per_call_workspace", exc) from exc
+        per_call = pytorch_call(
+            "per_call_workspace", lambda: measure_per_call_workspace(cuda, device, model, inputs), PhaseFailed
+        )
     return records, summary, per_call
 
 
@@ -1957,17 +1951,18 @@ def measure(config, tool):
     model_summary = synthetic_model(config)
     torch, torch_version_warning = _torch_to_measure_with()
     cuda = torch.cuda
-    set_up = _set_up_step(config["device"])
-    cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
+    on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
+    initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(cuda.is_initialized()))
     index = device_index(config["device"])
     environment = environment_of(config["device"], index)
     _refuse_what_pytorch_gave(environment)
     plan = memory_plan(config)  # one plan: the fit, the check, the file
-    _refuse_what_cannot_run(torch, set_up, config, index, plan, environment)
-    device = set_up("torch.device", lambda: torch.device("cuda", index))
-    set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
-    set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
-    allocated_before, reserved_before, device_used_before = _counters_before(set_up, cuda, device, index)
+    _refuse_what_cannot_run(torch, config, index, plan, environment)
+    device = pytorch_call(f"torch.device failed on {on}", lambda: torch.device("cuda", index))
+    pytorch_call(f"torch.cuda.set_device failed on {on}", lambda: cuda.set_device(device))
+    # reset_peak_memory_stats fails before CUDA is initialized
+    pytorch_call(f"torch.cuda.init failed on {on}", cuda.init)
+    allocated_before, reserved_before, device_used_before = _counters_before(cuda, device, index, on)
     try:
         phases, output_summary, per_call = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
@@ -1986,7 +1981,7 @@ def measure(config, tool):
         "torch_version_warning": torch_version_warning,
         "configuration": {
             **config,
-            "cuda_initialized_before_measure": cuda_initialized_before,
+            "cuda_initialized_before_measure": initialized,
             "allocated_bytes_before_measure": allocated_before,
             "reserved_bytes_before_measure": reserved_before,
             "device_used_bytes_before_measure": device_used_before,
@@ -2002,16 +1997,20 @@ def measure(config, tool):
     }
 
 
-def _counters_before(set_up, cuda, device, index):
-    """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases."""
-    allocated = set_up(
-        "torch.cuda.memory_allocated", lambda: checked_count("memory_allocated", cuda.memory_allocated(device))
+def _counters_before(cuda, device, index, on):
+    """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases (``on``:
+    the device as the user wrote it, for a failure's line)."""
+    allocated = pytorch_call(
+        f"torch.cuda.memory_allocated failed on {on}",
+        lambda: checked_count("memory_allocated", cuda.memory_allocated(device)),
     )
-    reserved = set_up(
-        "torch.cuda.memory_reserved", lambda: checked_count("memory_reserved", cuda.memory_reserved(device))
+    reserved = pytorch_call(
+        f"torch.cuda.memory_reserved failed on {on}",
+        lambda: checked_count("memory_reserved", cuda.memory_reserved(device)),
     )
     # CUDA is initialised: its context is counted
-    return allocated, reserved, set_up("torch.cuda.mem_get_info", lambda: device_used_bytes(cuda, index))
+    device_used = pytorch_call(f"torch.cuda.mem_get_info failed on {on}", lambda: device_used_bytes(cuda, index))
+    return allocated, reserved, device_used
 
 
 FRESH_PROCESS_WARNING = (
@@ -2026,25 +2025,11 @@ def _torch_to_measure_with():
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
-    return torch, torch_release_warning(_guarded(lambda: checked_version("torch", torch.__version__)))
+    version = pytorch_call("torch", lambda: checked_version("torch", torch.__version__), None)
+    return torch, torch_release_warning(version)
 
 
-def _set_up_step(device):
-    """``set_up(step, function)``: function's value; a failure is a refusal (exit 2): one line,
-    nothing measured, nothing written."""
-
-    def set_up(step, function):
-        try:
-            return function()
-        except KitError:
-            raise
-        except PYTORCH_FAILURES as exc:
-            raise pytorch_failure(f"{step} failed on {device}", exc) from None
-
-    return set_up
-
-
-def _refuse_what_cannot_run(torch, set_up, config, index, plan, environment):
+def _refuse_what_cannot_run(torch, config, index, plan, environment):
     """Refuse, before the kit allocates anything on the GPU: no usable GPU, a dtype it lacks, a predicted
     peak that cannot fit, a model the host cannot build."""
     if not environment["gpu_available"]:
@@ -2052,7 +2037,9 @@ def _refuse_what_cannot_run(torch, set_up, config, index, plan, environment):
             f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback, "
             f"{KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}"
         )
-    problem = set_up("the dtype probe", lambda: _dtype_problem(torch, index, config["dtype"]))
+    problem = pytorch_call(
+        f"the dtype probe failed on {config['device']}", lambda: _dtype_problem(torch, index, config["dtype"])
+    )
     if problem:
         raise KitError(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
     problem = fit_problem(plan, environment)

@@ -105,3 +105,15 @@ def test_help_names_debug_and_warns_what_it_may_show(command, capsys):
     shown = " ".join(capsys.readouterr().out.split())
     assert "--debug" in shown
     assert "may show paths and environment values" in shown
+
+
+def test_with_debug_an_out_of_memory_failure_shows_pytorch_s_message_too(stand_in_gpu, tmp_path, monkeypatch, capfd):
+    stand_in_gpu()
+    error = RuntimeError(f"CUDA out of memory. Tried to allocate 2.00 GiB at {SECRET}")
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, error)))
+    code = mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json"), "--debug"])
+    captured = capfd.readouterr()
+    assert code == 3
+    assert f"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB at {SECRET}" in captured.err.splitlines()
+    assert captured.err.splitlines()[-1].startswith("mesure_memoire.py: error: out of memory in phase inputs")
+    assert list(tmp_path.iterdir()) == []

@@ -2058,6 +2058,7 @@ def _measurement_failed(torch, config, failure):
     """The MeasurementFailed (exit 3) for a failed phase: out of memory named as such."""
     dimensions = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
     error = failure.error
+    PyTorchStderr.note(error)  # out of memory too: --debug shows PyTorch's message
     out_of_memory = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
     if isinstance(error, out_of_memory) or "out of memory" in message_of(error).lower():
         return MeasurementFailed(

@@ -611,11 +611,17 @@ MESSAGES = {
         "the BLAS workspaces measured ({kept} bytes kept, {per_call} per call) exceed the plan's {allowance}-byte "
         "allowance: --plan and its fit rule understate this run"
     ),
+    # A refusal for a missing GPU or PyTorch says where to run the command and what works here (issue 57).
+    "run it on the GPU box": (
+        "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
+    ),
     "PyTorch not importable, nothing measured": (
-        "PyTorch is not importable ({error}): nothing measured, no file written"
+        "PyTorch is not importable ({error}); nothing measured, no file written: run this on the GPU box, with a "
+        "CUDA or ROCm build of PyTorch (measure --plan works here)"
     ),
     "no usable GPU, nothing measured": (
-        "no usable GPU for {device}: {reason}; nothing measured, no CPU fallback, no file written"
+        "no usable GPU for {device}: {reason}; no CPU fallback, nothing measured, no file written: run this on the "
+        "GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
     ),
     "dtype not supported": "--dtype {dtype}: {problem} ({gpu})",
     "bfloat16 not native": "bfloat16 is not supported natively by this GPU",
@@ -681,7 +687,10 @@ MESSAGES = {
     "report: a phase": "one of model_load, inputs, cold_forward, warmup, warm_forward",
     "report: cold and warm lines": "one cold_forward line and at least one warm_forward line",
     "report: allocator settings": "null or the allocator settings measure writes",
-    "report: does not exist": "report: {file} does not exist",
+    "report: does not exist": (
+        "report: {file} does not exist: check its name, or run measure on the GPU box first (its --output names "
+        "the file)"
+    ),
     "report: cannot be opened": "report: {file} cannot be opened ({error})",
     "report: cannot be read": "report: {file} cannot be read ({error})",
     "report: FILE missing": "report: the following arguments are required: FILE",
@@ -699,7 +708,10 @@ MESSAGES = {
     "report: nested too deep": "nested too deep to read (RecursionError); a kit result nests a few levels",
     "report: not JSON": "not JSON ({error})",
     "report: not UTF-8": "not UTF-8 text",
-    "no usable GPU, no folder created": "no usable GPU for {device}: {reason}; nothing measured, no folder created",
+    "no usable GPU, no folder created": (
+        "no usable GPU for {device}: {reason}; nothing measured, no folder created: run this on the GPU box, with a "
+        "CUDA or ROCm build of PyTorch (measure --plan works here)"
+    ),
     "sweep stopped": "Sweep stopped: {stop}",
     "sweep: predicted not to fit": "{where}: predicted not to fit, not launched{also}: {problem}",
     "sweep: nor the larger values": " (nor the {count} larger value(s))",
@@ -744,7 +756,11 @@ MESSAGES = {
     ),
     "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
     "calculator: not a positive whole number": "{option}: expected a positive whole number, got {value}",
-    "torch import error, scrubbed": '{type} at import; python -c "import torch" shows PyTorch\'s message',
+    "torch import error, scrubbed": (
+        '{type} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
+    ),
+    # PyTorch's text withheld from a refusal: the refusal names the option that shows it (issue 57).
+    "withheld: --debug shows it": "{type} (text withheld; --debug or the notebook's DEBUG shows it)",
     "PyTorch not importable": "PyTorch is not importable",
     "torch is not PyTorch": (
         "the module named torch is not PyTorch (it lacks torch.cuda, torch.backends or torch.version)"

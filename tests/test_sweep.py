@@ -213,6 +213,22 @@ def test_an_exit_3_at_the_first_value_exits_3_in_one_line_and_leaves_no_folder(s
     assert os.listdir(".") == []
 
 
+def test_debug_is_passed_to_each_measure_child_whose_stderr_then_reaches_the_terminal(stand_in, capsys):
+    stand_in({"256": "write", "512": "exit2"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512", "--debug"]) == 0
+    assert stand_in.calls() == [PROBE, [*measure_call(256), "--debug"], [*measure_call(512), "--debug"]]
+    captured = capsys.readouterr()
+    assert captured.err == error_line("--dtype bfloat16: not supported (stand-in)"), "the child's own stderr"
+    assert os.listdir("out") == ["mesures-width-256.json"]
+    assert "--debug" not in (stand_in.work / "out" / "mesures-width-256.json").read_text()
+
+
+def test_without_debug_a_child_s_stderr_stays_the_sweep_s(stand_in, capsys):
+    stand_in({"256": "write", "512": "exit2"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_a_child_s_refusal_stops_the_sweep_with_the_child_s_line(stand_in, capsys):
     stand_in({"256": "exit2", "512": "write"})
     assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 2

@@ -682,3 +682,22 @@ def test_a_row_names_this_machine_s_known_folders_as_path_and_a_gpu_uuid_as_with
         assert f"{folder}/" not in shown, folder
     assert shown.count("<path>/x") == len(folders)
     assert "<withheld>" in shown
+
+
+def test_a_child_s_log_keeps_the_kit_s_lines_and_never_pytorch_s_raw_stderr(tmp_path, monkeypatch):
+    """What PyTorch writes on a child's stderr can hold ANSI escapes and any path: the archive keeps it only by the
+    kit's allow-list; the kit's own lines stay whole.  (A stand-in child writes what PyTorch could.)"""
+    kit_line = "mesure_memoire.py: error: phase inputs failed (batch 1): RuntimeError (text withheld); nothing written"
+    raw = "\x1b[33m[W1206 /opt/site/torch/lib/x.cpp:12] TORCH_X=hunter2\x1b[0m"
+    written = f"{raw}\nCUDA error: out of memory\n{kit_line}\n"
+    script = f"import sys; sys.stderr.write({written!r})"
+    monkeypatch.setattr(gpu_validation, "command_for", lambda kind, arguments: [sys.executable, "-c", script])
+    runner = gpu_validation.Runner(timeout_seconds=60, budget_seconds=60)
+    validation = gpu_validation.Validation("cuda:0", tmp_path / "work", runner)
+    validation.child("child", "kit", [])
+    [log] = (tmp_path / "work" / "logs").iterdir()
+    text = log.read_text()
+    for secret in ("\x1b", "/opt/site", "hunter2"):
+        assert secret not in text, secret
+    assert f"{kit_line}\n" in text
+    assert "CUDA error: out of memory" in text, "a known message is kept by the allow-list"

@@ -218,6 +218,7 @@ VENDOR_FIELDS = (
     "clocks.max.mem",
     "power.limit",
 )
+KIT_LINE = "mesure_memoire.py: "  # how the kit's own lines on stderr start (a refusal, a warning)
 UUID_LIKE = r"(?i)\b(?:GPU|MIG)-[0-9a-f-]{8,}|\b[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}\b"
 
 
@@ -435,6 +436,16 @@ def decoded(data):
     return (data or b"").decode("utf-8", errors="replace")
 
 
+def kept_stderr(text):
+    """A child's stderr as the evidence keeps it: the kit's own lines whole, any other line (PyTorch's C++ side, a
+    traceback: ANSI escapes, any path) only by the kit's allow-list for PyTorch's texts, as the kit records it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    kept = [
+        kit.one_line(line) if line.startswith(KIT_LINE) else f"stderr: {kit.kept_stderr_line(line)}" for line in lines
+    ]
+    return "".join(f"{line}\n" for line in kept)
+
+
 class BudgetSpent(Exception):
     """The children's time budget is spent: the run stops here, with a verdict of what was decided."""
 
@@ -473,7 +484,10 @@ class Runner:  # children one at a time, each in its own session, within a per-c
         try:
             stdout, stderr = process.communicate(timeout=limit)
             record.update(
-                outcome="exited", exit_status=process.returncode, stdout=decoded(stdout), stderr=decoded(stderr)
+                outcome="exited",
+                exit_status=process.returncode,
+                stdout=decoded(stdout),
+                stderr=kept_stderr(decoded(stderr)),
             )
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)  # the child leads its session: its own children die too

@@ -42,7 +42,7 @@ if command == "environment":
         time.sleep(120)
     print(probe.get("stdout", json.dumps(BEHAVIOURS["environment"])))
     raise SystemExit(probe.get("exit", 0))
-given = dict(option[2:].split("=", 1) for option in options)
+given = {name: value for name, _, value in (option[2:].partition("=") for option in options)}  # --debug: ""
 behaviour = BEHAVIOURS["values"][given[BEHAVIOURS["vary"]]]
 strays = BEHAVIOURS.get("stray", [])
 for stray in [strays] if isinstance(strays, str) else strays:

@@ -42,6 +42,18 @@ def sigint_as_from_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def left_running(pid):
+    """Whether this process's child ``pid`` was left unreaped by the program under test, which
+    must reap each child it starts before it returns (one left is killed here)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # reaped: it had ended before the program returned
+        return False
+    os.kill(pid, signal.SIGKILL)  # still this process's child: its number cannot have been reused
+    os.waitpid(pid, 0)
+    return True
+
+
 def imported_modules(*args, cwd):
     """The modules ``python -X importtime ARGS`` imports (a new process: start-up is what is tested)."""
     completed = subprocess.run(

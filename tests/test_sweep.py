@@ -21,6 +21,7 @@ from conftest import (
     ROOT,
     config,
     error_line,
+    left_running,
     message_pattern,
     no_gpu_here,
     sigint_as_from_a_terminal,
@@ -905,6 +906,72 @@ def test_a_signal_sent_twice_leaves_no_child_running_and_no_file_written_afterwa
         assert left == ["mesures-width-256.json"]
     time.sleep(SLOW_SECONDS - SIGNALS_APART_S + 0.2)  # past the child's step: a child left running would write now
     assert (sorted(os.listdir("out")) if os.path.isdir("out") else None) == left
+
+
+# --- a signal while a child starts; a child started with the signals held (issue 55) -------------------------
+
+
+def signal_while_starting(monkeypatch, stand_in, command, sent):
+    """``sent`` to this process by the child running ``command`` (environment: the probe; measure), between its
+    fork and its exec, while Popen has not returned; the child's process id in ``started.pid``."""
+    real_popen = subprocess.Popen
+
+    def popen(args, **kwargs):
+        if command in args:
+
+            def between_fork_and_exec():
+                (stand_in.home / "started.pid").write_text(str(os.getpid()))
+                os.kill(os.getppid(), sent)
+
+            kwargs["preexec_fn"] = between_fork_and_exec
+        return real_popen(args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+
+
+STARTS = [(command, sent) for command in ("environment", "measure") for sent in (signal.SIGINT, signal.SIGTERM)]
+
+
+@pytest.mark.parametrize(("command", "sent"), STARTS, ids=[f"{c}-{s.name}" for c, s in STARTS])
+def test_a_signal_while_a_child_starts_ends_the_child_before_the_sweep(stand_in, capsys, monkeypatch, command, sent):
+    """A Ctrl-C or SIGTERM that lands while the sweep starts its probe or a measurement: the child, already
+    forked, is stopped and reaped before the sweep exits (not left to write its result alone)."""
+    stand_in({"256": "write"})
+    signal_while_starting(monkeypatch, stand_in, command, sent)
+    status = sweep_as_from_a_terminal([*SWEEP, "--values", "256"])
+    assert not left_running(int((stand_in.home / "started.pid").read_text()))
+    said = "Ctrl-C" if sent == signal.SIGINT else "SIGTERM"
+    assert status == (130 if sent == signal.SIGINT else 143)
+    assert capsys.readouterr().err == MESSAGES["interrupted, no partial file"].format(signal=said)
+    assert os.listdir(".") == []
+
+
+def test_a_child_started_with_the_signals_blocked_still_hears_ctrl_c(stand_in):
+    """The sweep starts each child with SIGINT and SIGTERM blocked (so that none lands before the child is in its
+    hands), and a blocked signal stays blocked across exec: the kit's main lets them through first, or the sweep's
+    Ctrl-C to its child would wait unheard while the child goes on and writes its result."""
+    stand_in({"256": {"slow": 0.3, "at": "phase"}})  # the kit's own main, with a stand-in PyTorch
+
+    def started_as_the_sweep_starts_it():
+        sigint_as_from_a_terminal()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+    child = subprocess.Popen(
+        [str(stand_in.home / "python"), *measure_call(256, folder=".")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=started_as_the_sweep_starts_it,
+    )
+    moments = stand_in.home / "moments.log"
+    deadline = time.monotonic() + 30
+    while "phase" not in (moments.read_text().split() if moments.exists() else []) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child.send_signal(signal.SIGINT)  # what stop_child sends
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 130, err
+    assert err == MESSAGES["interrupted, no partial file"].format(signal="Ctrl-C")
+    assert os.listdir(".") == []
 
 
 @pytest.mark.parametrize("flags", [["-I"], ["-E", "-X", "utf8"]], ids=["isolated", "environment-ignored-utf8"])

@@ -12,6 +12,8 @@ import importlib.util
 import io
 import json
 import os
+import signal
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -20,7 +22,7 @@ import pytest
 import torch
 
 import mesure_memoire
-from conftest import MESSAGES, ROOT, RecordingCudaStandIn, no_gpu_here, tree_digest
+from conftest import MESSAGES, ROOT, RecordingCudaStandIn, left_running, no_gpu_here, tree_digest
 
 FAKE_CHILD = ROOT / "tests" / "data" / "gpu_validation" / "fake_child.py"
 
@@ -193,6 +195,36 @@ def test_sigterm_ends_the_running_child_and_leaves_the_verdict_and_archive_of_ev
     assert verdict == out == texts["verdict.txt"]
     with pytest.raises(ProcessLookupError):  # killed and reaped: no child left running
         os.kill(int(texts["child.pid"]), 0)
+
+
+@pytest.mark.parametrize(("sent", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_a_child_starts_ends_that_child_before_the_validator(
+    tmp_path, capsys, monkeypatch, scratch, sent, status
+):
+    """A Ctrl-C or SIGTERM that lands while the validator starts the cross-check child, between the child's fork
+    and its exec (Popen has not returned): the child is killed and reaped, not left running alone."""
+    with_stand_in_children(monkeypatch)
+    real_popen, started = subprocess.Popen, tmp_path / "started.pid"
+
+    def popen(args, **kwargs):
+        if "cross-check" in args:
+
+            def between_fork_and_exec():
+                started.write_text(str(os.getpid()))
+                os.kill(os.getppid(), getattr(signal, sent))
+
+            kwargs["preexec_fn"] = between_fork_and_exec
+        return real_popen(args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
+    try:
+        result = validate(tmp_path, capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not left_running(int(started.read_text()))
+    assert result[0] == status
+    assert result[3]["the run finished"] == f"FAIL  the run finished  stopped by {sent.replace('SIGINT', 'Ctrl-C')}"
 
 
 DOCTORED = {  # doctor -> the rows it must fail, and only those

@@ -2948,24 +2948,16 @@ def check_new_folder(path):
 def probe_device(device):
     """The chosen GPU as a child `environment --json` sees it (free memory included), or a refusal."""
     import json
-    import subprocess
 
+    status, out, _ = run_child(["environment", "--device", device, "--json"], SWEEP_PROBE_TIMEOUT_S)
+    if status is None:
+        raise KitError(f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured")
     try:
-        completed = subprocess.run(
-            child_command(["environment", "--device", device, "--json"]),
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            timeout=SWEEP_PROBE_TIMEOUT_S,
-        )
-        environment = json.loads(completed.stdout.decode("utf-8")) if completed.returncode == 0 else None
-    except subprocess.TimeoutExpired:
-        raise KitError(
-            f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured"
-        ) from None
+        environment = json.loads(out.decode("utf-8")) if status == 0 else None
     except ValueError:  # not UTF-8, not JSON
         environment = None
     if not isinstance(environment, dict) or not isinstance(environment.get("gpu"), (dict, type(None))):
-        raise KitError(f"the child reading {device} failed (exit status {completed.returncode}); nothing measured")
+        raise KitError(f"the child reading {device} failed (exit status {status}); nothing measured")
     if not environment.get("gpu_available") or not environment.get("gpu"):
         raise KitError(
             f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
@@ -2974,25 +2966,54 @@ def probe_device(device):
     return environment
 
 
-def run_child(arguments, timeout_s):
-    """(exit status, None if stopped after ``timeout_s`` seconds; its stderr) of a fresh child; on Ctrl-C the
-    child is stopped too, then the KeyboardInterrupt goes on."""
+def hold_signals():
+    """Block SIGINT and SIGTERM in this thread: they wait, pending, until let_signals_through(the mask returned).
+    None where there are no signal masks (Windows)."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def let_signals_through(held):
+    """The mask hold_signals() found, back: a signal that landed meanwhile is raised now."""
+    import signal
+
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def start_child(command, **options):
+    """(subprocess.Popen(command, **options), the mask to let through) with SIGINT and SIGTERM held until Popen
+    returns: one landing between fork and exec would be raised inside Popen, which would never hand the child
+    over, and the child would outlive its parent.  The caller's try, whose clean-up stops the child, starts with
+    let_signals_through.  The child starts with the two blocked (the mask survives exec): the kit's main unblocks
+    them first."""
     import subprocess
 
-    process = subprocess.Popen(
-        child_command(arguments),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-    )
+    held = hold_signals()
     try:
-        _, err = process.communicate(timeout=timeout_s)
-        return process.returncode, err
+        return subprocess.Popen(command, **options), held
+    except BaseException:
+        let_signals_through(held)
+        raise
+
+
+def run_child(arguments, timeout_s):
+    """(exit status, None if stopped after ``timeout_s`` seconds; its stdout; its stderr, as bytes) of a fresh
+    child; on Ctrl-C or SIGTERM the child is stopped too, then the KeyboardInterrupt goes on."""
+    import subprocess
+
+    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    process, held = start_child(child_command(arguments), **pipes)
+    try:
+        let_signals_through(held)  # one that landed while the child started is raised here, the child in hand
+        out, err = process.communicate(timeout=timeout_s)
+        return process.returncode, out, err
     except subprocess.TimeoutExpired:
         stop_child(process)
-        return None, ""
+        return None, b"", b""
     except BaseException:
         stop_child(process)
         raise
@@ -3074,13 +3095,13 @@ def measure_in_child(config, folder, output, timeout_s):
     nothing of it stays in ``folder``."""
     arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
     try:
-        status, err = run_child(arguments, timeout_s)
+        status, _, err = run_child(arguments, timeout_s)
     except BaseException:  # Ctrl-C: the child is stopped; its partial file must not stay
         remove_leftovers(folder, output)
         raise
     if status != 0:
         remove_leftovers(folder, output)
-    return status, err
+    return status, err.decode("utf-8", "replace")
 
 
 def child_stopped(where, status, err, plan, timeout_s):
@@ -3274,6 +3295,10 @@ def _run(argv):
 def main(argv=None) -> int:
     """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
     130: interrupted, 143: SIGTERM)."""
+    import signal
+
+    if hasattr(signal, "pthread_sigmask"):  # first: a sweep starts its children with these two blocked (start_child)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     argv = sys.argv[1:] if argv is None else list(argv)
     return run_command_line("mesure_memoire.py", _run, argv, "interrupted (Ctrl-C); no partial file left behind")
 

@@ -429,8 +429,8 @@ class Runner:  # children one at a time, each in its own session, within a per-c
         if limit <= 0:
             raise BudgetSpent(name)
         started = time.monotonic()
-        try:
-            process = subprocess.Popen(
+        try:  # with SIGINT and SIGTERM held until the child is in hand (it keeps them blocked: it is only ever killed)
+            process, held = kit.start_child(
                 command_for(kind, arguments),
                 cwd=cwd,
                 env=env,
@@ -443,6 +443,7 @@ class Runner:  # children one at a time, each in its own session, within a per-c
             record.update(outcome="could not start", stderr=kit.describe_error(error))
             return record
         try:
+            kit.let_signals_through(held)  # one that landed while the child started is raised here
             stdout, stderr = process.communicate(timeout=limit)
             record.update(
                 outcome="exited", exit_status=process.returncode, stdout=decoded(stdout), stderr=decoded(stderr)

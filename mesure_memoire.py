@@ -3006,7 +3006,10 @@ def run_child(arguments, timeout_s):
     import subprocess
 
     pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-    process, held = start_child(child_command(arguments), **pipes)
+    try:
+        process, held = start_child(child_command(arguments), **pipes)
+    except OSError as error:  # a process limit (ulimit -u), no memory for one more process
+        raise KitError(f"cannot start a child process: {describe_error(error)}") from None
     try:
         let_signals_through(held)  # one that landed while the child started is raised here, the child in hand
         out, err = process.communicate(timeout=timeout_s)
@@ -3148,7 +3151,11 @@ def sweep_children(dimension, configs, environment, folder, timeout_s):
     try:
         for value, config, plan in launched:
             where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
-            status, err = measure_in_child(config, folder, output, timeout_s)
+            try:
+                status, err = measure_in_child(config, folder, output, timeout_s)
+            except KitError as error:  # it could not be started: the sweep stops there, as after a failed child
+                stop = KitError(f"{where}: {error}")
+                break
             if status != 0 or not os.path.isfile(output):
                 stop = child_stopped(where, status, err, plan, timeout_s)
                 break

@@ -712,6 +712,10 @@ MESSAGES = {
     "\n",
     "report: folder cannot be listed": "report: {folder} cannot be listed ({error})",
     "sweep: folder kept": "{stop}; {name} kept: it holds {strays}, which the sweep did not write",
+    "validator interrupted": (
+        "gpu_validation.py: interrupted ({signal}): the running child killed; "
+        "the verdict and archive of the checks decided written\n"
+    ),
     "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
     "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",
     "--output-dir exists": "--output-dir: {name} already exists; the sweep writes only into a new folder",

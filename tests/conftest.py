@@ -1,6 +1,7 @@
 """Shared helpers: the repository root, and running a kit script as a new user would."""
 
 import contextlib
+import ctypes
 import getpass
 import hashlib
 import os
@@ -40,6 +41,17 @@ def sigint_as_from_a_terminal():
     with SIGINT ignored and Python keeps an ignored SIGINT, so a suite run with ``&`` (or by a
     tool started so) would see the child ignore it; a user's Ctrl-C reaches a foreground one."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # resolved here: a child between fork and exec only calls it
+
+
+def signal_main_thread(pid, number):
+    """Send signal ``number`` to the main thread of process ``pid`` (tgkill), where a single-threaded program (the
+    sweep, the GPU validator) takes it: kill() would let a test process's other thread (PyTorch's) take it
+    instead, and its handler run while the main thread holds the signal blocked."""
+    if _LIBC.tgkill(pid, pid, number) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
 def left_running(pid):

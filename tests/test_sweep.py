@@ -28,6 +28,7 @@ from conftest import (
     message_pattern,
     no_gpu_here,
     sigint_as_from_a_terminal,
+    signal_main_thread,
     tree_digest,
     warning_line,
 )
@@ -924,7 +925,7 @@ def signal_while_starting(monkeypatch, stand_in, command, sent):
 
             def between_fork_and_exec():
                 (stand_in.home / "started.pid").write_text(str(os.getpid()))
-                os.kill(os.getppid(), sent)
+                signal_main_thread(os.getppid(), sent)
 
             kwargs["preexec_fn"] = between_fork_and_exec
         return real_popen(args, **kwargs)
@@ -938,8 +939,11 @@ STARTS = [(command, sent) for command in ("environment", "measure") for sent in 
 @pytest.mark.parametrize(("command", "sent"), STARTS, ids=[f"{c}-{s.name}" for c, s in STARTS])
 def test_a_signal_while_a_child_starts_ends_the_child_before_the_sweep(stand_in, capsys, monkeypatch, command, sent):
     """A Ctrl-C or SIGTERM that lands while the sweep starts its probe or a measurement: the child, already
-    forked, is stopped and reaped before the sweep exits (not left to write its result alone)."""
-    stand_in({"256": "write"})
+    forked, is stopped and reaped before the sweep exits (not left running alone)."""
+    stand_in({"256": "hang"})  # each child hangs: one left running would still be there afterwards
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    probe = {"hang": True} if command == "environment" else {}
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "probe": probe}))
     signal_while_starting(monkeypatch, stand_in, command, sent)
     status = sweep_as_from_a_terminal([*SWEEP, "--values", "256"])
     assert not left_running(int((stand_in.home / "started.pid").read_text()))

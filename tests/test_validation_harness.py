@@ -23,7 +23,15 @@ import pytest
 import torch
 
 import mesure_memoire
-from conftest import MESSAGES, ROOT, RecordingCudaStandIn, left_running, no_gpu_here, tree_digest
+from conftest import (
+    MESSAGES,
+    ROOT,
+    RecordingCudaStandIn,
+    left_running,
+    no_gpu_here,
+    signal_main_thread,
+    tree_digest,
+)
 
 FAKE_CHILD = ROOT / "tests" / "data" / "gpu_validation" / "fake_child.py"
 
@@ -201,7 +209,7 @@ def test_a_signal_while_a_child_starts_ends_that_child_before_the_validator(
 ):
     """A Ctrl-C or SIGTERM that lands while the validator starts the cross-check child, between the child's fork
     and its exec (Popen has not returned): the child is killed and reaped, not left running alone."""
-    with_stand_in_children(monkeypatch)
+    with_stand_in_children(monkeypatch, "hang")  # the cross-check child hangs: one left running would stay
     real_popen, started = subprocess.Popen, tmp_path / "started.pid"
 
     def popen(args, **kwargs):
@@ -209,7 +217,7 @@ def test_a_signal_while_a_child_starts_ends_that_child_before_the_validator(
 
             def between_fork_and_exec():
                 started.write_text(str(os.getpid()))
-                os.kill(os.getppid(), getattr(signal, sent))
+                signal_main_thread(os.getppid(), getattr(signal, sent))
 
             kwargs["preexec_fn"] = between_fork_and_exec
         return real_popen(args, **kwargs)
@@ -253,7 +261,7 @@ def test_a_sigterm_during_the_final_clean_up_still_removes_the_working_folder(tm
 
     def rmtree(path, *args, **kwargs):
         if str(path).startswith(str(scratch)):
-            os.kill(os.getpid(), signal.SIGTERM)  # as a time limit's SIGTERM lands while the folder goes
+            signal_main_thread(os.getpid(), signal.SIGTERM)  # as a time limit's SIGTERM lands while the folder goes
         return real_rmtree(path, *args, **kwargs)
 
     monkeypatch.setattr(shutil, "rmtree", rmtree)

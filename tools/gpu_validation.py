@@ -407,6 +407,13 @@ def decoded(data):
     return (data or b"").decode("utf-8", errors="replace")
 
 
+def kill_session(process):
+    """Kill the child's session (it leads one: its own children die too).  After a Ctrl-C or SIGTERM, Popen waits
+    a moment for the child and may reap it: a session already gone is no error."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 class BudgetSpent(Exception):
     """The children's time budget is spent: the run stops here, with a verdict of what was decided."""
 
@@ -449,11 +456,11 @@ class Runner:  # children one at a time, each in its own session, within a per-c
                 outcome="exited", exit_status=process.returncode, stdout=decoded(stdout), stderr=decoded(stderr)
             )
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the child leads its session: its own children die too
+            kill_session(process)
             stdout, _ = process.communicate()
             record.update(outcome="timed out", stdout=decoded(stdout), stderr=f"killed after {limit:.0f} s")
         except BaseException:  # SIGTERM and Ctrl-C above all: no child outlives the validation
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_session(process)
             process.wait()
             record.update(outcome="stopped", stderr="killed: the validation was stopped")
             raise
@@ -856,8 +863,10 @@ def validate(device, output_dir, runner):
         except (kit.KitError, OSError, KeyError, TypeError, ValueError) as error:  # a defect still leaves a verdict
             validation.row("validation completed", False, f"the validator failed: {kit.describe_error(error)}")
         return validation.finish(output_dir)
-    finally:
+    finally:  # SIGINT and SIGTERM held meanwhile: one landing now would leave the folder half-removed
+        held = kit.hold_signals()
         shutil.rmtree(work, ignore_errors=True)
+        kit.let_signals_through(held)
 
 
 def build_parser():

@@ -207,13 +207,13 @@ def test_sigterm_ends_the_running_child_and_leaves_the_verdict_and_archive_of_ev
 def test_a_signal_while_a_child_starts_ends_that_child_before_the_validator(
     tmp_path, capsys, monkeypatch, scratch, sent, status
 ):
-    """A Ctrl-C or SIGTERM that lands while the validator starts the cross-check child, between the child's fork
+    """A Ctrl-C or SIGTERM that lands while the validator starts the vendor tool's child, between the child's fork
     and its exec (Popen has not returned): the child is killed and reaped, not left running alone."""
-    with_stand_in_children(monkeypatch, "hang")  # the cross-check child hangs: one left running would stay
+    with_stand_in_children(monkeypatch, "hang-vendor")  # one left running would stay
     real_popen, started = subprocess.Popen, tmp_path / "started.pid"
 
     def popen(args, **kwargs):
-        if "cross-check" in args:
+        if "vendor" in args:
 
             def between_fork_and_exec():
                 started.write_text(str(os.getpid()))

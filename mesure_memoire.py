@@ -2806,10 +2806,7 @@ def say(prog, message, prefix="error: "):
 
 
 def stdout_failed(prog, failure, stream):
-    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line.
-
-    The interpreter flushes stdout again at exit: to_devnull keeps that flush from printing a second error.
-    """
+    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line."""
     (error,) = failure.args  # None: descriptor 1 was closed at start-up
     if not isinstance(error, BrokenPipeError):
         say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
@@ -2846,10 +2843,11 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     import signal
 
     stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
-    try:
-        sigterm = signal.signal(signal.SIGTERM, _terminated)
-    except ValueError:  # not the main thread, which alone handles signals: SIGTERM stays as it was
-        sigterm = None
+    try:  # SIGINT's too: both are set aside while an interruption is said (below), then put back
+        handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+        handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread, which alone handles signals: they stay as they were
+        handlers = {}
     try:
         try:
             status = command(argv) or 0
@@ -2861,16 +2859,16 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         return error.exit_code
     except StdoutFailed as failure:
         return stdout_failed(prog, failure, stdout)
-    except Terminated as stop:  # its text, if any, goes on the same line: what the clean-up left, and why
-        say(prog, interrupted.replace("Ctrl-C", "SIGTERM") + "".join(map(str, stop.args)), prefix="")
-        return 143  # 128 + 15, as a shell reports a process that SIGTERM ended
-    except KeyboardInterrupt as stop:
-        say(prog, interrupted + "".join(map(str, stop.args)), prefix="")
-        return 130
+    except KeyboardInterrupt as stop:  # SIGTERM too (Terminated); its text, if any, on the same line: what is left
+        for number in handlers:  # another signal while this one is said: the one line, whole, and this status
+            signal.signal(number, signal.SIG_IGN)
+        said = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+        say(prog, interrupted.replace("Ctrl-C", said) + "".join(map(str, stop.args)), prefix="")
+        return 143 if said == "SIGTERM" else 130  # 128 + 15 or 2, as a shell reports a process the signal ended
     finally:
         sys.stdout = stdout
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
     return status
 
 
@@ -3010,24 +3008,16 @@ def check_new_folder(path):
 def probe_device(device):
     """The chosen GPU as a child `environment --json` sees it (free memory included), or a refusal."""
     import json
-    import subprocess
 
+    status, out, _ = run_child(["environment", "--device", device, "--json"], SWEEP_PROBE_TIMEOUT_S)
+    if status is None:
+        raise KitError(f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured")
     try:
-        completed = subprocess.run(
-            child_command(["environment", "--device", device, "--json"]),
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            timeout=SWEEP_PROBE_TIMEOUT_S,
-        )
-        environment = json.loads(completed.stdout.decode("utf-8")) if completed.returncode == 0 else None
-    except subprocess.TimeoutExpired:
-        raise KitError(
-            f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured"
-        ) from None
+        environment = json.loads(out.decode("utf-8")) if status == 0 else None
     except ValueError:  # not UTF-8, not JSON
         environment = None
     if not isinstance(environment, dict) or not isinstance(environment.get("gpu"), (dict, type(None))):
-        raise KitError(f"the child reading {device} failed (exit status {completed.returncode}); nothing measured")
+        raise KitError(f"the child reading {device} failed (exit status {status}); nothing measured")
     if not environment.get("gpu_available") or not environment.get("gpu"):
         raise KitError(
             f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
@@ -3036,25 +3026,57 @@ def probe_device(device):
     return environment
 
 
-def run_child(arguments, timeout_s):
-    """(exit status, None if stopped after ``timeout_s`` seconds; its stderr) of a fresh child; on Ctrl-C the
-    child is stopped too, then the KeyboardInterrupt goes on."""
+def hold_signals():
+    """Block SIGINT and SIGTERM in this thread: they wait, pending, until let_signals_through(the mask returned).
+    None where there are no signal masks (Windows)."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def let_signals_through(held):
+    """The mask hold_signals() found, back: a signal that landed meanwhile is raised now."""
+    import signal
+
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def start_child(command, **options):
+    """(subprocess.Popen(command, **options), the mask to let through) with SIGINT and SIGTERM held until Popen
+    returns: one landing between fork and exec would be raised inside Popen, which would never hand the child
+    over, and the child would outlive its parent.  The caller's try, whose clean-up stops the child, starts with
+    let_signals_through.  The child starts with the two blocked (the mask survives exec): the kit's main unblocks
+    them first."""
     import subprocess
 
-    process = subprocess.Popen(
-        child_command(arguments),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-    )
+    held = hold_signals()
     try:
-        _, err = process.communicate(timeout=timeout_s)
-        return process.returncode, err
+        return subprocess.Popen(command, **options), held
+    except BaseException:
+        let_signals_through(held)
+        raise
+
+
+def run_child(arguments, timeout_s):
+    """(exit status, None if stopped after ``timeout_s`` seconds; its stdout; its stderr, as bytes) of a fresh
+    child; on Ctrl-C or SIGTERM the child is stopped too, then the KeyboardInterrupt goes on."""
+    import subprocess
+
+    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    try:
+        process, held = start_child(child_command(arguments), **pipes)
+    except OSError as error:  # a process limit (ulimit -u), no memory for one more process
+        raise KitError(f"cannot start a child process: {describe_error(error)}") from None
+    try:
+        let_signals_through(held)  # one that landed while the child started is raised here, the child in hand
+        out, err = process.communicate(timeout=timeout_s)
+        return process.returncode, out, err
     except subprocess.TimeoutExpired:
         stop_child(process)
-        return None, ""
+        return None, b"", b""
     except BaseException:
         stop_child(process)
         raise
@@ -3137,12 +3159,13 @@ def measure_in_child(config, folder, output, timeout_s, debug=False):
     arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
     arguments += ["--debug"] if debug else []
     try:
-        status, err = run_child(arguments, timeout_s)
+        status, _, err = run_child(arguments, timeout_s)
     except BaseException:  # Ctrl-C: the child is stopped; its partial file must not stay
         remove_leftovers(folder, output)
         raise
     if status != 0:
         remove_leftovers(folder, output)
+    err = err.decode("utf-8", "replace")
     if debug:
         _to_stderr(err)
     return status, err
@@ -3192,7 +3215,11 @@ def sweep_children(dimension, configs, environment, folder, timeout_s, debug=Fal
     try:
         for value, config, plan in launched:
             where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
-            status, err = measure_in_child(config, folder, output, timeout_s, debug)
+            try:
+                status, err = measure_in_child(config, folder, output, timeout_s, debug)
+            except KitError as error:  # it could not be started: the sweep stops there, as after a failed child
+                stop = KitError(f"{where}: {error}")
+                break
             if status != 0 or not os.path.isfile(output):
                 stop = child_stopped(where, status, err, plan, timeout_s)
                 break
@@ -3347,6 +3374,10 @@ def _run(argv):
 def main(argv=None) -> int:
     """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
     130: interrupted, 143: SIGTERM)."""
+    import signal
+
+    if hasattr(signal, "pthread_sigmask"):  # first: a sweep starts its children with these two blocked (start_child)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     argv = sys.argv[1:] if argv is None else list(argv)
     return run_command_line("mesure_memoire.py", _run, argv, "interrupted (Ctrl-C); no partial file left behind")
 

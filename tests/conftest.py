@@ -1,6 +1,7 @@
 """Shared helpers: the repository root, and running a kit script as a new user would."""
 
 import contextlib
+import ctypes
 import getpass
 import hashlib
 import os
@@ -40,6 +41,29 @@ def sigint_as_from_a_terminal():
     with SIGINT ignored and Python keeps an ignored SIGINT, so a suite run with ``&`` (or by a
     tool started so) would see the child ignore it; a user's Ctrl-C reaches a foreground one."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # resolved here: a child between fork and exec only calls it
+
+
+def signal_main_thread(pid, number):
+    """Send signal ``number`` to the main thread of process ``pid`` (tgkill), where a single-threaded program (the
+    sweep, the GPU validator) takes it: kill() would let a test process's other thread (PyTorch's) take it
+    instead, and its handler run while the main thread holds the signal blocked."""
+    if _LIBC.tgkill(pid, pid, number) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def left_running(pid):
+    """Whether this process's child ``pid`` was left unreaped by the program under test, which
+    must reap each child it starts before it returns (one left is killed here)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # reaped: it had ended before the program returned
+        return False
+    os.kill(pid, signal.SIGKILL)  # still this process's child: its number cannot have been reused
+    os.waitpid(pid, 0)
+    return True
 
 
 def imported_modules(*args, cwd):
@@ -730,6 +754,10 @@ MESSAGES = {
     "\n",
     "report: folder cannot be listed": "report: {folder} cannot be listed ({error})",
     "sweep: folder kept": "{stop}; {name} kept: it holds {strays}, which the sweep did not write",
+    "validator interrupted": (
+        "gpu_validation.py: interrupted ({signal}): the running child killed; "
+        "the verdict and archive of the checks decided written\n"
+    ),
     "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
     "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",
     "--output-dir exists": "--output-dir: {name} already exists; the sweep writes only into a new folder",

@@ -999,10 +999,7 @@ def say(prog, message, prefix="error: "):
 
 
 def stdout_failed(prog, failure, stream):
-    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line.
-
-    The interpreter flushes stdout again at exit: to_devnull keeps that flush from printing a second error.
-    """
+    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line."""
     (error,) = failure.args  # None: descriptor 1 was closed at start-up
     if not isinstance(error, BrokenPipeError):
         say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
@@ -1039,10 +1036,11 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     import signal
 
     stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
-    try:
-        sigterm = signal.signal(signal.SIGTERM, _terminated)
-    except ValueError:  # not the main thread, which alone handles signals: SIGTERM stays as it was
-        sigterm = None
+    try:  # SIGINT's too: both are set aside while an interruption is said (below), then put back
+        handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+        handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread, which alone handles signals: they stay as they were
+        handlers = {}
     try:
         try:
             status = command(argv) or 0
@@ -1054,16 +1052,16 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         return error.exit_code
     except StdoutFailed as failure:
         return stdout_failed(prog, failure, stdout)
-    except Terminated as stop:  # its text, if any, goes on the same line: what the clean-up left, and why
-        say(prog, interrupted.replace("Ctrl-C", "SIGTERM") + "".join(map(str, stop.args)), prefix="")
-        return 143  # 128 + 15, as a shell reports a process that SIGTERM ended
-    except KeyboardInterrupt as stop:
-        say(prog, interrupted + "".join(map(str, stop.args)), prefix="")
-        return 130
+    except KeyboardInterrupt as stop:  # SIGTERM too (Terminated); its text, if any, on the same line: what is left
+        for number in handlers:  # another signal while this one is said: the one line, whole, and this status
+            signal.signal(number, signal.SIG_IGN)
+        said = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+        say(prog, interrupted.replace("Ctrl-C", said) + "".join(map(str, stop.args)), prefix="")
+        return 143 if said == "SIGTERM" else 130  # 128 + 15 or 2, as a shell reports a process the signal ended
     finally:
         sys.stdout = stdout
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
     return status
 
 

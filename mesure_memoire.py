@@ -106,12 +106,20 @@ class KitError(Exception):
     """An expected failure: one line for the user, and the exit status to use."""
 
     exit_code = 2
+    nothing_written = "nothing measured, no file written"  # what a refused measurement leaves: its line's ending
 
 
 class MeasurementFailed(KitError):
     """The GPU work itself failed (out of memory, most often): nothing is written."""
 
     exit_code = 3
+    nothing_written = "nothing written"
+
+
+# How a refusal that withholds PyTorch's text says how to see it.
+DEBUG_SHOWS_IT = "--debug or the notebook's DEBUG shows it"
+# What a refusal for a missing GPU or PyTorch tells the user to do next, in its one line.
+RUN_ON_THE_GPU_BOX = "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
 
 
 # <<< notebook
@@ -315,10 +323,11 @@ def kept_text(message, patterns):
     return None
 
 
-def describe_error(exc):
+def describe_error(exc, withheld="text withheld"):
     """An error as "Type: text", the text only what the kit allows: an OS error's number and the system's
     description of it (never its file names), the kit's own message, a known PyTorch message's part; else the
-    type and "(text withheld)"."""
+    type and "(text withheld)" (``withheld``: those words).  --debug shows the error whole (PyTorchStderr)."""
+    PyTorchStderr.note(exc)
     name = type(exc).__name__
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     if isinstance(number, int) and 0 < number < 2**31:  # a C int: what os.strerror takes
@@ -331,7 +340,31 @@ def describe_error(exc):
     kept = kept_text(message, KNOWN_ERRORS)
     if kept:
         return f"{name}: {one_line(kept)}"
-    return f"{name} (text withheld)" if message.strip() else name
+    return f"{name} ({withheld})" if message.strip() else name
+
+
+def pytorch_failure(what, exc, kind=KitError):
+    """The kit's failure for ``exc``, which a call into PyTorch raised: a ``kind`` (KitError, exit 2, or
+    MeasurementFailed, 3) whose one line names what failed (a step, a phase), what the kit keeps of the error
+    and what the failure leaves (its exit status's ending)."""
+    return kind(f"{what}: {describe_error(exc, f'text withheld; {DEBUG_SHOWS_IT}')}; {kind.nothing_written}")
+
+
+def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
+    """The one path for a call into PyTorch: ``function()``'s value.  What PyTorch raises in it (not Ctrl-C, not the
+    kit's own refusal) is raised as ``failure(what, error)`` (pytorch_failure: the kit's line naming ``what``, a
+    step; PhaseFailed: a phase, which measure words); with no ``failure``, the value is None, and the error's kept
+    line goes in ``field_errors[what]`` where given (a field; an API this version lacks, AttributeError: none)."""
+    try:
+        return function()
+    except KitError:
+        raise
+    except PYTORCH_FAILURES as exc:
+        if failure is not None:
+            raise failure(what, exc) from None
+        if field_errors is not None and not isinstance(exc, AttributeError):
+            field_errors[what] = describe_error(exc)
+        return None
 
 
 def pytorch_warnings_line():
@@ -373,6 +406,97 @@ class CapturedWarnings:
         if PYTORCH_WARNINGS and self.field_errors is not None:
             self.field_errors[PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
         return False
+
+
+# <<< notebook
+
+
+# >>> notebook: PyTorch's stderr: captured at the descriptor, kept by the same allow-list
+def _to_stderr(text=""):
+    """Write ``text`` on sys.stderr and flush it; a closed or missing stderr is not an error."""
+    import contextlib
+
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def kept_stderr_line(line):
+    """What the kit keeps of a line PyTorch wrote on stderr: a known error's or warning's part, else nothing."""
+    return one_line(kept_text(line, KNOWN_ERRORS) or kept_warning_text(line))
+
+
+class PyTorchStderr:
+    """``with PyTorchStderr(show):`` what is written on the process's stderr meanwhile (PyTorch's C++ side writes on
+    descriptor 2 directly, at its import and in its calls: ANSI escapes, paths, settings' values) goes into a
+    pipe that a thread drains; each line is kept by the allow-list in PYTORCH_WARNINGS, as "stderr: ...".  With
+    ``show`` (--debug, the notebook's DEBUG), that text whole and each PyTorch failure described meanwhile, with
+    its traceback, are written on the terminal at the end: never into a file or a JSON output."""
+
+    LIMIT_BYTES = 2**16  # what a line-by-line reading keeps; beyond it, drained and dropped
+    current = None  # the capture under way, which describe_error tells of each failure
+
+    def __init__(self, show=False):
+        self.show, self.failures, self.text = show, [], ""
+
+    def __enter__(self):
+        import threading
+
+        self._outer, PyTorchStderr.current = PyTorchStderr.current, self
+        self._saved, self._chunks = None, []
+        _to_stderr()  # what the kit wrote before stays the kit's
+        try:
+            read_end, write_end = os.pipe()
+        except OSError:  # no descriptor left: nothing captured
+            return self
+        self._reader = threading.Thread(target=self._drain, args=(read_end,), daemon=True)
+        self._reader.start()
+        try:
+            self._saved = os.dup(2)
+            os.dup2(write_end, 2)
+        except OSError:  # descriptor 2 closed: there is nothing to capture
+            self._saved = None
+        os.close(write_end)
+        return self
+
+    def _drain(self, read_end):
+        size = 0
+        while chunk := os.read(read_end, 2**16):
+            self._chunks.append(chunk[: max(0, self.LIMIT_BYTES - size)])
+            size += len(chunk)
+        os.close(read_end)
+
+    def __exit__(self, *exc_info):
+        PyTorchStderr.current = self._outer
+        if self._saved is not None:
+            _to_stderr()  # what Python wrote meanwhile went to the pipe too
+            os.dup2(self._saved, 2)  # the pipe's last write end closes: the thread reads to its end
+            os.close(self._saved)
+            self._reader.join(timeout=1)  # a process PyTorch started may hold the pipe open: not waited for
+            self.text = b"".join(self._chunks).decode("utf-8", "replace")
+        for line in filter(str.strip, self.text.splitlines()):
+            kept = f"stderr: {kept_stderr_line(line.strip())}"
+            if kept not in PYTORCH_WARNINGS:
+                PYTORCH_WARNINGS.append(kept)
+        if self.show:
+            self._show_whole()
+        return False
+
+    def _show_whole(self):
+        """--debug: PyTorch's own text on the terminal, as it wrote it, then each failure with its traceback."""
+        import traceback
+
+        parts = [f"--- what PyTorch wrote on stderr ---\n{self.text}"] if self.text else []
+        for failure in self.failures:
+            parts.append(f"--- {type(failure).__name__} raised in PyTorch ---\n")
+            parts.append("".join(traceback.format_exception(type(failure), failure, failure.__traceback__)))
+        _to_stderr("".join(parts))
+
+    @classmethod
+    def note(cls, failure):
+        """Keep a PyTorch failure for --debug, where a capture that shows is under way."""
+        if cls.current is not None and cls.current.show and failure not in cls.current.failures:
+            cls.current.failures.append(failure)
 
 
 # <<< notebook
@@ -445,6 +569,21 @@ def checked_milliseconds(name, value):
     if number and 0 <= value < 10**MAX_DIGITS:
         return float(value)
     raise UnexpectedValue(name, "a time >= 0 in milliseconds")
+
+
+def unexpected_values(environment):
+    """The field errors that say PyTorch gave a value of the wrong type or range."""
+    return [error for error in environment["field_errors"].values() if error.startswith("UnexpectedValue: ")]
+
+
+def _refuse_what_pytorch_gave(environment):
+    """Refuse (exit 2, before any phase) a value PyTorch gave of the wrong type or range, or its refusal of
+    the allocator settings."""
+    unexpected = unexpected_values(environment)
+    if unexpected:
+        raise KitError(f"{unexpected[0]}: {KitError.nothing_written}")
+    if ALLOCATOR_REFUSED in environment["field_errors"].values():
+        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
 
 
 # <<< notebook
@@ -523,7 +662,8 @@ def import_torch():
             pytorch = all(hasattr(torch, name) for name in ("cuda", "backends", "version"))
     except PYTORCH_FAILURES as exc:  # ImportError, or OSError from a missing shared library
         # Its message may quote an environment variable's value (TORCH_LOGS) or a path: not recorded.
-        return None, f'{type(exc).__name__} at import; python -c "import torch" shows PyTorch\'s message'
+        PyTorchStderr.note(exc)
+        return None, f'{type(exc).__name__} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
     return (torch, None) if pytorch else (None, NOT_PYTORCH)
 
 
@@ -558,13 +698,19 @@ SETTINGS = (
 )
 
 
-def collect_environment(device):
+def collect_environment(device, debug=False):
     """What this process sees: Python, OS, PyTorch and the chosen GPU (``device``, as the user wrote it).
 
     Reads no environment variable and records no hostname, user name, path, GPU UUID
     or serial number.  Each query that fails leaves null and a line in ``field_errors``.
+    ``debug``: PyTorch's own text on the terminal too (PyTorchStderr).
     """
-    return environment_of(device, device_index(device))
+    index = device_index(device)
+    with PyTorchStderr(debug):
+        environment = environment_of(device, index)
+    if PYTORCH_WARNINGS:
+        environment["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
+    return environment
 
 
 def environment_of(device, index):
@@ -606,7 +752,7 @@ def environment_of(device, index):
         torch, environment["field_errors"], settings["allocator_backend"]
     )
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
-        function = _guarded(lambda name=name: getattr(torch.backends.cuda, name))
+        function = pytorch_call(name, lambda name=name: getattr(torch.backends.cuda, name), None)
         if function is not None:
             settings[f"{name}_bytes"] = query(
                 name, lambda function=function, name=name: _on_device(torch, index, function, name)
@@ -617,21 +763,6 @@ def environment_of(device, index):
 def _cudnn_version(torch):
     version = torch.backends.cudnn.version()  # None in a build without cuDNN or MIOpen
     return _optional_count("cudnn_or_miopen_version", version)
-
-
-def unexpected_values(environment):
-    """The field errors that say PyTorch gave a value of the wrong type or range."""
-    return [error for error in environment["field_errors"].values() if error.startswith("UnexpectedValue: ")]
-
-
-def _refuse_what_pytorch_gave(environment):
-    """Refuse (exit 2, before any phase) a value PyTorch gave of the wrong type or range, or its refusal of
-    the allocator settings."""
-    unexpected = unexpected_values(environment)
-    if unexpected:
-        raise KitError(f"{unexpected[0]}: nothing measured, no file written")
-    if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; nothing measured, no file written")
 
 
 def _empty_environment(device):
@@ -666,21 +797,15 @@ def _field_query(field_errors):
     """``query(name, function)``: function's value, or None with a line in ``field_errors`` when it fails."""
 
     def query(name, function):
-        try:
-            with CapturedWarnings(field_errors):
-                return function()
-        except AttributeError:  # an API this PyTorch version lacks: null, not a failed query
-            return None
-        except PYTORCH_FAILURES as exc:
-            field_errors[name] = describe_error(exc)
-            return None
+        with CapturedWarnings(field_errors):
+            return pytorch_call(name, function, None, field_errors)
 
     return query
 
 
 def _read_settings(torch, query, settings):
     """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
-    matmul = _guarded(lambda: torch.backends.cuda.matmul)
+    matmul = pytorch_call("matmul", lambda: torch.backends.cuda.matmul, None)
     precision = "float32_matmul_precision"
     settings[precision] = query(
         precision, lambda: checked_word(precision, torch.get_float32_matmul_precision(), ("highest", "high", "medium"))
@@ -690,16 +815,6 @@ def _read_settings(torch, query, settings):
     for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
     settings["preferred_blas_library"] = query("preferred_blas_library", lambda: _blas_library(torch))
-
-
-def _blas_library(torch):
-    """The preferred BLAS library's name ("Cublas", "Cublaslt", "Ck", ...): the last part of its enum's text."""
-    import re
-
-    name = message_of(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
-    if re.fullmatch(r"[A-Za-z]{1,20}", name):
-        return name
-    raise UnexpectedValue("preferred_blas_library", "a library's name")
 
 
 # <<< notebook
@@ -716,11 +831,22 @@ DEFAULT_ALLOCATOR = {
 }
 
 
-def _guarded(read):
-    try:
-        return read()
-    except PYTORCH_FAILURES:  # AttributeError where a version lacks the flag, RuntimeError from mixed APIs
-        return None
+# The values the matmul flags take: booleans, and the words of the precision settings (fp32_precision's too).
+_FLAG_WORDS = ("highest", "high", "medium", "ieee", "tf32", "none")
+
+
+def _flag_value(value):
+    return value if isinstance(value, bool) else checked_word("a matmul flag", value, _FLAG_WORDS)
+
+
+def _blas_library(torch):
+    """The preferred BLAS library's name ("Cublas", "Cublaslt", "Ck", ...): the last part of its enum's text."""
+    import re
+
+    name = message_of(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
+    if re.fullmatch(r"[A-Za-z]{1,20}", name):
+        return name
+    raise UnexpectedValue("preferred_blas_library", "a library's name")
 
 
 def allocator_settings(torch, field_errors, backend):
@@ -1620,9 +1746,8 @@ def device_used_bytes(cuda, device):
     reading = getattr(cuda, "mem_get_info", None)
     if reading is None:
         return None
-    try:
-        answer = reading(device)
-    except PYTORCH_FAILURES:  # RuntimeError most often; whatever it raises, the reading is unknown
+    answer = pytorch_call("mem_get_info", lambda: reading(device), None)  # whatever it raises: unknown
+    if answer is None:
         return None
     free_bytes, total_bytes = checked_free_and_total(answer)  # a value that is not one is refused
     return total_bytes - free_bytes
@@ -1689,10 +1814,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     read_card_state = card_reader(cuda, device_index(config["device"]))
 
     def timed_phase(name, work, **labels):
-        try:
-            record, output = run_phase(cuda, device, name, work, clock)
-        except PYTORCH_FAILURES as exc:
-            raise PhaseFailed(name, exc) from exc
+        record, output = pytorch_call(name, lambda: run_phase(cuda, device, name, work, clock), PhaseFailed)
         records.append({**record, **labels})
         return output
 
@@ -1712,10 +1834,7 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
             output = model(inputs)
         return output  # the last output is alive at the end reading
 
-    try:
-        torch.manual_seed(config["seed"])  # the CPU initialization of the weights
-    except PYTORCH_FAILURES as exc:
-        raise KitError(f"seeding failed: {describe_error(exc)}; nothing measured, no file written") from None
+    pytorch_call("seeding failed", lambda: torch.manual_seed(config["seed"]))  # the CPU initialization of the weights
     with torch.inference_mode():
         model = timed_phase("model_load", load_model)
         inputs = timed_phase("inputs", make_inputs)
@@ -1729,25 +1848,22 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
         for repetition in range(1, config["repeats"] + 1):
             output = None  # release the previous repetition's output before the next pass
             output = timed_phase("warm_forward", lambda: model(inputs), repetition=repetition)
-        try:
-            summary = summarize_output(torch, output)
-        except PYTORCH_FAILURES as exc:
-            raise PhaseFailed("output_summary", exc) from exc
+        summary = pytorch_call("output_summary", lambda: summarize_output(torch, output), PhaseFailed)
         output = None  # the last output goes before the sustained run and the products run again
         sustained, card_last = None, None
         if config["sustained_seconds"]:
             warm = [line for line in records if line["phase"] == "warm_forward"]
-            try:
-                run, window_ms, card_last = sustained_run(
+            run, window_ms, card_last = pytorch_call(
+                "sustained",
+                lambda: sustained_run(
                     cuda, device, lambda: model(inputs), warm, config["sustained_seconds"], read_card_state, clock
-                )
-                sustained = sustained_section(run, window_ms, warm)
-            except PYTORCH_FAILURES as exc:
-                raise PhaseFailed("sustained", exc) from exc
-        try:
-            per_call = measure_per_call_workspace(cuda, device, model, inputs)
-        except PYTORCH_FAILURES as exc:
-            raise PhaseFailed("per_call_workspace", exc) from exc
+                ),
+                PhaseFailed,
+            )
+            sustained = pytorch_call("sustained", lambda: sustained_section(run, window_ms, warm), PhaseFailed)
+        per_call = pytorch_call(
+            "per_call_workspace", lambda: measure_per_call_workspace(cuda, device, model, inputs), PhaseFailed
+        )
     card_state = {"before_warmup": card_before, "last_sustained_window": card_last}
     return records, summary, per_call, {"sustained": sustained, "card_state": card_state}
 
@@ -2163,17 +2279,18 @@ def measure(config, tool):
     model = synthetic_model(config)
     torch, torch_version_warning = _torch_to_measure_with()
     cuda = torch.cuda
-    set_up = _set_up_step(config["device"])
-    cuda_initialized_before = set_up("torch.cuda.is_initialized", lambda: bool(cuda.is_initialized()))
+    on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
+    initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(cuda.is_initialized()))
     index = device_index(config["device"])
     environment = environment_of(config["device"], index)
     _refuse_what_pytorch_gave(environment)
     plan = memory_plan(config, model)  # one plan: the fit, the check, the file
-    _refuse_what_cannot_run(torch, set_up, config, index, plan, environment)
-    device = set_up("torch.device", lambda: torch.device("cuda", index))
-    set_up("torch.cuda.set_device", lambda: cuda.set_device(device))
-    set_up("torch.cuda.init", cuda.init)  # reset_peak_memory_stats fails before CUDA is initialized
-    allocated_before, reserved_before, device_used_before = _counters_before(set_up, cuda, device, index)
+    _refuse_what_cannot_run(torch, config, index, plan, environment)
+    device = pytorch_call(f"torch.device failed on {on}", lambda: torch.device("cuda", index))
+    pytorch_call(f"torch.cuda.set_device failed on {on}", lambda: cuda.set_device(device))
+    # reset_peak_memory_stats fails before CUDA is initialized
+    pytorch_call(f"torch.cuda.init failed on {on}", cuda.init)
+    allocated_before, reserved_before, device_used_before = _counters_before(cuda, device, index, on)
     try:
         phases, output_summary, per_call, timing = measure_phases(torch, cuda, device, config)
     except PhaseFailed as failure:
@@ -2192,7 +2309,7 @@ def measure(config, tool):
         "torch_version_warning": torch_version_warning,
         "configuration": {
             **config,
-            "cuda_initialized_before_measure": cuda_initialized_before,
+            "cuda_initialized_before_measure": initialized,
             "allocated_bytes_before_measure": allocated_before,
             "reserved_bytes_before_measure": reserved_before,
             "device_used_bytes_before_measure": device_used_before,
@@ -2209,16 +2326,20 @@ def measure(config, tool):
     }
 
 
-def _counters_before(set_up, cuda, device, index):
-    """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases."""
-    allocated = set_up(
-        "torch.cuda.memory_allocated", lambda: checked_count("memory_allocated", cuda.memory_allocated(device))
+def _counters_before(cuda, device, index, on):
+    """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases (``on``:
+    the device as the user wrote it, for a failure's line)."""
+    allocated = pytorch_call(
+        f"torch.cuda.memory_allocated failed on {on}",
+        lambda: checked_count("memory_allocated", cuda.memory_allocated(device)),
     )
-    reserved = set_up(
-        "torch.cuda.memory_reserved", lambda: checked_count("memory_reserved", cuda.memory_reserved(device))
+    reserved = pytorch_call(
+        f"torch.cuda.memory_reserved failed on {on}",
+        lambda: checked_count("memory_reserved", cuda.memory_reserved(device)),
     )
     # CUDA is initialised: its context is counted
-    return allocated, reserved, set_up("torch.cuda.mem_get_info", lambda: device_used_bytes(cuda, index))
+    device_used = pytorch_call(f"torch.cuda.mem_get_info failed on {on}", lambda: device_used_bytes(cuda, index))
+    return allocated, reserved, device_used
 
 
 FRESH_PROCESS_WARNING = (
@@ -2232,36 +2353,22 @@ def _torch_to_measure_with():
     Asked before any query that could start CUDA."""
     torch, torch_error = import_torch()
     if torch is None:
-        raise KitError(f"PyTorch is not importable ({torch_error}): nothing measured, no file written")
-    return torch, torch_release_warning(_guarded(lambda: checked_version("torch", torch.__version__)))
+        raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
+    version = pytorch_call("torch", lambda: checked_version("torch", torch.__version__), None)
+    return torch, torch_release_warning(version)
 
 
-def _set_up_step(device):
-    """``set_up(step, function)``: function's value; a failure is a refusal (exit 2): one line,
-    nothing measured, nothing written."""
-
-    def set_up(step, function):
-        try:
-            return function()
-        except KitError:
-            raise
-        except PYTORCH_FAILURES as exc:
-            raise KitError(
-                f"{step} failed on {device}: {describe_error(exc)}; nothing measured, no file written"
-            ) from None
-
-    return set_up
-
-
-def _refuse_what_cannot_run(torch, set_up, config, index, plan, environment):
+def _refuse_what_cannot_run(torch, config, index, plan, environment):
     """Refuse, before the kit allocates anything on the GPU: no usable GPU, a dtype it lacks, a predicted
     peak that cannot fit, a model the host cannot build."""
     if not environment["gpu_available"]:
         raise KitError(
-            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; "
-            "nothing measured, no CPU fallback, no file written"
+            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback, "
+            f"{KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}"
         )
-    problem = set_up("the dtype probe", lambda: _dtype_problem(torch, index, config["dtype"]))
+    problem = pytorch_call(
+        f"the dtype probe failed on {config['device']}", lambda: _dtype_problem(torch, index, config["dtype"])
+    )
     if problem:
         raise KitError(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
     problem = fit_problem(plan, environment)
@@ -2280,23 +2387,24 @@ def _measurement_failed(torch, config, failure):
     """The MeasurementFailed (exit 3) for a failed phase: out of memory named as such."""
     dimensions = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
     error = failure.error
+    PyTorchStderr.note(error)  # out of memory too: --debug shows PyTorch's message
     out_of_memory = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
     if isinstance(error, out_of_memory) or "out of memory" in message_of(error).lower():
         return MeasurementFailed(
             f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
             "nothing written; shrink one dimension and retry in a new process"
         )
-    return MeasurementFailed(f"phase {failure.phase} failed ({dimensions}): {describe_error(error)}; nothing written")
+    return pytorch_failure(f"phase {failure.phase} failed ({dimensions})", error, MeasurementFailed)
 
 
-def measure_to_file(config, output_path, tool):
+def measure_to_file(config, output_path, tool, debug=False):
     """The whole measurement: refuse an unusable output first, measure, then write atomically.
 
     Warnings PyTorch raises meanwhile are not printed: they are recorded in the result's
-    ``environment.field_errors``.
+    ``environment.field_errors`` (``debug``: PyTorch's own text on the terminal too, never in the file).
     """
     check_new_output(output_path)
-    with CapturedWarnings():
+    with CapturedWarnings(), PyTorchStderr(debug):
         result = measure(config, tool)
     if PYTORCH_WARNINGS:
         result["environment"]["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
@@ -2477,7 +2585,10 @@ def read_result_file(path):
     try:
         handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
-        raise KitError(f"report: {_quoted_path(path)} does not exist") from None
+        raise KitError(
+            f"report: {_quoted_path(path)} does not exist: check its name, or run measure on the GPU box first "
+            "(its --output names the file)"
+        ) from None
     except (OSError, ValueError) as exc:
         raise KitError(f"report: {_quoted_path(path)} cannot be opened ({type(exc).__name__})") from None
     try:
@@ -2999,10 +3110,7 @@ def say(prog, message, prefix="error: "):
 
 
 def stdout_failed(prog, failure, stream):
-    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line.
-
-    The interpreter flushes stdout again at exit: to_devnull keeps that flush from printing a second error.
-    """
+    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line."""
     (error,) = failure.args  # None: descriptor 1 was closed at start-up
     if not isinstance(error, BrokenPipeError):
         say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
@@ -3039,10 +3147,11 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     import signal
 
     stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
-    try:
-        sigterm = signal.signal(signal.SIGTERM, _terminated)
-    except ValueError:  # not the main thread, which alone handles signals: SIGTERM stays as it was
-        sigterm = None
+    try:  # SIGINT's too: both are set aside while an interruption is said (below), then put back
+        handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+        handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread, which alone handles signals: they stay as they were
+        handlers = {}
     try:
         try:
             status = command(argv) or 0
@@ -3054,16 +3163,16 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         return error.exit_code
     except StdoutFailed as failure:
         return stdout_failed(prog, failure, stdout)
-    except Terminated as stop:  # its text, if any, goes on the same line: what the clean-up left, and why
-        say(prog, interrupted.replace("Ctrl-C", "SIGTERM") + "".join(map(str, stop.args)), prefix="")
-        return 143  # 128 + 15, as a shell reports a process that SIGTERM ended
-    except KeyboardInterrupt as stop:
-        say(prog, interrupted + "".join(map(str, stop.args)), prefix="")
-        return 130
+    except KeyboardInterrupt as stop:  # SIGTERM too (Terminated); its text, if any, on the same line: what is left
+        for number in handlers:  # another signal while this one is said: the one line, whole, and this status
+            signal.signal(number, signal.SIG_IGN)
+        said = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+        say(prog, interrupted.replace("Ctrl-C", said) + "".join(map(str, stop.args)), prefix="")
+        return 143 if said == "SIGTERM" else 130  # 128 + 15 or 2, as a shell reports a process the signal ended
     finally:
         sys.stdout = stdout
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
     return status
 
 
@@ -3090,7 +3199,7 @@ def _command_estimate(args):
 
 
 def _command_environment(args):
-    _emit(args, collect_environment(args.device), format_environment)
+    _emit(args, collect_environment(args.device, args.debug), format_environment)
 
 
 def _command_measure(args):
@@ -3115,7 +3224,7 @@ def _command_measure(args):
     output_path = args.output
     if output_path is None:
         raise KitError("--output: a new file name is required (or --plan, which measures nothing and writes nothing)")
-    result = measure_to_file(config, output_path, tool="mesure_memoire.py")
+    result = measure_to_file(config, output_path, tool="mesure_memoire.py", debug=args.debug)
     for warning in result_warnings(result):
         say("mesure_memoire.py", warning, prefix="warning: ")
     _print(format_phase_table(result))
@@ -3202,51 +3311,75 @@ def check_new_folder(path):
 def probe_device(device):
     """The chosen GPU as a child `environment --json` sees it (free memory included), or a refusal."""
     import json
-    import subprocess
 
+    status, out, _ = run_child(["environment", "--device", device, "--json"], SWEEP_PROBE_TIMEOUT_S)
+    if status is None:
+        raise KitError(f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured")
     try:
-        completed = subprocess.run(
-            child_command(["environment", "--device", device, "--json"]),
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            timeout=SWEEP_PROBE_TIMEOUT_S,
-        )
-        environment = json.loads(completed.stdout.decode("utf-8")) if completed.returncode == 0 else None
-    except subprocess.TimeoutExpired:
-        raise KitError(
-            f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured"
-        ) from None
+        environment = json.loads(out.decode("utf-8")) if status == 0 else None
     except ValueError:  # not UTF-8, not JSON
         environment = None
     if not isinstance(environment, dict) or not isinstance(environment.get("gpu"), (dict, type(None))):
-        raise KitError(f"the child reading {device} failed (exit status {completed.returncode}); nothing measured")
+        raise KitError(f"the child reading {device} failed (exit status {status}); nothing measured")
     if not environment.get("gpu_available") or not environment.get("gpu"):
         raise KitError(
             f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
-            "no folder created"
+            f"no folder created: {RUN_ON_THE_GPU_BOX}"
         )
     return environment
 
 
-def run_child(arguments, timeout_s):
-    """(exit status, None if stopped after ``timeout_s`` seconds; its stderr) of a fresh child; on Ctrl-C the
-    child is stopped too, then the KeyboardInterrupt goes on."""
+def hold_signals():
+    """Block SIGINT and SIGTERM in this thread: they wait, pending, until let_signals_through(the mask returned).
+    None where there are no signal masks (Windows)."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def let_signals_through(held):
+    """The mask hold_signals() found, back: a signal that landed meanwhile is raised now."""
+    import signal
+
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def start_child(command, **options):
+    """(subprocess.Popen(command, **options), the mask to let through) with SIGINT and SIGTERM held until Popen
+    returns: one landing between fork and exec would be raised inside Popen, which would never hand the child
+    over, and the child would outlive its parent.  The caller's try, whose clean-up stops the child, starts with
+    let_signals_through.  The child starts with the two blocked (the mask survives exec): the kit's main unblocks
+    them first."""
     import subprocess
 
-    process = subprocess.Popen(
-        child_command(arguments),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-    )
+    held = hold_signals()
     try:
-        _, err = process.communicate(timeout=timeout_s)
-        return process.returncode, err
+        return subprocess.Popen(command, **options), held
+    except BaseException:
+        let_signals_through(held)
+        raise
+
+
+def run_child(arguments, timeout_s):
+    """(exit status, None if stopped after ``timeout_s`` seconds; its stdout; its stderr, as bytes) of a fresh
+    child; on Ctrl-C or SIGTERM the child is stopped too, then the KeyboardInterrupt goes on."""
+    import subprocess
+
+    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    try:
+        process, held = start_child(child_command(arguments), **pipes)
+    except OSError as error:  # a process limit (ulimit -u), no memory for one more process
+        raise KitError(f"cannot start a child process: {describe_error(error)}") from None
+    try:
+        let_signals_through(held)  # one that landed while the child started is raised here, the child in hand
+        out, err = process.communicate(timeout=timeout_s)
+        return process.returncode, out, err
     except subprocess.TimeoutExpired:
         stop_child(process)
-        return None, ""
+        return None, b"", b""
     except BaseException:
         stop_child(process)
         raise
@@ -3323,17 +3456,21 @@ def sweep_configs(args):
     return dimension, [(value, measure_config(**{**fixed, dimension: value})) for value in sweep_values(args.values)]
 
 
-def measure_in_child(config, folder, output, timeout_s):
+def measure_in_child(config, folder, output, timeout_s, debug=False):
     """Run `measure` for ``config`` in a fresh child; (exit status or None, stderr).  Unless the child succeeds,
-    nothing of it stays in ``folder``."""
+    nothing of it stays in ``folder``.  ``debug``: the child gets --debug, and its stderr reaches the terminal."""
     arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
+    arguments += ["--debug"] if debug else []
     try:
-        status, err = run_child(arguments, timeout_s)
+        status, _, err = run_child(arguments, timeout_s)
     except BaseException:  # Ctrl-C: the child is stopped; its partial file must not stay
         remove_leftovers(folder, output)
         raise
     if status != 0:
         remove_leftovers(folder, output)
+    err = err.decode("utf-8", "replace")
+    if debug:
+        _to_stderr(err)
     return status, err
 
 
@@ -3369,7 +3506,7 @@ def launchable(dimension, configs, environment):
     return launched, None
 
 
-def sweep_children(dimension, configs, environment, folder, timeout_s):
+def sweep_children(dimension, configs, environment, folder, timeout_s, debug=False):
     """Measure each value in turn, after the plan's fit check against the probed free memory; returns
     ([(value, file written)], the KitError that stopped the sweep, or None).  When nothing was measured, the
     folder goes, unless someone else left a file in it: then both stay, named in the sweep's one line."""
@@ -3381,7 +3518,11 @@ def sweep_children(dimension, configs, environment, folder, timeout_s):
     try:
         for value, config, plan in launched:
             where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
-            status, err = measure_in_child(config, folder, output, timeout_s)
+            try:
+                status, err = measure_in_child(config, folder, output, timeout_s, debug)
+            except KitError as error:  # it could not be started: the sweep stops there, as after a failed child
+                stop = KitError(f"{where}: {error}")
+                break
             if status != 0 or not os.path.isfile(output):
                 stop = child_stopped(where, status, err, plan, timeout_s)
                 break
@@ -3413,7 +3554,7 @@ def _command_sweep(args):
     warning = torch_release_warning(environment.get("torch"))  # a refusal, or a warning the results keep too
     if warning:
         say("mesure_memoire.py", warning, prefix="warning: ")
-    written, stop = sweep_children(dimension, configs, environment, folder, timeout_s)
+    written, stop = sweep_children(dimension, configs, environment, folder, timeout_s, args.debug)
     if not written:
         raise stop
     if stop is not None:
@@ -3435,6 +3576,10 @@ EPILOG = (
     "digits (0.5, not .5 or 5.); no sign, exponent, separator or space."
 )
 JSON_HELP = "print one JSON object instead of text"
+DEBUG_HELP = (
+    "show PyTorch's own messages, their tracebacks and what it wrote on stderr, on the terminal only (never in a "
+    "file or JSON); they may show paths and environment values"
+)
 # {command: (summary, handler, [(option, metavar, default, help)])}: a metavar of None makes a flag;
 # REQUIRED, an option without a default.
 REQUIRED = "required"
@@ -3455,7 +3600,8 @@ ESTIMATE_ARGUMENTS = [
     ("--reserve-gib", "GIB", "0", "extra GiB you assume on top of the weights (a hypothesis; default 0)"),
     *JSON_ARGUMENTS,
 ]
-ENVIRONMENT_ARGUMENTS = [("--device", "cuda:N", REQUIRED, "the GPU to inspect"), *JSON_ARGUMENTS]
+DEBUG_ARGUMENTS = [("--debug", None, False, DEBUG_HELP)]
+ENVIRONMENT_ARGUMENTS = [("--device", "cuda:N", REQUIRED, "the GPU to inspect"), *JSON_ARGUMENTS, *DEBUG_ARGUMENTS]
 MEMORY_GIB_HELP = (
     "with --plan: a card's memory in GiB as PyTorch reports it (environment shows it on the box; a catalog card's: "
     "calcul_forfaits.py --list); whether the run fits, and the largest batch, context and width that fit"
@@ -3472,6 +3618,7 @@ MEASURE_ARGUMENTS = [
     ("--plan", None, False, "predict the memory per phase: arithmetic only, no GPU, writes nothing"),
     ("--json", None, False, "with --plan: print one JSON object"),
     ("--memory-gib", "GIB", None, MEMORY_GIB_HELP),
+    *DEBUG_ARGUMENTS,
 ]
 SWEEP_ARGUMENTS = [
     ("--device", "cuda:N", REQUIRED, "the GPU to measure"),
@@ -3480,6 +3627,7 @@ SWEEP_ARGUMENTS = [
     ("--output-dir", "NEW_FOLDER", REQUIRED, "a new folder (created; never an existing one): one file per value"),
     *RUN_ARGUMENTS,
     ("--timeout-s", "SECONDS", "1800", "a child still running after this many seconds is stopped (default 1800)"),
+    *DEBUG_ARGUMENTS,
 ]
 COMMAND_OPTIONS = {
     "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, ESTIMATE_ARGUMENTS),
@@ -3534,6 +3682,10 @@ def _run(argv):
 def main(argv=None) -> int:
     """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
     130: interrupted, 143: SIGTERM)."""
+    import signal
+
+    if hasattr(signal, "pthread_sigmask"):  # first: a sweep starts its children with these two blocked (start_child)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     argv = sys.argv[1:] if argv is None else list(argv)
     return run_command_line("mesure_memoire.py", _run, argv, "interrupted (Ctrl-C); no partial file left behind")
 

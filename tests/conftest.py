@@ -1,6 +1,7 @@
 """Shared helpers: the repository root, and running a kit script as a new user would."""
 
 import contextlib
+import ctypes
 import getpass
 import hashlib
 import os
@@ -40,6 +41,29 @@ def sigint_as_from_a_terminal():
     with SIGINT ignored and Python keeps an ignored SIGINT, so a suite run with ``&`` (or by a
     tool started so) would see the child ignore it; a user's Ctrl-C reaches a foreground one."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # resolved here: a child between fork and exec only calls it
+
+
+def signal_main_thread(pid, number):
+    """Send signal ``number`` to the main thread of process ``pid`` (tgkill), where a single-threaded program (the
+    sweep, the GPU validator) takes it: kill() would let a test process's other thread (PyTorch's) take it
+    instead, and its handler run while the main thread holds the signal blocked."""
+    if _LIBC.tgkill(pid, pid, number) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def left_running(pid):
+    """Whether this process's child ``pid`` was left unreaped by the program under test, which
+    must reap each child it starts before it returns (one left is killed here)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # reaped: it had ended before the program returned
+        return False
+    os.kill(pid, signal.SIGKILL)  # still this process's child: its number cannot have been reused
+    os.waitpid(pid, 0)
+    return True
 
 
 def imported_modules(*args, cwd):
@@ -619,11 +643,17 @@ MESSAGES = {
         "the BLAS workspaces measured ({kept} bytes kept, {per_call} per call) exceed the plan's {allowance}-byte "
         "allowance: --plan and its fit rule understate this run"
     ),
+    # A refusal for a missing GPU or PyTorch says where to run the command and what works here (issue 57).
+    "run it on the GPU box": (
+        "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
+    ),
     "PyTorch not importable, nothing measured": (
-        "PyTorch is not importable ({error}): nothing measured, no file written"
+        "PyTorch is not importable ({error}); nothing measured, no file written: run this on the GPU box, with a "
+        "CUDA or ROCm build of PyTorch (measure --plan works here)"
     ),
     "no usable GPU, nothing measured": (
-        "no usable GPU for {device}: {reason}; nothing measured, no CPU fallback, no file written"
+        "no usable GPU for {device}: {reason}; no CPU fallback, nothing measured, no file written: run this on the "
+        "GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
     ),
     "dtype not supported": "--dtype {dtype}: {problem} ({gpu})",
     "bfloat16 not native": "bfloat16 is not supported natively by this GPU",
@@ -689,7 +719,10 @@ MESSAGES = {
     "report: a phase": "one of model_load, inputs, cold_forward, warmup, warm_forward",
     "report: cold and warm lines": "one cold_forward line and at least one warm_forward line",
     "report: allocator settings": "null or the allocator settings measure writes",
-    "report: does not exist": "report: {file} does not exist",
+    "report: does not exist": (
+        "report: {file} does not exist: check its name, or run measure on the GPU box first (its --output names "
+        "the file)"
+    ),
     "report: cannot be opened": "report: {file} cannot be opened ({error})",
     "report: cannot be read": "report: {file} cannot be read ({error})",
     "report: FILE missing": "report: the following arguments are required: FILE",
@@ -707,7 +740,10 @@ MESSAGES = {
     "report: nested too deep": "nested too deep to read (RecursionError); a kit result nests a few levels",
     "report: not JSON": "not JSON ({error})",
     "report: not UTF-8": "not UTF-8 text",
-    "no usable GPU, no folder created": "no usable GPU for {device}: {reason}; nothing measured, no folder created",
+    "no usable GPU, no folder created": (
+        "no usable GPU for {device}: {reason}; nothing measured, no folder created: run this on the GPU box, with a "
+        "CUDA or ROCm build of PyTorch (measure --plan works here)"
+    ),
     "sweep stopped": "Sweep stopped: {stop}",
     "sweep: predicted not to fit": "{where}: predicted not to fit, not launched{also}: {problem}",
     "sweep: nor the larger values": " (nor the {count} larger value(s))",
@@ -726,6 +762,10 @@ MESSAGES = {
     "\n",
     "report: folder cannot be listed": "report: {folder} cannot be listed ({error})",
     "sweep: folder kept": "{stop}; {name} kept: it holds {strays}, which the sweep did not write",
+    "validator interrupted": (
+        "gpu_validation.py: interrupted ({signal}): the running child killed; "
+        "the verdict and archive of the checks decided written\n"
+    ),
     "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
     "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",
     "--output-dir exists": "--output-dir: {name} already exists; the sweep writes only into a new folder",
@@ -752,7 +792,11 @@ MESSAGES = {
     ),
     "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
     "calculator: not a positive whole number": "{option}: expected a positive whole number, got {value}",
-    "torch import error, scrubbed": '{type} at import; python -c "import torch" shows PyTorch\'s message',
+    "torch import error, scrubbed": (
+        '{type} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
+    ),
+    # PyTorch's text withheld from a refusal: the refusal names the option that shows it (issue 57).
+    "withheld: --debug shows it": "{type} (text withheld; --debug or the notebook's DEBUG shows it)",
     "PyTorch not importable": "PyTorch is not importable",
     "torch is not PyTorch": (
         "the module named torch is not PyTorch (it lacks torch.cuda, torch.backends or torch.version)"

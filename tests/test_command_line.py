@@ -33,6 +33,7 @@ from conftest import (
     error_line,
     plain_ids,
     run_script,
+    signal_main_thread,
 )
 
 
@@ -146,6 +147,52 @@ def test_sigterm_is_one_line_and_143_and_its_handler_is_put_back(name, capsys, m
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"{name}: interrupted (SIGTERM)"), lines
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+SIGNALS_TWICE = [(first, second) for first in ("SIGINT", "SIGTERM") for second in ("SIGINT", "SIGTERM")]
+
+
+@pytest.mark.parametrize(("first", "second"), SIGNALS_TWICE, ids=[f"{f}-then-{s}" for f, s in SIGNALS_TWICE])
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_a_second_signal_while_the_first_is_said_keeps_one_line_and_the_first_status(
+    name, first, second, capsys, monkeypatch
+):
+    """Ctrl-C or SIGTERM, then another while the first one's line is being written: that line, whole, alone, and
+    the first one's status (not a second line from the exit-time hook, nor 130 for a SIGTERM)."""
+
+    def interrupted(*args, **kwargs):
+        signal_main_thread(os.getpid(), getattr(signal, first))  # real signals: the program's handlers raise
+        time.sleep(30)  # never slept in full
+
+    class SecondSignalOnWrite:
+        def __init__(self, stream):
+            self.stream, self.sent = stream, False
+
+        def write(self, text):
+            if not self.sent:
+                self.sent = True
+                signal_main_thread(os.getpid(), getattr(signal, second))
+            return self.stream.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler), signal.getsignal(signal.SIGTERM)
+    try:
+        monkeypatch.setattr("argparse.ArgumentParser.parse_known_args", interrupted)
+        monkeypatch.setattr(sys, "stderr", SecondSignalOnWrite(sys.stderr))
+        try:
+            status = _main(name)(["--help"])
+        except KeyboardInterrupt as escaped:  # out of main, to the exit-time hook: a second line there
+            status = f"{type(escaped).__name__} raised"
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+    said = "Ctrl-C" if first == "SIGINT" else "SIGTERM"
+    assert status == (130 if first == "SIGINT" else 143)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{name}: interrupted ({said})"), lines
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

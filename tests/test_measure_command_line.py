@@ -63,7 +63,15 @@ def test_no_torch_is_refused(tmp_path):
     completed = run_script(
         "mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path, python_flags=("-S",)
     )
-    assert_one_line_refusal(completed, MESSAGES["PyTorch not importable"])
+    assert_one_line_refusal(completed, MESSAGES["PyTorch not importable"], MESSAGES["run it on the GPU box"])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.whole_kit
+def test_no_gpu_is_refused_saying_where_to_run_it_and_what_works_here(tmp_path):
+    no_gpu_here()
+    completed = run_script("mesure_memoire.py", "measure", *SMALL_TRIAL, "--output", "out.json", cwd=tmp_path)
+    assert_one_line_refusal(completed, "no usable GPU for cuda:0", MESSAGES["run it on the GPU box"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -172,7 +180,12 @@ def phase_failed(phase, error=SHOWN_BOOM):
         ("memory_allocated", "float32", 2, set_up_failed("torch.cuda.memory_allocated")),
         ("memory_reserved", "float32", 2, set_up_failed("torch.cuda.memory_reserved")),
         ("manual_seed", "float32", 2, MESSAGES["seeding failed"].format(error=SHOWN_BOOM)),
-        ("a phase", "float32", 3, phase_failed("inputs", "RuntimeError (text withheld)")),
+        (
+            "a phase",
+            "float32",
+            3,
+            phase_failed("inputs", MESSAGES["withheld: --debug shows it"].format(type="RuntimeError")),
+        ),
         ("events", "float32", 3, phase_failed("model_load")),
         ("the output summary", "float32", 3, phase_failed("output_summary")),
         ("the products once more", "float32", 3, phase_failed("per_call_workspace")),
@@ -282,7 +295,7 @@ def test_a_name_an_ascii_only_stdout_cannot_encode_is_escaped_not_a_failure(monk
         "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": NO_PER_CALL},
         "phases": [{"phase": "warm_forward", "nanoseconds": 10**6, "device_ms": None}],
     }
-    monkeypatch.setattr(mesure_memoire, "measure_to_file", lambda configuration, output, tool: result)
+    monkeypatch.setattr(mesure_memoire, "measure_to_file", lambda configuration, output, tool, debug: result)
     written = ascii_only_stdout(monkeypatch)
     # The result is written before its name is printed: the status must not say the command failed.
     assert mesure_memoire.main([*MEASURE, "--output", "r\u00e9sultat.json"]) == 0

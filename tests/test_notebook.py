@@ -400,8 +400,8 @@ def test_the_results_cell_prints_report_for_the_file_it_wrote(tmp_path, monkeypa
         if cell_id.startswith(("shared-code-", "step-")) or cell_id == "parameters":
             exec(compile(source, "<notebook>", "exec"), namespace)
 
-    def stand_in_measure_to_file(config, output, tool):
-        assert (config["batch"], config["width"], tool) == (1, 64, "mesure-memoire.ipynb")
+    def stand_in_measure_to_file(config, output, tool, debug):
+        assert (config["batch"], config["width"], tool, debug) == (1, 64, "mesure-memoire.ipynb", False)
         (tmp_path / output).write_text(json.dumps(crafted), encoding="utf-8")
         return {**crafted, "torch_version_warning": "an unreadable version"}
 
@@ -510,7 +510,7 @@ def test_with_memory_gib_the_measure_cell_first_gives_the_plans_verdict_on_that_
     namespace, cells = notebook_namespace()
     namespace["MEMORY_GIB"] = memory_gib
 
-    def stand_in_measure_to_file(config, output, tool):  # no GPU here: the measurement itself is not the point
+    def stand_in_measure_to_file(config, output, tool, debug):  # no GPU here: the measurement itself is not the point
         raise namespace["KitError"]("stand-in: not measured")
 
     namespace["measure_to_file"] = stand_in_measure_to_file
@@ -524,6 +524,23 @@ def test_with_memory_gib_the_measure_cell_first_gives_the_plans_verdict_on_that_
     assert out == fit + "\nMeasurement refused: stand-in: not measured\n"
     assert fit.startswith("On a card of ")
     assert verdict in fit
+
+
+def test_debug_is_a_parameter_off_by_default_that_the_environment_and_measure_cells_pass_on(capsys):
+    namespace, cells = notebook_namespace()
+    assert namespace["DEBUG"] is False
+    namespace["DEBUG"] = True
+    asked = []
+
+    def stand_in(*args, debug, **keywords):  # no GPU here: which option the cell passes is the point
+        asked.append(debug)
+        raise namespace["KitError"]("stand-in: not run")
+
+    namespace["collect_environment"] = namespace["measure_to_file"] = stand_in
+    for cell in ("run-environment", "run-measure"):
+        exec(compile(cells[cell], "<notebook>", "exec"), namespace)
+    assert asked == [True, True]
+    capsys.readouterr()
 
 
 def test_as_notebook_message_renames_the_leading_option_only():
@@ -541,7 +558,7 @@ def test_every_parameter_is_annotated_with_its_type_for_papermill():
 
     cell = next(cell for cell in committed()["cells"] if cell["id"] == "parameters")
     statements = ast.parse("".join(cell["source"])).body
-    assert len(statements) == 13
+    assert len(statements) == 14
     for statement in statements:
         assert isinstance(statement, ast.AnnAssign), ast.unparse(statement)
         value = ast.literal_eval(statement.value)
@@ -549,7 +566,7 @@ def test_every_parameter_is_annotated_with_its_type_for_papermill():
     assert "(papermill's: --cwd)" in "".join(cell["source"])
 
 
-def test_plain_python_runs_the_code_cells_twice_in_one_process_alike(tmp_path, tmp_path_factory):
+def test_plain_python_runs_the_code_cells_twice_in_one_process_alike(tmp_path):
     """As on a GPU box without Jupyter: the code cells joined into one script, run twice in one namespace as a
     second Run All does.  PyTorch warns on its first import only (here: without NumPy); re-running the
     definitions must not forget it.  An output file that already exists is refused both times, untouched."""
@@ -561,7 +578,8 @@ def test_plain_python_runs_the_code_cells_twice_in_one_process_alike(tmp_path, t
         "    runs.append(out.getvalue())\n"
         "print(json.dumps(runs))\n"
     )
-    script = tmp_path_factory.mktemp("cells") / "twice.py"  # from a file: the code is beyond one argument's limit
+    # From a file: the code as one -c argument would pass Linux's limit on one argument (128 KiB).
+    script = tmp_path.parent / f"{tmp_path.name}-twice.py"
     script.write_text(f"CODE = {code!r}\nnamespace = {{}}\n" + twice, encoding="utf-8")
     completed = subprocess.run(
         [sys.executable, str(script)],

@@ -9,6 +9,7 @@ PyTorch's environment variables is tests/test_pytorch_markers.py.
 import importlib.util
 import json
 import math
+import os
 import sys
 import types
 import warnings
@@ -22,8 +23,11 @@ from conftest import (
     SMALL_TRIAL,
     RecordingCudaStandIn,
     assert_one_line,
+    assert_one_line_refusal,
+    no_gpu_here,
     plain_id,
     raising,
+    run_script,
     stand_in_measurement,
     tree_digest,
 )
@@ -399,3 +403,49 @@ def test_pytorch_s_stdout_at_import_stays_out_of_the_json(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["torch_error"] == MESSAGES["torch is not PyTorch"]
     assert SECRET not in captured.out + captured.err
+
+
+# --- 6. PyTorch writing on the process's stderr (its C++ side writes on descriptor 2, past sys.stderr) ------
+
+KNOWN = "CUDA initialization: Found no NVIDIA driver on your system"
+ON_STDERR = [
+    ("CUDA initialization: Found no NVIDIA driver on your system (at /home/ana/x.so)\n", "stderr: " + KNOWN),
+    (f"\x1b[33m[W1206 torch/csrc/x.cpp:12] {SECRET}=1 at /home/ana/env/lib\x1b[0m\n", "stderr: text withheld"),
+]
+
+
+class StderrTorch(PrintingTorch):
+    """A fake torch package whose import writes ``text`` on descriptor 2, as PyTorch's C++ side does."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def exec_module(self, module):
+        import os
+
+        os.write(2, self.text.encode())
+
+
+@pytest.mark.parametrize(("text", "kept"), ON_STDERR, ids=plain_id)
+def test_what_pytorch_writes_on_stderr_at_import_is_kept_by_the_allow_list(monkeypatch, capfd, text, kept):
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(sys, "meta_path", [StderrTorch(text), *sys.meta_path])
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    captured = capfd.readouterr()
+    assert captured.err == "", "nothing PyTorch writes reaches the terminal"
+    assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == kept
+
+
+@pytest.mark.whole_kit
+def test_pytorch_s_own_stderr_line_does_not_make_a_refusal_two_lines(tmp_path):
+    """Real PyTorch (CPU build): its C++ side refuses TORCH_CPP_LOG_LEVEL's value on stderr as it loads."""
+    no_gpu_here()
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "bogus"}
+    completed = run_script(
+        "mesure_memoire.py", "measure", "--device", "cuda:0", "--output", "x.json", cwd=tmp_path, env=env
+    )
+    assert_one_line_refusal(completed, "no usable GPU for cuda:0")
+    assert list(tmp_path.iterdir()) == []
+    completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", "--json", cwd=tmp_path, env=env)
+    assert (completed.returncode, completed.stderr) == (0, "")
+    assert "stderr: text withheld" in json.loads(completed.stdout)["field_errors"]["pytorch_warnings"]

@@ -323,6 +323,17 @@ REFUSALS = {
         _output(name="absent/k.zip"),
         "cannot write {t}/absent/k.zip (No such file or directory)",
     ),
+    # A folder-like or empty --output names no file: refused, never a traceback nor a file named "new".
+    "--output is empty": (lambda s, t: ["--output="], "--output: expected the name of a new file, got ''"),
+    "--output is the current folder": (
+        lambda s, t: ["--output", "."],
+        "--output: expected the name of a new file, got '.'",
+    ),
+    "--output is the root": (lambda s, t: ["--output", "/"], "--output: expected the name of a new file, got '/'"),
+    "--output ends with a slash": (
+        lambda s, t: ["--output", f"{t}/new/"],
+        "--output: expected the name of a new file, got ...",
+    ),
     "--output with --check": (
         lambda s, t: ["--check", "--output", str(t / "k.zip")],
         "--output does not apply to --check, which writes nothing",

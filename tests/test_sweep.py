@@ -5,10 +5,13 @@ import errno
 import io
 import json
 import os
+import pwd
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -21,9 +24,11 @@ from conftest import (
     ROOT,
     config,
     error_line,
+    left_running,
     message_pattern,
     no_gpu_here,
     sigint_as_from_a_terminal,
+    signal_main_thread,
     tree_digest,
     warning_line,
 )
@@ -211,6 +216,22 @@ def test_an_exit_3_at_the_first_value_exits_3_in_one_line_and_leaves_no_folder(s
     pattern = message_pattern("sweep: does not fit", where="width 2048", peak=421568512)
     assert re.fullmatch(error_line(pattern), captured.err), captured.err
     assert os.listdir(".") == []
+
+
+def test_debug_is_passed_to_each_measure_child_whose_stderr_then_reaches_the_terminal(stand_in, capsys):
+    stand_in({"256": "write", "512": "exit2"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512", "--debug"]) == 0
+    assert stand_in.calls() == [PROBE, [*measure_call(256), "--debug"], [*measure_call(512), "--debug"]]
+    captured = capsys.readouterr()
+    assert captured.err == error_line("--dtype bfloat16: not supported (stand-in)"), "the child's own stderr"
+    assert os.listdir("out") == ["mesures-width-256.json"]
+    assert "--debug" not in (stand_in.work / "out" / "mesures-width-256.json").read_text()
+
+
+def test_without_debug_a_child_s_stderr_stays_the_sweep_s(stand_in, capsys):
+    stand_in({"256": "write", "512": "exit2"})
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_a_child_s_refusal_stops_the_sweep_with_the_child_s_line(stand_in, capsys):
@@ -905,6 +926,153 @@ def test_a_signal_sent_twice_leaves_no_child_running_and_no_file_written_afterwa
         assert left == ["mesures-width-256.json"]
     time.sleep(SLOW_SECONDS - SIGNALS_APART_S + 0.2)  # past the child's step: a child left running would write now
     assert (sorted(os.listdir("out")) if os.path.isdir("out") else None) == left
+
+
+# --- a signal while a child starts; a child started with the signals held (issue 55) -------------------------
+
+
+def signal_while_starting(monkeypatch, stand_in, command, sent):
+    """``sent`` to this process by the child running ``command`` (environment: the probe; measure), between its
+    fork and its exec, while Popen has not returned; the child's process id in ``started.pid``."""
+    real_popen = subprocess.Popen
+
+    def popen(args, **kwargs):
+        if command in args:
+
+            def between_fork_and_exec():
+                (stand_in.home / "started.pid").write_text(str(os.getpid()))
+                signal_main_thread(os.getppid(), sent)
+
+            kwargs["preexec_fn"] = between_fork_and_exec
+        return real_popen(args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+
+
+STARTS = [(command, sent) for command in ("environment", "measure") for sent in (signal.SIGINT, signal.SIGTERM)]
+
+
+@pytest.mark.parametrize(("command", "sent"), STARTS, ids=[f"{c}-{s.name}" for c, s in STARTS])
+def test_a_signal_while_a_child_starts_ends_the_child_before_the_sweep(stand_in, capsys, monkeypatch, command, sent):
+    """A Ctrl-C or SIGTERM that lands while the sweep starts its probe or a measurement: the child, already
+    forked, is stopped and reaped before the sweep exits (not left running alone)."""
+    stand_in({"256": "hang"})  # each child hangs: one left running would still be there afterwards
+    behaviours = json.loads((stand_in.home / "behaviours.json").read_text())
+    probe = {"hang": True} if command == "environment" else {}
+    (stand_in.home / "behaviours.json").write_text(json.dumps({**behaviours, "probe": probe}))
+    signal_while_starting(monkeypatch, stand_in, command, sent)
+    status = sweep_as_from_a_terminal([*SWEEP, "--values", "256"])
+    assert not left_running(int((stand_in.home / "started.pid").read_text()))
+    said = "Ctrl-C" if sent == signal.SIGINT else "SIGTERM"
+    assert status == (130 if sent == signal.SIGINT else 143)
+    assert capsys.readouterr().err == MESSAGES["interrupted, no partial file"].format(signal=said)
+    assert os.listdir(".") == []
+
+
+def test_a_child_started_with_the_signals_blocked_still_hears_ctrl_c(stand_in):
+    """The sweep starts each child with SIGINT and SIGTERM blocked (so that none lands before the child is in its
+    hands), and a blocked signal stays blocked across exec: the kit's main lets them through first, or the sweep's
+    Ctrl-C to its child would wait unheard while the child goes on and writes its result."""
+    stand_in({"256": {"slow": 0.3, "at": "phase"}})  # the kit's own main, with a stand-in PyTorch
+
+    def started_as_the_sweep_starts_it():
+        sigint_as_from_a_terminal()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+    child = subprocess.Popen(
+        [str(stand_in.home / "python"), *measure_call(256, folder=".")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=started_as_the_sweep_starts_it,
+    )
+    moments = stand_in.home / "moments.log"
+    deadline = time.monotonic() + 30
+    while "phase" not in (moments.read_text().split() if moments.exists() else []) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child.send_signal(signal.SIGINT)  # what stop_child sends
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 130, err
+    assert err == MESSAGES["interrupted, no partial file"].format(signal="Ctrl-C")
+    assert os.listdir(".") == []
+
+
+# --- no child can be started: a process limit (issue 55) ----------------------------------------------------
+
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def for_nobody(world):
+    """Give ``world`` and everything in it to the user nobody (readable and runnable)."""
+    for folder, _, names in os.walk(world):
+        for path in [folder, *(os.path.join(folder, name) for name in names)]:
+            os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+            os.chmod(path, 0o755)
+
+
+@pytest.fixture
+def nobody_s_world():
+    """(a folder the user nobody owns (tmp_path's parents are root's alone), removed afterwards; an interpreter,
+    3.10 or later, that nobody can run as a script's #! line), or a skip: root is exempt from a process limit,
+    so the limit is tested as nobody, which needs root, setpriv and prlimit to arrange."""
+    if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")):
+        pytest.skip("a process limit binds only an unprivileged user: needs root, setpriv and prlimit to arrange")
+    world = tempfile.mkdtemp(prefix="sweep-as-nobody-")
+    try:
+        for python in (PYTHON, "/usr/bin/python3"):
+            check = os.path.join(world, "check")
+            with open(check, "w", encoding="utf-8") as stream:
+                stream.write(f"#!{python}\nimport sys\nassert sys.version_info >= (3, 10)\n")
+            for_nobody(world)
+            run_by_nobody = [*AS_NOBODY, "/bin/sh", "-c", 'exec "$0"', check]  # as a child of nobody's runs it
+            if subprocess.run(run_by_nobody, capture_output=True, cwd="/", timeout=60).returncode == 0:
+                os.unlink(check)
+                yield world, python
+                break
+        else:
+            pytest.skip("no Python 3.10 or later that the user nobody can run")
+    finally:
+        shutil.rmtree(world)
+
+
+@pytest.mark.whole_kit
+@pytest.mark.parametrize(
+    ("processes", "probe", "where"),
+    [(1, {}, ""), (2, {"limit-parent-processes": 1}, "width 256: ")],
+    ids=["the probe", "a measurement"],
+)
+def test_a_child_that_cannot_be_started_is_one_line_and_leaves_no_folder(nobody_s_world, processes, probe, where):
+    """As an unprivileged user under a process limit (ulimit -u): the probe, or (the limit lowered while the probe
+    runs) the first measurement, cannot be started; one line naming the OS error, exit 2, no folder."""
+    world, python = nobody_s_world
+    home, work = os.path.join(world, "stand-in"), os.path.join(world, "work")
+    os.mkdir(home)
+    os.mkdir(work)
+    kit = shutil.copy(MESURE_SCRIPT, world)  # a copy of the kit that nobody can read
+    body = shutil.copy(DATA / "sweep" / "stand_in_python.py", home)
+    with open(os.path.join(home, "python"), "w", encoding="utf-8") as stream:
+        stream.write(f"#!{python}\nexec(compile(open({body!r}).read(), {body!r}, 'exec'))\n")
+    behaviours = {"vary": "width", "values": {"256": "write"}, "environment": environment(), "probe": probe}
+    with open(os.path.join(home, "behaviours.json"), "w", encoding="utf-8") as stream:
+        json.dump({**behaviours, "template": str(TEMPLATE)}, stream)
+    for_nobody(world)
+    wrapper = (
+        "import runpy, sys; sys.executable = sys.argv[1]; sys.argv = sys.argv[2:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    completed = subprocess.run(
+        ["prlimit", f"--nproc={processes}", *AS_NOBODY, python, "-I", "-c", wrapper, os.path.join(home, "python")]
+        + [kit, *SWEEP, "--values", "256"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        timeout=60,
+    )
+    assert (completed.returncode, completed.stdout) == (2, ""), completed.stderr
+    line = f"mesure_memoire.py: error: {where}cannot start a child process: BlockingIOError: [Errno {errno.EAGAIN}] "
+    assert completed.stderr.startswith(line), completed.stderr
+    assert completed.stderr.count("\n") == 1, completed.stderr
+    assert os.listdir(work) == []
 
 
 @pytest.mark.parametrize("flags", [["-I"], ["-E", "-X", "utf8"]], ids=["isolated", "environment-ignored-utf8"])

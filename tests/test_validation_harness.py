@@ -12,6 +12,9 @@ import importlib.util
 import io
 import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -21,7 +24,15 @@ import pytest
 import torch
 
 import mesure_memoire
-from conftest import MESSAGES, ROOT, RecordingCudaStandIn, no_gpu_here, tree_digest
+from conftest import (
+    MESSAGES,
+    ROOT,
+    RecordingCudaStandIn,
+    left_running,
+    no_gpu_here,
+    signal_main_thread,
+    tree_digest,
+)
 
 FAKE_CHILD = ROOT / "tests" / "data" / "gpu_validation" / "fake_child.py"
 
@@ -183,10 +194,7 @@ def test_sigterm_ends_the_running_child_and_leaves_the_verdict_and_archive_of_ev
     with_stand_in_children(monkeypatch, "terminate")  # the cross-check child sends SIGTERM to the validator
     status, out, err, rows = validate(tmp_path, capsys)
     assert status == 143
-    assert err == (
-        "gpu_validation.py: interrupted (SIGTERM): the running child killed; "
-        "the verdict and archive of the checks decided written\n"
-    )
+    assert err == MESSAGES["validator interrupted"].format(signal="SIGTERM")
     assert rows["the run finished"] == "FAIL  the run finished  stopped by SIGTERM"
     assert rows["big-bfloat16 run 1: the kit's checks"].startswith("PASS  ")
     assert "fit check refuses a size beyond the GPU (fit_problem too)" not in rows
@@ -194,6 +202,74 @@ def test_sigterm_ends_the_running_child_and_leaves_the_verdict_and_archive_of_ev
     assert verdict == out == texts["verdict.txt"]
     with pytest.raises(ProcessLookupError):  # killed and reaped: no child left running
         os.kill(int(texts["child.pid"]), 0)
+
+
+@pytest.mark.parametrize(("sent", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_a_child_starts_ends_that_child_before_the_validator(
+    tmp_path, capsys, monkeypatch, scratch, sent, status
+):
+    """A Ctrl-C or SIGTERM that lands while the validator starts the vendor tool's child, between the child's fork
+    and its exec (Popen has not returned): the child is killed and reaped, not left running alone."""
+    with_stand_in_children(monkeypatch, "hang-vendor")  # one left running would stay
+    real_popen, started = subprocess.Popen, tmp_path / "started.pid"
+
+    def popen(args, **kwargs):
+        if "vendor" in args:
+
+            def between_fork_and_exec():
+                started.write_text(str(os.getpid()))
+                signal_main_thread(os.getppid(), getattr(signal, sent))
+
+            kwargs["preexec_fn"] = between_fork_and_exec
+        return real_popen(args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    result = validate_as_from_a_terminal(tmp_path, capsys)
+    assert not left_running(int(started.read_text()))
+    assert result[0] == status
+    assert result[3]["the run finished"] == f"FAIL  the run finished  stopped by {sent.replace('SIGINT', 'Ctrl-C')}"
+
+
+def validate_as_from_a_terminal(tmp_path, capsys):
+    """validate() with Ctrl-C raising KeyboardInterrupt here, as from a terminal (a suite started in the
+    background has SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return validate(tmp_path, capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize(("sent", "said", "status"), [("SIGINT", "Ctrl-C", 130), ("SIGTERM", "SIGTERM", 143)])
+def test_a_child_gone_when_the_validator_ends_its_session_is_no_failure_of_the_validator(
+    tmp_path, capsys, monkeypatch, scratch, sent, said, status
+):
+    """Ctrl-C or SIGTERM (a time limit's) while a child ends: the child, reaped while Popen waits for it after the
+    interrupt, leaves no session to kill; the run still ends as stopped, 130 or 143, with its verdict."""
+    with_stand_in_children(monkeypatch, f"stop-and-exit={sent}")
+    status_, out, err, rows = validate_as_from_a_terminal(tmp_path, capsys)
+    assert (status_, err) == (status, MESSAGES["validator interrupted"].format(signal=said)), out
+    assert rows["the run finished"] == f"FAIL  the run finished  stopped by {said}"
+    assert "validation completed" not in rows
+    assert evidence(tmp_path)[0] == out
+
+
+def test_a_sigterm_during_the_final_clean_up_still_removes_the_working_folder(tmp_path, capsys, monkeypatch, scratch):
+    """SIGTERM while the working folder (copies of the evidence) is being removed: it is removed all the same,
+    then the validator ends with 143."""
+    with_children_in_this_process(monkeypatch)
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if str(path).startswith(str(scratch)):
+            signal_main_thread(os.getpid(), signal.SIGTERM)  # as a time limit's SIGTERM lands while the folder goes
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    status, out, err, _ = validate(tmp_path, capsys)
+    assert (status, err) == (143, MESSAGES["validator interrupted"].format(signal="SIGTERM"))
+    assert evidence(tmp_path)[0] == out
+    assert list(scratch.iterdir()) == []
 
 
 DOCTORED = {  # doctor -> the rows it must fail, and only those
@@ -682,3 +758,22 @@ def test_a_row_names_this_machine_s_known_folders_as_path_and_a_gpu_uuid_as_with
         assert f"{folder}/" not in shown, folder
     assert shown.count("<path>/x") == len(folders)
     assert "<withheld>" in shown
+
+
+def test_a_child_s_log_keeps_the_kit_s_lines_and_never_pytorch_s_raw_stderr(tmp_path, monkeypatch):
+    """What PyTorch writes on a child's stderr can hold ANSI escapes and any path: the archive keeps it only by the
+    kit's allow-list; the kit's own lines stay whole.  (A stand-in child writes what PyTorch could.)"""
+    kit_line = "mesure_memoire.py: error: phase inputs failed (batch 1): RuntimeError (text withheld); nothing written"
+    raw = "\x1b[33m[W1206 /opt/site/torch/lib/x.cpp:12] TORCH_X=hunter2\x1b[0m"
+    written = f"{raw}\nCUDA error: out of memory\n{kit_line}\n"
+    script = f"import sys; sys.stderr.write({written!r})"
+    monkeypatch.setattr(gpu_validation, "command_for", lambda kind, arguments: [sys.executable, "-c", script])
+    runner = gpu_validation.Runner(timeout_seconds=60, budget_seconds=60)
+    validation = gpu_validation.Validation("cuda:0", tmp_path / "work", runner)
+    validation.child("child", "kit", [])
+    [log] = (tmp_path / "work" / "logs").iterdir()
+    text = log.read_text()
+    for secret in ("\x1b", "/opt/site", "hunter2"):
+        assert secret not in text, secret
+    assert f"{kit_line}\n" in text
+    assert "CUDA error: out of memory" in text, "a known message is kept by the allow-list"

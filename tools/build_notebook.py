@@ -67,7 +67,10 @@ WARMUP: int = 1  # warm-up passes, 0 to 1000
 REPEATS: int = 2  # measured warm passes, 1 to 1000
 SEED: int = 0  # seed of the weights and inputs
 OUTPUT: str = "mesures-notebook.json"  # a new file, in the kernel's working folder (papermill's: --cwd)
-MEMORY_GIB: str = ""  # a card's memory in GiB, "80" say: step 3 first says if the run fits (empty: no check)"""
+MEMORY_GIB: str = ""  # a card's memory in GiB, "80" say: step 3 first says if the run fits (empty: no check)
+# True: PyTorch's own messages, tracebacks and stderr below steps 2-3 (paths, environment values; a saved notebook
+# keeps its outputs); never in a file
+DEBUG: bool = False"""
 
 SHARED_TEXT = """\
 ## Shared code, from `mesure_memoire.py`
@@ -89,7 +92,7 @@ except KitError as error:
         "run-environment",
         """\
 try:
-    print(format_environment(collect_environment(DEVICE)))
+    print(format_environment(collect_environment(DEVICE, debug=DEBUG)))
 except KitError as error:
     print(f"Environment refused: {as_notebook_message(error)}")""",
     ),
@@ -103,7 +106,7 @@ try:
     config = measure_config(DEVICE, BATCH, CONTEXT, WIDTH, DTYPE, WARMUP, REPEATS, SEED)
     if MEMORY_GIB not in ("", None):
         print(format_fit(plan_with_fit(config, MEMORY_GIB)))
-    measurement = measure_to_file(config, OUTPUT, tool="mesure-memoire.ipynb")
+    measurement = measure_to_file(config, OUTPUT, tool="mesure-memoire.ipynb", debug=DEBUG)
 except KitError as error:
     print(f"Measurement refused: {as_notebook_message(error)}")
 else:

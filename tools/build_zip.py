@@ -17,7 +17,7 @@ if not (ROOT / "mesure_memoire.py").is_file():  # build_notebook would say so un
     raise SystemExit(2)
 import build_notebook  # noqa: E402
 import calcul_forfaits  # noqa: E402
-from mesure_memoire import ArgumentParser, KitError, Once, one_line, run_command_line, say  # noqa: E402
+from mesure_memoire import ArgumentParser, KitError, Once, one_line, quoted, run_command_line, say  # noqa: E402
 
 NAME = "iteragpu-lab-v1"
 MANIFEST = "MANIFEST.json"
@@ -172,12 +172,19 @@ def relative_name(path, root):
     return one_line(text).encode(encoding, "backslashreplace").decode(encoding)
 
 
+def output_file(text):
+    """--output as a path, refused when it names no file: empty, or a folder ("." or "/", or "new/", which
+    pathlib would read as "new")."""
+    if os.path.basename(text) in ("", ".", ".."):
+        raise KitError(f"--output: expected the name of a new file, got {quoted(text)}")
+    return Path(text)
+
+
 def command(argv):
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
     parser.add_argument(
         "--output",
         action=Once,
-        type=Path,
         metavar="FILE",
         help=f"write the archive to this new file instead of dist/{NAME}.zip",
     )
@@ -212,7 +219,7 @@ def command(argv):
             say(PROG, f"{MANIFEST} is stale for {', '.join(stale)}: run python tools/build_zip.py", prefix="")
         return 1 if stale else 0
     default = args.source / "dist" / f"{NAME}.zip"
-    output = default if args.output is None else args.output
+    output = default if args.output is None else output_file(args.output)
     replace = os.path.abspath(output) == os.path.abspath(default)
     if replace and os.path.lexists(output) and not is_own_archive(output):
         raise KitError(f"{output} exists and is not this tool's archive: move it away")

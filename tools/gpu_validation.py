@@ -218,6 +218,7 @@ VENDOR_FIELDS = (
     "clocks.max.mem",
     "power.limit",
 )
+KIT_LINE = "mesure_memoire.py: "  # how the kit's own lines on stderr start (a refusal, a warning)
 UUID_LIKE = r"(?i)\b(?:GPU|MIG)-[0-9a-f-]{8,}|\b[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}\b"
 
 
@@ -435,6 +436,23 @@ def decoded(data):
     return (data or b"").decode("utf-8", errors="replace")
 
 
+def kept_stderr(text):
+    """A child's stderr as the evidence keeps it: the kit's own lines whole, any other line (PyTorch's C++ side, a
+    traceback: ANSI escapes, any path) only by the kit's allow-list for PyTorch's texts, as the kit records it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    kept = [
+        kit.one_line(line) if line.startswith(KIT_LINE) else f"stderr: {kit.kept_stderr_line(line)}" for line in lines
+    ]
+    return "".join(f"{line}\n" for line in kept)
+
+
+def kill_session(process):
+    """Kill the child's session (it leads one: its own children die too).  After a Ctrl-C or SIGTERM, Popen waits
+    a moment for the child and may reap it: a session already gone is no error."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 class BudgetSpent(Exception):
     """The children's time budget is spent: the run stops here, with a verdict of what was decided."""
 
@@ -457,8 +475,8 @@ class Runner:  # children one at a time, each in its own session, within a per-c
         if limit <= 0:
             raise BudgetSpent(name)
         started = time.monotonic()
-        try:
-            process = subprocess.Popen(
+        try:  # with SIGINT and SIGTERM held until the child is in hand (it keeps them blocked: it is only ever killed)
+            process, held = kit.start_child(
                 command_for(kind, arguments),
                 cwd=cwd,
                 env=env,
@@ -471,16 +489,20 @@ class Runner:  # children one at a time, each in its own session, within a per-c
             record.update(outcome="could not start", stderr=kit.describe_error(error))
             return record
         try:
+            kit.let_signals_through(held)  # one that landed while the child started is raised here
             stdout, stderr = process.communicate(timeout=limit)
             record.update(
-                outcome="exited", exit_status=process.returncode, stdout=decoded(stdout), stderr=decoded(stderr)
+                outcome="exited",
+                exit_status=process.returncode,
+                stdout=decoded(stdout),
+                stderr=kept_stderr(decoded(stderr)),
             )
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the child leads its session: its own children die too
+            kill_session(process)
             stdout, _ = process.communicate()
             record.update(outcome="timed out", stdout=decoded(stdout), stderr=f"killed after {limit:.0f} s")
         except BaseException:  # SIGTERM and Ctrl-C above all: no child outlives the validation
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_session(process)
             process.wait()
             record.update(outcome="stopped", stderr="killed: the validation was stopped")
             raise
@@ -887,8 +909,10 @@ def validate(device, output_dir, runner):
         except (kit.KitError, OSError, KeyError, TypeError, ValueError) as error:  # a defect still leaves a verdict
             validation.row("validation completed", False, f"the validator failed: {kit.describe_error(error)}")
         return validation.finish(output_dir)
-    finally:
+    finally:  # SIGINT and SIGTERM held meanwhile: one landing now would leave the folder half-removed
+        held = kit.hold_signals()
         shutil.rmtree(work, ignore_errors=True)
+        kit.let_signals_through(held)
 
 
 def build_parser():

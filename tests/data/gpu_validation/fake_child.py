@@ -13,6 +13,9 @@ reduced-precision reduction off keeps the error of the default arithmetic, as wh
 GPU), ``hang`` (the cross-check child sleeps), ``unsupported=FIELD`` (nvidia-smi does not know FIELD),
 ``ignored-setting`` (the allocator setting the validator sets is not honoured), ``terminate`` (the
 cross-check child writes its process id to ``child.pid``, sends SIGTERM to the validator, then sleeps),
+``hang-vendor`` (the vendor tool's child sleeps), ``stop-and-exit=SIGNAL`` (the vendor tool's child sends
+SIGINT or SIGTERM to the validator and exits at once, within the 0.25 s that Popen.communicate gives a child
+after a KeyboardInterrupt: reaped there),
 ``scale=F`` (each child first sleeps F times its time-plan estimate: a rehearsal of the GPU run).  Under
 PYTORCH_CUDA_ALLOC_CONF (set by the validator for its allocator runs; read here only, by this stand-in,
 never by the kit) it answers with the settings PyTorch records: those of the native allocator as parsed
@@ -249,6 +252,12 @@ def main(argv):
 
 
 def vendor(arguments, doctors):
+    if "hang-vendor" in doctors:
+        time.sleep(60)
+    for doctor in doctors:  # the validator is stopped as this child ends: it is gone before the validator kills it
+        if doctor.startswith("stop-and-exit="):
+            os.kill(os.getppid(), getattr(signal, doctor.removeprefix("stop-and-exit=")))
+            return 0
     fields = arguments[0].split("=", 1)[1].split(",")
     unknown = [field for field in fields if f"unsupported={field}" in doctors]
     if unknown:

@@ -3,7 +3,8 @@
 Started as ``STAND-IN SCRIPT COMMAND OPTIONS...`` (through a small executable the tests write beside
 ``behaviours.json``), it logs its arguments to ``calls.log`` there and does what ``behaviours.json`` says:
 ``environment`` prints the environment given (or, with a "probe" behaviour, that exit status and
-output, or hangs); ``measure`` looks up the varied value and writes a result copied from a template with
+output, or hangs, or with "limit-parent-processes": N lowers the sweep's process limit to N, then
+answers); ``measure`` looks up the varied value and writes a result copied from a template with
 the sizes given ("write", printing a table as measure does) or a given file as it is ({"copy": FILE}),
 refuses ("exit2"; "exit2-bytes" with bytes that are not UTF-8), runs out of memory ("exit3"), exits 0
 or 1 without a word ("exit0", "exit1"), or hangs ("hang", after leaving a partial file in the
@@ -11,10 +12,11 @@ output's folder and its process id in ``hanging.pid``; "write-then-hang" writes 
 "remove-folder-then-exit3" removes the output's folder, then exits 3; {"slow": SECONDS, "at": STEP} runs the
 real script's ``measure`` with a stand-in PyTorch whose import, phase and write (the result's fsync) each
 log their name in ``moments.log``, STEP then taking SECONDS in a call that does not return to the
-interpreter (SIGINT and SIGTERM blocked, as in a long kernel or driver call); its process id in
-``child.pid``.  With "stray" in ``behaviours.json``, a ``measure`` child first leaves a file of that name
-(or one of each name of a list) in the output's folder (a file manager's, an editor's).  Each call also
-logs the interpreter flags it was started with (``flags.log``), whether its standard input is /dev/null
+interpreter (SIGINT and SIGTERM blocked, as in a long kernel or driver call, then the mask as it was); its
+process id in ``child.pid``.  Every other call first unblocks SIGINT and SIGTERM, as the kit's main does.
+With "stray" in ``behaviours.json``, a ``measure`` child first leaves a file of that name (or one of each
+name of a list) in the output's folder (a file manager's, an editor's).  Each call also logs the
+interpreter flags it was started with (``flags.log``), whether its standard input is /dev/null
 (``stdin.log``), and a hanging child the signal that stops it (``signals.log``).  It measures nothing.
 """
 
@@ -36,14 +38,30 @@ with open(os.path.join(HERE, "calls.log"), "a", encoding="utf-8") as log:
 with open(os.path.join(HERE, "stdin.log"), "a", encoding="utf-8") as log:
     log.write(json.dumps(os.path.samestat(os.fstat(0), os.stat(os.devnull))) + "\n")
 script, command, *options = sys.argv[at_script:]
+
+
+def as_the_kit_starts():
+    """What the kit's main does first: a sweep starts its children with SIGINT and SIGTERM blocked, and a blocked
+    mask survives exec.  The "slow" behaviours run the kit's own main instead, which must do it itself."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 if command == "environment":
+    as_the_kit_starts()
     probe = BEHAVIOURS.get("probe", {})
     if probe.get("hang"):
         time.sleep(120)
+    if "limit-parent-processes" in probe:  # the sweep's process limit lowered (ulimit -u), as if others took them
+        import resource
+
+        limit = probe["limit-parent-processes"]
+        resource.prlimit(os.getppid(), resource.RLIMIT_NPROC, (limit, limit))
     print(probe.get("stdout", json.dumps(BEHAVIOURS["environment"])))
     raise SystemExit(probe.get("exit", 0))
-given = dict(option[2:].split("=", 1) for option in options)
+given = {name: value for name, _, value in (option[2:].partition("=") for option in options)}  # --debug: ""
 behaviour = BEHAVIOURS["values"][given[BEHAVIOURS["vary"]]]
+if not (isinstance(behaviour, dict) and "slow" in behaviour):
+    as_the_kit_starts()
 strays = BEHAVIOURS.get("stray", [])
 for stray in [strays] if isinstance(strays, str) else strays:
     open(os.path.join(os.path.dirname(given["output"]), stray), "w").close()
@@ -60,10 +78,9 @@ def moment(name, seconds):
     seconds = seconds if name == behaviour["at"] else 0
     with open(os.path.join(HERE, "moments.log"), "a", encoding="utf-8") as log:
         log.write(name + "\n")
-    stopping = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     time.sleep(seconds)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)  # a pending signal is handled here, as after a kernel
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a pending signal is handled here, as after a kernel
 
 
 if isinstance(behaviour, dict) and "slow" in behaviour:

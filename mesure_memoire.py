@@ -1201,6 +1201,44 @@ def _shown(value):
 # <<< notebook
 
 
+# >>> notebook: Child processes: SIGINT and SIGTERM held while one starts (sweep's, the vendor tool's)
+def hold_signals():
+    """Block SIGINT and SIGTERM in this thread: they wait, pending, until let_signals_through(the mask returned).
+    None where there are no signal masks (Windows)."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def let_signals_through(held):
+    """The mask hold_signals() found, back: a signal that landed meanwhile is raised now."""
+    import signal
+
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def start_child(command, **options):
+    """(subprocess.Popen(command, **options), the mask to let through) with SIGINT and SIGTERM held until Popen
+    returns: one landing between fork and exec would be raised inside Popen, which would never hand the child
+    over, and the child would outlive its parent.  The caller's try, whose clean-up stops the child, starts with
+    let_signals_through.  The child starts with the two blocked (the mask survives exec): the kit's main unblocks
+    them first."""
+    import subprocess
+
+    held = hold_signals()
+    try:
+        return subprocess.Popen(command, **options), held
+    except BaseException:
+        let_signals_through(held)
+        raise
+
+
+# <<< notebook
+
+
 # >>> notebook: The sustained run and the card's state (measure --sustained-s)
 SUSTAINED_MAX_SECONDS = 600  # minutes bring a card to its power and thermal steady state; a trial stays bounded
 SUSTAINED_REASON = "a sustained run is a bounded trial too"
@@ -1255,11 +1293,13 @@ def read_card(tool, uuid):
 
     query = ",".join(("uuid", *CARD_FIELDS.values()))
     command = [tool, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
+    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
     try:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        process, held = start_child(command, **pipes)
     except OSError as error:
         return {"reading": None, "why_null": f"{VENDOR_TOOL} could not start: {describe_error(error)}"}
     try:
+        let_signals_through(held)
         out, _ = process.communicate(timeout=VENDOR_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"reading": None, "why_null": f"{VENDOR_TOOL} did not answer within {VENDOR_TIMEOUT_S} s"}
@@ -3327,40 +3367,6 @@ def probe_device(device):
             f"no folder created: {RUN_ON_THE_GPU_BOX}"
         )
     return environment
-
-
-def hold_signals():
-    """Block SIGINT and SIGTERM in this thread: they wait, pending, until let_signals_through(the mask returned).
-    None where there are no signal masks (Windows)."""
-    import signal
-
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-def let_signals_through(held):
-    """The mask hold_signals() found, back: a signal that landed meanwhile is raised now."""
-    import signal
-
-    if held is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
-def start_child(command, **options):
-    """(subprocess.Popen(command, **options), the mask to let through) with SIGINT and SIGTERM held until Popen
-    returns: one landing between fork and exec would be raised inside Popen, which would never hand the child
-    over, and the child would outlive its parent.  The caller's try, whose clean-up stops the child, starts with
-    let_signals_through.  The child starts with the two blocked (the mask survives exec): the kit's main unblocks
-    them first."""
-    import subprocess
-
-    held = hold_signals()
-    try:
-        return subprocess.Popen(command, **options), held
-    except BaseException:
-        let_signals_through(held)
-        raise
 
 
 def run_child(arguments, timeout_s):

@@ -779,6 +779,7 @@ HELP_LINES = {
         "  --warmup N        warm-up passes, 0 to 1000 (default 1)",
         "  --repeats N       measured warm passes, 1 to 1000 (default 2)",
         "  --seed N          seed of the weights and inputs (default 0)",
+        "  --sustained-s SECONDS",
         "  --plan            predict the memory per phase: arithmetic only, no GPU, writes nothing",
         "  --json            with --plan: print one JSON object",
         "  --memory-gib GIB  with --plan: a card's memory in GiB as PyTorch reports it (environment shows it",

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import types
 
 import pytest
@@ -59,8 +60,10 @@ def with_stand_in_children(monkeypatch, *doctors):
 def with_children_in_this_process(monkeypatch, *doctors):
     """The stand-in children called in this process (fake_child.main, its output captured): the flows that
     judge figures need no real process.  The tests of the time limits, the budget, the signals and the
-    commands shown start real ones (with_stand_in_children)."""
+    commands shown start real ones (with_stand_in_children); the clock sampler, beside the children, is a real
+    stand-in process here too."""
     flags = [part for doctor in doctors for part in ("--doctor", doctor)]
+    with_stand_in_children(monkeypatch, *doctors)
 
     def run(runner, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
         record = dict(name=name, command=f"stand-in {kind}", outcome="exited", seconds=0.0)
@@ -144,7 +147,7 @@ def test_a_rehearsal_runs_the_time_plan_in_order_and_leaves_a_verdict_and_one_ar
     assert (
         max(first_runs)
         < order.index("cross-check child ran")
-        < order.index("big-bfloat16: measure's warm median / Timer's")
+        < order.index("big-bfloat16: measure's warm median / synchronized Timer's")
     )
     assert (
         order.index("big-bfloat16: CUDA-event median / wall median")
@@ -294,7 +297,8 @@ DOCTORED = {  # doctor -> the rows it must fail, and only those
         for s in gpu_validation.SIZES
         for d in ("float16", "bfloat16")
     },
-    "slow-timer": {f"big-{d}: measure's warm median / Timer's" for d in gpu_validation.DTYPES},
+    "slow-timer": {f"big-{d}: measure's warm median / synchronized Timer's" for d in gpu_validation.DTYPES}
+    | {f"big-{d}: sustained steady time / Timer's back-to-back" for d in gpu_validation.SUSTAINED_DTYPES},
     "no-refusal": {"fit check refuses a size beyond the GPU (fit_problem too)"},
     "unsupported=name": {"vendor tool: the GPU PyTorch names"},  # field by field: the name alone is lost
 }
@@ -736,12 +740,14 @@ def test_what_the_recorded_flags_allow(dtype, flags, allowed):
 def test_the_timer_cross_check_runs_on_real_ops_and_its_absence_is_one_reason(monkeypatch):
     timed = spec("float32", timer=True, min_run_seconds=0.05)
     answer = gpu_validation.cross_check(torch, torch.device("cpu"), [timed])["x"]
-    assert answer["timer_median_seconds"] > 0
-    assert answer["timer_measurements"] >= 1
+    for regime in ("synchronized", "back_to_back"):
+        assert answer[f"timer_{regime}_median_seconds"] > 0
+        started, ended = answer[f"timer_{regime}_window"]
+        assert 0.05 <= ended - started < 60
     monkeypatch.delattr(torch.utils, "benchmark")  # as on a PyTorch whose benchmark needs the absent NumPy
     monkeypatch.setitem(sys.modules, "torch.utils.benchmark", None)
     answer = gpu_validation.cross_check(torch, torch.device("cpu"), [timed])["x"]
-    assert "timer_median_seconds" not in answer
+    assert "timer_synchronized_median_seconds" not in answer
     assert "torch.utils.benchmark" in answer["timer_error"]
 
 
@@ -777,3 +783,67 @@ def test_a_child_s_log_keeps_the_kit_s_lines_and_never_pytorch_s_raw_stderr(tmp_
         assert secret not in text, secret
     assert f"{kit_line}\n" in text
     assert "CUDA error: out of memory" in text, "a known message is kept by the allow-list"
+
+
+# --- the clock sampler, on the H200's own log -----------------------------------------------------------------
+
+RERUN = ROOT / "validation" / "h200-2026-12-04" / "rerun"
+
+
+def test_the_sampler_s_busy_windows_on_the_h200_rerun_s_clock_log():
+    """Golden data: the rerun's clocks.csv (nvidia-smi every 50 ms) and steps.txt (when each step began), one
+    H200 on 4 December 2026.  A step's busy window: its samples without the GPU-idle reason (the idle clock decays
+    through 480, 420, 390 ... to 345 MHz, so the clock cannot tell)."""
+    samples = gpu_validation.parse_samples((RERUN / "clocks.csv").read_text(encoding="utf-8"))
+    assert len(samples) == 645 and min(sample.clock_mhz for sample in samples) == 345
+    steps = [line.split() for line in (RERUN / "steps.txt").read_text(encoding="utf-8").splitlines()]
+    starts = [gpu_validation.time_of_day(step[-1]) for step in steps]
+    windows = [
+        gpu_validation.busy_window(samples, start, end) for start, end in zip(starts[:-1], starts[1:], strict=True)
+    ]
+    # measure float16, Timer float16, measure bfloat16, Timer bfloat16: (median MHz, samples, power-capped)
+    assert [gpu_validation.clock_figures(window) for window in windows] == [
+        (1980, 59, 16),
+        (1980, 128, 44),
+        (1980, 79, 16),
+        (1980, 98, 35),
+    ]
+    assert [min(sample.clock_mhz for sample in window) for window in windows] == [1425, 1170, 1500, 1215]
+    # The last half of Timer's back-to-back run: the clock the power cap holds it to.
+    assert [gpu_validation.clock_figures(window[len(window) // 2 :])[0] for window in windows] == [
+        1965,
+        1447.5,
+        1980,
+        1530,
+    ]
+
+
+def test_a_sampler_line_cut_or_not_available_is_left_out():
+    text = (
+        "2026/12/04 16:53:21.078, 465 MHz, 108.80 W, 39, 0x0000000000000001\n"
+        "2026/12/04 16:53:21.133, [N/A], 108.80 W, 39, 0x0000000000000000\n"
+        "2026/12/04 16:53:21.183, 1980 MHz, 700.00 W, 40, 0x00000000000000\n"  # cut: still a number
+        "2026/12/04 16:53:21.2"
+    )
+    assert gpu_validation.parse_samples(text) == [
+        gpu_validation.Sample(60801.078, 465, 1),
+        gpu_validation.Sample(60801.183, 1980, 0),
+    ]
+
+
+def test_a_timing_row_is_not_judged_where_the_clocks_differ_and_says_both(tmp_path, capsys, monkeypatch):
+    validation = gpu_validation.Validation("cuda:0", tmp_path / "work", runner=None)
+    now = time.time()
+
+    def stamp(epoch, mhz):  # a sampler line, stamped as nvidia-smi does: the local time
+        local = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(epoch)) + f"{epoch % 1:.3f}"[1:]
+        return f"{local}, {mhz} MHz, 650.00 W, 55, 0x0000000000000000"
+
+    lines = [stamp(now + i * 0.05, 1980) for i in range(20)] + [stamp(now + 2 + i * 0.05, 1500) for i in range(20)]
+    (tmp_path / "work" / "clocks.csv").write_text("\n".join(lines) + "\n")
+    windows = ([now, now + 1], [now + 2, now + 3])
+    validation.like_with_like("same regime", 3.0, 3.0, windows, 0.0, "")
+    assert capsys.readouterr().out.startswith("NOT JUDGED  same regime  1.0000 in [0.9500, 1.0500]")
+    assert "SM clock medians 1980.0 and 1500.0 MHz (20 and 20 samples" in validation.rows[-1][2]
+    validation.like_with_like("same clock", 3.3, 3.0, (windows[0], windows[0]), 0.0, "")
+    assert capsys.readouterr().out.startswith("FAIL  same clock  1.1000 in [0.9500, 1.0500]")

@@ -10,6 +10,7 @@ kept in a working folder of this tool's own; at the end, on SIGTERM, Ctrl-C or w
 spent, OUT receives verdict.txt and gpu-validation.tar.gz (everything so far), each written whole.
 """
 
+import collections
 import contextlib
 import csv
 import io
@@ -18,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -48,7 +50,9 @@ ARCHIVE_TOP = "gpu-validation"  # the one folder inside the .tar.gz
 DETAIL_CHARACTERS = 300  # a row's detail as printed (checks.jsonl in the archive keeps it whole)
 LINE_CHARACTERS = 400  # no printed line is longer
 CHILD_TIMEOUT_SECONDS = 120  # one child: import torch, create a context, measure (5-15 s expected on an H200)
-BUDGET_SECONDS = 270  # all children together: the time plan's 240 s with room; the run stops cleanly after it
+# All children together: the time plan's 227 s with room (the runs so far took 81-84 % of their plan); the run stops
+# cleanly after it, inside the call's `timeout 270` (validation/gpu-validation-plan.md: the device call's 420 s).
+BUDGET_SECONDS = 255
 VENDOR_TIMEOUT_SECONDS = 20
 
 # The README's small trial and larger command, a size whose widths and reduction lengths are no power of two
@@ -99,7 +103,8 @@ def cross_check_seconds(specs):
     seconds = IMPORT_SECONDS + CONTEXT_SECONDS
     for spec in specs:
         seconds += 2 * forward_seconds(spec) + 2 * forward_seconds(spec, FLOAT64_FLOPS)
-        timed = spec["warmup"] * forward_seconds(spec) + 2 * spec.get("min_run_seconds", TIMER_MIN_RUN_SECONDS)
+        # Two Timers (measure's two regimes), each about twice its minimum.
+        timed = spec["warmup"] * forward_seconds(spec) + 4 * spec.get("min_run_seconds", TIMER_MIN_RUN_SECONDS)
         seconds += timed if spec.get("timer") else 0.0
     return seconds
 
@@ -115,10 +120,16 @@ def time_plan():
     plan += [(f"{name}-run1", measure_seconds(options)) for name, options in CONFIGURATIONS.items()]
     plan += [("cross-check", cross_check_seconds(cross_check_specs())), ("refusal", started)]
     plan += [
-        (f"{TIMED_SIZE}-{dtype}-run2", measure_seconds(CONFIGURATIONS[f"{TIMED_SIZE}-{dtype}"])) for dtype in DTYPES
+        (f"{TIMED_SIZE}-{dtype}-run2", measure_seconds(CONFIGURATIONS[f"{TIMED_SIZE}-{dtype}"]) + sustained(dtype))
+        for dtype in DTYPES
     ]
     plan += [(allocator_child(setting), measure_seconds(ALLOCATOR_SIZE)) for setting in ALLOCATOR_RUNS]
     return [*plan, ("notebook", measure_seconds(NOTEBOOK_SIZE) + DRAWING_SECONDS)]
+
+
+def sustained(dtype):
+    """The seconds of the sustained run a second big run of ``dtype`` adds (measure --sustained-s)."""
+    return SUSTAINED_SECONDS if dtype in SUSTAINED_DTYPES else 0
 
 
 def allocator_child(setting):
@@ -178,9 +189,20 @@ REDUCTION_FLAGS = {
 STRICT_REDUCTION_SINCE = (2, 8)  # the first release whose cuBLASLt honours REDUCTION_FLAGS (pytorch#153095)
 # The child's checksum against measure's: one output summed in float64, perhaps in another order, moves
 # by at most 2 g_N(2**-53) x its absolute sum (N elements); more means the forwards differed: a finding.
-# measure's warm median / Timer's: measure adds a launch sequence and two synchronizations (tens of
-# microseconds) to milliseconds, in another process (clocks may differ by a few per cent).
-TIMER_RATIO_BOUNDS = (0.9, 1.25)
+# The timing rows compare like with like.  measure's warm repetitions each run one forward, then wait for the
+# GPU: Timer's statement "forward(); synchronize()" does the same.  The sustained run queues forwards back to
+# back: so do Timer's blocks of "forward()".  What the two processes cannot share is the card's SM clock, and
+# these big forwards are compute-bound (time goes as 1/clock): a row is judged only where the sampler's median
+# clocks over the two busy windows agree within CLOCK_AGREEMENT, and its bound is that agreement, plus what
+# measure adds inside its timing of each forward (two CUDA events and two clock reads: the 0.05 ms below).
+CLOCK_AGREEMENT = 0.05
+SUSTAINED_SECONDS = 10  # ten windows of about 1 s: the H200 met its power cap within the 0.35 s warm-up
+SUSTAINED_DTYPES = ("float16", "bfloat16")  # the dtypes whose big forwards met the power cap (h200-2026-12-04)
+# The sampler: nvidia-smi logging the card through the run (clocks.csv in the evidence, as rerun/clocks.csv).
+SAMPLER_MS = 50
+SAMPLER_FIELDS = ("timestamp", "clocks.sm", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
+IDLE, POWER_CAP = 0x1, 0x4  # clock-event reasons: the GPU idle, the software power cap
+Sample = collections.namedtuple("Sample", ("seconds", "clock_mhz", "reasons"))  # seconds: the time of day
 # CUDA-event median / wall median (report_rows' two medians): the wall adds only Python and the
 # synchronizations to milliseconds of device work; events and clock are not read at the same instant.
 DEVICE_WALL_RATIO_MIN = 0.8
@@ -378,22 +400,35 @@ def cross_check(torch, device, specs):
             del output, reference, parameters
         if spec.get("timer"):  # torch.utils.benchmark needs NumPy on older PyTorch: its error fails the row only
             try:
-                from torch.utils import benchmark
-
-                def forward(model=model, inputs=inputs):
-                    with torch.inference_mode():
-                        return model(inputs)
-
-                for _ in range(spec["warmup"]):
-                    forward()
-                timer = benchmark.Timer(stmt="forward()", globals={"forward": forward})
-                measured = timer.blocked_autorange(min_run_time=spec.get("min_run_seconds", TIMER_MIN_RUN_SECONDS))
-                answer.update(timer_median_seconds=measured.median, timer_measurements=len(measured.times))
+                answer.update(timer_medians(torch, model, inputs, spec))
             except Exception as error:
                 # Whole, for the maintainer (which module is missing): the file gets this machine's folders out.
                 answer["timer_error"] = kit.one_line(f"{type(error).__name__}: {error}")
         answers[spec["name"]] = answer
     return answers
+
+
+def timer_medians(torch, model, inputs, spec):
+    """Timer's median of one forward in each of measure's two regimes, and the window (epoch seconds) each ran
+    in: "synchronized", each forward followed by a wait for the GPU (the warm repetitions); "back_to_back",
+    forwards queued in blocks (the sustained run)."""
+    from torch.utils import benchmark
+
+    def forward():
+        with torch.inference_mode():
+            return model(inputs)
+
+    synchronize = torch.cuda.synchronize if inputs.is_cuda else lambda: None
+    for _ in range(spec["warmup"]):
+        forward()
+    answer = {}
+    for regime, statement in (("synchronized", "forward(); synchronize()"), ("back_to_back", "forward()")):
+        started = time.time()
+        timer = benchmark.Timer(stmt=statement, globals={"forward": forward, "synchronize": synchronize})
+        measured = timer.blocked_autorange(min_run_time=spec.get("min_run_seconds", TIMER_MIN_RUN_SECONDS))
+        answer[f"timer_{regime}_median_seconds"] = measured.median
+        answer[f"timer_{regime}_window"] = [started, time.time()]
+    return answer
 
 
 def cross_check_child(argv):  # cuda:N SPECS_JSON -> one JSON object on stdout
@@ -409,7 +444,7 @@ CHILD = "import sys; sys.path[:0] = sys.argv[1:2]; import gpu_validation as g; g
 
 def command_for(kind, arguments):
     """The real command of a child: argv.  The tests replace it with named stand-ins."""
-    if kind == "vendor":
+    if kind in ("vendor", "sampler"):
         return ["nvidia-smi", *arguments]
     if kind == "kit":
         return [sys.executable, str(ROOT / "mesure_memoire.py"), *arguments]
@@ -451,6 +486,78 @@ def kill_session(process):
     a moment for the child and may reap it: a session already gone is no error."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+
+
+def time_of_day(text):
+    """Seconds since midnight of "HH:MM:SS.fraction" (steps.txt's times; nvidia-smi's timestamps' second half)."""
+    hours, minutes, seconds = text.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def local_time_of_day(epoch):
+    """An epoch time as nvidia-smi stamps its samples: the local time of day (a run does not span midnight)."""
+    return time_of_day(time.strftime("%H:%M:%S", time.localtime(epoch))) + epoch % 1
+
+
+def parse_samples(text):
+    """The sampler's lines (SAMPLER_FIELDS, --format=csv,noheader) as Samples; a line cut as it is killed, or a
+    field [N/A], is left out."""
+    samples = []
+    for row in csv.reader(text.splitlines(), skipinitialspace=True):
+        try:
+            stamp, clock, _, _, reasons = row
+            samples.append(Sample(time_of_day(stamp.split()[1]), int(clock.split()[0]), int(reasons, 16)))
+        except (ValueError, IndexError):
+            continue
+    return samples
+
+
+def busy_window(samples, start, end):
+    """The samples from ``start`` to ``end`` (times of day) whose clock-event reasons lack GPU idle: the step's work,
+    without its child's start-up or its pauses.  By the reason, not the clock: an idle H200's clock falls only
+    slowly to its 345 MHz (420, 390 ... in the rerun's log), above what a power cap can bring a busy one to."""
+    return [sample for sample in samples if start <= sample.seconds < end and not sample.reasons & IDLE]
+
+
+def clock_figures(window):
+    """(the median SM clock in MHz or None, the samples, those under the power cap) of a window."""
+    clocks = [sample.clock_mhz for sample in window]
+    capped = sum(bool(sample.reasons & POWER_CAP) for sample in window)
+    return (statistics.median(clocks) if clocks else None), len(window), capped
+
+
+class Sampler:  # nvidia-smi logging the card every SAMPLER_MS into clocks.csv, beside the run, until stopped
+    def __init__(self, folder, index):
+        self.path, self.index, self.process = Path(folder, "clocks.csv"), index, None
+
+    def start(self):
+        # nvidia-smi's --id is its own index: CUDA's on a one-GPU box (several GPUs may order differently)
+        arguments = [f"--id={self.index}", f"--query-gpu={','.join(SAMPLER_FIELDS)}", "--format=csv,noheader"]
+        with open(self.path, "wb") as log:
+            try:
+                self.process, held = kit.start_child(
+                    command_for("sampler", [*arguments, f"--loop-ms={SAMPLER_MS}"]),
+                    stdin=DEVNULL,
+                    stdout=log,
+                    stderr=DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError:  # no nvidia-smi: the timing rows are not judged, and say why
+                return
+        kit.let_signals_through(held)
+
+    def clocks(self, start, end, last_half=False):
+        """clock_figures over the busy window from ``start`` to ``end`` (epoch seconds; its last half if asked),
+        widened by one sampling period each side, so that a step shorter than it still holds a sample."""
+        text = self.path.read_text(encoding="utf-8", errors="replace") if self.path.exists() else ""
+        pad = SAMPLER_MS / 1000
+        window = busy_window(parse_samples(text), local_time_of_day(start - pad), local_time_of_day(end + pad))
+        return clock_figures(window[len(window) // 2 :] if last_half else window)
+
+    def stop(self):
+        if self.process is not None:
+            kill_session(self.process)
+            self.process.wait()
 
 
 class BudgetSpent(Exception):
@@ -661,6 +768,9 @@ class Validation:
         self.runner = runner
         self.rows = []
         self.results = {}  # evidence path -> a result, or why there is none
+        self.windows = {}  # child -> (its start, its end): epoch seconds, for the clock log
+        self.cross = {}  # the cross-check child's answers
+        self.sampler = Sampler(self.folder, kit.device_index(device))
         # This machine's folders that evidence may name (PyTorch's files lie under a prefix), each shown as <path>.
         found = (str(ROOT), sys.prefix, sys.base_prefix, sys.executable, str(Path.home()), tempfile.gettempdir())
         found += (str(self.folder.resolve()),)
@@ -689,9 +799,11 @@ class Validation:
         kit.write_new_file(str(self.folder / name), text if text.endswith("\n") else text + "\n")
 
     def child(self, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
+        started = time.time()
         try:
             self.runner.run(name, kind, arguments, cwd or self.folder, timeout_seconds, setting)
         finally:  # a child stopped by the budget or a signal is logged too
+            self.windows[name] = (started, time.time())
             self.log(self.runner.records[-1])
         return self.runner.records[-1]
 
@@ -724,20 +836,20 @@ class Validation:
     def measure_arguments(self, options, output):
         return ["measure", "--device", self.device, *(f"--{k}={options[k]}" for k in CONFIG_KEYS), "--output", output]
 
-    def measured(self, name, options, setting=None):
+    def measured(self, name, options, setting=None, extra=()):
         """One measure child; its result read by the kit, or why there is none."""
         output = f"results/{name}.json"
-        record = self.child(name, "kit", self.measure_arguments(options, output), setting=setting)
+        record = self.child(name, "kit", [*self.measure_arguments(options, output), *extra], setting=setting)
         try:
             self.results[output] = kit.read_result_file(str(self.folder / output))
         except kit.KitError as error:
             self.results[output] = f"{child_json(record)[1]}; {error}"
         return self.results[output]
 
-    def run_configuration(self, name, number):
+    def run_configuration(self, name, number, extra=()):
         """One fresh run of a configuration, judged at once."""
         options = CONFIGURATIONS[name]
-        result = self.measured(f"{name}-run{number}", options)
+        result = self.measured(f"{name}-run{number}", options, extra=extra)
         rows = check_result(result, options) if isinstance(result, dict) else [("", "a result", False, result)]
         failed = [f"{check} ({detail})" if detail else check for _, check, ok, detail in rows if not ok]
         self.row(f"{name} run {number}: the kit's checks", not failed, "; ".join(failed) or len(rows))
@@ -749,7 +861,7 @@ class Validation:
         cross, why = child_json(record)
         self.write("cross-check.json", json.loads(self.scrub(json.dumps(cross or {"error": why}))))
         self.row("cross-check child ran", cross is not None, why or json.dumps((cross or {}).get("settings")))
-        cross = cross or {}
+        cross = self.cross = cross or {}
         for name, options in CONFIGURATIONS.items():
             answer = cross.get(name) if isinstance(cross.get(name), dict) else {}
             result = first.get(name) if isinstance(first.get(name), dict) else {}
@@ -768,6 +880,7 @@ class Validation:
             self.judge_timing(f"{TIMED_SIZE}-{dtype}", first.get(f"{TIMED_SIZE}-{dtype}"), cross)
 
     def judge_timing(self, name, result, cross):
+        """measure's warm median against the synchronized Timer's; CUDA events against the wall clock."""
         answer = cross.get(name) if isinstance(cross.get(name), dict) else {}
         try:
             [line] = kit.report_rows([(name, result)])
@@ -775,15 +888,51 @@ class Validation:
             device_ms = line["warm_median_device_ms"]
         except (kit.KitError, TypeError, ValueError):
             wall_ms = device_ms = None
-        timer_ms = answer["timer_median_seconds"] * 1000 if "timer_median_seconds" in answer else None
-        ratio = wall_ms / timer_ms if wall_ms and timer_ms else None
-        low, high = TIMER_RATIO_BOUNDS
-        detail = answer.get("timer_error") or f"{ratio!r} in [{low}, {high}]: {wall_ms!r} / {timer_ms!r} ms"
-        self.row(f"{name}: measure's warm median / Timer's", ratio is not None and low <= ratio <= high, detail)
+        windows = (self.windows.get(f"{name}-run1"), answer.get("timer_synchronized_window"))
+        timer_ms, why = self.timer_ms(answer, "synchronized")
+        check = f"{name}: measure's warm median / synchronized Timer's"
+        self.like_with_like(check, wall_ms, timer_ms, windows, DEVICE_OVER_WALL_ALLOWANCE_MS, why)
         device = float(device_ms) / wall_ms if device_ms is not None and wall_ms else None
         highest = 1 + DEVICE_OVER_WALL_ALLOWANCE_MS / wall_ms if wall_ms else 0
         within = device is not None and DEVICE_WALL_RATIO_MIN <= device <= highest
         self.row(f"{name}: CUDA-event median / wall median", within, f"{device!r} in [0.8, {highest:.4f}]")
+
+    def judge_sustained(self, name, result):
+        """The sustained run's steady time per forward against Timer's back-to-back blocks (the last half of the
+        run's busy window: its steady value is the last half's median)."""
+        answer = self.cross.get(name) if isinstance(self.cross.get(name), dict) else {}
+        section = result.get("sustained") if isinstance(result, dict) else None
+        steady_ms = section.get("steady_ms_per_forward") if isinstance(section, dict) else None
+        windows = (self.windows.get(f"{name}-run2"), answer.get("timer_back_to_back_window"))
+        timer_ms, why = self.timer_ms(answer, "back_to_back")
+        steady = f"; steady: {section.get('steady')}" if isinstance(section, dict) else "; no sustained section"
+        check = f"{name}: sustained steady time / Timer's back-to-back"
+        self.like_with_like(check, steady_ms, timer_ms, windows, 0.0, why, steady, last_half=True)
+
+    @staticmethod
+    def timer_ms(answer, regime):
+        """(Timer's median in ms or None, why none)."""
+        seconds = answer.get(f"timer_{regime}_median_seconds")
+        return (seconds * 1000, "") if isinstance(seconds, float) else (None, answer.get("timer_error", "no Timer"))
+
+    def like_with_like(self, check, measured_ms, timer_ms, windows, allowance_ms, why, note="", last_half=False):
+        """One timing row: measure's figure / Timer's in the same regime, in [1 - CLOCK_AGREEMENT, 1 +
+        CLOCK_AGREEMENT + allowance_ms / Timer's], judged only where the card's median SM clocks over the two
+        windows agree within CLOCK_AGREEMENT (else not judged, both clocks named)."""
+        if not (measured_ms and timer_ms and all(isinstance(w, (list, tuple)) and len(w) == 2 for w in windows)):
+            self.row(check, False, why or f"no figure: {measured_ms!r} / {timer_ms!r} ms")
+            return
+        (measure_mhz, samples, capped), (timer_mhz, timer_samples, timer_capped) = (
+            self.sampler.clocks(*window, last_half=last_half and index == 0) for index, window in enumerate(windows)
+        )
+        ratio, low, high = measured_ms / timer_ms, 1 - CLOCK_AGREEMENT, 1 + CLOCK_AGREEMENT + allowance_ms / timer_ms
+        detail = (
+            f"{ratio:.4f} in [{low:.4f}, {high:.4f}]: {measured_ms:.4f} / {timer_ms:.4f} ms; SM clock medians "
+            f"{measure_mhz} and {timer_mhz} MHz ({samples} and {timer_samples} samples, {capped} and {timer_capped} "
+            f"under the power cap){note}; bound: clocks within {CLOCK_AGREEMENT}, + {allowance_ms} ms of measure's own"
+        )
+        agree = measure_mhz and timer_mhz and abs(measure_mhz / timer_mhz - 1) <= CLOCK_AGREEMENT
+        self.row(check, low <= ratio <= high if agree else None, detail)
 
     def refusal(self, environment):
         """A size whose predicted peak exceeds the whole GPU: the kit's fit_problem must refuse it."""
@@ -802,11 +951,14 @@ class Validation:
     def second_run(self, name):
         """The second fresh run of a configuration: its own checks, then the same counters as the first."""
         first = self.results.get(f"results/{name}-run1.json")
-        second = self.run_configuration(name, 2)
+        seconds = sustained(CONFIGURATIONS[name]["dtype"])
+        second = self.run_configuration(name, 2, [f"--sustained-s={seconds}"] if seconds else [])
         differences = ["two results are needed"]
         if isinstance(first, dict) and isinstance(second, dict):
             differences = compare_runs(first, second)
         self.row(f"{name}: two fresh runs, same counters and checksum", not differences, "; ".join(differences))
+        if seconds:
+            self.judge_sustained(name, second)
 
     def allocator_setting(self, setting, environment):
         """One run under one allocator setting, judged at once."""
@@ -852,11 +1004,15 @@ class Validation:
         self.write("environment.json", environment)
         self.row("environment: a usable GPU", True, f"{gpu.get('name')}, PyTorch {environment.get('torch')}")
         self.vendor(gpu)
-        first = {name: self.run_configuration(name, 1) for name in CONFIGURATIONS}
-        self.cross_check(first)
-        self.refusal(environment)
-        for dtype in DTYPES:
-            self.second_run(f"{TIMED_SIZE}-{dtype}")
+        try:
+            self.sampler.start()
+            first = {name: self.run_configuration(name, 1) for name in CONFIGURATIONS}
+            self.cross_check(first)
+            self.refusal(environment)
+            for dtype in DTYPES:
+                self.second_run(f"{TIMED_SIZE}-{dtype}")
+        finally:  # the clock log holds the timed steps; it stops before the rest
+            self.sampler.stop()
         for setting in ALLOCATOR_RUNS:
             self.allocator_setting(setting, environment)
         self.notebook()
@@ -869,6 +1025,11 @@ class Validation:
         self.row("every child that started finished in time", not hung, "; ".join(hung))
         kept = ("name", "command", "outcome", "exit_status", "seconds")
         self.write("children.json", [{key: r[key] for key in kept} for r in self.runner.records])
+        stamps = [
+            (name, *(time.strftime("%H:%M:%S", time.localtime(t)) + f"{t % 1:.3f}"[1:] for t in w))
+            for name, w in self.windows.items()
+        ]
+        self.write("steps.txt", "".join(f"{name} {start} {end}\n" for name, start, end in stamps))
         files = [path for path in self.folder.rglob("*") if path.is_file()]
         holding = [path.name for path in files if any(s.encode() in path.read_bytes() for s in self.secrets)]
         self.row("no path of this machine in the evidence", not holding, ", ".join(holding))

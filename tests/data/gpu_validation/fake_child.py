@@ -2,14 +2,15 @@
 
     fake_child.py [--doctor WHAT]... KIND ARGUMENTS...
 
-KIND is "kit" (mesure_memoire.py environment / measure), "cross-check", "notebook" or "vendor"
-(nvidia-smi).  It answers as the real children would on a healthy GPU, with crafted figures (not
-measurements): counters laid out from the kit's own prediction, verdicts from the kit's own
-check_against_plan.  ``--doctor`` changes one thing, to prove the validator notices it:
+KIND is "kit" (mesure_memoire.py environment / measure), "cross-check", "notebook", "vendor"
+(nvidia-smi) or "sampler" (nvidia-smi --loop-ms: the clock log, a busy card at its highest clock).
+It answers as the real children would on a healthy GPU, with crafted figures (not measurements):
+counters laid out from the kit's own prediction, verdicts from the kit's own check_against_plan.
+``--doctor`` changes one thing, to prove the validator notices it:
 ``disagree`` (cold_forward's requested peak 512 bytes off), ``nondeterministic`` (run 2 reserves
 2 MiB more), ``far-output`` (float16 twice both its numerics bounds), ``strict-flags`` (the run with
 reduced-precision reduction off keeps the error of the default arithmetic, as where cuBLASLt ignores it),
-``slow-timer`` (Timer's median half of measure's), ``no-refusal`` (measure writes even beyond the
+``slow-timer`` (both Timers' medians half of measure's), ``no-refusal`` (measure writes even beyond the
 GPU), ``hang`` (the cross-check child sleeps), ``unsupported=FIELD`` (nvidia-smi does not know FIELD),
 ``ignored-setting`` (the allocator setting the validator sets is not honoured), ``terminate`` (the
 cross-check child writes its process id to ``child.pid``, sends SIGTERM to the validator, then sleeps),
@@ -52,6 +53,7 @@ WORKSPACE_BYTES = 32 * MIB + 1 * MIB  # PyTorch 2.11 on Hopper: cuBLAS 32 MiB, c
 CONTEXT_BYTES = 500 * MIB  # the device-wide memory outside the allocator: the CUDA context, crafted
 CHECKSUM = {"float32": 10.0, "float16": 10.001, "bfloat16": 10.01}
 WALL_NS = 3_000_000
+DEVICE_MS = WALL_NS / 1e6 * 0.95
 VENDOR = {
     "index": "0",
     "name": GPU_NAME,
@@ -85,7 +87,9 @@ def environment(backend="native", allocator=None):
 def crafted_result(options, doctors=(), output=""):
     """A result as measure would write it on a healthy GPU (crafted, not measured)."""
     gpu_validation, mesure_memoire = kit_modules()
-    config = mesure_memoire.measure_config("cuda:0", *(options[k] for k in gpu_validation.CONFIG_KEYS))
+    config = mesure_memoire.measure_config(
+        "cuda:0", *(options[k] for k in gpu_validation.CONFIG_KEYS), options.get("sustained-s")
+    )
     text = os.environ.get(gpu_validation.ALLOCATOR_VARIABLE, "")
     text = "" if "ignored-setting" in doctors else text
     backend = "cudaMallocAsync" if "backend:cudaMallocAsync" in text else "native"
@@ -104,7 +108,7 @@ def crafted_result(options, doctors=(), output=""):
             **labels,
             "nanoseconds": WALL_NS,
             "seconds": WALL_NS / 1e9,
-            "device_ms": WALL_NS / 1e6 * 0.95,
+            "device_ms": DEVICE_MS,
             "baseline_reserved_bytes": reserved,
             "end_reserved_bytes": reserved + more,
             "peak_reserved_bytes": reserved,
@@ -141,11 +145,36 @@ def crafted_result(options, doctors=(), output=""):
             "checksum_float64": CHECKSUM[config["dtype"]],
             "elements": config["batch"] * config["context"] * config["width"],
         },
-        "sustained": None,
+        "sustained": config["sustained_seconds"] and sustained_section(config["sustained_seconds"]),
         "card_state": {"before_warmup": {"reading": None, "why_null": "no nvidia-smi on PATH"}},
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
+
+
+def sustained_section(seconds):
+    """A sustained run's section: one window a second, each forward the warm repetitions' device time."""
+    windows = [DEVICE_MS] * seconds
+    return {
+        "seconds_asked": seconds,
+        "forwards_per_window": 333,
+        "window_ms_per_forward": windows,
+        "steady_ms_per_forward": DEVICE_MS,
+        "steady": True,
+        "ratio_to_warm_median": 1.0,
+    }
+
+
+def sampler(arguments, doctors):
+    """nvidia-smi --loop-ms: the whole log at once, a busy card at its highest clock from 5 s ago to 5 minutes on
+    (each window the validator reads then holds samples), then a wait to be killed."""
+    now = time.time()
+    for step in range(-100, 6000):
+        stamp = now + step * 0.05
+        clock = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(stamp)) + f"{stamp % 1:.3f}"[1:]
+        print(f"{clock}, 1980 MHz, 650.00 W, 55, 0x0000000000000000")
+    sys.stdout.flush()
+    time.sleep(600)
 
 
 def kit(arguments, doctors):
@@ -200,7 +229,14 @@ def cross_check(arguments, doctors):
             "strict_relative_l2_error": scale * (loose if "strict-flags" in doctors else tight),
         }
         if spec["timer"]:
-            answer.update(timer_median_seconds=WALL_NS / 1e9 / (2 if "slow-timer" in doctors else 1.05))
+            slow = 2 if "slow-timer" in doctors else 1
+            now = time.time()
+            answer.update(
+                timer_synchronized_median_seconds=WALL_NS / 1e9 / 1.05 / slow,
+                timer_synchronized_window=[now - 1, now - 0.5],
+                timer_back_to_back_median_seconds=DEVICE_MS / 1e3 / slow,
+                timer_back_to_back_window=[now - 0.5, now],
+            )
         answers[spec["name"]] = answer
     print(json.dumps(answers))
     return 0
@@ -223,7 +259,7 @@ def rehearse(kind, arguments, doctors):
     elif "--batch" not in " ".join(arguments) or options["batch"] > 10**6:  # environment, or the refusal
         seconds = started
     else:
-        seconds = gpu_validation.measure_seconds(options)
+        seconds = gpu_validation.measure_seconds(options) + options.get("sustained-s", 0)
     time.sleep(seconds * scales[0])
 
 
@@ -238,6 +274,8 @@ def main(argv):
         doctors.append(argv[1])
         argv = argv[2:]
     kind, arguments = argv[0], argv[1:]
+    if kind == "sampler":
+        return sampler(arguments, doctors)
     rehearse(kind, arguments, doctors)
     if kind == "vendor" or arguments[:1] == ["environment"]:
         return vendor(arguments, doctors) if kind == "vendor" else print(json.dumps(environment())) or 0

@@ -1323,19 +1323,22 @@ def card_reader(cuda, index):
     tool = shutil.which(VENDOR_TOOL)
     if tool is None:
         return lambda: {"reading": None, "why_null": f"no {VENDOR_TOOL} on PATH"}
-    try:
-        uuid = cuda.get_device_properties(index).uuid
-    except PYTORCH_FAILURES:
+    uuid = pytorch_call("uuid", lambda: cuda.get_device_properties(index).uuid, failure=None)
+    if uuid is None:
         return lambda: {"reading": None, "why_null": "PyTorch gave no UUID to match the card by"}
     return lambda: read_card(tool, uuid)
 
 
-def sustained_run(cuda, device, forward, warm, seconds, read_card_state, clock=time.perf_counter_ns):
-    """Forwards back to back for about ``seconds`` after the warm repetitions (``warm``, their lines), in windows
-    of about WINDOW_NS at their pace: a CUDA event between windows, no synchronization until the end, so that
-    the queue never drains; the card read from a thread while the last window is in flight."""
+def sustained_run(cuda, device, forward, records, seconds, read_card_state, clock=time.perf_counter_ns):
+    """(the sustained section, the card's state in its last window); (None, None) unless ``seconds``.  Forwards back
+    to back for about ``seconds`` after the warm repetitions (their lines among ``records``), in windows of about
+    WINDOW_NS at their pace: a CUDA event between windows, no synchronization until the end, so that the queue
+    never drains; the card read from a thread while the last window is in flight."""
     import threading
 
+    if not seconds:
+        return None, None
+    warm = [line for line in records if line["phase"] == "warm_forward"]
     per_window = max(1, int(WINDOW_NS // max(_median([line["nanoseconds"] for line in warm]), 1)))
     stream = cuda.current_stream(device)
     card = {}
@@ -1358,7 +1361,7 @@ def sustained_run(cuda, device, forward, warm, seconds, read_card_state, clock=t
         checked_milliseconds("elapsed_time", start.elapsed_time(end))
         for start, end in zip(events[:-1], events[1:], strict=True)
     ]
-    return {"seconds_asked": seconds, "forwards_per_window": per_window}, window_ms, card
+    return sustained_section({"seconds_asked": seconds, "forwards_per_window": per_window}, window_ms, warm), card
 
 
 def sustained_section(run, window_ms, warm):
@@ -1890,17 +1893,12 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
             output = timed_phase("warm_forward", lambda: model(inputs), repetition=repetition)
         summary = pytorch_call("output_summary", lambda: summarize_output(torch, output), PhaseFailed)
         output = None  # the last output goes before the sustained run and the products run again
-        sustained, card_last = None, None
-        if config["sustained_seconds"]:
-            warm = [line for line in records if line["phase"] == "warm_forward"]
-            run, window_ms, card_last = pytorch_call(
-                "sustained",
-                lambda: sustained_run(
-                    cuda, device, lambda: model(inputs), warm, config["sustained_seconds"], read_card_state, clock
-                ),
-                PhaseFailed,
-            )
-            sustained = pytorch_call("sustained", lambda: sustained_section(run, window_ms, warm), PhaseFailed)
+        seconds = config["sustained_seconds"]
+        sustained, card_last = pytorch_call(
+            "sustained",
+            lambda: sustained_run(cuda, device, lambda: model(inputs), records, seconds, read_card_state, clock),
+            PhaseFailed,
+        )
         per_call = pytorch_call(
             "per_call_workspace", lambda: measure_per_call_workspace(cuda, device, model, inputs), PhaseFailed
         )
@@ -2901,53 +2899,42 @@ def sustained_lines(rows):
     return [SUSTAINED_NOTE, _table(table)]
 
 
-def format_report(data):
+WARM_FIGURES = ("min", "median", "max")
+
+
+def _report_cells(row):
+    """One row of report's table, as text."""
+
     def figure(value, places):
         return "n/a" if value is None else str(rounded(value, places))
 
+    flop_per_second = row["derived_flop_per_second"]
+    with exact_context():
+        gflop_per_second = None if flop_per_second is None else flop_per_second / 10**9
+    return (
+        _cell(row["file"]),
+        _cell(row["gpu"]),
+        row["dtype"],
+        *(str(row[key]) for key in ("batch", "context", "width", "parameters")),
+        *(shown_figure(name, row[name]) for name in REPORTED_PEAKS),
+        figure(row["cold_forward_ms"], 3),
+        *(figure(row[f"warm_{word}_ms"], 3) for word in WARM_FIGURES),
+        "n/a" if row["warm_drift"] is None else f"{row['warm_drift']:+.1%}",
+        figure(row["derived_positions_per_second"], 0),
+        figure(gflop_per_second, 2),
+        "; ".join(row["flags"]) or "none",
+    )
+
+
+def format_report(data):
     header = (
-        "file",
-        "GPU",
-        "dtype",
-        "batch",
-        "context",
-        "width",
-        "parameters",
+        *("file", "GPU", "dtype", "batch", "context", "width", "parameters"),
         *REPORTED_PEAKS.values(),
         "cold ms",
-        "warm min ms",
-        "warm median ms",
-        "warm max ms",
-        "drift",
-        "positions/s*",
-        "GFLOP/s*",
-        "flags",
+        *(f"warm {word} ms" for word in WARM_FIGURES),
+        *("drift", "positions/s*", "GFLOP/s*", "flags"),
     )
-    rows = [header]
-    for row in data["results"]:
-        flop_per_second = row["derived_flop_per_second"]
-        with exact_context():
-            gflop_per_second = None if flop_per_second is None else flop_per_second / 10**9
-        rows.append(
-            (
-                _cell(row["file"]),
-                _cell(row["gpu"]),
-                row["dtype"],
-                str(row["batch"]),
-                str(row["context"]),
-                str(row["width"]),
-                str(row["parameters"]),
-                *(shown_figure(name, row[name]) for name in REPORTED_PEAKS),
-                figure(row["cold_forward_ms"], 3),
-                figure(row["warm_min_ms"], 3),
-                figure(row["warm_median_ms"], 3),
-                figure(row["warm_max_ms"], 3),
-                "n/a" if row["warm_drift"] is None else f"{row['warm_drift']:+.1%}",
-                figure(row["derived_positions_per_second"], 0),
-                figure(gflop_per_second, 2),
-                "; ".join(row["flags"]) or "none",
-            )
-        )
+    rows = [header, *map(_report_cells, data["results"])]
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     left = {0, 1, 2, len(header) - 1}
     lines = [

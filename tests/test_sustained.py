@@ -248,3 +248,12 @@ def test_the_readings_are_recorded_and_shown_without_the_uuid(stand_in_gpu, tmp_
     for text in (written, captured.out, captured.err):
         for uuid in (UUID, OTHER_UUID):
             assert uuid.lower().removeprefix("gpu-") not in text.lower()
+
+
+def test_a_pytorch_that_gives_no_uuid_leaves_the_reading_null(tmp_path, monkeypatch):
+    vendor_tool(tmp_path, monkeypatch, printing(f"{UUID}, {FIELDS}"))
+    no_properties = RecordingCudaStandIn(device=CPU)  # its torch.cuda has no get_device_properties
+    assert mesure_memoire.card_reader(no_properties, 0)() == {
+        "reading": None,
+        "why_null": "PyTorch gave no UUID to match the card by",
+    }

@@ -239,14 +239,6 @@ def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
 PYTORCH_FAILURES = (Exception, SystemExit, GeneratorExit)
 
 
-def message_of(exc):
-    """An exception's message; empty when its own __str__ fails."""
-    try:
-        return str(exc)
-    except PYTORCH_FAILURES:
-        return ""
-
-
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 
 
@@ -317,7 +309,7 @@ def describe_error(exc, withheld="text withheld"):
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     if isinstance(number, int) and 0 < number < 2**31:  # a C int: what os.strerror takes
         return f"{name}: [Errno {number}] {one_line(os.strerror(number))}"
-    message = message_of(exc)
+    message = str(exc)
     if any(wording in message.lower() for wording in _ALLOCATOR_REFUSALS):
         return ALLOCATOR_REFUSED
     if isinstance(exc, WithheldText):
@@ -385,7 +377,7 @@ class CapturedWarnings:
     def __exit__(self, *exc_info):
         self._catcher.__exit__(*exc_info)
         for caught in self._caught:
-            line = f"{caught.category.__name__}: {kept_warning_text(message_of(caught.message))}"
+            line = f"{caught.category.__name__}: {kept_warning_text(str(caught.message))}"
             if line not in PYTORCH_WARNINGS:
                 PYTORCH_WARNINGS.append(line)
         if PYTORCH_WARNINGS and self.field_errors is not None:
@@ -781,8 +773,6 @@ def _parsed_allocator_settings(torch):
     except PYTORCH_FAILURES as exc:  # a private API this build lacks or cannot answer: null
         if describe_error(exc) == ALLOCATOR_REFUSED:
             raise
-        return None
-    if not isinstance(recorded, dict):
         return None
     limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
     return {
@@ -2058,7 +2048,7 @@ def _measurement_failed(torch, config, failure):
     error = failure.error
     PyTorchStderr.note(error)  # out of memory too: --debug shows PyTorch's message
     out_of_memory = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
-    if isinstance(error, out_of_memory) or "out of memory" in message_of(error).lower():
+    if isinstance(error, out_of_memory) or "out of memory" in str(error).lower():
         return MeasurementFailed(
             f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
             "nothing written; shrink one dimension and retry in a new process"

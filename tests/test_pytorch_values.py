@@ -186,15 +186,10 @@ def test_mem_get_info_raising_anything_leaves_it_unknown(stand_in_gpu, monkeypat
     assert result["configuration"]["device_used_bytes_before_measure"] is None
 
 
-# --- 4. what PyTorch raises: an unreadable message, SystemExit, GeneratorExit --------------------------------
+# --- 4. what PyTorch raises: SystemExit, GeneratorExit ----------------------------------------------------------
 
 
-class Unprintable(RuntimeError):
-    def __str__(self):
-        raise ValueError("no message")
-
-
-RAISED = [Unprintable(), SystemExit(), SystemExit(0), GeneratorExit()]
+RAISED = [SystemExit(), SystemExit(0), GeneratorExit()]
 
 
 @pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))
@@ -203,11 +198,6 @@ def test_what_pytorch_raises_in_a_query_is_a_field_error(stand_in_gpu, monkeypat
     data = environment_json(capsys)
     assert data["gpu"] is None
     assert data["field_errors"]["properties"].startswith(type(error).__name__)
-
-
-def test_an_error_whose_message_cannot_be_read_is_named_by_its_type_alone(stand_in_gpu, monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "get_device_properties", raising(Unprintable()))
-    assert environment_json(capsys)["field_errors"]["properties"] == "Unprintable"
 
 
 @pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))

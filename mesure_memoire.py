@@ -344,9 +344,10 @@ def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
         return None
 
 
-def pytorch_warnings_line():
-    """The warnings PyTorch raised in this process, on one line, for ``field_errors``."""
-    return " | ".join(PYTORCH_WARNINGS)
+def note_pytorch_warnings(field_errors):
+    """The warnings PyTorch raised in this process, on one line, in ``field_errors`` (none: nothing)."""
+    if PYTORCH_WARNINGS:
+        field_errors[PYTORCH_WARNINGS_FIELD] = " | ".join(PYTORCH_WARNINGS)
 
 
 def kept_warning_text(message):
@@ -360,12 +361,8 @@ def kept_warning_text(message):
 
 
 class CapturedWarnings:
-    """``with CapturedWarnings(field_errors):`` records the warnings raised inside (by PyTorch,
-    mostly) instead of letting them print raw on stderr with library paths: each is kept once,
-    by the allow-list, in PYTORCH_WARNINGS, and all of them in ``field_errors`` when one is given."""
-
-    def __init__(self, field_errors=None):
-        self.field_errors = field_errors
+    """``with CapturedWarnings():`` records the warnings raised inside (by PyTorch, mostly) instead of letting
+    them print raw on stderr with library paths: each is kept once, by the allow-list, in PYTORCH_WARNINGS."""
 
     def __enter__(self):
         import warnings
@@ -380,8 +377,6 @@ class CapturedWarnings:
             line = f"{caught.category.__name__}: {kept_warning_text(str(caught.message))}"
             if line not in PYTORCH_WARNINGS:
                 PYTORCH_WARNINGS.append(line)
-        if PYTORCH_WARNINGS and self.field_errors is not None:
-            self.field_errors[PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
         return False
 
 
@@ -632,10 +627,9 @@ def collect_environment(device, debug=False):
     ``debug``: PyTorch's own text on the terminal too (PyTorchStderr).
     """
     index = device_index(device)
-    with PyTorchStderr(debug):
+    with CapturedWarnings(), PyTorchStderr(debug):
         environment = environment_of(device, index)
-    if PYTORCH_WARNINGS:
-        environment["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
+    note_pytorch_warnings(environment["field_errors"])
     return environment
 
 
@@ -677,9 +671,7 @@ def environment_of(device, index):
         torch, environment["field_errors"], settings["allocator_backend"]
     )
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
-        function = pytorch_call(name, lambda name=name: getattr(torch.backends.cuda, name), None)
-        if function is not None:
-            settings[f"{name}_bytes"] = query(name, lambda function=function: _on_device(torch, index, function))
+        settings[f"{name}_bytes"] = query(name, lambda name=name: _workspace_size(torch, index, name))
     return environment
 
 
@@ -714,11 +706,7 @@ def _empty_environment(device):
 def _field_query(field_errors):
     """``query(name, function)``: function's value, or None with a line in ``field_errors`` when it fails."""
 
-    def query(name, function):
-        with CapturedWarnings(field_errors):
-            return pytorch_call(name, function, None, field_errors)
-
-    return query
+    return lambda name, function: pytorch_call(name, function, None, field_errors)
 
 
 def _read_settings(torch, query, settings):
@@ -758,8 +746,7 @@ def allocator_settings(torch, field_errors, backend):
     if backend != "native":  # the cudaMallocAsync backend refuses the snapshot
         return None
     try:
-        with CapturedWarnings():
-            parsed = _parsed_allocator_settings(torch)
+        parsed = _parsed_allocator_settings(torch)
     except PYTORCH_FAILURES:  # PyTorch's message may quote the settings' text: it is not kept
         field_errors["allocator_settings"] = ALLOCATOR_REFUSED
         return None
@@ -823,7 +810,9 @@ def _gpu_fields(torch, query, index, properties, hip_build):
     }
 
 
-def _on_device(torch, index, function):
+def _workspace_size(torch, index, name):
+    """torch.backends.cuda's ``name`` (an AttributeError where this PyTorch lacks it: null, no line)."""
+    function = getattr(torch.backends.cuda, name)
     with torch.cuda.device(index):  # the default workspace size depends on the current device
         return function()
 
@@ -2066,7 +2055,7 @@ def measure_to_file(config, output_path, tool, debug=False):
     with CapturedWarnings(), PyTorchStderr(debug):
         result = measure(config, tool)
     if PYTORCH_WARNINGS:
-        result["environment"]["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
+        note_pytorch_warnings(result["environment"]["field_errors"])
     try:
         write_new_file(output_path, to_json(result))
     except OSError as error:

@@ -733,36 +733,27 @@ def test_describe_error_keeps_only_allowed_text(error, expected):
 
 def test_captured_warnings_are_kept_once_by_the_allow_list_and_joined(monkeypatch):
     monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
-    field_errors = {}
     numpy = "Failed to initialize NumPy: loaded from /opt/lib/x.so"  # a known message: its text is kept
-    with mesure_memoire.CapturedWarnings(field_errors) as captured:
+    with mesure_memoire.CapturedWarnings():
         warnings.simplefilter("always")
         warnings.warn(numpy, UserWarning, stacklevel=1)
         warnings.warn(numpy, UserWarning, stacklevel=1)
         warnings.warn("slow", RuntimeWarning, stacklevel=1)  # an unknown one: its category only
-    assert isinstance(captured, mesure_memoire.CapturedWarnings)
     kept = ["UserWarning: Failed to initialize NumPy", "RuntimeWarning: text withheld"]
     assert kept == mesure_memoire.PYTORCH_WARNINGS
+    field_errors = {}
+    mesure_memoire.note_pytorch_warnings(field_errors)
     assert field_errors == {"pytorch_warnings": " | ".join(kept)}
-    later = {}
-    with mesure_memoire.CapturedWarnings(later):  # warnings seen earlier in the process are reported again
-        pass
-    assert later == {"pytorch_warnings": " | ".join(kept)}
-    with mesure_memoire.CapturedWarnings():  # no field_errors: kept in the process list only
-        warnings.simplefilter("always")
-        warnings.warn("CUDA initialization: third", UserWarning, stacklevel=1)
-    assert mesure_memoire.PYTORCH_WARNINGS[-1] == "UserWarning: CUDA initialization: third"
 
 
 def test_captured_warnings_let_exceptions_through_and_restore_the_filters(monkeypatch):
     monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
-    field_errors = {}
     before = list(warnings.filters)
-    with pytest.raises(ZeroDivisionError), mesure_memoire.CapturedWarnings(field_errors):
+    with pytest.raises(ZeroDivisionError), mesure_memoire.CapturedWarnings():
         warnings.simplefilter("ignore")
         1 / 0  # noqa: B018
     assert warnings.filters == before
-    assert field_errors == {}
+    assert mesure_memoire.PYTORCH_WARNINGS == []
 
 
 def test_import_torch_reports_why_in_one_line(monkeypatch):

@@ -1431,7 +1431,7 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     read from two CUDA events recorded on the device's current stream around the work.
     """
 
-    def counters(baseline):  # PHASE_FIELDS' allocator counters, in its order, checked where they enter
+    def counters(baseline):  # PHASE_FIELDS' allocator counters, in its order
         return {
             name: getattr(cuda, field.counter)(device)
             for name, field in PHASE_FIELDS.items()

@@ -1,5 +1,6 @@
-"""PyTorch is input too: each value it returns is checked where it enters, each of its texts is kept by an
-allow-list, and whatever it raises or prints ends in one line (issue 41).
+"""PyTorch is input too: each text it returns that the kit keeps is checked where it enters (PYTORCH_TEXTS), each
+of its messages is kept by an allow-list, and whatever it raises or prints ends in one line (issue 41).  Its numbers
+are kept as it gives them (issue 58: no guard against a value no real PyTorch returns).
 
 The hostile PyTorch here is real PyTorch with some functions replaced (a stand-in for a visible GPU, plus odd
 answers), or a fake ``torch`` package: hostile PyTorch behaviour, not a GPU.  The marker test over real

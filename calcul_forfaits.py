@@ -958,25 +958,16 @@ class Once(argparse.Action):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-class StdoutFailed(Exception):
-    """Standard output could not be written: a closed pipe, a full disk, a closed descriptor."""
-
-
 class GuardedStdout:
-    """sys.stdout while a command runs: a failed write raises StdoutFailed, so that the command line
-    tells it apart from the command's own errors (print() writes the results and the help here;
-    argparse would swallow an OSError while printing the help)."""
+    """sys.stdout while a command runs.  A write or flush that fails (a closed pipe, a full disk, descriptor 1
+    closed at start-up: no stream) raises GuardedStdout.Failed, which the command line tells from the command's
+    own errors (argparse would swallow an OSError while printing the help): failed() then says it, exit 1."""
+
+    class Failed(Exception):
+        pass
 
     def __init__(self, stream):
         self.stream = stream
-
-    def _call(self, name, *args):
-        if self.stream is None:  # Python found descriptor 1 closed at start-up
-            raise StdoutFailed(None)
-        try:
-            return getattr(self.stream, name)(*args)
-        except (OSError, ValueError) as error:  # ValueError: a closed stream, or a character it cannot encode
-            raise StdoutFailed(error) from None
 
     def write(self, text):
         return self._call("write", text)
@@ -988,6 +979,20 @@ class GuardedStdout:
     def __getattr__(self, name):
         return getattr(self.stream, name)
 
+    def _call(self, name, *args):
+        try:
+            return getattr(self.stream, name)(*args)
+        except (AttributeError, OSError, ValueError) as error:  # no stream, a closed one, a character it cannot encode
+            raise self.Failed(error) from None
+
+    def failed(self, prog, error):
+        """One line, none for a closed pipe (as POSIX tools do); returns 1."""
+        if not isinstance(error, BrokenPipeError):
+            closed = self.stream is None
+            say(prog, "cannot write the output: " + ("standard output is closed" if closed else describe_error(error)))
+        to_devnull(self.stream)
+        return 1
+
 
 def say(prog, message, prefix="error: "):
     """One line on stderr, starting with the program's name; a closed stderr is not an error."""
@@ -995,16 +1000,7 @@ def say(prog, message, prefix="error: "):
         sys.stderr.write(f"{prog}: {prefix}{one_line(message)}\n")
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
-        to_devnull(sys.stderr)  # else the interpreter's last flush of the line fails, and exits 120
-
-
-def stdout_failed(prog, failure, stream):
-    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line."""
-    (error,) = failure.args  # None: descriptor 1 was closed at start-up
-    if not isinstance(error, BrokenPipeError):
-        say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
-    to_devnull(stream)
-    return 1
+        to_devnull(sys.stderr)
 
 
 def to_devnull(stream):
@@ -1035,7 +1031,7 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     """
     import signal
 
-    stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
+    guarded = sys.stdout = GuardedStdout(sys.stdout)
     try:  # SIGINT's too: both are set aside while an interruption is said (below), then put back
         handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
         handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
@@ -1050,8 +1046,8 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     except PricingError as error:
         say(prog, error)
         return error.exit_code
-    except StdoutFailed as failure:
-        return stdout_failed(prog, failure, stdout)
+    except GuardedStdout.Failed as failure:
+        return guarded.failed(prog, *failure.args)
     except KeyboardInterrupt as stop:  # SIGTERM too (Terminated); its text, if any, on the same line: what is left
         for number in handlers:  # another signal while this one is said: the one line, whole, and this status
             signal.signal(number, signal.SIG_IGN)
@@ -1059,7 +1055,7 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         say(prog, interrupted.replace("Ctrl-C", said) + "".join(map(str, stop.args)), prefix="")
         return 143 if said == "SIGTERM" else 130  # 128 + 15 or 2, as a shell reports a process the signal ended
     finally:
-        sys.stdout = stdout
+        sys.stdout = guarded.stream
         for number, handler in handlers.items():
             signal.signal(number, handler)
     return status

@@ -239,29 +239,6 @@ def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
 PYTORCH_FAILURES = (Exception, SystemExit, GeneratorExit)
 
 
-class UnexpectedValue(ValueError):
-    """A value PyTorch returned of the wrong type or range: never kept, never written, never quoted."""
-
-    def __init__(self, name, expected):
-        super().__init__(f"PyTorch's {name} is not {expected} (its value is not kept)")
-
-
-class WithheldText(ValueError):
-    """A text PyTorch returned that the kit does not keep (a version that is not one, a GPU name that is not short
-    printable text): null, the run measured all the same."""
-
-    def __init__(self, name, expected):
-        super().__init__(f"PyTorch's {name} is not {expected} (withheld)")
-
-
-def message_of(exc):
-    """An exception's message; empty when its own __str__ fails."""
-    try:
-        return str(exc)
-    except PYTORCH_FAILURES:
-        return ""
-
-
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 
 
@@ -332,10 +309,10 @@ def describe_error(exc, withheld="text withheld"):
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     if isinstance(number, int) and 0 < number < 2**31:  # a C int: what os.strerror takes
         return f"{name}: [Errno {number}] {one_line(os.strerror(number))}"
-    message = message_of(exc)
+    message = str(exc)
     if any(wording in message.lower() for wording in _ALLOCATOR_REFUSALS):
         return ALLOCATOR_REFUSED
-    if isinstance(exc, (UnexpectedValue, WithheldText)):
+    if isinstance(exc, WithheldText):
         return f"{name}: {one_line(message)}"
     kept = kept_text(message, KNOWN_ERRORS)
     if kept:
@@ -367,9 +344,10 @@ def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
         return None
 
 
-def pytorch_warnings_line():
-    """The warnings PyTorch raised in this process, on one line, for ``field_errors``."""
-    return " | ".join(PYTORCH_WARNINGS)
+def note_pytorch_warnings(field_errors):
+    """The warnings PyTorch raised in this process, on one line, in ``field_errors`` (none: nothing)."""
+    if PYTORCH_WARNINGS:
+        field_errors[PYTORCH_WARNINGS_FIELD] = " | ".join(PYTORCH_WARNINGS)
 
 
 def kept_warning_text(message):
@@ -383,12 +361,8 @@ def kept_warning_text(message):
 
 
 class CapturedWarnings:
-    """``with CapturedWarnings(field_errors):`` records the warnings raised inside (by PyTorch,
-    mostly) instead of letting them print raw on stderr with library paths: each is kept once,
-    by the allow-list, in PYTORCH_WARNINGS, and all of them in ``field_errors`` when one is given."""
-
-    def __init__(self, field_errors=None):
-        self.field_errors = field_errors
+    """``with CapturedWarnings():`` records the warnings raised inside (by PyTorch, mostly) instead of letting
+    them print raw on stderr with library paths: each is kept once, by the allow-list, in PYTORCH_WARNINGS."""
 
     def __enter__(self):
         import warnings
@@ -400,11 +374,9 @@ class CapturedWarnings:
     def __exit__(self, *exc_info):
         self._catcher.__exit__(*exc_info)
         for caught in self._caught:
-            line = f"{caught.category.__name__}: {kept_warning_text(message_of(caught.message))}"
+            line = f"{caught.category.__name__}: {kept_warning_text(str(caught.message))}"
             if line not in PYTORCH_WARNINGS:
                 PYTORCH_WARNINGS.append(line)
-        if PYTORCH_WARNINGS and self.field_errors is not None:
-            self.field_errors[PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
         return False
 
 
@@ -502,88 +474,37 @@ class PyTorchStderr:
 # <<< notebook
 
 
-# >>> notebook: PyTorch's values: each checked where it enters
-# A version as PyTorch 2.4 to 2.15 and their builds write one ("2.13.0+cpu", "2.4.0a0+git1234abc", "12.8",
-# "6.3.42131-fa1d09cbd"): anything else (a path, a sentence) is not kept.
-VERSION_GRAMMAR = r"[0-9]{1,9}(?:\.[0-9A-Za-z]{1,20}){0,5}(?:[+-][0-9A-Za-z][0-9A-Za-z.+_-]{0,63})?"
-GPU_NAME_LIMIT = 100
+# >>> notebook: PyTorch's texts: each checked where it enters, against one table
+# The texts PyTorch returns that the kit keeps, each with the form PyTorch 2.4 to 2.15 and their builds give it:
+# any other (a path, a sentence, not text) is withheld, null with a line, and the run measured all the same.  Its
+# numbers and flags are kept as it gives them: they can hold no path or setting's value.
+_VERSION = r"[0-9]{1,9}(?:\.[0-9A-Za-z]{1,20}){0,5}(?:[+-][0-9A-Za-z][0-9A-Za-z.+_-]{0,63})?"  # 2.4.0a0+git1234abc
+PYTORCH_TEXTS = {
+    "torch": (_VERSION, "a version"),
+    "cuda_build": (_VERSION, "a version"),
+    "hip_build": (_VERSION, "a version"),
+    # No GPU's name holds a path's character; were one there, where the path ends could not be told: withheld whole.
+    "name": (r"[^/\\~]{1,100}", "printable text of at most 100 characters without /, \\ or ~"),
+    "gcn_arch_name": (r"gfx[0-9a-z]{1,8}(?::[a-z0-9+-]{1,20}){0,4}", "an architecture's name"),  # gfx942:sramecc+
+    "preferred_blas_library": (r"[A-Za-z]{1,20}", "a library's name"),
+}
 
 
-def checked_count(name, value, positive=False):
-    """``value`` when it is a whole number (not a bool) the kit can write and ``report`` can read."""
-    minimum = 1 if positive else 0
-    if isinstance(value, int) and not isinstance(value, bool) and minimum <= value < 10**MAX_DIGITS:
-        return value
-    raise UnexpectedValue(name, "a whole number > 0" if positive else "a whole number >= 0")
+class WithheldText(ValueError):
+    def __init__(self, name, expected):
+        super().__init__(f"PyTorch's {name} is not {expected} (withheld)")
 
 
-def checked_version(name, value):
-    """A version string, or None where PyTorch has none (a CPU build's CUDA version)."""
+def pytorch_text(name, value):
+    """PyTorch's text ``name`` as plain text when it has PYTORCH_TEXTS' form; None where PyTorch gives none."""
     import re
 
+    pattern, expected = PYTORCH_TEXTS[name]
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise UnexpectedValue(name, "a version")
-    if re.fullmatch(VERSION_GRAMMAR, value):
-        return str(value)  # torch.__version__ is a str subclass: kept as plain text
-    raise WithheldText(name, "a version")
-
-
-def checked_word(name, value, words):
-    if isinstance(value, str) and value in words:
-        return str(value)
-    raise UnexpectedValue(name, "one of " + ", ".join(words))
-
-
-def checked_gpu_name(value):
-    """The GPU's name as PyTorch gives it when it is short printable text; withheld whole when it holds a path's
-    character (no GPU's name does; a path's end cannot be told)."""
-    expected = f"printable text of at most {GPU_NAME_LIMIT} characters without /, \\ or ~"
-    if not isinstance(value, str):
-        raise UnexpectedValue("name", expected)
-    if value.isprintable() and 0 < len(value) <= GPU_NAME_LIMIT and not any(c in value for c in "/\\~"):
-        return str(value)
-    raise WithheldText("name", expected)
-
-
-def checked_capability(major, minor):
-    if all(isinstance(part, int) and not isinstance(part, bool) and 0 <= part < 100 for part in (major, minor)):
-        return f"{major}.{minor}"
-    raise UnexpectedValue("compute_capability", "two whole numbers below 100")
-
-
-def checked_free_and_total(value):
-    """mem_get_info's (free bytes, total bytes)."""
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        free, total = value
-        counts = all(isinstance(part, int) and not isinstance(part, bool) and part >= 0 for part in value)
-        if counts and free <= total < 10**MAX_DIGITS:
-            return free, total
-    raise UnexpectedValue("mem_get_info", "a pair of whole numbers, free <= total")
-
-
-def checked_milliseconds(name, value):
-    """A device time in milliseconds: a finite number >= 0 (NaN compares false)."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and 0 <= value < 10**MAX_DIGITS:
-        return float(value)
-    raise UnexpectedValue(name, "a time >= 0 in milliseconds")
-
-
-def unexpected_values(environment):
-    """The field errors that say PyTorch gave a value of the wrong type or range."""
-    return [error for error in environment["field_errors"].values() if error.startswith("UnexpectedValue: ")]
-
-
-def _refuse_what_pytorch_gave(environment):
-    """Refuse (exit 2, before any phase) a value PyTorch gave of the wrong type or range, or its refusal of
-    the allocator settings."""
-    unexpected = unexpected_values(environment)
-    if unexpected:
-        raise KitError(f"{unexpected[0]}: {KitError.nothing_written}")
-    if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
+    if isinstance(value, str) and value.isprintable() and re.fullmatch(pattern, value):
+        return str(value)  # torch.__version__ is a str subclass
+    raise WithheldText(name, expected)
 
 
 # <<< notebook
@@ -706,10 +627,9 @@ def collect_environment(device, debug=False):
     ``debug``: PyTorch's own text on the terminal too (PyTorchStderr).
     """
     index = device_index(device)
-    with PyTorchStderr(debug):
+    with CapturedWarnings(), PyTorchStderr(debug):
         environment = environment_of(device, index)
-    if PYTORCH_WARNINGS:
-        environment["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
+    note_pytorch_warnings(environment["field_errors"])
     return environment
 
 
@@ -721,15 +641,14 @@ def environment_of(device, index):
     if torch is None:
         environment["gpu_unavailable_reason"] = "PyTorch is not importable"
         return environment
-    environment["torch"] = query("torch", lambda: checked_version("torch", torch.__version__))
+    environment["torch"] = query("torch", lambda: pytorch_text("torch", torch.__version__))
     _read_settings(torch, query, environment["settings"])
-    environment["cuda_build"] = query("cuda_build", lambda: checked_version("cuda_build", torch.version.cuda))
-    environment["hip_build"] = query("hip_build", lambda: checked_version("hip_build", torch.version.hip))
-    environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: _cudnn_version(torch))
+    environment["cuda_build"] = query("cuda_build", lambda: pytorch_text("cuda_build", torch.version.cuda))
+    environment["hip_build"] = query("hip_build", lambda: pytorch_text("hip_build", torch.version.hip))
+    # None in a build without cuDNN or MIOpen
+    environment["cudnn_or_miopen_version"] = query("cudnn_or_miopen_version", lambda: torch.backends.cudnn.version())
     available = query("cuda_available", lambda: bool(torch.cuda.is_available()))
-    count = environment["device_count"] = query(
-        "device_count", lambda: checked_count("device_count", torch.cuda.device_count())
-    )
+    count = environment["device_count"] = query("device_count", lambda: torch.cuda.device_count())
     if not available:
         if environment["cuda_build"] is None and environment["hip_build"] is None:
             reason = "this PyTorch build has no CUDA or ROCm support"
@@ -752,17 +671,8 @@ def environment_of(device, index):
         torch, environment["field_errors"], settings["allocator_backend"]
     )
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
-        function = pytorch_call(name, lambda name=name: getattr(torch.backends.cuda, name), None)
-        if function is not None:
-            settings[f"{name}_bytes"] = query(
-                name, lambda function=function, name=name: _on_device(torch, index, function, name)
-            )
+        settings[f"{name}_bytes"] = query(name, lambda name=name: _workspace_size(torch, index, name))
     return environment
-
-
-def _cudnn_version(torch):
-    version = torch.backends.cudnn.version()  # None in a build without cuDNN or MIOpen
-    return _optional_count("cudnn_or_miopen_version", version)
 
 
 def _empty_environment(device):
@@ -796,20 +706,14 @@ def _empty_environment(device):
 def _field_query(field_errors):
     """``query(name, function)``: function's value, or None with a line in ``field_errors`` when it fails."""
 
-    def query(name, function):
-        with CapturedWarnings(field_errors):
-            return pytorch_call(name, function, None, field_errors)
-
-    return query
+    return lambda name, function: pytorch_call(name, function, None, field_errors)
 
 
 def _read_settings(torch, query, settings):
     """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
     matmul = pytorch_call("matmul", lambda: torch.backends.cuda.matmul, None)
     precision = "float32_matmul_precision"
-    settings[precision] = query(
-        precision, lambda: checked_word(precision, torch.get_float32_matmul_precision(), ("highest", "high", "medium"))
-    )
+    settings[precision] = query(precision, lambda: torch.get_float32_matmul_precision())
     settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
     settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
     for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
@@ -831,22 +735,9 @@ DEFAULT_ALLOCATOR = {
 }
 
 
-# The values the matmul flags take: booleans, and the words of the precision settings (fp32_precision's too).
-_FLAG_WORDS = ("highest", "high", "medium", "ieee", "tf32", "none")
-
-
-def _flag_value(value):
-    return value if isinstance(value, bool) else checked_word("a matmul flag", value, _FLAG_WORDS)
-
-
 def _blas_library(torch):
     """The preferred BLAS library's name ("Cublas", "Cublaslt", "Ck", ...): the last part of its enum's text."""
-    import re
-
-    name = message_of(torch.backends.cuda.preferred_blas_library()).split(".")[-1]
-    if re.fullmatch(r"[A-Za-z]{1,20}", name):
-        return name
-    raise UnexpectedValue("preferred_blas_library", "a library's name")
+    return pytorch_text("preferred_blas_library", str(torch.backends.cuda.preferred_blas_library()).split(".")[-1])
 
 
 def allocator_settings(torch, field_errors, backend):
@@ -855,8 +746,7 @@ def allocator_settings(torch, field_errors, backend):
     if backend != "native":  # the cudaMallocAsync backend refuses the snapshot
         return None
     try:
-        with CapturedWarnings():
-            parsed = _parsed_allocator_settings(torch)
+        parsed = _parsed_allocator_settings(torch)
     except PYTORCH_FAILURES:  # PyTorch's message may quote the settings' text: it is not kept
         field_errors["allocator_settings"] = ALLOCATOR_REFUSED
         return None
@@ -870,8 +760,6 @@ def _parsed_allocator_settings(torch):
     except PYTORCH_FAILURES as exc:  # a private API this build lacks or cannot answer: null
         if describe_error(exc) == ALLOCATOR_REFUSED:
             raise
-        return None
-    if not isinstance(recorded, dict):
         return None
     limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
     return {
@@ -903,47 +791,30 @@ def allocator_settings_text(allocator):
 # >>> notebook: 2.3 The GPU's fields, checked, and the environment's text
 def _gpu_fields(torch, query, index, properties, hip_build):
     """The chosen GPU as the runtime announces it (no UUID, no serial number)."""
-    free_and_total = query("mem_get_info", lambda: checked_free_and_total(torch.cuda.mem_get_info(index)))
-    total_bytes = query("total_memory", lambda: checked_count("total_memory", properties.total_memory, positive=True))
-    processors = "multi_processor_count"
+    free_and_total = query("mem_get_info", lambda: torch.cuda.mem_get_info(index))
+    total_bytes = query("total_memory", lambda: properties.total_memory)
+    arch = "gcn_arch_name"
     return {
-        "name": query("name", lambda: checked_gpu_name(properties.name)),
-        "compute_capability": query(
-            "compute_capability", lambda: checked_capability(properties.major, properties.minor)
-        ),
-        "gcn_arch_name": query("gcn_arch_name", lambda: _gcn_arch_name(properties)) if hip_build else None,
-        processors: query(processors, lambda: _optional_count(processors, getattr(properties, processors, None))),
+        "name": query("name", lambda: pytorch_text("name", properties.name)),
+        "compute_capability": query("compute_capability", lambda: f"{properties.major}.{properties.minor}"),
+        arch: query(arch, lambda: pytorch_text(arch, getattr(properties, "gcnArchName", None))) if hip_build else None,
+        "multi_processor_count": getattr(properties, "multi_processor_count", None),
         "total_memory_bytes": total_bytes,
         "total_memory_gib": None if total_bytes is None else decimal_ratio(total_bytes, GIB_BYTES),
         "mem_get_info_free_bytes": (free_and_total or (None, None))[0],
         "mem_get_info_total_bytes": (free_and_total or (None, None))[1],
         "allocator_backend": query(
             "allocator_backend",
-            lambda: checked_word("allocator_backend", torch.cuda.memory.get_allocator_backend(), ALLOCATOR_BACKENDS),
+            lambda: torch.cuda.memory.get_allocator_backend(),
         ),
     }
 
 
-ALLOCATOR_BACKENDS = ("native", "cudaMallocAsync")
-
-
-def _optional_count(name, value):
-    return None if value is None else checked_count(name, value)
-
-
-def _gcn_arch_name(properties):
-    """ROCm's architecture name ("gfx942:sramecc+:xnack-"); None where PyTorch gives none."""
-    import re
-
-    value = getattr(properties, "gcnArchName", None)
-    if value is None or (isinstance(value, str) and re.fullmatch(r"gfx[0-9a-z]{1,8}(?::[a-z0-9+-]{1,20}){0,4}", value)):
-        return value
-    raise UnexpectedValue("gcn_arch_name", "an architecture's name")
-
-
-def _on_device(torch, index, function, name):
+def _workspace_size(torch, index, name):
+    """torch.backends.cuda's ``name`` (an AttributeError where this PyTorch lacks it: null, no line)."""
+    function = getattr(torch.backends.cuda, name)
     with torch.cuda.device(index):  # the default workspace size depends on the current device
-        return checked_count(name, function())
+        return function()
 
 
 def format_environment(environment):
@@ -1357,10 +1228,7 @@ def sustained_run(cuda, device, forward, records, seconds, read_card_state, cloc
         events[-1].record(stream)
     cuda.synchronize(device)
     reader.join()
-    window_ms = [
-        checked_milliseconds("elapsed_time", start.elapsed_time(end))
-        for start, end in zip(events[:-1], events[1:], strict=True)
-    ]
+    window_ms = [start.elapsed_time(end) for start, end in zip(events[:-1], events[1:], strict=True)]
     return sustained_section({"seconds_asked": seconds, "forwards_per_window": per_window}, window_ms, warm), card
 
 
@@ -1779,8 +1647,7 @@ def format_plan_and_fit(plan):
 # >>> notebook: 3.3 The protocol: each phase on the GPU, counted and timed
 def _requested(stats, which):
     # "requested_bytes.*" is in memory_stats in PyTorch 2.11, 2.13 and 2.15 (as read); None where it is not.
-    value = stats.get(f"requested_bytes.all.{which}") if isinstance(stats, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return stats.get(f"requested_bytes.all.{which}")
 
 
 def device_used_bytes(cuda, device):
@@ -1790,10 +1657,7 @@ def device_used_bytes(cuda, device):
     if reading is None:
         return None
     answer = pytorch_call("mem_get_info", lambda: reading(device), None)  # whatever it raises: unknown
-    if answer is None:
-        return None
-    free_bytes, total_bytes = checked_free_and_total(answer)  # a value that is not one is refused
-    return total_bytes - free_bytes
+    return None if answer is None else answer[1] - answer[0]
 
 
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
@@ -1804,9 +1668,9 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     read from two CUDA events recorded on the device's current stream around the work.
     """
 
-    def counters(baseline):  # PHASE_FIELDS' allocator counters, in its order, checked where they enter
+    def counters(baseline):  # PHASE_FIELDS' allocator counters, in its order
         return {
-            name: checked_count(field.counter, getattr(cuda, field.counter)(device))
+            name: getattr(cuda, field.counter)(device)
             for name, field in PHASE_FIELDS.items()
             if field.counter and name.startswith("baseline_") == baseline
         }
@@ -1830,7 +1694,7 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     elapsed_ns = record["nanoseconds"] = clock() - started_ns
     record["end_device_used_bytes"] = device_used_bytes(cuda, device)
     record["seconds"] = elapsed_ns / 1e9
-    record["device_ms"] = checked_milliseconds("elapsed_time", events[0].elapsed_time(events[1])) if events else None
+    record["device_ms"] = events[0].elapsed_time(events[1]) if events else None
     record.update(counters(baseline=False))
     stats = cuda.memory_stats(device)
     record["baseline_requested_bytes"] = _requested(baseline_stats, "current")
@@ -1916,9 +1780,7 @@ def _product_transient(cuda, device, product):
     cuda.reset_peak_memory_stats(device)
     output = product()
     cuda.synchronize(device)
-    allocated_bytes = checked_count("max_memory_allocated", cuda.max_memory_allocated(device)) - checked_count(
-        "memory_allocated", cuda.memory_allocated(device)
-    )
+    allocated_bytes = cuda.max_memory_allocated(device) - cuda.memory_allocated(device)
     stats = cuda.memory_stats(device)
     peak, current = _requested(stats, "peak"), _requested(stats, "current")
     return output, allocated_bytes, None if peak is None or current is None else peak - current
@@ -2321,7 +2183,8 @@ def measure(config, tool):
     initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(cuda.is_initialized()))
     index = device_index(config["device"])
     environment = environment_of(config["device"], index)
-    _refuse_what_pytorch_gave(environment)
+    if ALLOCATOR_REFUSED in environment["field_errors"].values():
+        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
     plan = memory_plan(config, model)  # one plan: the fit, the check, the file
     _refuse_what_cannot_run(torch, config, index, plan, environment)
     device = pytorch_call(f"torch.device failed on {on}", lambda: torch.device("cuda", index))
@@ -2367,14 +2230,8 @@ def measure(config, tool):
 def _counters_before(cuda, device, index, on):
     """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases (``on``:
     the device as the user wrote it, for a failure's line)."""
-    allocated = pytorch_call(
-        f"torch.cuda.memory_allocated failed on {on}",
-        lambda: checked_count("memory_allocated", cuda.memory_allocated(device)),
-    )
-    reserved = pytorch_call(
-        f"torch.cuda.memory_reserved failed on {on}",
-        lambda: checked_count("memory_reserved", cuda.memory_reserved(device)),
-    )
+    allocated = pytorch_call(f"torch.cuda.memory_allocated failed on {on}", lambda: cuda.memory_allocated(device))
+    reserved = pytorch_call(f"torch.cuda.memory_reserved failed on {on}", lambda: cuda.memory_reserved(device))
     # CUDA is initialised: its context is counted
     device_used = pytorch_call(f"torch.cuda.mem_get_info failed on {on}", lambda: device_used_bytes(cuda, index))
     return allocated, reserved, device_used
@@ -2392,7 +2249,7 @@ def _torch_to_measure_with():
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
-    version = pytorch_call("torch", lambda: checked_version("torch", torch.__version__), None)
+    version = pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None)
     return torch, torch_release_warning(version)
 
 
@@ -2427,7 +2284,7 @@ def _measurement_failed(torch, config, failure):
     error = failure.error
     PyTorchStderr.note(error)  # out of memory too: --debug shows PyTorch's message
     out_of_memory = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
-    if isinstance(error, out_of_memory) or "out of memory" in message_of(error).lower():
+    if isinstance(error, out_of_memory) or "out of memory" in str(error).lower():
         return MeasurementFailed(
             f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
             "nothing written; shrink one dimension and retry in a new process"
@@ -2445,7 +2302,7 @@ def measure_to_file(config, output_path, tool, debug=False):
     with CapturedWarnings(), PyTorchStderr(debug):
         result = measure(config, tool)
     if PYTORCH_WARNINGS:
-        result["environment"]["field_errors"][PYTORCH_WARNINGS_FIELD] = pytorch_warnings_line()
+        note_pytorch_warnings(result["environment"]["field_errors"])
     try:
         write_new_file(output_path, to_json(result))
     except OSError as error:
@@ -3096,25 +2953,16 @@ class Once(argparse.Action):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-class StdoutFailed(Exception):
-    """Standard output could not be written: a closed pipe, a full disk, a closed descriptor."""
-
-
 class GuardedStdout:
-    """sys.stdout while a command runs: a failed write raises StdoutFailed, so that the command line
-    tells it apart from the command's own errors (print() writes the results and the help here;
-    argparse would swallow an OSError while printing the help)."""
+    """sys.stdout while a command runs.  A write or flush that fails (a closed pipe, a full disk, descriptor 1
+    closed at start-up: no stream) raises GuardedStdout.Failed, which the command line tells from the command's
+    own errors (argparse would swallow an OSError while printing the help): failed() then says it, exit 1."""
+
+    class Failed(Exception):
+        pass
 
     def __init__(self, stream):
         self.stream = stream
-
-    def _call(self, name, *args):
-        if self.stream is None:  # Python found descriptor 1 closed at start-up
-            raise StdoutFailed(None)
-        try:
-            return getattr(self.stream, name)(*args)
-        except (OSError, ValueError) as error:  # ValueError: a closed stream, or a character it cannot encode
-            raise StdoutFailed(error) from None
 
     def write(self, text):
         return self._call("write", text)
@@ -3126,6 +2974,20 @@ class GuardedStdout:
     def __getattr__(self, name):
         return getattr(self.stream, name)
 
+    def _call(self, name, *args):
+        try:
+            return getattr(self.stream, name)(*args)
+        except (AttributeError, OSError, ValueError) as error:  # no stream, a closed one, a character it cannot encode
+            raise self.Failed(error) from None
+
+    def failed(self, prog, error):
+        """One line, none for a closed pipe (as POSIX tools do); returns 1."""
+        if not isinstance(error, BrokenPipeError):
+            closed = self.stream is None
+            say(prog, "cannot write the output: " + ("standard output is closed" if closed else describe_error(error)))
+        to_devnull(self.stream)
+        return 1
+
 
 def say(prog, message, prefix="error: "):
     """One line on stderr, starting with the program's name; a closed stderr is not an error."""
@@ -3133,16 +2995,7 @@ def say(prog, message, prefix="error: "):
         sys.stderr.write(f"{prog}: {prefix}{one_line(message)}\n")
         sys.stderr.flush()
     except (AttributeError, OSError, ValueError):
-        to_devnull(sys.stderr)  # else the interpreter's last flush of the line fails, and exits 120
-
-
-def stdout_failed(prog, failure, stream):
-    """Report an unwritable stdout: nothing for a closed pipe (as POSIX tools do), else one line."""
-    (error,) = failure.args  # None: descriptor 1 was closed at start-up
-    if not isinstance(error, BrokenPipeError):
-        say(prog, "cannot write the output: " + (describe_error(error) if error else "standard output is closed"))
-    to_devnull(stream)
-    return 1
+        to_devnull(sys.stderr)
 
 
 def to_devnull(stream):
@@ -3173,7 +3026,7 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     """
     import signal
 
-    stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
+    guarded = sys.stdout = GuardedStdout(sys.stdout)
     try:  # SIGINT's too: both are set aside while an interruption is said (below), then put back
         handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
         handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
@@ -3188,8 +3041,8 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
     except KitError as error:
         say(prog, error)
         return error.exit_code
-    except StdoutFailed as failure:
-        return stdout_failed(prog, failure, stdout)
+    except GuardedStdout.Failed as failure:
+        return guarded.failed(prog, *failure.args)
     except KeyboardInterrupt as stop:  # SIGTERM too (Terminated); its text, if any, on the same line: what is left
         for number in handlers:  # another signal while this one is said: the one line, whole, and this status
             signal.signal(number, signal.SIG_IGN)
@@ -3197,7 +3050,7 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
         say(prog, interrupted.replace("Ctrl-C", said) + "".join(map(str, stop.args)), prefix="")
         return 143 if said == "SIGTERM" else 130  # 128 + 15 or 2, as a shell reports a process the signal ended
     finally:
-        sys.stdout = stdout
+        sys.stdout = guarded.stream
         for number, handler in handlers.items():
             signal.signal(number, handler)
     return status

@@ -801,7 +801,6 @@ MESSAGES = {
     "torch is not PyTorch": (
         "the module named torch is not PyTorch (it lacks torch.cuda, torch.backends or torch.version)"
     ),
-    "unexpected value": "UnexpectedValue: PyTorch's {name} is not {expected} (its value is not kept)",
     "withheld text": "WithheldText: PyTorch's {name} is not {expected} (withheld)",
     "GPU properties unreadable": "the properties of {device} cannot be read",
     "allocator settings refused": "PyTorch refused its allocator settings (its message is not kept: it may echo them)",

@@ -414,13 +414,13 @@ def test_an_unwritable_stdout_is_pointed_at_the_null_device(monkeypatch):
     open_before = sorted(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     real = sys.__stdout__  # still written by pytest and mutmut while the test runs
     stream = types.SimpleNamespace(fileno=lambda: writer, write=real.write, flush=real.flush)
-    failure = calcul_forfaits.StdoutFailed(BrokenPipeError(32, "Broken pipe"))
+    failure = BrokenPipeError(32, "Broken pipe")
     try:
-        assert calcul_forfaits.stdout_failed("calcul_forfaits.py", failure, stream) == 1
+        assert calcul_forfaits.GuardedStdout(stream).failed("calcul_forfaits.py", failure) == 1
         assert os.write(writer, b"kept") == 4  # not the interpreter's stdout: left alone
         assert os.read(reader, 10) == b"kept"
         monkeypatch.setattr(sys, "__stdout__", stream)
-        assert calcul_forfaits.stdout_failed("calcul_forfaits.py", failure, stream) == 1
+        assert calcul_forfaits.GuardedStdout(stream).failed("calcul_forfaits.py", failure) == 1
         assert os.write(writer, b"lost") == 4  # the null device takes it
     finally:
         os.close(writer)

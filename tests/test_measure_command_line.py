@@ -473,11 +473,11 @@ def test_guarded_stdout_passes_through_and_tells_failures_apart():
     assert guarded.write("abc") == 3
     assert guarded.getvalue() == "abc"
     assert guarded.flush() is None
-    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+    with pytest.raises(mesure_memoire.GuardedStdout.Failed) as caught:
         mesure_memoire.GuardedStdout(None).write("x")
-    assert caught.value.args == (None,)
+    assert isinstance(caught.value.args[0], AttributeError)
     stream.close()
-    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+    with pytest.raises(mesure_memoire.GuardedStdout.Failed) as caught:
         guarded.write("x")
     assert isinstance(caught.value.args[0], ValueError)
     assert caught.value.__suppress_context__
@@ -486,7 +486,7 @@ def test_guarded_stdout_passes_through_and_tells_failures_apart():
         def flush(self):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(mesure_memoire.StdoutFailed) as caught:
+    with pytest.raises(mesure_memoire.GuardedStdout.Failed) as caught:
         mesure_memoire.GuardedStdout(Full()).flush()
     assert caught.value.args[0].errno == errno.ENOSPC
 
@@ -496,23 +496,18 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
     with open(tmp_path / "out.txt", "w") as stream:
         sys.__stdout__ = stream  # restored before the file closes: the test runner writes there between tests
         try:
-            failure = mesure_memoire.StdoutFailed(OSError(errno.ENOSPC, "No space left on device"))
-            code = mesure_memoire.stdout_failed("mesure_memoire.py", failure, stream)
+            failure = OSError(errno.ENOSPC, "No space left on device")
+            code = mesure_memoire.GuardedStdout(stream).failed("mesure_memoire.py", failure)
         finally:
             sys.__stdout__ = real_stdout
         assert code == 1
         assert os.path.realpath(f"/proc/self/fd/{stream.fileno()}") == os.devnull
     assert capsys.readouterr().err == STDOUT_FULL
     with open(tmp_path / "other.txt", "w") as other:  # not the interpreter's stdout: left alone
-        assert (
-            mesure_memoire.stdout_failed(
-                "mesure_memoire.py", mesure_memoire.StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), other
-            )
-            == 1
-        )
+        assert mesure_memoire.GuardedStdout(other).failed("mesure_memoire.py", BrokenPipeError(errno.EPIPE, "x")) == 1
         assert os.path.realpath(f"/proc/self/fd/{other.fileno()}") == str(tmp_path / "other.txt")
     assert capsys.readouterr().err == ""
-    assert mesure_memoire.stdout_failed("mesure_memoire.py", mesure_memoire.StdoutFailed(None), None) == 1
+    assert mesure_memoire.GuardedStdout(None).failed("mesure_memoire.py", AttributeError()) == 1
     closed = MESSAGES["cannot write the output"].format(error=MESSAGES["stdout closed"])
     assert capsys.readouterr().err == error_line(closed)
 
@@ -568,9 +563,7 @@ def test_stdout_failed_survives_a_closed_interpreter_stdout(tmp_path, capsys):
     stream.close()
     sys.__stdout__ = stream
     try:
-        code = mesure_memoire.stdout_failed(
-            "mesure_memoire.py", mesure_memoire.StdoutFailed(BrokenPipeError(errno.EPIPE, "x")), stream
-        )
+        code = mesure_memoire.GuardedStdout(stream).failed("mesure_memoire.py", BrokenPipeError(errno.EPIPE, "x"))
     finally:
         sys.__stdout__ = real_stdout
     assert code == 1

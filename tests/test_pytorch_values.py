@@ -1,5 +1,6 @@
-"""PyTorch is input too: each value it returns is checked where it enters, each of its texts is kept by an
-allow-list, and whatever it raises or prints ends in one line (issue 41).
+"""PyTorch is input too: each text it returns that the kit keeps is checked where it enters (PYTORCH_TEXTS), each
+of its messages is kept by an allow-list, and whatever it raises or prints ends in one line (issue 41).  Its numbers
+are kept as it gives them (issue 58: no guard against a value no real PyTorch returns).
 
 The hostile PyTorch here is real PyTorch with some functions replaced (a stand-in for a visible GPU, plus odd
 answers), or a fake ``torch`` package: hostile PyTorch behaviour, not a GPU.  The marker test over real
@@ -8,7 +9,6 @@ PyTorch's environment variables is tests/test_pytorch_markers.py.
 
 import importlib.util
 import json
-import math
 import os
 import sys
 import types
@@ -137,19 +137,18 @@ def test_the_gpu_s_name_is_kept_as_is_and_withheld_when_not_short_printable_text
         properties.name = kept
         assert environment_json(capsys)["gpu"]["name"] == kept
     expected = "printable text of at most 100 characters without /, \\ or ~"
-    for odd, key in (
-        (f"NVIDIA H200 (from /home/ana/{SECRET}/x.so)", "withheld text"),
-        (f"GPU C:\\Users\\{SECRET}", "withheld text"),
-        (f"GPU ~{SECRET}", "withheld text"),
-        ("x" * 101, "withheld text"),
-        ("", "withheld text"),
-        (f"GPU\x1b[31m{SECRET}", "withheld text"),
-        (b"GPU", "unexpected value"),
+    for odd in (
+        f"NVIDIA H200 (from /home/ana/{SECRET}/x.so)",
+        f"GPU C:\\Users\\{SECRET}",
+        f"GPU ~{SECRET}",
+        "x" * 101,
+        "",
+        f"GPU\x1b[31m{SECRET}",
     ):
         properties.name = odd
         data = environment_json(capsys)
         assert data["gpu"]["name"] is None, odd
-        assert data["field_errors"]["name"] == MESSAGES[key].format(name="name", expected=expected)
+        assert data["field_errors"]["name"] == MESSAGES["withheld text"].format(name="name", expected=expected)
 
 
 # --- 2. a "torch" that is not PyTorch -----------------------------------------------------------------------
@@ -174,80 +173,7 @@ def test_a_torch_that_is_not_pytorch_is_refused_by_measure(namespace_torch, tmp_
     measure_refused(tmp_path, capsys, 2, MESSAGES["torch is not PyTorch"], "no file written")
 
 
-# --- 3. values of the wrong type or range -------------------------------------------------------------------
-
-COUNT = "a whole number >= 0"
-ODD_ENVIRONMENT = [
-    ("total_memory", "80 GiB", "total_memory", "a whole number > 0"),
-    ("total_memory", math.nan, "total_memory", "a whole number > 0"),
-    ("total_memory", 0, "total_memory", "a whole number > 0"),
-    ("total_memory", 10**mesure_memoire.MAX_DIGITS, "total_memory", "a whole number > 0"),
-    ("mem_get_info", 5, "mem_get_info", "a pair of whole numbers, free <= total"),
-    ("mem_get_info", ("1", "2"), "mem_get_info", "a pair of whole numbers, free <= total"),
-    ("mem_get_info", (3, 2), "mem_get_info", "a pair of whole numbers, free <= total"),
-    ("mem_get_info", (1, 10**mesure_memoire.MAX_DIGITS), "mem_get_info", "a pair of whole numbers, free <= total"),
-    ("cudnn", math.nan, "cudnn_or_miopen_version", COUNT),
-    ("cudnn", b"90100", "cudnn_or_miopen_version", COUNT),
-    ("major", "9", "compute_capability", "two whole numbers below 100"),
-    ("major", 100, "compute_capability", "two whole numbers below 100"),
-    ("device_count", 1.5, "device_count", COUNT),
-]
-
-
-def _make_odd(monkeypatch, stand_in_gpu, what, value):
-    properties = stand_in_gpu()
-    if what in ("total_memory", "major"):
-        setattr(properties, what, value)
-    elif what == "mem_get_info":
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: value)
-    elif what == "device_count":
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: value)
-    else:
-        monkeypatch.setattr(torch.backends.cudnn, "version", lambda: value)
-
-
-@pytest.mark.parametrize(("what", "value", "field", "expected"), ODD_ENVIRONMENT, ids=plain_id)
-def test_an_odd_value_is_null_with_a_field_error(stand_in_gpu, monkeypatch, capsys, what, value, field, expected):
-    _make_odd(monkeypatch, stand_in_gpu, what, value)
-    data = environment_json(capsys)
-    assert data["field_errors"][field] == MESSAGES["unexpected value"].format(name=field, expected=expected)
-    holder = data["gpu"] if field in ("total_memory", "compute_capability") else data
-    if field == "mem_get_info":
-        assert (data["gpu"]["mem_get_info_free_bytes"], data["gpu"]["mem_get_info_total_bytes"]) == (None, None)
-    elif field != "device_count":  # no device count: no GPU to describe
-        assert holder[field if field != "total_memory" else "total_memory_bytes"] is None
-    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
-    assert "query failed" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(("what", "value", "field", "expected"), ODD_ENVIRONMENT, ids=plain_id)
-def test_an_odd_value_read_before_the_phases_makes_measure_refuse(
-    stand_in_gpu, monkeypatch, tmp_path, capsys, what, value, field, expected
-):
-    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
-    _make_odd(monkeypatch, stand_in_gpu, what, value)
-    measure_refused(tmp_path, capsys, 2, MESSAGES["unexpected value"].format(name=field, expected=expected))
-
-
-def test_values_at_the_edges_of_their_range_are_kept(stand_in_gpu, monkeypatch, capsys):
-    properties = stand_in_gpu()
-    properties.total_memory = 1  # the smallest total > 0
-    largest = 10**mesure_memoire.MAX_DIGITS - 1
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (0, largest))  # a full GPU, the largest total
-    data = environment_json(capsys)
-    assert data["field_errors"] == {}
-    gpu = data["gpu"]
-    assert (gpu["total_memory_bytes"], gpu["mem_get_info_free_bytes"], gpu["mem_get_info_total_bytes"]) == (
-        1,
-        0,
-        largest,
-    )
-
-
-@pytest.mark.parametrize("device_ms", [0, 0.0, 1000.5, 10**mesure_memoire.MAX_DIGITS - 1], ids=plain_id)
-def test_a_device_time_from_0_to_below_10_to_the_30_ms_is_kept(device_ms):
-    record, _ = mesure_memoire.run_phase(RecordingCudaStandIn(device_ms=device_ms), "dev", "inputs", lambda: None)
-    assert record["device_ms"] == float(device_ms)
+# --- 3. a reading PyTorch cannot give: unknown ---------------------------------------------------------------
 
 
 def test_mem_get_info_raising_anything_leaves_it_unknown(stand_in_gpu, monkeypatch, tmp_path, capsys):
@@ -261,103 +187,10 @@ def test_mem_get_info_raising_anything_leaves_it_unknown(stand_in_gpu, monkeypat
     assert result["configuration"]["device_used_bytes_before_measure"] is None
 
 
-class OddCounters(RecordingCudaStandIn):
-    """The recording stand-in for torch.cuda (no GPU here) whose peak allocated counter is ``peak``."""
-
-    def __init__(self, peak):
-        super().__init__(device=torch.device("cpu"))
-        self.peak = peak
-
-    def levels(self):
-        return {**super().levels(), "peak_allocated": self.peak}
+# --- 4. what PyTorch raises: SystemExit, GeneratorExit ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("peak", [1.5, -1, True, "1500"], ids=plain_id)
-def test_an_odd_counter_during_the_phases_exits_3_and_writes_nothing(stand_in_gpu, monkeypatch, tmp_path, capsys, peak):
-    stand_in_measurement(monkeypatch, OddCounters(peak))
-    said = MESSAGES["unexpected value"].format(name="max_memory_allocated", expected=COUNT)
-    measure_refused(tmp_path, capsys, 3, "phase model_load failed", said)
-
-
-DIMENSIONS = "batch 1, context 16, width 64, dtype float32"
-
-
-def set_up_failed(step, name, expected):
-    """The refusal of a set-up step whose reading PyTorch gave of the wrong type or range."""
-    error = MESSAGES["unexpected value"].format(name=name, expected=expected)
-    return MESSAGES["set-up step failed"].format(step=step, device="cuda:0", error=error)
-
-
-@pytest.mark.parametrize("counter", ["memory_allocated", "memory_reserved"])
-def test_an_odd_counter_before_the_phases_exits_2_naming_the_step(stand_in_gpu, monkeypatch, tmp_path, capsys, counter):
-    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
-    monkeypatch.setattr(torch.cuda, counter, lambda device: -4096)
-    measure_refused(tmp_path, capsys, 2, set_up_failed(f"torch.cuda.{counter}", counter, COUNT))
-
-
-def test_an_odd_mem_get_info_once_cuda_is_initialised_exits_2_naming_the_step(
-    stand_in_gpu, monkeypatch, tmp_path, capsys
-):
-    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
-
-    def init():  # the reading before CUDA starts was whole; the one after it is not
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (3, 2))
-
-    monkeypatch.setattr(torch.cuda, "init", init)
-    expected = "a pair of whole numbers, free <= total"
-    measure_refused(tmp_path, capsys, 2, set_up_failed("torch.cuda.mem_get_info", "mem_get_info", expected))
-
-
-@pytest.mark.parametrize("device_ms", [True, -0.5, math.nan, 10**mesure_memoire.MAX_DIGITS, "0.25"], ids=plain_id)
-def test_an_odd_device_time_during_the_phases_exits_3_naming_it(stand_in_gpu, monkeypatch, tmp_path, capsys, device_ms):
-    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu"), device_ms=device_ms))
-    said = MESSAGES["unexpected value"].format(name="elapsed_time", expected="a time >= 0 in milliseconds")
-    measure_refused(
-        tmp_path, capsys, 3, MESSAGES["phase failed"].format(phase="model_load", dimensions=DIMENSIONS, error=said)
-    )
-
-
-class TurningOdd(RecordingCudaStandIn):
-    """The recording stand-in for torch.cuda (no GPU here) whose counters in ``odd`` replace its own once set."""
-
-    def __init__(self):
-        super().__init__(device=torch.device("cpu"))
-        self.odd = {}
-
-    def levels(self):
-        return {**super().levels(), **self.odd}
-
-
-@pytest.mark.parametrize(
-    ("level", "name"), [("peak_allocated", "max_memory_allocated"), ("allocated", "memory_allocated")]
-)
-def test_an_odd_counter_while_the_products_run_once_more_exits_3_naming_it(
-    stand_in_gpu, monkeypatch, tmp_path, capsys, level, name
-):
-    recorder = TurningOdd()
-    stand_in_measurement(monkeypatch, recorder)
-    real_summary = mesure_memoire.summarize_output
-
-    def summary_then_odd(torch_module, output):  # the phases ran with whole counters; what follows reads odd ones
-        summary = real_summary(torch_module, output)
-        recorder.odd = {level: -1}
-        return summary
-
-    monkeypatch.setattr(mesure_memoire, "summarize_output", summary_then_odd)
-    said = MESSAGES["unexpected value"].format(name=name, expected=COUNT)
-    failed = MESSAGES["phase failed"].format(phase="per_call_workspace", dimensions=DIMENSIONS, error=said)
-    measure_refused(tmp_path, capsys, 3, failed)
-
-
-# --- 4. what PyTorch raises: an unreadable message, SystemExit, GeneratorExit --------------------------------
-
-
-class Unprintable(RuntimeError):
-    def __str__(self):
-        raise ValueError("no message")
-
-
-RAISED = [Unprintable(), SystemExit(), SystemExit(0), GeneratorExit()]
+RAISED = [SystemExit(), SystemExit(0), GeneratorExit()]
 
 
 @pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))
@@ -366,11 +199,6 @@ def test_what_pytorch_raises_in_a_query_is_a_field_error(stand_in_gpu, monkeypat
     data = environment_json(capsys)
     assert data["gpu"] is None
     assert data["field_errors"]["properties"].startswith(type(error).__name__)
-
-
-def test_an_error_whose_message_cannot_be_read_is_named_by_its_type_alone(stand_in_gpu, monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "get_device_properties", raising(Unprintable()))
-    assert environment_json(capsys)["field_errors"]["properties"] == "Unprintable"
 
 
 @pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))

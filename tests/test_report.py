@@ -1,7 +1,7 @@
 """`mesure_memoire.py report`: figures against a hand computation, flags, the one schema read, hostile files.
 
 The results under tests/data/report are crafted (GPU "Crafted GPU", tool "crafted for the tests"):
-they have the shape ``measure`` writes (schema 6) and no measured figure in them.
+they have the shape ``measure`` writes (RESULT_SCHEMA_VERSION) and no measured figure in them.
 """
 
 import copy

@@ -710,6 +710,8 @@ MESSAGES = {
     "report: a time": "null or a time >= 0",
     "report: text": "null or text",
     "report: a boolean": "true or false",
+    "report: null or a boolean": "null, true or false",
+    "report: a steady time": "a time >= 0",
     "report: a list": "a list",
     "report: an object": "an object",
     "report: null or an object": "null or an object",

@@ -109,6 +109,21 @@ def test_the_bfloat16_row_matches_the_hand_computation():
     assert mesure_memoire.rounded(row["derived_sustained_flop_per_second"], 2) == Decimal("5209198467878.79")
 
 
+def test_a_sustained_run_not_steady_is_flagged_and_shown_so(tmp_path, monkeypatch, capsys):
+    result = load("bfloat16.json")
+    result["sustained"].update(steady=False)
+    assert row_of(result)["flags"] == ["sustained run not steady"]
+    result["sustained"].update(steady=None)  # too few windows to tell: no flag
+    assert row_of(result)["flags"] == []
+    result["sustained"].update(steady=False)
+    (tmp_path / "capped.json").write_text(json.dumps(result), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert mesure_memoire.main(["report", "capped.json"]) == 0
+    out = capsys.readouterr().out
+    assert "capped.json       30      0.825      NO   1.100  5209.20\n" in out
+    assert out.count("sustained run not steady") == 1
+
+
 def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
     result = load("float32.json")
     result["phases"][0]["peak_allocated_bytes"] = 2**40  # model_load
@@ -507,6 +522,20 @@ HOSTILE = {
     "schema 8": (
         lambda folder: _write(folder, "s8.json", _valid_with(lambda r: r.update(schema_version=8))),
         wrong("schema_version", "this schema", 8),
+    ),
+    "sustained steady not a boolean": (
+        lambda folder: _write(folder, "ss.json", _valid_with(lambda r: r["sustained"].update(steady="yes"))),
+        wrong("sustained.steady", "null or a boolean", "'yes'"),
+    ),
+    "sustained steady time null": (
+        lambda folder: _write(
+            folder, "sn.json", _valid_with(lambda r: r["sustained"].update(steady_ms_per_forward=None))
+        ),
+        wrong("sustained.steady_ms_per_forward", "a steady time", "None"),
+    ),
+    "sustained not an object": (
+        lambda folder: _write(folder, "so.json", _valid_with(lambda r: r.update(sustained=[]))),
+        wrong("sustained", "null or an object", "a list"),
     ),
     "schema true": (
         lambda folder: _write(folder, "st.json", _valid_with(lambda r: r.update(schema_version=True))),

@@ -198,16 +198,25 @@ def test_the_first_exit_3_stops_the_sweep_with_the_plan_s_figure(stand_in, capsy
     assert os.listdir("out") == ["mesures-width-1024.json"]
 
 
-@pytest.mark.parametrize("behaviour", ["exit3", "remove-folder-then-exit3"], ids=plain_id)
-def test_an_exit_3_at_the_first_value_exits_3_in_one_line_and_leaves_no_folder(stand_in, capsys, behaviour):
-    """Also when the folder was removed meanwhile: not a crash."""
-    stand_in({"2048": behaviour})
+@pytest.mark.parametrize(
+    ("behaviour", "stray"),
+    [("exit3", []), ("remove-folder-then-exit3", []), ("exit3", "notes.txt")],
+    ids=["exit-3", "the-folder-removed-meanwhile", "a-stray-file"],
+)
+def test_an_exit_3_at_the_first_value_exits_3_in_one_line_and_leaves_no_folder(stand_in, capsys, behaviour, stray):
+    """Also when the folder was removed meanwhile (not a crash); a file someone else left there (a file manager's,
+    an editor's) is left alone with its folder, named in the one line."""
+    stand_in({"2048": behaviour}, stray=stray)
     assert mesure_memoire.main([*SWEEP, "--values", "2048,4096"]) == 3
     captured = capsys.readouterr()
     assert captured.out == ""
     pattern = message_pattern("sweep: does not fit", where="width 2048", peak=421568512)
+    if stray:
+        pattern += re.escape(MESSAGES["sweep: folder kept"].format(stop="", name="out", strays="'notes.txt'"))
     assert re.fullmatch(error_line(pattern), captured.err), captured.err
-    assert os.listdir(".") == []
+    assert os.listdir(".") == (["out"] if stray else [])
+    if stray:
+        assert os.listdir("out") == ["notes.txt"]
 
 
 @pytest.mark.parametrize(
@@ -535,31 +544,6 @@ def test_sweep_launches_the_largest_width_the_plan_gives_for_that_card_and_not_o
 # --- a stray file, a folder removed, signals sent twice, the interpreter's flags (issue 42) -----------------------
 
 
-def test_a_stray_file_in_the_folder_at_an_exit_3_is_left_alone_and_named(stand_in, capsys):
-    """A file manager's or an editor's file in the sweep's folder: the folder stays with it, said in the one line."""
-    stand_in({"2048": "exit3"}, stray="notes.txt")
-    assert mesure_memoire.main([*SWEEP, "--values", "2048"]) == 3
-    err = capsys.readouterr().err
-    stop = message_pattern("sweep: does not fit", where="width 2048", peak=421568512)
-    kept = MESSAGES["sweep: folder kept"].format(stop="", name="out", strays="'notes.txt'")
-    assert re.fullmatch(error_line(stop + re.escape(kept)), err), err
-    assert os.listdir("out") == ["notes.txt"]
-
-
-def test_a_stray_file_in_the_folder_at_a_timeout_is_left_alone_and_named(stand_in, capsys, monkeypatch):
-    monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 5)
-    stand_in({"256": "hang"}, stray="notes.txt")
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (above)
-    try:
-        assert mesure_memoire.main([*SWEEP, "--values", "256", "--timeout-s", "1"]) == 2
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    stop = MESSAGES["sweep: the child timed out"].format(where="width 256", seconds=1)
-    said = MESSAGES["sweep: folder kept"].format(stop=stop, name="out", strays="'notes.txt'")
-    assert capsys.readouterr().err == error_line(said)
-    assert os.listdir("out") == ["notes.txt"]  # the partial file went, the stray stayed
-
-
 def signal_once_the_child_hangs(monkeypatch, stand_in, width, sent):
     """The user's Ctrl-C (or a SIGTERM) to this process, sent once the child measuring ``width`` hangs; returns the
     timeouts each communicate was given."""
@@ -663,11 +647,27 @@ def unlistable(monkeypatch, name):
     monkeypatch.setattr(os, "listdir", listdir)
 
 
-def test_a_kept_folder_that_cannot_be_listed_is_said_so(stand_in, capsys, monkeypatch):
-    stand_in({"256": "exit0"}, stray="notes.txt")
+@pytest.mark.parametrize(
+    ("behaviour", "stop"),
+    [
+        ("exit0", MESSAGES["sweep: the child wrote nothing"].format(where="width 256")),
+        (
+            "exit2",
+            MESSAGES["sweep: the child refused"].format(
+                where="width 256", status=2, line=error_line("--dtype bfloat16: not supported (stand-in)").rstrip()
+            ),
+        ),
+    ],
+    ids=["exit-0-without-a-result", "a-refusal"],
+)
+def test_a_failed_child_s_folder_that_cannot_be_listed_is_kept_and_said_in_one_line(
+    stand_in, capsys, monkeypatch, behaviour, stop
+):
+    """After a child that did not succeed the sweep clears what it left: a folder made unreadable meanwhile (by
+    another user) is kept and said so, in the same line as the child's end, not a traceback."""
+    stand_in({"256": behaviour, "512": "write"}, stray="notes.txt")
     unlistable(monkeypatch, "out")
-    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
-    stop = MESSAGES["sweep: the child wrote nothing"].format(where="width 256")
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 2
     strays = "files that cannot be listed (PermissionError: [Errno 13] Permission denied)"
     assert capsys.readouterr().err == error_line(
         MESSAGES["sweep: folder kept"].format(stop=stop, name="out", strays=strays)
@@ -675,41 +675,29 @@ def test_a_kept_folder_that_cannot_be_listed_is_said_so(stand_in, capsys, monkey
     assert [entry.name for entry in os.scandir("out")] == ["notes.txt"]
 
 
-def test_a_failed_child_s_folder_that_cannot_be_listed_is_one_line(stand_in, capsys, monkeypatch):
-    """After a child's refusal the sweep clears what it left: a folder made unreadable meanwhile (by another
-    user) is kept and said so, in the same line as the child's refusal, not a traceback."""
-    stand_in({"256": "exit2", "512": "write"}, stray="notes.txt")
-    unlistable(monkeypatch, "out")
-    assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 2
-    refused = MESSAGES["sweep: the child refused"].format(
-        where="width 256", status=2, line=error_line("--dtype bfloat16: not supported (stand-in)").rstrip("\n")
-    )
-    strays = "files that cannot be listed (PermissionError: [Errno 13] Permission denied)"
-    assert capsys.readouterr().err == error_line(
-        MESSAGES["sweep: folder kept"].format(stop=refused, name="out", strays=strays)
-    )
-    assert [entry.name for entry in os.scandir("out")] == ["notes.txt"]
-
-
-def test_a_failed_child_s_file_that_cannot_be_removed_is_named_in_one_line(stand_in, capsys, monkeypatch):
-    """A timed-out child's partial file that the sweep cannot remove (the folder made read-only meanwhile)
-    stays, named in the one line, not a traceback."""
+@pytest.mark.parametrize("removable", [True, False], ids=["a-stray-file", "a-partial-file-that-cannot-be-removed"])
+def test_a_timed_out_child_s_folder_kept_names_what_stays_in_one_line(stand_in, capsys, monkeypatch, removable):
+    """A stray file (a file manager's, an editor's) stays, the partial file goes; a partial file the sweep cannot
+    remove (the folder made read-only meanwhile) stays too, named in the one line, not a traceback."""
     monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 5)
-    stand_in({"256": "hang"})
+    stand_in({"256": "hang"}, stray="notes.txt" if removable else [])
     real_unlink = os.unlink
 
     def unlink(path, *args, **kwargs):
-        if os.path.dirname(os.path.normpath(path)) == "out":
+        if not removable and os.path.dirname(os.path.normpath(path)) == "out":
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         return real_unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "unlink", unlink)
-    assert mesure_memoire.main([*SWEEP, "--values", "256", "--timeout-s", "1"]) == 2
-    left = sorted(os.listdir("out"))
-    assert len(left) == 1 and left[0].startswith(".partial-"), left
+    assert sweep_as_from_a_terminal([*SWEEP, "--values", "256", "--timeout-s", "1"]) == 2
+    (left,) = os.listdir("out")
+    if removable:
+        assert left == "notes.txt"  # the partial file went, the stray stayed
+    else:
+        assert left.startswith(".partial-"), left
     timed_out = MESSAGES["sweep: the child timed out"].format(where="width 256", seconds=1)
     assert capsys.readouterr().err == error_line(
-        MESSAGES["sweep: folder kept"].format(stop=timed_out, name="out", strays=repr(left[0]))
+        MESSAGES["sweep: folder kept"].format(stop=timed_out, name="out", strays=repr(left))
     )
 
 

@@ -103,9 +103,6 @@ def test_the_manifest_lists_every_member_and_itself_without_hash():
         else:
             data = (SHIPPED_ROOT / entry["path"]).read_bytes()
             assert entry == {"path": entry["path"], "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    assert text.startswith('{\n  "name": "iteragpu-lab-v1",\n')
-    assert text.endswith("}\n")
-    assert build_zip.manifest_text(build_zip.read_members(SHIPPED_ROOT)) == text
 
 
 def test_the_default_archive_is_rebuilt_in_place_and_its_path_printed(source, capsys):

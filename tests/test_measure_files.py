@@ -198,15 +198,6 @@ def test_measure_to_file_records_warnings_and_writes_the_json(tmp_path, monkeypa
         name="r.json"
     )
 
-    def full(path, text):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: {"environment": {"field_errors": {}}})
-    monkeypatch.setattr(mesure_memoire, "write_new_file", full)
-    assert kit_error_of(mesure_memoire.measure_to_file, {}, "new.json", "t") == MESSAGES[
-        "--output cannot write"
-    ].format(name="new.json", error="OSError: [Errno 28] No space left on device")
-
 
 # --- a finished measurement (stand-in GPU) and its file --------------------------------------------
 

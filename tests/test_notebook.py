@@ -170,17 +170,6 @@ def test_a_notebook_that_is_a_link_is_refused_and_its_target_kept(copy, capsys):
     assert tree_digest(copy) == before
 
 
-@pytest.mark.whole_kit
-def test_a_notebook_hard_linked_to_another_file_is_replaced_and_that_file_kept(copy, capsys):
-    target = copy / "mesure-memoire.ipynb"
-    target.write_text("{}", encoding="utf-8")  # stale
-    os.link(target, copy / "theirs.json")  # the same file under two names
-    assert build_notebook.main([]) == 0
-    assert capsys.readouterr() == ("wrote mesure-memoire.ipynb\n", "")
-    assert (copy / "theirs.json").read_text(encoding="utf-8") == "{}"
-    assert target.read_bytes() == NOTEBOOK.read_bytes()
-
-
 def _jupyter_saved(path):
     """What JupyterLab 4.6 does on opening and autosaving: it records the kernel's Python version."""
     notebook = json.loads(path.read_text(encoding="utf-8"))

@@ -894,30 +894,26 @@ def sweep_folder(tmp_path, monkeypatch, *others):
 SWEPT = [f"sweep-width/mesures-width-{width}.json" for width in (256, 512, 1024)]
 
 
-@pytest.mark.parametrize("given", ["sweep-width", "sweep-width/"], ids=["folder", "folder with a slash"])
-def test_report_reads_the_folder_sweep_wrote_in_the_order_of_the_values(tmp_path, monkeypatch, capsys, given):
-    sweep_folder(tmp_path, monkeypatch)
+# Files that are not the sweep's results: a copy kept aside under another name, a partial file, a note.
+OTHERS = ["notes.txt", ".partial-x1.tmp", "mesures-width-0256.json", "mesures-depth-8.json"]
+OTHERS += ["mesures-width-2048.orig", "archive-width-4096.json"]
+
+
+@pytest.mark.parametrize(("given", "others"), [("sweep-width", OTHERS), ("sweep-width/", [])], ids=["others", "slash"])
+def test_report_reads_the_folder_sweep_wrote_in_the_order_of_the_values(tmp_path, monkeypatch, capsys, given, others):
+    """The same table as the files named one by one; any other file of the folder named and skipped."""
+    sweep_folder(tmp_path, monkeypatch, *others)
     assert mesure_memoire.main(["report", given, "--json"]) == 0
     captured = capsys.readouterr()
     assert [row["file"] for row in json.loads(captured.out)["results"]] == SWEPT, "by width, not by file name"
-    assert captured.err == ""
-    assert mesure_memoire.main(["report", given]) == 0
-    from_folder = capsys.readouterr().out
-    assert mesure_memoire.main(["report", *SWEPT]) == 0
-    assert from_folder == capsys.readouterr().out  # the same table as the files named one by one
-
-
-def test_report_names_and_skips_the_other_files_of_the_folder(tmp_path, monkeypatch, capsys):
-    others = ["notes.txt", ".partial-x1.tmp", "mesures-width-0256.json", "mesures-depth-8.json"]
-    others += ["mesures-width-2048.orig", "archive-width-4096.json"]  # a copy kept aside, under another name
-    sweep_folder(tmp_path, monkeypatch, *others)
-    assert mesure_memoire.main(["report", "sweep-width", "--json"]) == 0
-    captured = capsys.readouterr()
-    assert [row["file"] for row in json.loads(captured.out)["results"]] == SWEPT
     skipped = sorted(f"'sweep-width/{name}'" for name in others)
     assert captured.err == "".join(
         warning_line(MESSAGES["report: skipped in the folder"].format(file=name)) for name in skipped
     )
+    assert mesure_memoire.main(["report", given]) == 0
+    from_folder = capsys.readouterr().out
+    assert mesure_memoire.main(["report", *SWEPT]) == 0
+    assert from_folder == capsys.readouterr().out
 
 
 @pytest.mark.parametrize("others", [[], ["notes.txt"]], ids=["empty", "no result of sweep"])

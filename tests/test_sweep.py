@@ -434,7 +434,7 @@ def test_the_children_read_no_input_and_their_output_stays_theirs(stand_in, capf
             ),
         ),
     ],
-    ids=["exit 1 without a word", "exit 0 without a result", "a refusal", "a message that is not UTF-8"],
+    ids=["exit-1-without-a-word", "exit-0-without-a-result", "a-refusal", "a-message-that-is-not-UTF-8"],
 )
 def test_how_a_child_ended_is_said_in_one_line_and_stops_the_sweep(stand_in, capsys, behaviour, said):
     stand_in({"256": behaviour, "512": "write"})
@@ -464,7 +464,7 @@ def test_how_a_child_ended_is_said_in_one_line_and_stops_the_sweep(stand_in, cap
         ),
         ({}, {**environment(), "torch": "2.3.1+cu121"}, MESSAGES["PyTorch too old"].format(version="'2.3.1+cu121'")),
     ],
-    ids=["exit 1 with an environment", "not JSON", "gpu not an object", "available but no gpu", "no GPU", "torch 2.3"],
+    ids=["exit-1-with-an-environment", "not-JSON", "gpu-not-an-object", "available-but-no-gpu", "no-GPU", "torch-2.3"],
 )
 def test_a_probe_that_fails_stops_the_sweep_before_any_measurement(stand_in, capsys, probe, env, said):
     stand_in({"256": "write"}, env=env, probe=probe)
@@ -495,7 +495,7 @@ def test_a_probe_that_hangs_is_stopped_and_said(stand_in, capsys, monkeypatch):
             ),
         ),
     ],
-    ids=["created by someone else meanwhile", "cannot be created"],
+    ids=["created-by-someone-else-meanwhile", "cannot-be-created"],
 )
 def test_a_folder_that_cannot_be_made_when_the_first_child_starts_is_one_line(
     stand_in, capsys, monkeypatch, error, said
@@ -829,7 +829,7 @@ def test_a_child_started_with_the_signals_blocked_still_hears_ctrl_c(stand_in):
 # --- no child can be started: a process limit (issue 55) ----------------------------------------------------
 
 
-@pytest.mark.parametrize(("refused", "where"), [(1, ""), (2, "width 256: ")], ids=["the probe", "a measurement"])
+@pytest.mark.parametrize(("refused", "where"), [(1, ""), (2, "width 256: ")], ids=["the-probe", "a-measurement"])
 def test_a_child_that_cannot_be_started_is_one_line_and_leaves_no_folder(stand_in, capsys, monkeypatch, refused, where):
     """The OS refuses to fork the probe, or the first measurement (a process limit, ulimit -u: EAGAIN): one line
     naming the OS error, exit 2, no folder, and SIGINT and SIGTERM no longer held."""
@@ -916,7 +916,7 @@ def test_report_reads_the_folder_sweep_wrote_in_the_order_of_the_values(tmp_path
     assert from_folder == capsys.readouterr().out
 
 
-@pytest.mark.parametrize("others", [[], ["notes.txt"]], ids=["empty", "no result of sweep"])
+@pytest.mark.parametrize("others", [[], ["notes.txt"]], ids=["empty", "no-result-of-sweep"])
 def test_a_folder_without_a_sweep_result_is_one_line_saying_what_to_pass(tmp_path, monkeypatch, capsys, others):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "elsewhere").mkdir()

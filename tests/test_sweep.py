@@ -370,15 +370,11 @@ def test_batch_and_context_can_be_varied_too(stand_in, capsys):
     assert sorted(os.listdir("b")) == ["mesures-batch-1.json", "mesures-batch-3.json"]
 
 
-def _readme_section():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    return readme.split("### One dimension at a time, then `report`", 1)[1].split("\n## ", 1)[0]
-
-
 def test_the_readme_sweep_stops_at_the_first_exit_3_and_reports_what_it_wrote(stand_in, capsys):
     """The README's command, with the stand-in children: widths up to 1024 "fit" (the crafted results are
     copied), 2048 runs out of memory (exit 3); the table is the README's example."""
-    section = _readme_section()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### One dimension at a time, then `report`", 1)[1].split("\n## ", 1)[0]
     command = section.split("```console\n", 1)[1].split("\n```", 1)[0]
     assert command.startswith("python mesure_memoire.py sweep ")
     crafted = DATA / "report" / "readme" / "sweep-width"

@@ -836,3 +836,31 @@ def message_pattern(key, **values):
         if field is not None:
             parts.append(re.escape(str(values[field])) if field in values else ".+")
     return "".join(parts)
+
+
+# --- part "notebook": one Run All in a real kernel, shared by test_notebook.py and test_figure.py ----------------
+
+
+@pytest.fixture(scope="session")
+def executed_notebook(tmp_path_factory):
+    """A copy of the notebook run top to bottom in one real ipykernel (CPU PyTorch, no GPU), then, in the same kernel,
+    a crafted measurement in place of step 3's and the figure cell again (id "figure-again"): (its folder, its cells
+    by id, the committed notebook's SHA-256 before the run).  One kernel start for both files' tests."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook_path = ROOT / "mesure-memoire.ipynb"
+    folder = tmp_path_factory.mktemp("kernel")
+    before = hashlib.sha256(notebook_path.read_bytes()).hexdigest()
+    notebook = nbformat.read(notebook_path, as_version=4)
+    nbformat.write(notebook, folder / notebook_path.name)
+    crafted = (ROOT / "tests" / "data" / "report" / "bfloat16.json").read_text(encoding="utf-8")
+    figure = next(cell for cell in notebook.cells if cell.id == "run-figure")
+    notebook.cells += [
+        nbformat.v4.new_code_cell(f"import json\nmeasurement = json.loads({crafted!r})", id="crafted-measurement"),
+        nbformat.v4.new_code_cell(figure.source, id="figure-again"),
+    ]
+    NotebookClient(
+        notebook, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(folder)}}
+    ).execute()
+    return folder, {cell.id: cell for cell in notebook.cells}, before

@@ -7,9 +7,7 @@ import sys
 from decimal import Decimal
 
 import matplotlib
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 import mesure_memoire
 from conftest import MESSAGES, ROOT, plain_id
@@ -164,16 +162,6 @@ def test_a_phase_that_disagrees_is_labelled_so():
     assert [label.endswith(" DISAGREES") for label in labels] == [index == 2 for index in range(len(labels))]
 
 
-def test_the_values_on_the_bars_are_the_tables_figures():
-    """A figure's value text is what the phase table prints for the same counter (MiB, 2 places)."""
-    result = load(DATA / "bfloat16.json")
-    table = mesure_memoire.format_phase_table(result)
-    labels, series = mesure_memoire.phase_bar_data(result)
-    for label, allocated in zip(labels, series["measured peak allocated"], strict=True):
-        line = next(line for line in table.splitlines() if line.startswith(label + " "))
-        assert mesure_memoire.in_units(allocated, 2**20) in line.split()
-
-
 def test_several_results_show_peak_memory_and_warm_time_per_size(closes_figures):
     files = [str(SWEEP / f"mesures-width-{width}.json") for width in (256, 512, 1024)]
     rows = mesure_memoire.report(files)["results"]
@@ -261,38 +249,34 @@ def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_ma
     assert "figure" not in namespace
 
 
-def test_without_matplotlib_the_kit_refuses_to_draw_in_one_line(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed, as far as import can tell
-    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "bfloat16.json")), (mesure_memoire.draw_sizes, [])):
-        with pytest.raises(mesure_memoire.KitError) as refused:
-            drawing(data)
-        assert str(refused.value) == MESSAGES["matplotlib not importable"]
-
-
 @pytest.mark.parametrize(
-    ("version", "shown"),
-    [("3.4.3", "'3.4.3'"), ("2.2", "'2.2'"), ("", "''"), ("x.y", "'x.y'"), (None, "''")],
+    ("version", "said"),
+    [
+        ("not installed", MESSAGES["matplotlib not importable"]),
+        ("3.4.3", MESSAGES["matplotlib too old"].format(version="'3.4.3'")),
+        ("2.2", MESSAGES["matplotlib too old"].format(version="'2.2'")),
+        ("", MESSAGES["matplotlib too old"].format(version="''")),
+        ("x.y", MESSAGES["matplotlib too old"].format(version="'x.y'")),
+        (None, MESSAGES["matplotlib too old"].format(version="''")),
+        *((version, None) for version in ["3.5.0", "3.10.9", "3.11.2", "4.0.0rc1"]),
+    ],
     ids=plain_id,
 )
-def test_a_matplotlib_too_old_or_of_unknown_version_is_refused_in_one_line(version, shown, monkeypatch):
-    """A stand-in matplotlib module (not installed here) of another version, or none said: refused."""
+def test_without_matplotlib_3_5_or_later_the_kit_refuses_to_draw_in_one_line(version, said, monkeypatch):
+    """A stand-in matplotlib module (not installed here) of another version, or none said, or none importable;
+    3.5 and later are taken."""
     import types
 
     stand_in = types.SimpleNamespace(pyplot=pyplot, **({} if version is None else {"__version__": version}))
-    monkeypatch.setitem(sys.modules, "matplotlib", stand_in)
+    monkeypatch.setitem(sys.modules, "matplotlib", None if version == "not installed" else stand_in)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None if version == "not installed" else pyplot)
+    if said is None:
+        assert mesure_memoire.import_pyplot() is pyplot
+        return
     for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "bfloat16.json")), (mesure_memoire.draw_sizes, [])):
         with pytest.raises(mesure_memoire.KitError) as refused:
             drawing(data)
-        assert str(refused.value) == MESSAGES["matplotlib too old"].format(version=shown)
-
-
-@pytest.mark.parametrize("version", ["3.5.0", "3.10.9", "3.11.2", "4.0.0rc1"])
-def test_matplotlib_3_5_and_later_is_taken(version, monkeypatch):
-    import types
-
-    monkeypatch.setitem(sys.modules, "matplotlib", types.SimpleNamespace(__version__=version, pyplot=pyplot))
-    assert mesure_memoire.import_pyplot() is pyplot
+        assert str(refused.value) == said
 
 
 def test_the_figure_cell_draws_the_measurement_of_this_kernel(closes_figures, capsys):
@@ -304,22 +288,10 @@ def test_the_figure_cell_draws_the_measurement_of_this_kernel(closes_figures, ca
     assert bars_of(namespace["figure"].axes[0]) == bars_of(mesure_memoire.draw_phases(measurement).axes[0])
 
 
-def test_a_real_kernel_shows_the_figure_as_an_image(tmp_path):
-    """The definitions, a crafted measurement in place of step 3's, then the figure cell, in a real ipykernel."""
-    cells = [
-        cell
-        for cell in load(NOTEBOOK)["cells"]
-        if cell["id"].startswith(("shared-code-", "step-")) and cell["cell_type"] == "code"
-    ]
-    crafted = f"import json\nmeasurement = json.loads({(DATA / 'bfloat16.json').read_text(encoding='utf-8')!r})"
-    figure_cell = next(cell for cell in load(NOTEBOOK)["cells"] if cell["id"] == "run-figure")
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("".join(cell["source"])) for cell in cells]
-    notebook.cells += [nbformat.v4.new_code_cell(crafted), nbformat.v4.new_code_cell("".join(figure_cell["source"]))]
-    NotebookClient(
-        notebook, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    (shown,) = notebook.cells[-1].outputs
+def test_a_real_kernel_shows_the_figure_as_an_image(executed_notebook):
+    """After Run All in a real ipykernel, a crafted measurement in place of step 3's, then the figure cell."""
+    folder, cells, _ = executed_notebook
+    (shown,) = cells["figure-again"].outputs
     assert shown.output_type == "display_data"
     assert "image/png" in shown.data
-    assert list(tmp_path.iterdir()) == []  # drawing writes no file
+    assert sorted(path.name for path in folder.iterdir()) == [NOTEBOOK.name]  # drawing writes no file

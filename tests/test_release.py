@@ -18,9 +18,8 @@ import zlib
 
 import pytest
 
-import build_notebook
 import build_zip
-from conftest import MESSAGES, ROOT, SHIPPED_ROOT, on_a_full_disk, plain_id, tree_digest
+from conftest import MESSAGES, ROOT, SHIPPED_ROOT, plain_id, tree_digest
 
 SHIPPED = sorted(
     [
@@ -104,9 +103,6 @@ def test_the_manifest_lists_every_member_and_itself_without_hash():
         else:
             data = (SHIPPED_ROOT / entry["path"]).read_bytes()
             assert entry == {"path": entry["path"], "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    assert text.startswith('{\n  "name": "iteragpu-lab-v1",\n')
-    assert text.endswith("}\n")
-    assert build_zip.manifest_text(build_zip.read_members(SHIPPED_ROOT)) == text
 
 
 def test_the_default_archive_is_rebuilt_in_place_and_its_path_printed(source, capsys):
@@ -154,18 +150,23 @@ def test_a_name_stdout_cannot_encode_is_printed_escaped(source):
     assert zipfile.is_zipfile(source / "é.zip")
 
 
-def test_a_failing_write_is_one_line_and_leaves_no_half_archive(source, tmp_path, monkeypatch, capsys):
-    """A stand-in for a full disk (the data's flush to the disk fails): nothing is left, the manifest is untouched."""
+@pytest.mark.parametrize("default", [False, True], ids=["--output", "default"])
+def test_a_failing_write_is_one_line_and_leaves_no_half_archive(source, tmp_path, monkeypatch, capsys, default):
+    """A stand-in for a full disk (the data's flush to the disk fails): nothing is left, the manifest is untouched,
+    the archive already at the default place stays whole."""
 
     def full_disk(descriptor):
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    output = source / "dist" / ARCHIVE if default else tmp_path / "kit.zip"
+    if default:
+        assert build(source) == 0
     make_stale(source)
+    capsys.readouterr()
     before = tree_digest(tmp_path)
     monkeypatch.setattr(os, "fsync", full_disk)
-    assert build(source, "--output", str(tmp_path / "kit.zip")) == 2
-    expected = f"build_zip.py: error: cannot write {tmp_path}/kit.zip (No space left on device)\n"
-    assert capsys.readouterr() == ("", expected)
+    assert build(source, *([] if default else ["--output", str(output)])) == 2
+    assert capsys.readouterr() == ("", f"build_zip.py: error: cannot write {output} (No space left on device)\n")
     assert tree_digest(tmp_path) == before
 
 
@@ -204,18 +205,14 @@ def _member(name, data):
     return spoil
 
 
-def jupyter_saved(change):
-    """The generated notebook with ``change`` made to it, saved as the generator saves (so that only the change
-    differs): what opening it in JupyterLab and letting it autosave does."""
-
-    def spoil(source, tmp_path):
-        notebook = json.loads((source / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
-        change(notebook)
-        text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-        (source / "mesure-memoire.ipynb").write_text(text, encoding="utf-8")
-        return []
-
-    return spoil
+def _jupyter_saved(source, tmp_path):
+    """The generated notebook as opening it in JupyterLab 4.6 and letting it autosave leaves it: the kernel's Python
+    version recorded, saved as the generator saves (so that only that differs)."""
+    notebook = json.loads((source / "mesure-memoire.ipynb").read_text(encoding="utf-8"))
+    notebook["metadata"]["language_info"]["version"] = "3.12.3"
+    text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    (source / "mesure-memoire.ipynb").write_text(text, encoding="utf-8")
+    return []
 
 
 def _output(make=None, name="out.zip"):
@@ -237,21 +234,12 @@ def _default_place(make):
     return spoil
 
 
-def _own_archive_at(source, path):
-    assert build(source, "--output", str(path)) == 0
-
-
 def _link_to_own_archive(source, tmp_path, place):
-    _own_archive_at(source, tmp_path / "own.zip")
+    assert build(source, "--output", str(tmp_path / "own.zip")) == 0
     place.parent.mkdir()
     place.symlink_to(tmp_path / "own.zip")
 
 
-def _scripts_step(source):
-    return source.replace(b"# >>> notebook: 4. ", b"# >>> notebook: 6. ")
-
-
-LANGUAGE_VERSION = jupyter_saved(lambda notebook: notebook["metadata"]["language_info"].update(version="3.12.3"))
 NOT_GENERATED = (
     "mesure-memoire.ipynb is not what tools/build_notebook.py generates from mesure_memoire.py (saved "
     "from Jupyter, or edited?): run python tools/build_notebook.py"
@@ -266,8 +254,6 @@ REFUSALS = {
         "missing member(s): protocole-qualite.md",
     ),
     "a member is a FIFO": (_replace("README.md", os.mkfifo), "README.md is not a regular file"),
-    "a member is a folder": (_replace("LICENSE.txt", os.mkdir), "LICENSE.txt is not a regular file"),
-    "the manifest is a folder": (_replace("MANIFEST.json", os.mkdir), "MANIFEST.json is not a regular file"),
     "a member is a symlink loop": (
         _replace("README.md", lambda path: path.symlink_to(path)),
         "README.md: cannot be read (Too many levels of symbolic links)",
@@ -276,45 +262,18 @@ REFUSALS = {
         _replace("MANIFEST.json", _link_to_theirs),
         "MANIFEST.json is a link: this tool writes over nothing but its own...",
     ),
-    "a member too large": (_member("README.md", b"x" * (2**20 + 1)), "README.md is larger than 1048576 bytes"),
     # The notebook: anything but the generated bytes, however it came.
-    "the notebook saved by JupyterLab 4.6": (LANGUAGE_VERSION, NOT_GENERATED),
-    "the notebook with an execution count": (
-        jupyter_saved(lambda notebook: notebook["cells"][2].update(execution_count=1)),
-        NOT_GENERATED,
-    ),
-    "the notebook not regenerated": (
-        _member("mesure_memoire.py", lambda old: old.replace(b"\n# <<< notebook", b"\nEDITED = 1\n# <<< notebook", 1)),
-        NOT_GENERATED,
-    ),
-    "the notebook not JSON": (_member("mesure-memoire.ipynb", b"{not json"), NOT_GENERATED),
-    "the notebook nested 100,000 deep": (_member("mesure-memoire.ipynb", b"[" * 100000), NOT_GENERATED),
-    "the script's steps without run cells": (
-        _member("mesure_memoire.py", _scripts_step),
-        "mesure_memoire.py's numbered notebook blocks are steps 1, 2, 3, 5, 6; build_notebook.py has run cells for "
-        "steps 1, 2, 3, 4, 5",
-    ),
+    "the notebook saved by JupyterLab 4.6": (_jupyter_saved, NOT_GENERATED),
     "the template holds a row": (
         _member("resultats-bruts.csv", lambda old: old + b"r1,2026-10-01\n"),
         "resultats-bruts.csv must hold its header only, found 2 lines",
-    ),
-    "the template is empty": (
-        _member("resultats-bruts.csv", b""),
-        "resultats-bruts.csv must hold its header only, found 0 lines",
-    ),
-    "the template is not UTF-8": (
-        _member("resultats-bruts.csv", b"run_id,\xe9\n"),
-        "resultats-bruts.csv is not UTF-8 (byte 7)",
     ),
     "the catalog fails validation": (
         _member("tarifs-forfaits.csv", b"gpu\n"),
         "tarifs-forfaits.csv fails validation: tarifs-forfaits.csv: line 1: bad header...",
     ),
     # The output: nobody's file is replaced; the default archive only when it is this tool's.
-    "--output names a member": (lambda s, t: ["--output", str(s / "README.md")], EXISTS.format("{s}/README.md")),
-    "--output names a folder": (lambda s, t: ["--output", str(t)], EXISTS.format("{t}")),
     "--output names someone's file": (_output(lambda s, path: _write(path, b"mine\n")), EXISTS.format("{t}/out.zip")),
-    "--output names an older archive": (_output(_own_archive_at), EXISTS.format("{t}/out.zip")),
     "--output names a dangling link": (
         _output(lambda s, path: path.symlink_to(path.parent / "nowhere")),
         EXISTS.format("{t}/out.zip"),
@@ -324,12 +283,6 @@ REFUSALS = {
         "cannot write {t}/absent/k.zip (No such file or directory)",
     ),
     # A folder-like or empty --output names no file: refused, never a traceback nor a file named "new".
-    "--output is empty": (lambda s, t: ["--output="], "--output: expected the name of a new file, got ''"),
-    "--output is the current folder": (
-        lambda s, t: ["--output", "."],
-        "--output: expected the name of a new file, got '.'",
-    ),
-    "--output is the root": (lambda s, t: ["--output", "/"], "--output: expected the name of a new file, got '/'"),
     "--output ends with a slash": (
         lambda s, t: ["--output", f"{t}/new/"],
         "--output: expected the name of a new file, got ...",
@@ -342,7 +295,6 @@ REFUSALS = {
         _default_place(lambda s, t, place: _write(place, b"not a zip")),
         NOT_OWN,
     ),
-    "the default place is a folder": (_default_place(lambda s, t, place: place.mkdir(parents=True)), NOT_OWN),
     "the default place links to an archive": (_default_place(_link_to_own_archive), NOT_OWN),
     "dist is a file": (
         _default_place(lambda s, t, place: _write(place.parent, b"x")),
@@ -350,7 +302,7 @@ REFUSALS = {
     ),
     # --check refuses what must never ship as the build does (exit 2, not 1: a rebuild would not fix it).
     "--check on a notebook saved by JupyterLab 4.6": (
-        lambda s, t: [LANGUAGE_VERSION(s, t), "--check"][1:],
+        lambda s, t: [*_jupyter_saved(s, t), "--check"],
         NOT_GENERATED,
     ),
 }
@@ -389,10 +341,8 @@ STALE = {
     "two members changed": (lambda s: (make_stale(s), _write(s / "LICENSE.txt", b"MIT\n")), "LICENSE.txt, README.md"),
     "missing": (lambda s: (s / "MANIFEST.json").unlink(), "MANIFEST.json"),
     "not JSON": (lambda s: _write(s / "MANIFEST.json", b"{oops"), "MANIFEST.json"),
-    "not UTF-8": (lambda s: _write(s / "MANIFEST.json", b"\xff"), "MANIFEST.json"),
     "nested 100,000 deep": (lambda s: _write(s / "MANIFEST.json", b"[" * 100000), "MANIFEST.json"),
     "a JSON list": (lambda s: _write(s / "MANIFEST.json", b"[]"), "MANIFEST.json"),
-    "members not objects": (lambda s: _write(s / "MANIFEST.json", b'{"members": [1]}'), "MANIFEST.json"),
     "an entry without path": (lambda s: _write(s / "MANIFEST.json", b'{"members": [{}]}'), "MANIFEST.json"),
     "an extra member": (_manifest(lambda m: m["members"].append({"path": "extra.txt"})), "extra.txt"),
     "the note changed": (_manifest(lambda m: m.update(note="other")), "MANIFEST.json"),
@@ -412,23 +362,6 @@ def test_check_names_what_is_stale_and_writes_nothing(case, source, tmp_path, ca
     line = "" if stale is None else f"build_zip.py: MANIFEST.json is stale for {stale}: run python tools/build_zip.py\n"
     assert capsys.readouterr() == ("", line)
     assert tree_digest(tmp_path) == before
-
-
-@pytest.mark.whole_kit
-def test_check_passes_on_the_repository_in_a_new_process():
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "build_zip.py"), "--check"],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        timeout=60,
-    )
-    assert (completed.returncode, completed.stdout, completed.stderr) == (0, "", "")
-
-
-def test_the_build_judges_the_notebook_with_build_notebooks_own_generator(source):
-    script = (source / "mesure_memoire.py").read_bytes()
-    assert build_notebook.notebook_bytes(script) == (source / "mesure-memoire.ipynb").read_bytes()
 
 
 # --- the archive as a user gets it: extracted, verified with the README's commands, run ----------------
@@ -480,11 +413,22 @@ def verify(folder):
 
 
 @pytest.mark.whole_kit
-def test_an_extracted_archive_verifies_against_its_manifest(source, tmp_path):
+def test_an_extracted_archive_verifies_and_any_changed_or_missing_member_fails(source, tmp_path):
     folder = extract(source, tmp_path)
     assert sorted(path.name for path in folder.iterdir()) == SHIPPED
     completed = verify(folder)
     assert (completed.returncode, completed.stdout, completed.stderr) == (0, "OK\n", ""), completed
+    for member in SHIPPED:
+        if member != "MANIFEST.json":
+            data = (folder / member).read_bytes()
+            flipped = bytearray(data)
+            flipped[len(data) // 2] ^= 0x01
+            (folder / member).write_bytes(bytes(flipped))
+            changed = verify(folder)
+            assert (changed.returncode, changed.stdout) == (1, f"FAILED: {member}\n")
+            (folder / member).write_bytes(data)
+    (folder / "LICENSE.txt").unlink()
+    assert verify(folder).stdout == "FAILED: LICENSE.txt\n"
 
 
 README_WORD_BUDGET = 2200  # DEVELOPERS.md: the shipped README is a renter's read, at most 2,200 words
@@ -499,26 +443,6 @@ def test_the_verification_is_short():
     code = verification_code()
     assert len(code.splitlines()) <= 8
     assert max(len(line) for line in code.splitlines()) <= 130
-
-
-@pytest.mark.whole_kit
-def test_the_extracted_kit_works_as_a_new_user_would_use_it(source, tmp_path):
-    folder = extract(source, tmp_path)
-    package = subprocess.run(
-        [sys.executable, "calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2"],
-        capture_output=True,
-        text=True,
-        cwd=folder,
-        timeout=60,
-    )
-    assert package.returncode == 0
-    assert "364800 cents" in package.stdout
-    arguments = ["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]
-    estimate = subprocess.run(
-        [sys.executable, "-S", "mesure_memoire.py", *arguments], capture_output=True, text=True, cwd=folder, timeout=60
-    )
-    assert estimate.returncode == 0
-    assert "17.04 GiB" in estimate.stdout
 
 
 def readme_commands():
@@ -558,27 +482,9 @@ def test_every_readme_command_runs_in_the_extracted_folder(source, tmp_path):
     assert written >= {"mesures-petit-essai.json", "sweep-width", "plan.json"}
 
 
-@pytest.mark.whole_kit
-@pytest.mark.parametrize("member", [name for name in SHIPPED if name != "MANIFEST.json"])
-def test_flipping_one_byte_of_any_member_fails_the_verification(source, tmp_path, member):
-    folder = extract(source, tmp_path)
-    data = bytearray((folder / member).read_bytes())
-    data[len(data) // 2] ^= 0x01
-    (folder / member).write_bytes(bytes(data))
-    completed = verify(folder)
-    assert (completed.returncode, completed.stdout) == (1, f"FAILED: {member}\n")
-
-
 def test_the_verification_in_a_folder_without_manifest_is_one_line(tmp_path):
     completed = verify(tmp_path)
     assert (completed.returncode, completed.stdout, completed.stderr) == (1, "", "FAILED: no MANIFEST.json here\n")
-
-
-@pytest.mark.whole_kit
-def test_a_missing_member_fails_the_verification(source, tmp_path):
-    folder = extract(source, tmp_path)
-    (folder / "LICENSE.txt").unlink()
-    assert verify(folder).stdout == "FAILED: LICENSE.txt\n"
 
 
 # --- a full disk, a hard link, the kit missing (issue 42) -------------------------------------------------------
@@ -593,26 +499,6 @@ def kit_copy(tmp_path):
     for name in ("build_zip.py", "build_notebook.py"):
         shutil.copy(ROOT / "tools" / name, kit / "tools" / name)
     return kit
-
-
-@pytest.mark.whole_kit
-def test_on_a_full_disk_the_archive_at_its_place_stays_whole_and_the_next_build_runs(tmp_path):
-    kit = kit_copy(tmp_path)
-    tool = [sys.executable, str(kit / "tools" / "build_zip.py"), "--source", str(kit)]
-    assert subprocess.run(tool, capture_output=True, timeout=60).returncode == 0
-    archive = kit / "dist" / ARCHIVE
-    before = archive.read_bytes()
-    make_stale(kit)
-    manifest = (kit / "MANIFEST.json").read_bytes()
-    full = subprocess.run(tool, capture_output=True, text=True, timeout=60, preexec_fn=on_a_full_disk(32768))
-    assert full.returncode == 2, full.stderr
-    assert full.stderr.startswith("build_zip.py: error: cannot write ") and full.stderr.count("\n") == 1, full.stderr
-    assert archive.read_bytes() == before  # the previous archive, whole
-    assert (kit / "MANIFEST.json").read_bytes() == manifest
-    assert sorted(os.listdir(kit / "dist")) == [ARCHIVE]  # no temporary file left
-    again = subprocess.run(tool, capture_output=True, text=True, timeout=60)
-    assert again.returncode == 0, again.stderr
-    assert zipfile.ZipFile(archive).testzip() is None
 
 
 def test_an_archive_and_a_manifest_hard_linked_to_other_files_leave_those_files_alone(source, tmp_path):

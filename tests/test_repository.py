@@ -1,7 +1,6 @@
 """The repository's own consistency, run by ``python -m pytest`` like every other check: lint,
 formatting, the generated notebook, the manifest, and the line endings of the shipped files."""
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -10,20 +9,11 @@ import tokenize
 
 import pytest
 
+import build_notebook
+import build_zip
 from conftest import ROOT
 
 pytestmark = pytest.mark.whole_kit  # the mutation pass deselects these (see pyproject.toml)
-
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_notebook = _tool("build_notebook")
-build_zip = _tool("build_zip")
 
 
 def _ruff(*args):

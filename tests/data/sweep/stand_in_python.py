@@ -3,8 +3,7 @@
 Started as ``STAND-IN SCRIPT COMMAND OPTIONS...`` (through a small executable the tests write beside
 ``behaviours.json``), it logs its arguments to ``calls.log`` there and does what ``behaviours.json`` says:
 ``environment`` prints the environment given (or, with a "probe" behaviour, that exit status and
-output, or hangs, or with "limit-parent-processes": N lowers the sweep's process limit to N, then
-answers); ``measure`` looks up the varied value and writes a result copied from a template with
+output, or hangs); ``measure`` looks up the varied value and writes a result copied from a template with
 the sizes given ("write", printing a table as measure does) or a given file as it is ({"copy": FILE}),
 refuses ("exit2"; "exit2-bytes" with bytes that are not UTF-8), runs out of memory ("exit3"), exits 0
 or 1 without a word ("exit0", "exit1"), or hangs ("hang", after leaving a partial file in the
@@ -51,11 +50,6 @@ if command == "environment":
     probe = BEHAVIOURS.get("probe", {})
     if probe.get("hang"):
         time.sleep(120)
-    if "limit-parent-processes" in probe:  # the sweep's process limit lowered (ulimit -u), as if others took them
-        import resource
-
-        limit = probe["limit-parent-processes"]
-        resource.prlimit(os.getppid(), resource.RLIMIT_NPROC, (limit, limit))
     print(probe.get("stdout", json.dumps(BEHAVIOURS["environment"])))
     raise SystemExit(probe.get("exit", 0))
 given = {name: value for name, _, value in (option[2:].partition("=") for option in options)}  # --debug: ""

@@ -182,13 +182,13 @@ def read(uuid=UUID):
 
 CANNED = {
     "canned": (printing(f"{UUID}, {FIELDS}"), 121.53, ["gpu_idle"]),
-    "not available": (printing(f"{UUID}, 1980, 1980, [N/A], [Not Supported], 38, [N/A]"), None, None),
-    "two GPUs, the second measured": (
+    "not_available": (printing(f"{UUID}, 1980, 1980, [N/A], [Not Supported], 38, [N/A]"), None, None),
+    "two_gpus_the_second_measured": (
         printing(f"{OTHER_UUID}, 345, 1980, 75.00, 700.00, 30, 0x1", f"{UUID}, 1755, 1980, 699.12, 700.00, 61, 0x4"),
         699.12,
         ["sw_power_cap"],
     ),
-    "odd text": (printing(f"{UUID}, fast, 1980, nan, 700.00, 38, 0xZZ"), None, None),
+    "odd_text": (printing(f"{UUID}, fast, 1980, nan, 700.00, 38, 0xZZ"), None, None),
 }
 
 

@@ -23,7 +23,6 @@ from conftest import (
     host_memory,
     message_pattern,
     plan,
-    run_script,
 )
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
@@ -148,9 +147,6 @@ def test_the_fit_text_and_json_come_from_the_same_data(capsys):
     data = json.loads(capsys.readouterr().out)
     assert (data["fits"], data["largest"]) == (True, {"batch": 21841, "context": 349467, "width": 5007})
     assert (data["memory_gib"], data["memory_bytes"], data["needs_card_memory_bytes"]) == (3, 3 * GIB, 2416088576)
-    assert needs(batch=21841) <= 3 * GIB < needs(batch=21842)
-    assert needs(context=349467) <= 3 * GIB < needs(context=349468)
-    assert needs(width=5007) <= 3 * GIB < needs(width=5008)
 
 
 def test_the_fit_text_when_it_does_not_fit(capsys):
@@ -169,23 +165,6 @@ def test_the_fit_text_when_it_does_not_fit(capsys):
 def test_the_card_memory_is_written_in_plain_digits_however_small():
     plan_ = mesure_memoire.plan_with_fit(config(), "0.000000001")  # Decimal's str would write 1E-9
     assert mesure_memoire.format_fit(plan_).startswith("On a card of 0.000000001 GiB (1 bytes): does NOT fit")
-
-
-@pytest.mark.whole_kit
-def test_plan_memory_gib_runs_with_the_standard_library_alone(tmp_path):
-    completed = run_script(
-        "mesure_memoire.py",
-        *MEASURE_TRIAL,
-        "--plan",
-        "--memory-gib",
-        "3",
-        "--json",
-        python_flags=("-S", "-I"),
-        cwd=tmp_path,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert json.loads(completed.stdout)["largest"] == {"batch": 21841, "context": 349467, "width": 5007}
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_fit_says_what_largest_means():

@@ -256,7 +256,6 @@ def not_allowed(option, mode):
         (["--catalog", "", "--list"], MESSAGES["calculator: file name empty"].format(option="--catalog")),
         (["--catalog=", "--list"], MESSAGES["calculator: file name empty"].format(option="--catalog")),
         (["--results", ""], MESSAGES["calculator: file name empty"].format(option="--results")),
-        (["--gpu", "b200", "--days", "7", "--days", "3"], MESSAGES["option given twice"].format(option="--days")),
         (["--list", "--json", "--json"], MESSAGES["option given twice"].format(option="--json")),
     ],
     ids=plain_id,
@@ -689,7 +688,6 @@ HOSTILE_CATALOGS = {  # case -> (argv, fragment of the one stderr line)
     "model with a right-to-left override": (["--catalog", "rlo-model.csv", "--list"], "model holds a control"),
     "model with a NUL": (["--catalog", "nul-model.csv", "--list"], "model holds a control"),
     "two byte-order marks": (["--catalog", "bom.csv", "--list"], "line 1: bad header"),
-    "stray argument with a newline": (["--list", "a\nb"], "unrecognized arguments: a\\nb"),
     "gpu with a newline": (["--gpu", "h200\n", "--days", "7"], "unknown GPU 'h200\\n'"),
     "gpu not UTF-8": (["--gpu", "\udcff", "--days", "7"], "unknown GPU '\\udcff'"),
     "days with a newline": (["--gpu", "h200", "--days", "7\n"], "got '7\\n'"),
@@ -732,15 +730,6 @@ def test_a_catalog_that_could_block_is_refused_unread(tmp_path, case, flags):
     )
     assert_one_line_refusal(completed, "calcul_forfaits.py: error: ", fragment)
     assert tree_digest(tmp_path) == before
-
-
-def test_argv_that_is_not_utf8_is_shown_escaped(tmp_path):
-    argv = [sys.executable, str(ROOT / "calcul_forfaits.py"), b"--gpu", b"h\xff", b"--days", b"7"]
-    completed = subprocess.run(argv, capture_output=True, cwd=tmp_path, timeout=30)
-    assert (completed.returncode, completed.stdout) == (2, b"")
-    line = completed.stderr.decode("ascii")  # escaped: an ASCII line whatever the terminal
-    assert line.startswith("calcul_forfaits.py: error: --gpu: unknown GPU 'h\\udcff'")
-    assert line.count("\n") == 1
 
 
 # --- the grammar of values, the bounded reader, the cross-version behaviour ------------------------------
@@ -1012,14 +1001,3 @@ def test_the_answers_need_no_site_packages(tmp_path):
         "calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python, python_flags=("-S",), cwd=tmp_path
     )
     assert_one_line_refusal(refused, "'basic.csv': line 2: snapshot_date must be a date written YYYY-MM-DD")
-
-
-@pytest.mark.whole_kit
-def test_an_ascii_only_stdout_gets_a_non_ascii_catalog_name_escaped(tmp_path):
-    """PYTHONIOENCODING=ascii (or a C locale) is stdout's encoding, a real one: a new process."""
-    catalog = (ROOT / "tarifs-forfaits.csv").read_text(encoding="utf-8").replace("NVIDIA H200", "NVIDIA H200 é")
-    (tmp_path / "c.csv").write_text(catalog, encoding="utf-8")
-    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
-    completed = run_script("calcul_forfaits.py", "--catalog", "c.csv", "--list", cwd=tmp_path, env=env)
-    assert (completed.returncode, completed.stderr) == (0, "")
-    assert "NVIDIA H200 \\xe9" in completed.stdout

@@ -265,6 +265,11 @@ def test_bad_options_are_refused_in_one_whole_line(capsys, args, message):
     assert calculator_refusal(capsys, *args) == error_line(message, prog="calcul_forfaits.py")
 
 
+def test_a_flag_is_parsed_as_given():
+    """A flag's value is True (mutant parse_command_line_39, a flag parsed as False, is seen only here)."""
+    assert calcul_forfaits.parse_command_line(["--list", "--json"]) == ("--list", {"--list": True, "--json": True})
+
+
 HELP = """\
 usage: calcul_forfaits.py (--gpu SLUG --days N [--lots N] [--accepted-results N]
                           | --list [--days N] | --results FILE

@@ -864,3 +864,34 @@ def executed_notebook(tmp_path_factory):
         notebook, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(folder)}}
     ).execute()
     return folder, {cell.id: cell for cell in notebook.cells}, before
+
+
+# --- part "plan": counter records for the verdict rules (test_plan.py, test_plan_fit.py) ---------------------
+
+
+def hand_made_records(settings, workspace=0, extra=None):
+    """Records whose counters equal the prediction (plus a workspace after the first forward)."""
+    plan = mesure_memoire.memory_plan(settings)
+    records, allocated, requested = [], 0, 0
+    for predicted in plan["phases"]:
+        record = {
+            "phase": predicted["phase"],
+            "baseline_allocated_bytes": allocated,
+            "baseline_requested_bytes": requested,
+        }
+        for key in ("passes", "repetition"):
+            if key in predicted:
+                record[key] = predicted[key]
+        grown = workspace if predicted["phase"] == "cold_forward" else 0
+        record["end_allocated_bytes"] = allocated + grown + predicted["end_allocated_bytes"]
+        record["peak_allocated_bytes"] = allocated + grown + predicted["peak_allocated_bytes"]
+        record["end_requested_bytes"] = requested + grown + predicted["end_requested_bytes"]
+        record["peak_requested_bytes"] = requested + grown + predicted["peak_requested_bytes"]
+        for key, value in (extra or {}).get(len(records), {}).items():
+            record[key] += value
+        records.append(record)
+        allocated, requested = allocated + grown, requested + grown
+        if predicted["phase"] in ("model_load", "inputs"):
+            allocated += predicted["end_allocated_bytes"]
+            requested += predicted["end_requested_bytes"]
+    return records, plan

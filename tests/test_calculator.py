@@ -22,6 +22,7 @@ from conftest import (
     COST_RULE,
     MESSAGES,
     ROOT,
+    SHIPPED_ROOT,
     UnwritableStdout,
     assert_one_line_refusal,
     calculator_refusal,
@@ -159,16 +160,10 @@ def test_the_readme_example_and_what_the_readme_says_of_its_prices(capsys):
         assert fact in said, fact
 
 
-def test_the_readme_command_through_the_interpreter(tmp_path):
-    """One real process, from another folder: exit status 0, the catalog found beside the script."""
-    completed = run_script("calcul_forfaits.py", "--gpu", "b200", "--days", "7", "--lots", "2", cwd=tmp_path)
-    assert (completed.returncode, completed.stderr) == (0, "")
-    assert "364800 cents" in completed.stdout
-
-
 def test_json_output_and_null_cost_without_accepted_results(capsys):
     status, out, err = call(capsys, "--gpu", "B200", "--days", "7", "--lots", "2", "--json")
     assert status == 0, err
+    assert out.startswith('{\n  "gpu": "b200",\n  "model": "NVIDIA B200",\n')  # indented by two spaces
     assert json.loads(out) == {
         "gpu": "b200",
         "model": "NVIDIA B200",
@@ -191,17 +186,6 @@ def test_json_output_and_null_cost_without_accepted_results(capsys):
     assert json.loads(out)["accepted_results"] == 3
 
 
-def test_text_output_states_the_snapshot_limits(capsys):
-    status, out, _ = call(capsys, "--gpu", "h200", "--days", "30", "--accepted-results", "120")
-    assert status == 0
-    assert "snapshot of 2026-09-24" in out
-    assert "no hourly proration" in out
-    assert "proves neither current availability nor a reservation" in out
-    assert "check the offer shown before buying" in out
-    assert "= total price / 120 accepted results (rounded half-up to four significant digits or to the cent, " in out
-    assert "  cost per accepted result  18.53 USD = total price" in out  # 2223.00 USD / 120 = 18.525, half-up
-
-
 def test_positive_int_takes_positive_ints_and_their_digits_only():
     assert calcul_forfaits.positive_int("--lots", 3) == 3
     assert calcul_forfaits.positive_int("--lots", "12") == 12
@@ -216,12 +200,6 @@ def test_the_pricing_functions_refuse_a_prorated_duration():
     with pytest.raises(calcul_forfaits.PricingError) as refusal:
         calcul_forfaits.price_package(catalog, "b200", 5)
     assert str(refusal.value) == MESSAGES["calculator: --days not a duration"].format(value=5)
-
-
-def test_json_is_indented_by_two_spaces(capsys):
-    status, out, _ = call(capsys, "--gpu", "b200", "--days", "7", "--json")
-    assert status == 0
-    assert out.startswith('{\n  "gpu": "b200",\n  "model": "NVIDIA B200",\n')
 
 
 # --- the calculator's command line -----------------------------------------------------------------------
@@ -255,26 +233,13 @@ def not_allowed(option, mode):
         (["--gpu", "zzz", "--days", "7"], unknown_gpu("'zzz'")),
         (["--gpu", "", "--days", "7"], unknown_gpu("''")),
         (["--gpu", "h200", "--days", "5"], days_refused("'5'")),
-        (["--gpu", "h200", "--days", "0"], days_refused("'0'")),
-        (["--gpu", "h200", "--days", "-7"], days_refused("'-7'")),
-        (["--gpu", "h200", "--days", "7.0"], days_refused("'7.0'")),
         (["--gpu", "h200", "--days", "07"], days_refused("'07'")),
         (["--gpu", "h200", "--days", ""], days_refused("''")),
         (["--list", "--days", "5"], days_refused("'5'")),
         (["--gpu", "h200"], MESSAGES["calculator: --days required"].format(mode="--gpu")),
         (["--gpu", "h200", "--days", "7", "--lots", "0"], not_positive("--lots", "'0'")),
-        (["--gpu", "h200", "--days", "7", "--lots", "-1"], not_positive("--lots", "'-1'")),
-        (["--gpu", "h200", "--days", "7", "--lots", "1.5"], not_positive("--lots", "'1.5'")),
         (["--gpu", "h200", "--days", "7", "--lots", "9" * 31], not_positive("--lots", repr("9" * 31))),
-        (["--gpu", "h200", "--days", "7", "--lots", "02"], not_positive("--lots", "'02'")),
-        (["--gpu", "h200", "--days", "7", "--lots", ""], not_positive("--lots", "''")),
         (["--gpu", "h200", "--days", "7", "--accepted-results", "0"], not_positive("--accepted-results", "'0'")),
-        (["--gpu", "h200", "--days", "7", "--accepted-results", "-3"], not_positive("--accepted-results", "'-3'")),
-        (["--gpu", "h200", "--days", "7", "--accepted-results", "2.5"], not_positive("--accepted-results", "'2.5'")),
-        (
-            ["--gpu", "h200", "--days", "7", "--accepted-results", "many"],
-            not_positive("--accepted-results", "'many'"),
-        ),
         (["--list", "--lots", "2"], not_allowed("--lots", "--list")),
         (["--list", "--accepted-results", "2"], not_allowed("--accepted-results", "--list")),
         (["--list", "--gpu", "h200"], not_allowed("--gpu", "--list")),
@@ -292,8 +257,6 @@ def not_allowed(option, mode):
         (["--catalog", "", "--list"], MESSAGES["calculator: file name empty"].format(option="--catalog")),
         (["--catalog=", "--list"], MESSAGES["calculator: file name empty"].format(option="--catalog")),
         (["--results", ""], MESSAGES["calculator: file name empty"].format(option="--results")),
-        (["--results", "", "--json"], MESSAGES["calculator: file name empty"].format(option="--results")),
-        (["--gpu", "b200", "--days", "7", "--days", "3"], MESSAGES["option given twice"].format(option="--days")),
         (["--list", "--json", "--json"], MESSAGES["option given twice"].format(option="--json")),
     ],
     ids=plain_id,
@@ -302,21 +265,9 @@ def test_bad_options_are_refused_in_one_whole_line(capsys, args, message):
     assert calculator_refusal(capsys, *args) == error_line(message, prog="calcul_forfaits.py")
 
 
-def test_a_refusal_through_the_interpreter_has_status_2_and_one_line():
-    assert_one_line_refusal(run_script("calcul_forfaits.py", "--gpu", "h300", "--days", "7"), "unknown GPU 'h300'")
-
-
-def test_the_parsed_options():
-    parse = calcul_forfaits.parse_command_line
-    assert parse(["--list", "--json", "--days=7"]) == ("--list", {"--list": True, "--json": True, "--days": "7"})
-    assert parse(["--catalog", "c.csv", "--gpu=b200", "--days", "3", "--lots", "-1"]) == (
-        "--gpu",
-        {"--catalog": "c.csv", "--gpu": "b200", "--days": "3", "--lots": "-1"},
-    )
-    assert parse(["--catalog", "c.csv", "--results", "r.csv"]) == (
-        "--results",
-        {"--catalog": "c.csv", "--results": "r.csv"},
-    )
+def test_a_flag_is_parsed_as_given():
+    """A flag's value is True (mutant parse_command_line_39, a flag parsed as False, is seen only here)."""
+    assert calcul_forfaits.parse_command_line(["--list", "--json"]) == ("--list", {"--list": True, "--json": True})
 
 
 HELP = """\
@@ -438,21 +389,12 @@ def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
     assert status == 0
     lines = out.splitlines()
     assert len(lines) == 1 + 45 + 2
-    assert lines[0].split() == [
-        "gpu",
-        "model",
-        "memory_gb",
-        "PyTorch",
-        "GiB",
-        "gpus_per_lot",
-        "days",
-        "lot",
-        "price",
-        "per",
-        "GPU-day",
-    ]
+    assert " ".join(lines[0].split()) == "gpu model memory_gb PyTorch GiB gpus_per_lot days lot price per GPU-day"
     b200_7 = next(line for line in lines if line.startswith("b200 ") and " 7 " in line)
-    assert b200_7.split()[-2:] == ["130.29", "USD"]  # 1824.00 / (7 days x 2 GPUs) = 130.285..., half-up
+    # 1824.00 / (7 days x 2 GPUs) = 130.285..., half-up
+    assert b200_7.split() == ["b200", "NVIDIA", "B200", "180", "none", "2", "7", "1824.00", "USD", "130.29", "USD"]
+    h200 = next(line for line in lines if line.startswith("h200 "))
+    assert h200.split()[:5] == ["h200", "NVIDIA", "H200", "141", "139.80"]
     assert lines[-2] == "IteraGPU catalog snapshot of 2026-09-24; per GPU-day rounded half-up to the cent."
     assert lines[-1].startswith("memory_gb: as advertised; PyTorch GiB: total_memory as PyTorch reports it"), lines[-1]
     assert all(not line.endswith(" ") for line in lines)
@@ -463,17 +405,7 @@ def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
     assert {row["days"] for row in rows} == {7}
     assert [row["gpu"] for row in rows] == sorted(row["gpu"] for row in rows)
     assert next(row for row in rows if row["gpu"] == "b200")["usd_per_gpu_day"] == "130.29"
-
-
-def test_a_catalog_line_shows_every_column(capsys):
-    status, out, _ = call(capsys, "--list", "--days", "7")
-    b200 = next(line for line in out.splitlines() if line.startswith("b200 "))
-    assert status == 0
-    assert b200.split() == ["b200", "NVIDIA", "B200", "180", "none", "2", "7", "1824.00", "USD", "130.29", "USD"]
-    h200 = next(line for line in out.splitlines() if line.startswith("h200 "))
-    assert h200.split()[:5] == ["h200", "NVIDIA", "H200", "141", "139.80"]
-    status, out, _ = call(capsys, "--list", "--days", "7", "--json")
-    figures = {row["gpu"]: (row["memory_gb"], row["pytorch_total_memory_bytes"]) for row in json.loads(out)}
+    figures = {row["gpu"]: (row["memory_gb"], row["pytorch_total_memory_bytes"]) for row in rows}
     assert (figures["h200"], figures["b200"]) == ((141, 150109880320), (180, None))
 
 
@@ -523,27 +455,18 @@ CORRUPTIONS = {
         f"pytorch_total_memory_bytes of {GPU_LINE_2}",
     ),
     "decimal cents": (with_cell(2, "price_cents", b"9400.50"), "line 2", "price_cents"),
-    "negative cents": (with_cell(2, "price_cents", b"-9400"), "line 2", "price_cents"),
-    "empty cents": (with_cell(2, "price_cents", b""), "line 2", "price_cents"),
-    "spaced cents": (with_cell(2, "price_cents", b"9 400"), "line 2", "price_cents"),
-    "signed cents": (with_cell(2, "price_cents", b"+9400"), "line 2", "price_cents"),
     "zero cents": (with_cell(2, "price_cents", b"0"), "line 2", "price_cents"),
-    "31-digit cents": (with_cell(2, "price_cents", b"1" * 31), "line 2", "price_cents"),
-    "arabic-indic cents": (with_cell(2, "price_cents", "١٢٣".encode()), "line 2", "price_cents"),
     "inconsistent lot size": (with_cell(3, "gpus_per_lot", b"2"), "line 3", f"gpus_per_lot of {GPU_LINE_2}"),
     "inconsistent model": (with_cell(3, "model", b"Other"), "line 3", f"model of {GPU_LINE_2}"),
     "prorated duration": (with_cell(2, "days", b"5"), "line 2", "days"),
     "other currency on one row": (with_cell(5, "currency", b"EUR"), "line 5", "currency must be USD"),
     "lower-case currency": (with_cell(2, "currency", b"usd"), "line 2", "currency must be USD"),
-    "other snapshot": (with_cell(5, "snapshot_date", b"2026-09-25"), "line 5", "snapshot_date differs"),
     "other snapshot on line 3": (
         with_cell(3, "snapshot_date", b"2026-09-25"),
         "line 3",
         "snapshot_date differs from the first row's (2026-09-24)",
     ),
     "bad date": (with_cell(2, "snapshot_date", b"24/09/2026"), "line 2", "snapshot_date"),
-    "basic ISO date": (with_cell(2, "snapshot_date", b"20260924"), "line 2", "snapshot_date"),
-    "week date": (with_cell(2, "snapshot_date", b"2026-W39-4"), "line 2", "snapshot_date"),
     "no such day": (with_cell(2, "snapshot_date", b"2026-02-29"), "line 2", "snapshot_date"),
     "bad header": (
         GOOD.replace(b"price_cents", b"price_usd", 1),
@@ -557,7 +480,6 @@ CORRUPTIONS = {
     "header only": (HEADER + b"\n", "", "0 rows"),
     "not UTF-8": (GOOD.replace(b"NVIDIA A40", b"NVIDIA A4\xe9"), "", "not UTF-8"),
     "upper-case slug": (GOOD.replace(b"\nl4,", b"\nL4,"), "line", "slug"),
-    "slug with a double hyphen": (GOOD.replace(b"\nrtx-4090,", b"\nrtx--4090,"), "line", "slug"),
     "unclosed quote": (with_cell(2, "model", b'"NVIDIA'), "line 2", "malformed CSV"),
     "model with surrounding spaces": (with_cell(2, "model", b" NVIDIA X"), "line 2", "model must be"),
 }
@@ -571,15 +493,6 @@ def test_a_corrupted_catalog_is_refused_naming_file_line_and_reason(tmp_path, ca
     line = calculator_refusal(capsys, "--catalog", "prices.csv", "--gpu", "h200", "--days", "7")
     for fragment in ("'prices.csv': ", where, reason, "; nothing computed"):
         assert fragment in line, (fragment, line)
-
-
-def test_the_shipped_catalog_parses_to_its_rows():
-    catalog = calcul_forfaits.load_catalog()
-    assert [tuple(t) for t in catalog] == [calcul_forfaits.CATALOG_COLUMNS] * 45
-    rows = csv_rows()
-    assert [{k: "" if v is None else str(v) for k, v in t.items()} for t in catalog] == rows
-    assert {type(t["price_cents"]) for t in catalog} == {int}
-    assert {type(t["model"]) for t in catalog} == {str}
 
 
 def test_crlf_line_ends_and_a_missing_final_newline_are_accepted(tmp_path, capsys):
@@ -626,14 +539,15 @@ def test_a_catalog_without_pytorch_figures_loads_and_every_card_rests_on_its_nom
 def test_the_catalog_s_pytorch_figures_are_the_maintainers_record_s():
     """validation/card-memory.md gives each card's figure, or none, with its source; the H200's is the project's
     own run's total_memory."""
-    record = (ROOT / "validation" / "card-memory.md").read_text(encoding="utf-8")
+    record = (SHIPPED_ROOT / "validation" / "card-memory.md").read_text(encoding="utf-8")  # not in mutmut's copy
     rows = {row["gpu"]: row for row in csv_rows() if row["days"] == "3"}
     for gpu, row in rows.items():
         line = next((line for line in record.splitlines() if line.startswith(f"| `{gpu}` |")), None)
         assert line is not None, gpu
         figure = row["pytorch_total_memory_bytes"]
         assert (f"| {int(figure):,} |" if figure else "| none |") in line, (gpu, line)
-    evidence = json.loads((ROOT / "validation/h200-2026-12-04/rerun/m-float16.json").read_text(encoding="utf-8"))
+    evidence = (SHIPPED_ROOT / "validation/h200-2026-12-04/rerun/m-float16.json").read_text(encoding="utf-8")
+    evidence = json.loads(evidence)
     assert evidence["environment"]["gpu"]["name"] == "NVIDIA H200"
     assert int(rows["h200"]["pytorch_total_memory_bytes"]) == evidence["environment"]["gpu"]["total_memory_bytes"]
 
@@ -747,16 +661,12 @@ HOSTILE_FILES = {  # name -> bytes (a regular file), or a callable that makes so
     "folder": os.mkdir,
     "zero.csv": lambda path: os.symlink("/dev/zero", path),
     "big.csv": GOOD * (LIMIT // len(GOOD) + 1),
-    "basic-date.csv": every_row("snapshot_date", "20260924"),
-    "week-date.csv": every_row("snapshot_date", "2026-W39-4"),
     "wide-digits.csv": every_row("snapshot_date", "２０２６-09-24"),
-    "euro.csv": every_row("currency", "EUR"),
     "newline-model.csv": GOOD.replace(b",NVIDIA H200,", b',"NVIDIA\nH200",'),
     "escape-model.csv": GOOD.replace(b",NVIDIA H200,", b",NVIDIA \x1b[2JH200,"),
     "rlo-model.csv": GOOD.replace(b",NVIDIA H200,", ",NVIDIA \u202eH200,".encode()),
     "nul-model.csv": GOOD.replace(b",NVIDIA H200,", b",NVIDIA \x00H200,"),
     "bom.csv": b"\xef\xbb\xbf" * 2 + GOOD,  # one byte order mark is skipped (test_results.py), not two
-    "latin1.csv": GOOD.replace(b"NVIDIA H200", b"NVIDIA H200 \xe9"),
 }
 
 
@@ -779,24 +689,16 @@ HOSTILE_CATALOGS = {  # case -> (argv, fragment of the one stderr line)
     "a folder": (["--catalog", "folder", "--list"], "'folder': " + MESSAGES["not a regular file"]),
     "name with a newline": (["--catalog", "a\nb.csv", "--list"], "'a\\nb.csv': cannot be read"),
     "name with a NUL": (["--catalog", "a\0b.csv", "--list"], "'a\\x00b.csv': cannot be read"),
-    "snapshot 20260924": (["--catalog", "basic-date.csv", "--list"], "line 2: snapshot_date must be a date"),
-    "snapshot 2026-W39-4": (["--catalog", "week-date.csv", "--list"], "line 2: snapshot_date"),
     "snapshot in wide digits": (["--catalog", "wide-digits.csv", "--list"], "line 2: snapshot_date"),
-    "in EUR": (["--catalog", "euro.csv", "--gpu", "h200", "--days", "7"], "line 2: currency must be USD"),
     "model with a newline": (["--catalog", "newline-model.csv", "--list"], "line 20: malformed CSV"),
     "model with an escape": (["--catalog", "escape-model.csv", "--list"], "model holds a control"),
     "model with a right-to-left override": (["--catalog", "rlo-model.csv", "--list"], "model holds a control"),
     "model with a NUL": (["--catalog", "nul-model.csv", "--list"], "model holds a control"),
     "two byte-order marks": (["--catalog", "bom.csv", "--list"], "line 1: bad header"),
-    "not UTF-8": (["--catalog", "latin1.csv", "--list"], "not UTF-8"),
-    "stray argument with a newline": (["--list", "a\nb"], "unrecognized arguments: a\\nb"),
     "gpu with a newline": (["--gpu", "h200\n", "--days", "7"], "unknown GPU 'h200\\n'"),
     "gpu not UTF-8": (["--gpu", "\udcff", "--days", "7"], "unknown GPU '\\udcff'"),
     "days with a newline": (["--gpu", "h200", "--days", "7\n"], "got '7\\n'"),
     "lots in Arabic-Indic digits": (["--gpu", "h200", "--days", "7", "--lots", "٢"], "got '٢'"),
-    "lots with spaces": (["--gpu", "h200", "--days", "7", "--lots", " 2 "], "--lots"),
-    "lots with an underscore": (["--gpu", "h200", "--days", "7", "--lots", "1_0"], "--lots"),
-    "lots in superscript": (["--gpu", "h200", "--days", "7", "--lots", "²"], "--lots"),
     "accepted results with a newline": (["--gpu", "h200", "--days", "7", "--accepted-results", "1\n2"], "'1\\n2'"),
     "flag given a value with a newline": (["--list", "--json=a\nb"], "ignored explicit argument 'a\\nb'"),
 }
@@ -837,27 +739,12 @@ def test_a_catalog_that_could_block_is_refused_unread(tmp_path, case, flags):
     assert tree_digest(tmp_path) == before
 
 
-def test_argv_that_is_not_utf8_is_shown_escaped(tmp_path):
-    argv = [sys.executable, str(ROOT / "calcul_forfaits.py"), b"--gpu", b"h\xff", b"--days", b"7"]
-    completed = subprocess.run(argv, capture_output=True, cwd=tmp_path, timeout=30)
-    assert (completed.returncode, completed.stdout) == (2, b"")
-    line = completed.stderr.decode("ascii")  # escaped: an ASCII line whatever the terminal
-    assert line.startswith("calcul_forfaits.py: error: --gpu: unknown GPU 'h\\udcff'")
-    assert line.count("\n") == 1
-
-
 # --- the grammar of values, the bounded reader, the cross-version behaviour ------------------------------
 
 
 @pytest.mark.parametrize(
     ("rule", "accepted", "refused"),
     [
-        ("is_whole", ["1", "9" * 30, "10", "402"], ["", "0", "01", "-1", "+1", "1.0", " 1", "1_0", "٢", "²", "9" * 31]),
-        (
-            "is_number",
-            ["0", "2", "2.5", "0.75", "10.0", "123"],
-            ["", ".5", "2.", "1.2.3", "-1", "1e3", "2,5", "٢.5", " 1"],
-        ),
         (
             "is_date",
             ["2026-09-24", "2024-02-29", "2000-02-29", "0001-01-01", "2026-12-31", "2026-04-30"],
@@ -929,40 +816,24 @@ def test_every_month_has_its_length():
 
 # --- the snapshot itself -------------------------------------------------------------------------
 
-# Typical on-demand USD per GPU-hour, 2025-2026 (public hourly rates, ranges only; no one provider's price).
+# Memory (GB) and typical on-demand USD per GPU-hour, 2025-2026 (public hourly rates, ranges only; no one
+# provider's price).
 TYPICAL_ON_DEMAND = {
-    "a100-80gb": (1.2, 2.0),
-    "a40": (0.35, 0.6),
-    "b200": (4.0, 6.5),
-    "b300": (5.5, 8.0),
-    "h100-pcie": (1.9, 2.6),
-    "h100-sxm": (2.0, 3.5),
-    "h200": (3.0, 4.5),
-    "l4": (0.4, 0.8),
-    "l40s": (0.8, 1.3),
-    "mi300x": (1.5, 2.6),
-    "rtx-4090": (0.3, 0.7),
-    "rtx-5090": (0.7, 1.1),
-    "rtx-6000-ada": (0.7, 1.0),
-    "rtx-a6000": (0.4, 0.8),
-    "rtx-pro-6000": (1.5, 2.0),
-}
-MEMORY_GB = {
-    "a100-80gb": 80,
-    "a40": 48,
-    "b200": 180,
-    "b300": 288,
-    "h100-pcie": 80,
-    "h100-sxm": 80,
-    "h200": 141,
-    "l4": 24,
-    "l40s": 48,
-    "mi300x": 192,
-    "rtx-4090": 24,
-    "rtx-5090": 32,
-    "rtx-6000-ada": 48,
-    "rtx-a6000": 48,
-    "rtx-pro-6000": 96,
+    "a100-80gb": (80, 1.2, 2.0),
+    "a40": (48, 0.35, 0.6),
+    "b200": (180, 4.0, 6.5),
+    "b300": (288, 5.5, 8.0),
+    "h100-pcie": (80, 1.9, 2.6),
+    "h100-sxm": (80, 2.0, 3.5),
+    "h200": (141, 3.0, 4.5),
+    "l4": (24, 0.4, 0.8),
+    "l40s": (48, 0.8, 1.3),
+    "mi300x": (192, 1.5, 2.6),
+    "rtx-4090": (24, 0.3, 0.7),
+    "rtx-5090": (32, 0.7, 1.1),
+    "rtx-6000-ada": (48, 0.7, 1.0),
+    "rtx-a6000": (48, 0.4, 0.8),
+    "rtx-pro-6000": (96, 1.5, 2.0),
 }
 
 
@@ -979,14 +850,14 @@ def test_the_snapshot_is_a_plausible_line_up():
     rows = csv_rows()
     assert len(rows) == 45
     assert {row["gpu"] for row in rows} == set(TYPICAL_ON_DEMAND)
-    assert {row["gpu"]: int(row["memory_gb"]) for row in rows} == MEMORY_GB
+    assert {row["gpu"]: int(row["memory_gb"]) for row in rows} == {gpu: t[0] for gpu, t in TYPICAL_ON_DEMAND.items()}
     assert {row["snapshot_date"] for row in rows} == {"2026-09-24"}
     assert {row["currency"] for row in rows} == {"USD"}
     assert all(int(row["price_cents"]) % 100 == 0 for row in rows)  # whole dollars, as a rate card shows them
     assert {row["gpu"]: row["gpus_per_lot"] for row in rows if row["gpus_per_lot"] != "1"} == {"b200": "2"}
     for gpu, hourly in per_gpu_hour().items():
         assert hourly[3] > hourly[7] > hourly[30], gpu  # longer packages cost less per GPU-hour
-        low, high = TYPICAL_ON_DEMAND[gpu]
+        _, low, high = TYPICAL_ON_DEMAND[gpu]
         assert low <= hourly[3] <= high, (gpu, float(hourly[3]))  # a prepaid block is not dearer than on demand
         assert hourly[30] >= Fraction(low) * Fraction(6, 10), (gpu, float(hourly[30]))
     per_day = {}
@@ -1087,6 +958,7 @@ def test_the_protocol_holds_each_required_element():
         "rental_id",
     ):
         assert element in protocol, element
+    assert COST_RULE.replace("total price / accepted results, ", "") in " ".join(protocol.split())
     assert protocol.count("____") >= 15  # blanks to fill, not answers
     assert protocol.rstrip().endswith("```console\npython calcul_forfaits.py --results mes-resultats.csv\n```")
 
@@ -1136,19 +1008,3 @@ def test_the_answers_need_no_site_packages(tmp_path):
         "calcul_forfaits.py", "--catalog", "basic.csv", "--list", python=python, python_flags=("-S",), cwd=tmp_path
     )
     assert_one_line_refusal(refused, "'basic.csv': line 2: snapshot_date must be a date written YYYY-MM-DD")
-
-
-@pytest.mark.whole_kit
-def test_an_ascii_only_stdout_gets_a_non_ascii_catalog_name_escaped(tmp_path):
-    """PYTHONIOENCODING=ascii (or a C locale) is stdout's encoding, a real one: a new process."""
-    catalog = (ROOT / "tarifs-forfaits.csv").read_text(encoding="utf-8").replace("NVIDIA H200", "NVIDIA H200 é")
-    (tmp_path / "c.csv").write_text(catalog, encoding="utf-8")
-    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
-    completed = run_script("calcul_forfaits.py", "--catalog", "c.csv", "--list", cwd=tmp_path, env=env)
-    assert (completed.returncode, completed.stderr) == (0, "")
-    assert "NVIDIA H200 \\xe9" in completed.stdout
-
-
-def test_the_protocol_states_the_calculator_s_cost_rounding():
-    protocol = " ".join((ROOT / "protocole-qualite.md").read_text(encoding="utf-8").split())
-    assert "rounded half-up to four significant digits or to the cent, whichever is finer" in protocol

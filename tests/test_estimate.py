@@ -13,34 +13,12 @@ import mesure_memoire
 from conftest import (
     MESSAGES,
     ROOT,
-    assert_one_line_refusal,
+    assert_one_line,
     error_line,
     kit_error_of,
     message_pattern,
     plain_id,
-    run_script,
 )
-
-
-def test_reference_example_from_the_readme():
-    completed = run_script(
-        "mesure_memoire.py", "estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"
-    )
-    assert completed.returncode == 0, completed.stderr
-    out = completed.stdout
-    assert "14000000000" in out
-    assert "13.04 GiB" in out
-    assert "14.00 GB" in out
-    assert "17.04 GiB" in out
-    assert "not a measured reserve" in out
-    for item in mesure_memoire.NOT_INCLUDED_IN_ESTIMATE:
-        assert item in out
-    assert "does not predict whether a real model fits" in out
-    assert "GB (10**9 bytes)" in out
-    assert "GiB (2**30 bytes)" in out
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "python mesure_memoire.py estimate --parameters 7000000000 --bits 16 --reserve-gib 4\n" in readme
-    assert "14000000000 bytes, 13.04 GiB (14.00 GB), and 17.04 GiB in total" in readme
 
 
 @pytest.mark.parametrize(
@@ -54,65 +32,18 @@ def test_bits_round_up_to_whole_bytes(bits, expected_bytes_per_parameter):
     assert isinstance(estimate["weight_bytes"], int)
 
 
-def test_gib_and_gb_are_exact_decimals():
-    estimate = mesure_memoire.estimate_weights(2**30, 8, "0.5")
-    assert estimate["weight_gib"] == 1
-    assert estimate["weight_gb"] == Decimal("1.073741824")
-    assert estimate["total_gib"] == Decimal("1.5")
-
-
-def test_the_largest_accepted_inputs_are_shown_exactly():
-    parameters, bits = "9" * 30, "9" * 30
-    completed = run_script(
-        "mesure_memoire.py", "estimate", "--parameters", parameters, "--bits", bits, "--reserve-gib", "0.005"
-    )
-    assert completed.returncode == 0, completed.stderr
-    weight_bytes = int(parameters) * -(-int(bits) // 8)
-    total = Fraction(weight_bytes, 2**30) + Fraction(5, 1000)
-    hundredths = (total * 100 + Fraction(1, 2)).__floor__()  # half-up, independently of Decimal
-    assert f"total                 {hundredths // 100}.{hundredths % 100:02d} GiB" in completed.stdout
-    assert f"weight bytes          {weight_bytes}" in completed.stdout
-
-
-def test_json_output_carries_the_same_figures():
-    completed = run_script(
-        "mesure_memoire.py", "estimate", "--parameters", "7000000000", "--bits", "12", "--reserve-gib", "4", "--json"
-    )
-    assert completed.returncode == 0, completed.stderr
-    data = json.loads(completed.stdout)
-    assert data["parameters"] == 7000000000
-    assert data["bits"] == 12
-    assert data["bytes_per_parameter"] == 2
-    assert data["weight_bytes"] == 14000000000
-    assert data["weight_gib"] == 13.038516  # 14e9 / 2**30, half-up to 6 decimals
-    assert data["weight_gb"] == 14.0
-    assert data["reserve_gib"] == 4.0
-    assert data["total_gib"] == 17.038516
-    assert "hypothesis" in data["reserve_is"]
-
-
 @pytest.mark.parametrize(
     ("args", "option"),
     [
-        (["--parameters", "0", "--bits", "16"], "--parameters"),
-        (["--parameters", "-5", "--bits", "16"], "--parameters"),
-        (["--parameters", "1.5", "--bits", "16"], "--parameters"),
         (["--parameters", "7e9", "--bits", "16"], "--parameters"),
         (["--parameters", "nan", "--bits", "16"], "--parameters"),
         (["--parameters", "inf", "--bits", "16"], "--parameters"),
-        (["--parameters", "", "--bits", "16"], "--parameters"),
-        (["--parameters", "1_000", "--bits", "16"], "--parameters"),
         (["--parameters", "10", "--bits", "0"], "--bits"),
-        (["--parameters", "10", "--bits", "-8"], "--bits"),
-        (["--parameters", "10", "--bits", "8.0"], "--bits"),
-        (["--parameters", "10", "--bits", "16", "--reserve-gib", "-1"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "nan"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "inf"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "-inf"], "--reserve-gib"),
-        (["--parameters", "10", "--bits", "16", "--reserve-gib", "four"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "1e30"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "1e999999"], "--reserve-gib"),
-        (["--parameters", "1" + "0" * 30, "--bits", "16"], "--parameters"),
         (["--bits", "16"], "--parameters"),
         (["--parameters", "10"], "--bits"),
     ],
@@ -121,15 +52,7 @@ def test_bad_input_is_refused_in_one_line(args, option, capsys):
     assert mesure_memoire.main(["estimate", *args]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    lines = captured.err.splitlines()
-    assert len(lines) == 1
-    assert option in lines[0]
-    assert lines[0].startswith("mesure_memoire.py: error:")
-
-
-def test_refusal_from_the_command_line_has_no_traceback():
-    completed = run_script("mesure_memoire.py", "estimate", "--parameters", "1\n2", "--bits", "16")
-    assert_one_line_refusal(completed, "--parameters", "'1\\n2'")
+    assert_one_line(captured.err, "error: ", option)
 
 
 @pytest.mark.whole_kit
@@ -186,18 +109,7 @@ def test_json_gives_gib_and_gb_to_exactly_six_decimals_at_every_size(parameters,
 
 @pytest.mark.parametrize(
     ("reserve", "expected"),
-    [
-        ("4", "4"),
-        ("0.5", "0.5"),
-        ("10.05", "10.05"),
-        ("0", "0"),
-        ("0.0", "0"),
-        (4, "4"),
-        (0.25, "0.25"),
-        (Decimal("1.5"), "1.5"),
-        ("0." + "1" * 30, "0." + "1" * 30),
-        ("9" * 30, "9" * 30),
-    ],
+    [("0.0", "0"), (4, "4"), (0.25, "0.25"), (Decimal("1.5"), "1.5"), ("9" * 30, "9" * 30)],
 )
 def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
     value = mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
@@ -207,50 +119,12 @@ def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
 
 @pytest.mark.parametrize(
     "reserve",
-    [
-        "-0",
-        "-0.0",
-        "+1",
-        " 1",
-        "1 ",
-        "1_0",
-        "٤",
-        "1e1",
-        "0x1",
-        "..5",
-        "",
-        ".",
-        True,
-        "4.",
-        ".5",
-        "007",
-        "00.5",
-        "1.2.3",
-        -1,
-        -0.0,
-        float("nan"),
-        1e30,
-        None,
-        "0." + "1" * 31,
-        "1" * 31,
-    ],
+    ["-0.0", "..5", True, -1, -0.0, float("nan"), 1e30, None, "1" * 31],  # texts of every kind: test_numbers.py
     ids=plain_id,
 )
 def test_one_number_grammar_refuses_the_rest(reserve):
     said = MESSAGES["number >= 0"].format(option="--reserve-gib", value=mesure_memoire.quoted(reserve))
     assert kit_error_of(mesure_memoire.non_negative_decimal, "--reserve-gib", reserve) == said
-
-
-def test_to_json_writes_what_json_dumps_writes_except_for_decimals():
-    data = {"a": [1, 2.5, None, True, {}, [], 'é\n"x"'], "b": {"c": {"d": []}}, "e": "", "f": [[{}]]}
-    assert mesure_memoire.to_json(data) == json.dumps(data, indent=2) + "\n"
-    assert mesure_memoire.to_json({"x": Decimal("2.5"), "y": [Decimal(10) ** 25]}) == (
-        '{\n  "x": 2.500000,\n  "y": [\n    10000000000000000000000000.000000\n  ]\n}\n'
-    )
-    with pytest.raises(TypeError):
-        mesure_memoire.to_json({"x": object()})
-    with pytest.raises(TypeError):
-        mesure_memoire.to_json({"x": Decimal("NaN")})
 
 
 def test_whole_numbers_take_ascii_digits_and_an_upper_bound():
@@ -352,20 +226,6 @@ def test_non_negative_decimal_message_and_value():
         assert re.fullmatch(message_pattern("number >= 0", option="--r"), said), value
 
 
-# --- messages on one line ------------------------------------------------------------------------------------
-
-
-def test_shown_shortens_past_the_limit_only():
-    assert (
-        mesure_memoire.quoted("y" * 79) == "'" + "y" * 59 + "..." + "y" * 11 + "' (79 characters)"
-    )  # 81 with the quotes
-    assert mesure_memoire.quoted("abcdefghij", limit=12) == "'abcdefghij'"
-    assert mesure_memoire.quoted(12345) == "12345"
-    assert mesure_memoire.name_as_typed("z" * 80) == "z" * 80
-    assert mesure_memoire.name_as_typed(b"x.json") == "b'x.json'"
-    assert mesure_memoire.name_as_typed("bad\n.json") == "'bad\\n.json'"
-
-
 # --- the estimate, in-process ---------------------------------------------------------------------------------
 
 ESTIMATE_TEXT = """\
@@ -392,6 +252,9 @@ def test_estimate_text_rounds_halves_up(capsys):
 
 
 def test_estimate_text_of_the_readme_example(capsys):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "python mesure_memoire.py estimate --parameters 7000000000 --bits 16 --reserve-gib 4\n" in readme
+    assert "14000000000 bytes, 13.04 GiB (14.00 GB), and 17.04 GiB in total" in readme
     assert mesure_memoire.main(["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:7] == [
@@ -464,6 +327,15 @@ def test_to_json_indents_nested_containers_and_decimals():
     assert mesure_memoire.to_json("é") == '"\\u00e9"\n'
     with pytest.raises(TypeError):
         mesure_memoire.to_json([Decimal("Infinity")])
+    data = {"a": [1, 2.5, None, True, {}, [], 'é\n"x"'], "b": {"c": {"d": []}}, "e": "", "f": [[{}]]}
+    assert mesure_memoire.to_json(data) == json.dumps(data, indent=2) + "\n"
+    assert mesure_memoire.to_json({"x": Decimal("2.5"), "y": [Decimal(10) ** 25]}) == (
+        '{\n  "x": 2.500000,\n  "y": [\n    10000000000000000000000000.000000\n  ]\n}\n'
+    )
+    with pytest.raises(TypeError):
+        mesure_memoire.to_json({"x": object()})
+    with pytest.raises(TypeError):
+        mesure_memoire.to_json({"x": Decimal("NaN")})
 
 
 def test_shown_quotes_escapes_and_shortens_user_values():
@@ -477,6 +349,14 @@ def test_shown_quotes_escapes_and_shortens_user_values():
     for odd in (" lead.json", "trail.json ", "tab\t.json", "z" * 81, "\u202egnp.json"):
         assert mesure_memoire.name_as_typed(odd).startswith("'"), odd
     assert mesure_memoire.one_line("a\nb\r\tc\x1b\u2028é") == "a\\nb\\r\\tc\\x1b\\u2028é"
+    assert (
+        mesure_memoire.quoted("y" * 79) == "'" + "y" * 59 + "..." + "y" * 11 + "' (79 characters)"
+    )  # 81 with the quotes
+    assert mesure_memoire.quoted("abcdefghij", limit=12) == "'abcdefghij'"
+    assert mesure_memoire.quoted(12345) == "12345"
+    assert mesure_memoire.name_as_typed("z" * 80) == "z" * 80
+    assert mesure_memoire.name_as_typed(b"x.json") == "b'x.json'"
+    assert mesure_memoire.name_as_typed("bad\n.json") == "'bad\\n.json'"
 
 
 def test_the_options_reach_the_estimate_with_its_default_reserve(capsys):

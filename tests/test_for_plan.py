@@ -3,14 +3,12 @@
 
 import csv
 import io
-import itertools
 import json
 import subprocess
 import sys
 
 import pytest
 
-import calcul_forfaits
 import mesure_memoire
 from conftest import (
     MESSAGES,
@@ -92,26 +90,9 @@ def test_each_card_is_judged_on_pytorch_s_figure_or_marked_as_resting_on_the_nom
     assert cards["h200"]["pytorch_total_memory_bytes"] == 150109880320  # the project's own H200 run
     status, text, _ = call_calculator(capsys, "--for-plan", path, "--days", "7")
     lines = text.splitlines()
-    header = lines[2]
-    assert "memory GB" in header and "PyTorch GiB" in header and "memory GiB" not in header
-    h200 = next(line for line in lines if line.startswith("h200 "))
-    assert h200.split()[:6] == ["h200", "NVIDIA", "H200", "141", "139.80", "yes"], h200
-    h100_pcie = next(line for line in lines if line.startswith("h100-pcie "))
-    assert h100_pcie.split()[:7] == ["h100-pcie", "NVIDIA", "H100", "PCIe", "80", "none", "no*"], h100_pcie
     nominal = [row["gpu"] for row in catalog_rows(7) if not row["pytorch_total_memory_bytes"]]
     marked = [line.split()[0] for line in lines[3:18] if "yes*" in line.split() or "no*" in line.split()]
     assert sorted(marked) == sorted(nominal) and nominal, "every answer resting on a nominal figure is marked"
-    assert any(line.startswith("*: no PyTorch figure recorded") for line in lines), lines
-
-
-def test_at_a_card_s_exact_figure_it_holds_the_run_and_one_byte_more_does_not(tmp_path, capsys):
-    """The H200's total_memory to the byte (139.80 GiB written to two decimals is about 773 kB short of it)."""
-    path = tmp_path / "plan.json"
-    for needs, fits, room in ((150109880320, True, 0), (150109880321, False, -1)):
-        path.write_text(plan_text(needs_card_memory_bytes=needs))
-        status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "7", "--json")
-        h200 = next(card for card in json.loads(out)["cards"] if card["gpu"] == "h200")
-        assert (status, h200["fits"], h200["room_bytes"]) == (0, fits, room)
 
 
 def exact_gib(memory_bytes):
@@ -192,16 +173,6 @@ def test_a_plan_with_memory_gib_and_standard_input(tmp_path, capsys, monkeypatch
     assert out.startswith("Plan: batch 2, context 128, width 60000")
     assert "One GPU per run, 30-day packages;" in out
     assert "Lot price: one lot for 30 days" in out
-
-
-def test_the_smallest_run_fits_every_card_and_the_cheapest_comes_first(tmp_path, capsys):
-    path, _ = plan_file(tmp_path, capsys, run=["measure", "--plan"])
-    status, out, _ = call_calculator(capsys, "--for-plan", path, "--days", "3", "--json")
-    cards = json.loads(out)["cards"]
-    prices = [c["lot_price_cents"] for c in cards]
-    assert all(c["fits"] for c in cards)
-    assert prices == sorted(prices)
-    assert len(cards) == 15
 
 
 def plan_text(**changes):
@@ -303,8 +274,6 @@ def test_the_options_of_for_plan(tmp_path, capsys):
 
     said = MESSAGES["calculator: --days required"].format(mode="--for-plan")
     assert calculator_refusal(capsys, "--for-plan", path) == refused(said)
-    said = MESSAGES["calculator: --days not a duration"].format(value="'5'")
-    assert calculator_refusal(capsys, "--for-plan", path, "--days", "5") == refused(said)
     said = MESSAGES["calculator: not allowed with"].format(option="--lots", mode="--for-plan")
     assert calculator_refusal(capsys, "--for-plan", path, "--days", "7", "--lots", "2") == refused(said)
     said = MESSAGES["calculator: file name empty"].format(option="--for-plan")
@@ -338,7 +307,12 @@ def test_standard_input_without_end_is_refused_after_its_bound(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_standard_input_is_bounded_and_may_be_missing(capsys, monkeypatch):
+class UnreadableStdin:
+    def read(self, size):
+        raise OSError(5, "Input/output error")
+
+
+def test_standard_input_is_bounded_and_may_be_missing_or_unreadable(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b" " * (2**20 + 1))))
     assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
         MESSAGES["calculator: nothing computed"].format(
@@ -352,6 +326,13 @@ def test_standard_input_is_bounded_and_may_be_missing(capsys, monkeypatch):
     assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
         MESSAGES["calculator: nothing computed"].format(
             what="standard input", reason=MESSAGES["calculator: cannot be read"].format(error="AttributeError")
+        ),
+        prog="calcul_forfaits.py",
+    )
+    monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": UnreadableStdin()})())
+    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
+        MESSAGES["calculator: nothing computed"].format(
+            what="standard input", reason=MESSAGES["calculator: cannot be read"].format(error="Input/output error")
         ),
         prog="calcul_forfaits.py",
     )
@@ -376,20 +357,6 @@ def test_at_exactly_the_needed_memory_a_card_holds_the_run_and_rounding_is_half_
     assert l4_line.split()[3:11] == ["24", "none", "no*", "0.12", "short", "0.13", "short", "1"], l4_line
 
 
-def test_an_unreadable_standard_input_is_refused_in_one_line(capsys, monkeypatch):
-    class Unreadable:
-        def read(self, size):
-            raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": Unreadable()})())
-    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
-        MESSAGES["calculator: nothing computed"].format(
-            what="standard input", reason=MESSAGES["calculator: cannot be read"].format(error="Input/output error")
-        ),
-        prog="calcul_forfaits.py",
-    )
-
-
 def test_the_readme_s_for_plan_example_on_the_readme_s_plan(tmp_path, capsys, monkeypatch):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     plan_line = next(line for line in readme.splitlines() if line.endswith(" --plan --json > plan.json"))
@@ -405,12 +372,3 @@ def test_the_readme_s_for_plan_example_on_the_readme_s_plan(tmp_path, capsys, mo
     status, out, err = call_calculator(capsys, "--for-plan", "plan.json", "--days", "7")
     assert (status, err) == (0, "")
     assert out.startswith("Plan: batch 2, context 128, width 1024, float32;")
-
-
-def test_the_help_says_which_figure_for_plan_judges_on(capsys):
-    assert calcul_forfaits.main(["--help"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    first = next(number for number, line in enumerate(lines) if line.startswith("  --for-plan FILE"))
-    following = itertools.takewhile(lambda line: not line.startswith("  -"), lines[first + 1 :])  # its own lines
-    entry = " ".join(" ".join([lines[first], *following]).split())
-    assert "PyTorch" in entry and "--memory-gib" in entry, entry

@@ -4,7 +4,6 @@ import copy
 import importlib.util
 import itertools
 import json
-import re
 
 import pytest
 import torch
@@ -23,10 +22,9 @@ from conftest import (
     NO_PER_CALL,
     ROOT,
     RecordingCudaStandIn,
-    assert_one_line_refusal,
     config,
     error_line,
-    message_pattern,
+    hand_made_records,
     plain_id,
     plain_ids,
     plan,
@@ -56,14 +54,7 @@ HAND_COUNTS = [
         (4096, 32768, 4096, 32768),
         132608 + 4096 + ALLOWANCE + 32768,
     ),
-    # 2 bytes: weights 32768 + 512 + 32768 + 128 (-> 512); input 2048; hidden 8192 each
-    (
-        (1, 16, 64, "float16"),
-        (66176, 66176, 66560, 66560),
-        (2048,) * 4,
-        (2048, 16384, 2048, 16384),
-        66560 + 2048 + ALLOWANCE + 16384,
-    ),
+    # 2 bytes (bfloat16, as float16): weights 32768 + 512 + 32768 + 128 (-> 512); input 2048; hidden 8192 each
     (
         (1, 16, 64, "bfloat16"),
         (66176, 66176, 66560, 66560),
@@ -83,13 +74,6 @@ HAND_COUNTS = [
     # 2 bytes: weights 72 + 24 + 72 + 6; input 90; hidden 360 each (512)
     (
         (3, 5, 3, "bfloat16"),
-        (174, 174, 2048, 2048),
-        (90, 90, 512, 512),
-        (90, 720, 512, 1024),
-        2048 + 512 + ALLOWANCE + 1024,
-    ),
-    (
-        (3, 5, 3, "float16"),
         (174, 174, 2048, 2048),
         (90, 90, 512, 512),
         (90, 720, 512, 1024),
@@ -182,37 +166,6 @@ def test_plan_json_in_process_writes_nothing(tmp_path, monkeypatch, capsys):
     assert tree_digest(tmp_path) == before == {}
 
 
-def test_plan_text_comes_from_the_same_data(capsys):
-    assert mesure_memoire.main([*MEASURE_TRIAL, "--plan"]) == 0
-    text = capsys.readouterr().out
-    assert (
-        text
-        == mesure_memoire.format_plan(
-            mesure_memoire.memory_plan(mesure_memoire.measure_config("cuda:0", 1, 16, 64, "float32", 1, 2, 0))
-        )
-        + "\n"
-    )
-    lines = text.splitlines()
-    assert lines[2].split() == [
-        "phase",
-        "end",
-        "req",
-        "MiB",
-        "peak",
-        "req",
-        "MiB",
-        "end",
-        "alloc",
-        "MiB",
-        "peak",
-        "alloc",
-        "MiB",
-    ]
-    assert lines[5].split() == ["cold_forward", "0.004", "0.031", "0.004", "0.031"]
-    assert "Predicted peak allocated: 268604928 bytes = 0.25 GiB, in cold_forward" in text
-    assert "1342346752 bytes = 1.25 GiB free" in text
-
-
 @pytest.mark.whole_kit
 def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
     completed = run_script("mesure_memoire.py", *MEASURE_TRIAL, "--plan", "--json", python_flags=("-S",), cwd=tmp_path)
@@ -220,9 +173,6 @@ def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
     assert completed.stderr == ""
     assert json.loads(completed.stdout)["predicted_peak_allocated_bytes"] == 268604928
     assert list(tmp_path.iterdir()) == []
-    completed = run_script("mesure_memoire.py", *MEASURE_TRIAL, "--plan", python_flags=("-S",), cwd=tmp_path)
-    assert completed.returncode == 0, completed.stderr
-    assert "Predicted peak allocated: 268604928 bytes" in completed.stdout
 
 
 @pytest.mark.parametrize(
@@ -323,15 +273,6 @@ def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.whole_kit
-def test_plan_refuses_a_bad_dimension_like_measure_from_the_command_line(tmp_path):
-    completed = run_script(
-        "mesure_memoire.py", *MEASURE_TRIAL[:7], "--width", "0", "--plan", python_flags=("-S",), cwd=tmp_path
-    )
-    assert_one_line_refusal(completed, MESSAGES["positive whole number"].format(option="--width", value="'0'"))
-    assert list(tmp_path.iterdir()) == []
-
-
 # --- the fit check (stand-in GPU) --------------------------------------------------------------------
 
 
@@ -376,32 +317,6 @@ def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu,
     assert MESSAGES["shrink context"] in err
 
 
-def test_the_fit_check_passes_at_exactly_the_needed_memory(stand_in_gpu):
-    stand_in_gpu()
-    predicted = plan(8, 1024, 4096, "bfloat16")
-    environment = mesure_memoire.collect_environment("cuda:0")
-    environment["gpu"]["mem_get_info_free_bytes"] = predicted["needs_free_bytes"]
-    assert mesure_memoire.fit_problem(predicted, environment) is None
-    environment["gpu"]["mem_get_info_free_bytes"] = None  # mem_get_info failed: the announced total is used
-    environment["gpu"]["total_memory_bytes"] = predicted["needs_free_bytes"] - 1
-    pattern = message_pattern("predicted peak does not fit", source="announced in total (mem_get_info failed)")
-    assert re.fullmatch(pattern, mesure_memoire.fit_problem(predicted, environment))
-
-
-@pytest.mark.parametrize(
-    ("arguments", "advice"),
-    [
-        (["--width", "30000"], MESSAGES["shrink width"]),
-        (["--batch", "40000", "--context", "8", "--width", "512"], MESSAGES["shrink batch"]),
-        (["--batch", "1", "--context", "400000", "--width", "512"], MESSAGES["shrink context"]),
-    ],
-)
-def test_the_refusal_names_the_dimension_to_shrink(stand_in_gpu, monkeypatch, tmp_path, capsys, arguments, advice):
-    code, err = fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, 4 * 2**30, *arguments)
-    assert code == 2
-    assert re.fullmatch(error_line(message_pattern("predicted peak does not fit", advice=advice)), err), err
-
-
 def test_the_readme_plan_command_and_figures_match_the_code(capsys):
     from conftest import ROOT
 
@@ -441,8 +356,9 @@ Not included: the CUDA/ROCm context, the BLAS handles and kernel code, which the
 reserved memory above allocated (the allocator's segments)."""
 
 
-def test_the_plan_text_exactly():
-    assert mesure_memoire.format_plan(mesure_memoire.memory_plan(config(warmup=3))) == PLAN_TEXT
+def test_the_plan_text_exactly(capsys):
+    assert mesure_memoire.main([*MEASURE_TRIAL[:-4], "--warmup", "3", "--repeats", "2", "--plan"]) == 0
+    assert capsys.readouterr().out == PLAN_TEXT + "\n"
 
 
 def test_the_plan_command_passes_each_option_to_its_place(capsys):
@@ -482,16 +398,6 @@ def test_the_plan_command_passes_each_option_to_its_place(capsys):
         "seed": 13,
         "sustained_seconds": None,
     }
-
-
-def test_the_plan_refusals_exactly(capsys):
-    base = ["measure", "--device", "cuda:0"]
-    assert mesure_memoire.main([*base, "--plan", "--output", "x.json"]) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["--plan with --output"])
-    assert mesure_memoire.main([*base, "--json", "--output", "x.json"]) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["--json without --plan"])
-    assert mesure_memoire.main(base) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["--output required unless --plan"])
 
 
 # --- the fit check -----------------------------------------------------------------------------------
@@ -567,26 +473,6 @@ def fit_plan(weights, peak, batch=1, context=1):
 def test_the_advice_names_what_dominates(weights, peak, batch, context, advice):
     message = mesure_memoire.fit_problem(fit_plan(weights, peak, batch, context), fit_environment(GIB))
     assert message.endswith(": " + advice)
-
-
-def test_the_plans_phases_count_repetitions_from_one():
-    phases = mesure_memoire.memory_plan(config(warmup=4, repeats=3))["phases"]
-    labels = [(r["phase"], {key: r[key] for key in ("passes", "repetition") if key in r}) for r in phases]
-    assert labels == [
-        ("model_load", {}),
-        ("inputs", {}),
-        ("cold_forward", {}),
-        ("warmup", {"passes": 4}),
-        ("warm_forward", {"repetition": 1}),
-        ("warm_forward", {"repetition": 2}),
-        ("warm_forward", {"repetition": 3}),
-    ]
-    assert mesure_memoire.phase_names(config(warmup=0, repeats=1)) == [
-        "model_load",
-        "inputs",
-        "cold_forward",
-        "warm_forward",
-    ]
 
 
 def test_the_synthetic_model_description_exactly():
@@ -951,34 +837,6 @@ def test_a_model_that_keeps_its_activations_is_caught(monkeypatch):
 # --- the verdict rules, on hand-made records ------------------------------------------------------
 
 
-def hand_made_records(settings, workspace=0, extra=None):
-    """Records whose counters equal the prediction (plus a workspace after the first forward)."""
-    plan = mesure_memoire.memory_plan(settings)
-    records, allocated, requested = [], 0, 0
-    for predicted in plan["phases"]:
-        record = {
-            "phase": predicted["phase"],
-            "baseline_allocated_bytes": allocated,
-            "baseline_requested_bytes": requested,
-        }
-        for key in ("passes", "repetition"):
-            if key in predicted:
-                record[key] = predicted[key]
-        grown = workspace if predicted["phase"] == "cold_forward" else 0
-        record["end_allocated_bytes"] = allocated + grown + predicted["end_allocated_bytes"]
-        record["peak_allocated_bytes"] = allocated + grown + predicted["peak_allocated_bytes"]
-        record["end_requested_bytes"] = requested + grown + predicted["end_requested_bytes"]
-        record["peak_requested_bytes"] = requested + grown + predicted["peak_requested_bytes"]
-        for key, value in (extra or {}).get(len(records), {}).items():
-            record[key] += value
-        records.append(record)
-        allocated, requested = allocated + grown, requested + grown
-        if predicted["phase"] in ("model_load", "inputs"):
-            allocated += predicted["end_allocated_bytes"]
-            requested += predicted["end_requested_bytes"]
-    return records, plan
-
-
 def test_a_workspace_is_measured_not_assumed():
     records, plan = hand_made_records(config(), workspace=8 * 2**20 + 128 * 2**10)
     checked, check, workspace = mesure_memoire.check_against_plan(records, plan)
@@ -1063,10 +921,12 @@ def test_without_requested_counters_the_allocated_ones_decide_the_verdict():
     assert check == {"agrees": True, "disagreements": [], "not_checked": []}
     assert workspace["requested_bytes"] is None
     assert workspace["measured_bytes"] == 0
-    # Where no counter at all can be checked (cudaMallocAsync), the verdict says so.
-    checked, check, _ = mesure_memoire.check_against_plan(records, plan, None, "cudaMallocAsync", None)
-    assert {r["verdict"] for r in checked} == {"not checked"}
-    assert len(check["not_checked"]) == len(checked)
+    # A counter off is still caught by the allocated ones.
+    records[1]["end_allocated_bytes"] += 512
+    checked, check, _ = mesure_memoire.check_against_plan(records, plan)
+    assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
+    assert [r["verdict"] for r in checked] == ["agrees", "disagrees"] + ["agrees"] * (len(checked) - 2)
+    assert check["not_checked"] == []
 
 
 def measured_on_the_cpu(monkeypatch, settings):
@@ -1186,14 +1046,3 @@ def test_the_first_forward_s_peaks_are_checked_with_the_measured_workspace():
         assert check["agrees"] is agrees, change
         if not agrees:
             assert check["disagreements"][0]["difference_bytes"] == -512
-
-
-def test_without_requested_counters_the_allocated_ones_are_still_checked():
-    records, plan = hand_made_records(config(), extra={1: {"end_allocated_bytes": 512}})
-    for record in records:
-        record["baseline_requested_bytes"] = record["end_requested_bytes"] = record["peak_requested_bytes"] = None
-    checked, check, _ = mesure_memoire.check_against_plan(records, plan)
-    assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
-    assert checked[1]["verdict"] == "disagrees"
-    assert [r["verdict"] for i, r in enumerate(checked) if i != 1] == ["agrees"] * (len(checked) - 1)
-    assert check["not_checked"] == []

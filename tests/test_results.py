@@ -158,35 +158,12 @@ def test_a_rental_with_several_runs_counts_its_price_once(folder, capsys):
     assert status == 0, err
     lines = text.splitlines()
     assert lines[0] == "Rentals, cheapest accepted result first; quality metric exact match, threshold 0.9:"
-    assert lines[1].split() == [
-        "rental_id",
-        "gpu",
-        "days",
-        "lots",
-        "GPUs",
-        "total",
-        "price",
-        "runs",
-        "submitted",
-        "accepted",
-        "per",
-        "accepted",
-        "result",
-    ]
-    assert lines[2].split() == [
-        "rent-1",
-        "h100-sxm",
-        "7",
-        "2",
-        "2",
-        cents(h100),
-        "USD",
-        "2",
-        "200",
-        "97",
-        half_up_cost(Fraction(h100, 100 * 97)),
-        "USD",
-    ]
+    assert (
+        " ".join(lines[1].split())
+        == "rental_id gpu days lots GPUs total price runs submitted accepted per accepted result"
+    )
+    cost = half_up_cost(Fraction(h100, 100 * 97))
+    assert " ".join(lines[2].split()) == f"rent-1 h100-sxm 7 2 2 {cents(h100)} USD 2 200 97 {cost} USD"
     assert lines[3].split()[0] == "rent-2"
     assert lines[4:] == [
         "Each rental's whole price counts once, however many runs it hosted: IteraGPU catalog snapshot of "
@@ -271,8 +248,6 @@ REFUSALS = {
     "old template header": (dict(header=",".join(c for c in COLUMNS if c != "rental_id")), [], "bad header"),
     "duplicate run_id": ({}, [row(), row()], "line 3: duplicate run_id 'r1' (first on line 2)"),
     "malformed date": ({}, [row(date_utc="2026-10-05 09:00")], "line 2: date_utc must be"),
-    "no such time": ({}, [row(date_utc="2026-10-05T24:00:00Z")], "line 2: date_utc"),
-    "no such day": ({}, [row(date_utc="2026-02-30T09:00:00Z")], "line 2: date_utc"),
     "malformed fixed-on date": ({}, [row(threshold_fixed_on="20261001")], "line 2: threshold_fixed_on must be"),
     "malformed number": ({}, [row(units_submitted="1e3")], "line 2: units_submitted must be a whole number"),
     "negative units": ({}, [row(units_accepted="-1")], "line 2: units_accepted must be"),
@@ -615,14 +590,6 @@ def test_a_table_the_terminal_cannot_encode_is_written_escaped(folder, capsys, m
     assert (status, capsys.readouterr().err) == (0, "")
     ascii_out.flush()
     assert "rent-\\xe9" in ascii_out.buffer.getvalue().decode("ascii")
-
-
-def test_help_lists_the_columns_results_reads_in_the_template_s_order(capsys):
-    """The columns of the blank template, in its order, on one line of --help (argparse wraps at spaces only)."""
-    assert calcul_forfaits.main(["--help"]) == 0
-    help_text = " ".join(capsys.readouterr().out.split())
-    header = (ROOT / "resultats-bruts.csv").read_text(encoding="utf-8").strip()
-    assert ", ".join(header.split(",")) in help_text
 
 
 def test_the_protocol_runs_results_on_the_renter_s_filled_copy_not_the_blank_template():

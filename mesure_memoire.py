@@ -234,11 +234,6 @@ def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
 
 
 # >>> notebook: PyTorch's answers: its failures, its texts kept by an allow-list
-# What a call into PyTorch may raise that is a failure of that call, not an interruption (Ctrl-C, SIGTERM pass):
-# SystemExit and GeneratorExit raised inside PyTorch are its failures too, never the kit's exit.
-PYTORCH_FAILURES = (Exception, SystemExit, GeneratorExit)
-
-
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 
 
@@ -336,7 +331,7 @@ def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
         return function()
     except KitError:
         raise
-    except PYTORCH_FAILURES as exc:
+    except Exception as exc:
         if failure is not None:
             raise failure(what, exc) from None
         if field_errors is not None and not isinstance(exc, AttributeError):
@@ -581,7 +576,7 @@ def import_torch():
             import torch
 
             pytorch = all(hasattr(torch, name) for name in ("cuda", "backends", "version"))
-    except PYTORCH_FAILURES as exc:  # ImportError, or OSError from a missing shared library
+    except Exception as exc:  # ImportError, or OSError from a missing shared library
         # Its message may quote an environment variable's value (TORCH_LOGS) or a path: not recorded.
         PyTorchStderr.note(exc)
         return None, f'{type(exc).__name__} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
@@ -747,7 +742,7 @@ def allocator_settings(torch, field_errors, backend):
         return None
     try:
         parsed = _parsed_allocator_settings(torch)
-    except PYTORCH_FAILURES:  # PyTorch's message may quote the settings' text: it is not kept
+    except Exception:  # PyTorch's message may quote the settings' text: it is not kept
         field_errors["allocator_settings"] = ALLOCATOR_REFUSED
         return None
     return None if parsed is None else {"backend": backend, **parsed}
@@ -757,7 +752,7 @@ def _parsed_allocator_settings(torch):
     # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on), beside their text, which is not read.
     try:
         recorded = torch.cuda.memory._snapshot()["allocator_settings"]
-    except PYTORCH_FAILURES as exc:  # a private API this build lacks or cannot answer: null
+    except Exception as exc:  # a private API this build lacks or cannot answer: null
         if describe_error(exc) == ALLOCATOR_REFUSED:
             raise
         return None
@@ -2283,8 +2278,7 @@ def _measurement_failed(torch, config, failure):
     dimensions = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
     error = failure.error
     PyTorchStderr.note(error)  # out of memory too: --debug shows PyTorch's message
-    out_of_memory = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
-    if isinstance(error, out_of_memory) or "out of memory" in str(error).lower():
+    if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
         return MeasurementFailed(
             f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
             "nothing written; shrink one dimension and retry in a new process"

@@ -2319,11 +2319,13 @@ def _phase_label(record):
     return label
 
 
-def _table(rows):
+def _table(rows, left=(0,)):
+    """``rows`` of text as aligned columns: those in ``left`` to the left, the others to the right."""
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return "\n".join(
         "  ".join(
-            cell.ljust(widths[0]) if column == 0 else cell.rjust(widths[column]) for column, cell in enumerate(row)
+            cell.ljust(widths[column]) if column in left else cell.rjust(widths[column])
+            for column, cell in enumerate(row)
         ).rstrip()
         for row in rows
     )
@@ -2785,16 +2787,7 @@ def format_report(data):
         *(f"warm {word} ms" for word in WARM_FIGURES),
         *("drift", "positions/s*", "GFLOP/s*", "flags"),
     )
-    rows = [header, *map(_report_cells, data["results"])]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
-    left = {0, 1, 2, len(header) - 1}
-    lines = [
-        "  ".join(
-            cell.ljust(widths[column]) if column in left else cell.rjust(widths[column])
-            for column, cell in enumerate(row)
-        ).rstrip()
-        for row in rows
-    ]
+    lines = [_table([header, *map(_report_cells, data["results"])], left=(0, 1, 2, len(header) - 1))]
     lines += device_wide_lines(data["results"])
     lines += sustained_lines(data["results"])
     lines += [

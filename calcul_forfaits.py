@@ -959,9 +959,8 @@ class Once(argparse.Action):
 
 
 class GuardedStdout:
-    """sys.stdout while a command runs.  A write or flush that fails (a closed pipe, a full disk, descriptor 1
-    closed at start-up: no stream) raises GuardedStdout.Failed, which the command line tells from the command's
-    own errors (argparse would swallow an OSError while printing the help): failed() then says it, exit 1."""
+    """sys.stdout while a command runs: a failed write or flush raises GuardedStdout.Failed (argparse would
+    swallow an OSError while printing the help), exit 1."""
 
     class Failed(Exception):
         pass
@@ -1024,11 +1023,7 @@ def _terminated(signal_number, frame):
 
 
 def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
-    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
-
-    ``command`` parses and runs; it returns None (success) or a status.  PricingError: its one line and
-    its exit_code; argparse's own exit (--help): its status; an unwritable stdout: 1; Ctrl-C: 130; SIGTERM: 143.
-    """
+    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit."""
     import signal
 
     guarded = sys.stdout = GuardedStdout(sys.stdout)

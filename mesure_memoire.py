@@ -174,9 +174,7 @@ def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
 
 
 def non_negative_decimal(option, value):
-    """Return ``value`` as an exact Decimal >= 0: a whole number (is_whole_number_text), then optionally "."
-    and ASCII digits, at most MAX_DIGITS digits on each side (a string, an int, or a float whose repr
-    is written so)."""
+    """Return ``value`` as an exact Decimal >= 0, written as the number grammar says."""
     text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
     whole, point, fraction = text.partition(".")
     written = is_whole_number_text(whole) and (ascii_digits(fraction) or not point)  # a second point is not a digit
@@ -205,10 +203,7 @@ def as_notebook_message(error):
 
 
 def exact_context():
-    """A decimal context wide enough that no accepted input is ever rounded before display.
-
-    (The default 28 digits would round, or fail to quantize, the largest accepted figures.)
-    """
+    """A decimal context wide enough that no accepted input is rounded (the default 28 digits would)."""
     return localcontext(Context(prec=200))
 
 
@@ -296,9 +291,8 @@ def kept_text(message, patterns):
 
 
 def describe_error(exc, withheld="text withheld"):
-    """An error as "Type: text", the text only what the kit allows: an OS error's number and the system's
-    description of it (never its file names), the kit's own message, a known PyTorch message's part; else the
-    type and "(text withheld)" (``withheld``: those words).  --debug shows the error whole (PyTorchStderr)."""
+    """An error as "Type: text", the text only what the kit allows (an OS error's number and
+    os.strerror, never its file names; the allow-list's part), else "(text withheld)"."""
     PyTorchStderr.note(exc)
     name = type(exc).__name__
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
@@ -316,17 +310,13 @@ def describe_error(exc, withheld="text withheld"):
 
 
 def pytorch_failure(what, exc, kind=KitError):
-    """The kit's failure for ``exc``, which a call into PyTorch raised: a ``kind`` (KitError, exit 2, or
-    MeasurementFailed, 3) whose one line names what failed (a step, a phase), what the kit keeps of the error
-    and what the failure leaves (its exit status's ending)."""
+    """The ``kind`` of the kit's failure for ``exc``, raised in PyTorch by ``what``: one line."""
     return kind(f"{what}: {describe_error(exc, f'text withheld; {DEBUG_SHOWS_IT}')}; {kind.nothing_written}")
 
 
 def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
-    """The one path for a call into PyTorch: ``function()``'s value.  What PyTorch raises in it (not Ctrl-C, not the
-    kit's own refusal) is raised as ``failure(what, error)`` (pytorch_failure: the kit's line naming ``what``, a
-    step; PhaseFailed: a phase, which measure words); with no ``failure``, the value is None, and the error's kept
-    line goes in ``field_errors[what]`` where given (a field; an API this version lacks, AttributeError: none)."""
+    """``function()``'s value; what PyTorch raises in it is raised as ``failure(what, error)``, or with no
+    ``failure``, the value is None and the error's kept line goes in ``field_errors[what]`` (AttributeError: none)."""
     try:
         return function()
     except KitError:
@@ -394,11 +384,8 @@ def kept_stderr_line(line):
 
 
 class PyTorchStderr:
-    """``with PyTorchStderr(show):`` what is written on the process's stderr meanwhile (PyTorch's C++ side writes on
-    descriptor 2 directly, at its import and in its calls: ANSI escapes, paths, settings' values) goes into a
-    pipe that a thread drains; each line is kept by the allow-list in PYTORCH_WARNINGS, as "stderr: ...".  With
-    ``show`` (--debug, the notebook's DEBUG), that text whole and each PyTorch failure described meanwhile, with
-    its traceback, are written on the terminal at the end: never into a file or a JSON output."""
+    """``with PyTorchStderr(show):`` descriptor 2 (where PyTorch's C++ side writes: paths, settings' values) is
+    drained from a pipe, each line kept by the allow-list; ``show`` (--debug): the text whole on the terminal."""
 
     LIMIT_BYTES = 2**16  # what a line-by-line reading keeps; beyond it, drained and dropped
     current = None  # the capture under way, which describe_error tells of each failure
@@ -507,11 +494,7 @@ def pytorch_text(name, value):
 
 # >>> notebook: 1. Weight-memory estimate (arithmetic only, no GPU)
 def estimate_weights(parameters, bits, reserve_gib=0):
-    """Weight bytes of ``parameters`` values stored on ``bits`` bits each, plus a reserve.
-
-    Bits are rounded up to whole bytes per parameter.  GiB and GB figures are exact
-    Decimals; the outputs round them half-up (2 decimals in text, 6 in JSON).
-    """
+    """Weight bytes of ``parameters`` values on ``bits`` bits each (rounded up to whole bytes), plus a reserve."""
     parameters = whole_number("--parameters", parameters, 1)
     bits = whole_number("--bits", bits, 1)
     reserve = non_negative_decimal("--reserve-gib", reserve_gib)
@@ -584,9 +567,8 @@ def import_torch():
 
 
 def torch_release_warning(version):
-    """Refuse (KitError) a PyTorch release older than OLDEST_TORCH.  Returns a warning line when ``version``
-    does not start with MAJOR.MINOR (the run is measured all the same), else None.  Only the leading digits
-    count, so vendor builds ("2.4.0a0+git…", "2.8.0+rocm6.3") are the release they name."""
+    """Refuse a PyTorch older than OLDEST_TORCH; a warning line when ``version`` does not start with
+    MAJOR.MINOR.  Only the leading digits count ("2.4.0a0+git…" is 2.4)."""
     import re
 
     found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
@@ -615,12 +597,8 @@ SETTINGS = (
 
 
 def collect_environment(device, debug=False):
-    """What this process sees: Python, OS, PyTorch and the chosen GPU (``device``, as the user wrote it).
-
-    Reads no environment variable and records no hostname, user name, path, GPU UUID
-    or serial number.  Each query that fails leaves null and a line in ``field_errors``.
-    ``debug``: PyTorch's own text on the terminal too (PyTorchStderr).
-    """
+    """What this process sees: Python, OS, PyTorch and the GPU ``device``; each failed query is null and a
+    line in ``field_errors``."""
     index = device_index(device)
     with CapturedWarnings(), PyTorchStderr(debug):
         environment = environment_of(device, index)
@@ -1087,11 +1065,8 @@ def let_signals_through(held):
 
 
 def start_child(command, **options):
-    """(subprocess.Popen(command, **options), the mask to let through) with SIGINT and SIGTERM held until Popen
-    returns: one landing between fork and exec would be raised inside Popen, which would never hand the child
-    over, and the child would outlive its parent.  The caller's try, whose clean-up stops the child, starts with
-    let_signals_through.  The child starts with the two blocked (the mask survives exec): the kit's main unblocks
-    them first."""
+    """(Popen(command, **options), the mask to let through), SIGINT and SIGTERM held until Popen returns: one
+    landing between fork and exec would leave the child without its parent's clean-up."""
     import subprocess
 
     held = hold_signals()
@@ -1196,10 +1171,8 @@ def card_reader(cuda, index):
 
 
 def sustained_run(cuda, device, forward, records, seconds, read_card_state, clock=time.perf_counter_ns):
-    """(the sustained section, the card's state in its last window); (None, None) unless ``seconds``.  Forwards back
-    to back for about ``seconds`` after the warm repetitions (their lines among ``records``), in windows of about
-    WINDOW_NS at their pace: a CUDA event between windows, no synchronization until the end, so that the queue
-    never drains; the card read from a thread while the last window is in flight."""
+    """(the sustained section, the card's state in its last window); (None, None) unless ``seconds``.  No
+    synchronization between windows (CUDA events only), so that the queue never drains."""
     import threading
 
     if not seconds:
@@ -1228,9 +1201,8 @@ def sustained_run(cuda, device, forward, records, seconds, read_card_state, cloc
 
 
 def sustained_section(run, window_ms, warm):
-    """The result's sustained section: the time per forward of each window; the steady value (the last half's
-    median); whether steady (each of that half within STEADY_TOLERANCE; None under three windows there); its
-    ratio to the warm repetitions' device median."""
+    """The windows' time per forward, the steady value (the last half's median), whether steady (each
+    within STEADY_TOLERANCE; None under three windows) and its ratio to the warm device median."""
     with exact_context():
         per_forward = [abs(Decimal(repr(ms))) / run["forwards_per_window"] for ms in window_ms]
         half = per_forward[len(per_forward) // 2 :]
@@ -1464,11 +1436,8 @@ def _predicted_levels(names, tensor_bytes):
 
 
 def memory_plan(config, model=None):
-    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under PyTorch's
-    default allocator settings.  Requested bytes are exact; allocated bytes use the allocator's 512-byte
-    rounding, a block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``); figures are relative to each
-    phase's baseline.  The first forward's BLAS workspace is measured, not predicted:
-    ``predicted_peak_allocated_bytes`` counts a named allowance for it.  ``model``: synthetic_model(config)."""
+    """What each phase should do to the allocator, from arithmetic alone, under PyTorch's default allocator
+    settings; the first forward's BLAS workspace is an allowance, measured by measure."""
     model = model or synthetic_model(config)
     tensor_bytes = _tensor_bytes(config, model)
     levels = _predicted_levels(phase_names(config), tensor_bytes)
@@ -1567,10 +1536,8 @@ def card_memory_bytes(memory_gib):
 
 
 def largest_that_fits(config, memory_bytes, dimension):
-    """The largest whole value of ``dimension`` (the others as in ``config``) whose plan needs at most
-    ``memory_bytes``; None when even 1 does not fit.  The plan grows with each dimension: doubling finds a
-    value that does not fit, then halving the interval finds the last one that does.  Each step predicts each
-    phase of the plan once, at the step's sizes: the repetitions of a phase change no level."""
+    """The largest value of ``dimension`` whose plan needs at most ``memory_bytes`` (None: not even 1),
+    by doubling then halving: the plan grows with each dimension."""
     names = list(dict.fromkeys(phase_names(config)))
 
     def fits(value):
@@ -1656,12 +1623,8 @@ def device_used_bytes(cuda, device):
 
 
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
-    """One phase of the protocol; returns (record, work's output).
-
-    The output is still referenced while the end readings are taken; the caller drops
-    it before the next pass.  The allocator cache is never emptied.  The device time is
-    read from two CUDA events recorded on the device's current stream around the work.
-    """
+    """One phase of the protocol; returns (record, work's output), which the caller keeps referenced until
+    the end readings.  The allocator cache is never emptied."""
 
     def counters(baseline):  # PHASE_FIELDS' allocator counters, in its order
         return {
@@ -1705,12 +1668,8 @@ class PhaseFailed(Exception):
 
 
 def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
-    """Run the phases of the spec's table in order; returns (their records, the output summary, the
-    per-call workspace, the sustained run and the card's state: {"sustained", "card_state"}).
-
-    ``cuda`` is ``torch.cuda`` for a real measurement (tests pass a recording stand-in).  The
-    summary of the last output and the per-call workspace are measured after the phases, outside any timing.
-    """
+    """Run the phases in order; returns (records, output summary, per-call workspace, {"sustained",
+    "card_state"}).  ``cuda`` is ``torch.cuda`` (tests pass a recording stand-in)."""
     dtype = getattr(torch, config["dtype"])
     records = []
     read_card_state = card_reader(cuda, device_index(config["device"]))
@@ -1782,10 +1741,8 @@ def _product_transient(cuda, device, product):
 
 
 def measure_per_call_workspace(cuda, device, model, inputs):
-    """Each matrix product of the forward once more, alone: what its call took and gave back, as
-    {"fc1": {"allocated_bytes", "requested_bytes"}, "fc2": ...}.  That is a BLAS workspace allocated per call
-    (PyTorch 2.4's cuBLASLt one is, sized by CUBLASLT_WORKSPACE_SIZE, which the kit cannot read); 0 where the
-    workspaces are kept."""
+    """Each matrix product once more, alone: what its call took and gave back (a BLAS workspace
+    allocated per call, as PyTorch 2.4's cuBLASLt one is; 0 where the workspaces are kept)."""
     fc1_output, allocated_bytes, requested_bytes = _product_transient(cuda, device, lambda: model[0](inputs))
     taken = {"fc1": {"allocated_bytes": allocated_bytes, "requested_bytes": requested_bytes}}
     gelu_output = model[1](fc1_output)
@@ -1807,9 +1764,8 @@ def summarize_output(torch, output):
 
 # >>> notebook: 3.4 The prediction check: the measured counters against the plan
 def counters_checked(backend, allocator):
-    """(the counters a phase's verdict checks, why the others are not, or None).  Requested bytes under the
-    native backend, whatever its settings: PyTorch counts a request before it rounds it.  Allocated bytes too
-    under PyTorch's default settings only (``allocator``: as PyTorch parsed them, None where unknown)."""
+    """(the counters a verdict checks, why the others are not, or None): requested bytes under the native
+    backend (counted before rounding); allocated bytes too under the default settings only."""
     if backend != "native":
         if backend is None:
             return (), "PyTorch's allocator backend could not be read"
@@ -1823,15 +1779,8 @@ def counters_checked(backend, allocator):
 
 
 def check_against_plan(records, plan, per_call=None, backend="native", allocator=DEFAULT_ALLOCATOR):
-    """Each phase's record with its prediction, the counters checked, disagreements and verdict.
-
-    Requested bytes must match exactly; allocated bytes must lie between the 512-byte rounded
-    prediction and that plus the large blocks' slack; which are checked: counters_checked(backend,
-    allocator).  The first forward's BLAS workspace is measured: what it leaves beyond the predicted
-    output.  ``per_call`` (from measure_per_call_workspace; None: not measured) is what each matrix
-    product takes and gives back: the forwards are predicted again with it held during each product's
-    call.  Returns new (records, prediction_check, workspace); ``records`` are left as they were.
-    """
+    """Each phase's record with its prediction, counters checked, disagreements and verdict; returns new
+    (records, prediction_check, workspace).  ``per_call``: the forwards predicted again with it held."""
     counters, reason = counters_checked(backend, allocator)
     forwards = forwards_with_workspaces(plan, per_call)
     predictions = [forwards.get(planned["phase"], planned) for planned in plan["phases"]]
@@ -1985,10 +1934,8 @@ def _name_limits(folder):
 
 
 class _Temporary:
-    """A new hidden file in ``folder``, named before it exists so that a signal landing at any moment of its
-    creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` (or ``link_from()``) inside the try
-    whose clean-up calls ``remove()``.  Its 64 random bits make a name already taken a case no one meets; were
-    it taken, the exclusive creation fails, and that file, not this one's, is neither overwritten nor removed."""
+    """A new hidden file in ``folder``, named before it exists so that a signal at any moment of its creation
+    leaves nothing: ``open()`` or ``link_from()`` inside the try whose clean-up calls ``remove()``."""
 
     def __init__(self, folder):
         self.path = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
@@ -2018,12 +1965,8 @@ class _Temporary:
 
 
 def check_new_output(path):
-    """Refuse, before any GPU work, an output that exists or cannot be created.
-
-    Beyond the name and its folder, it proves that a file can be created and hard-linked there (a
-    temporary file is created and linked under a second temporary name, both removed at once), so a
-    finished measurement is not lost to an unwritable folder or a file system without hard links.
-    """
+    """Refuse, before any GPU work, an output that exists or cannot be created, or a folder where a file
+    cannot be hard-linked (write_new_file's need), so that no finished measurement is lost."""
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
     name, folder = os.path.basename(path), os.path.dirname(path) or "."
@@ -2073,9 +2016,7 @@ def _probe(folder, path):
 
 
 def to_json(data):
-    """Serialize a result as indented JSON.  An exact Decimal becomes a number rounded half-up to
-    exactly 6 decimals and written with its own digits (through a float, 10**21 would print as
-    1e+21); everything else is what json.dumps writes."""
+    """A result as indented JSON; a Decimal as a number rounded half-up to 6 decimals, with its own digits."""
     import json
 
     def encode(value, indent):
@@ -2093,13 +2034,8 @@ def to_json(data):
 
 
 def write_new_file(path, text):
-    """Write ``text`` to ``path`` atomically, never replacing an existing file.
-
-    The data goes to a temporary file in the same folder first, then is hard-linked
-    under its name (which fails if the name appeared meanwhile): a crash leaves either
-    no result or a whole one.  The file gets the mode the user's umask gives.  Raises
-    KitError when the name is taken, OSError when the data cannot be written or linked.
-    """
+    """Write ``text`` to a new ``path`` whole or not at all: a temporary file, then a hard link, which fails
+    if the name appeared meanwhile.  KitError when the name is taken, OSError otherwise."""
     data = text.encode("utf-8")
     temporary = _Temporary(os.path.dirname(path) or ".")
     try:
@@ -2163,12 +2099,7 @@ def fit_problem(plan, environment):
 
 
 def measure(config, tool):
-    """Measure the synthetic MLP on the chosen GPU; returns the result (writes nothing).
-
-    Refuses (KitError, exit 2) without PyTorch, with one older than OLDEST_TORCH, without a usable GPU,
-    with an unsupported dtype, sizes whose predicted peak cannot fit, or a failed set-up step; raises
-    MeasurementFailed (exit 3) when a phase fails.
-    """
+    """The measurement on the GPU; returns the result (writes nothing), else KitError or MeasurementFailed."""
     from datetime import datetime, timezone
 
     model = synthetic_model(config)
@@ -2287,11 +2218,7 @@ def _measurement_failed(torch, config, failure):
 
 
 def measure_to_file(config, output_path, tool, debug=False):
-    """The whole measurement: refuse an unusable output first, measure, then write atomically.
-
-    Warnings PyTorch raises meanwhile are not printed: they are recorded in the result's
-    ``environment.field_errors`` (``debug``: PyTorch's own text on the terminal too, never in the file).
-    """
+    """Refuse an unusable output first, measure, then write; PyTorch's warnings go in field_errors."""
     check_new_output(output_path)
     with CapturedWarnings(), PyTorchStderr(debug):
         result = measure(config, tool)
@@ -2465,10 +2392,7 @@ def _read_at_most(handle, limit):
 
 
 def read_result_file(path):
-    """The JSON object in ``path``: a regular file of at most MAX_RESULT_BYTES, never modified.
-
-    FIFOs, devices and folders are refused without being read (opened non-blocking, then checked).
-    """
+    """The JSON object in ``path``, a regular file of at most MAX_RESULT_BYTES (FIFOs are never read)."""
     import json
     import stat
 
@@ -2601,9 +2525,8 @@ def _allocator_flag(allocator):
 
 
 def _device_wide(last_phase):
-    """The device-wide memory in use at the end of a run, and the part of it outside PyTorch's allocator in that
-    process (device used - reserved; None where the device figure is below the allocator's own one, which makes
-    it no figure: the two are read apart); None for both where the result has no reading."""
+    """(device-wide memory in use at the end, its part outside the allocator or None where impossible), or
+    None for both where the result has no reading."""
     used, reserved = last_phase["end_device_used_bytes"], last_phase["end_reserved_bytes"]
     if used is None or reserved is None:
         return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
@@ -2673,10 +2596,7 @@ def _variation_flags(row):
 
 
 def report_rows(named_results):
-    """One row per (file as given, parsed result), in order; pure: reads and writes nothing.
-
-    ``named_results`` may be a generator: each result is checked, reduced to its row and dropped in turn.
-    """
+    """One row per (file as given, parsed result), in order; ``named_results`` may be a generator."""
     rows = []
     for path, result in named_results:
         row = _result_row(path, result)
@@ -2845,9 +2765,8 @@ def phase_bar_data(result):
 
 
 def size_bar_data(rows):
-    """Per row of report: (labels, what the labels name, {series: bytes}, warm median ms).  A label gives the
-    dimensions (and dtype) that differ between the rows, with the row's number where labels would repeat,
-    and "*" for a row report flags."""
+    """Per row of report: (labels, what they name, {series: bytes}, warm median ms); a label gives the
+    dimensions that differ, "*" for a flagged row."""
     varying = [key for key in (*FIT_DIMENSIONS, "dtype") if len({row[key] for row in rows}) > 1]
     labels = ["/".join(str(row[key]) for key in varying) for row in rows]
     if len(set(labels)) < len(labels):
@@ -2941,9 +2860,8 @@ class Once(argparse.Action):
 
 
 class GuardedStdout:
-    """sys.stdout while a command runs.  A write or flush that fails (a closed pipe, a full disk, descriptor 1
-    closed at start-up: no stream) raises GuardedStdout.Failed, which the command line tells from the command's
-    own errors (argparse would swallow an OSError while printing the help): failed() then says it, exit 1."""
+    """sys.stdout while a command runs: a failed write or flush raises GuardedStdout.Failed (argparse would
+    swallow an OSError while printing the help), exit 1."""
 
     class Failed(Exception):
         pass
@@ -3006,11 +2924,7 @@ def _terminated(signal_number, frame):
 
 
 def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
-    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
-
-    ``command`` parses and runs; it returns None (success) or a status.  KitError: its one line and
-    its exit_code; argparse's own exit (--help): its status; an unwritable stdout: 1; Ctrl-C: 130; SIGTERM: 143.
-    """
+    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit."""
     import signal
 
     guarded = sys.stdout = GuardedStdout(sys.stdout)
@@ -3147,9 +3061,8 @@ SWEEP_MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def child_command(arguments):
-    """The command of a fresh child: this interpreter, with its flags (-I, -E, -s, -X ...: a PyTorch they kept out
-    stays out), running this script.  The flags come from CPython's own helper, which multiprocessing and the
-    test suite of CPython use too (present since 3.2, kept up with each new flag); without it, none."""
+    """This interpreter with its flags (-I, -E, -s ...: a PyTorch they kept out stays out), running this
+    script; the flags from CPython's own helper."""
     import subprocess
 
     flags = getattr(subprocess, "_args_from_interpreter_flags", list)()
@@ -3219,9 +3132,8 @@ def run_child(arguments, timeout_s):
 
 
 def stop_child(process):
-    """Interrupt the child as Ctrl-C does (measure then removes its partial file); kill it if it lingers, or at
-    once on a further Ctrl-C or SIGTERM, which then goes on: this returns or raises only once the child has ended,
-    so that nothing it writes can appear after the sweep."""
+    """Interrupt the child as Ctrl-C does (it removes its partial file); kill it if it lingers or on a further
+    signal, which then goes on: nothing it writes can appear after the sweep."""
     import signal
     import subprocess
 
@@ -3340,9 +3252,8 @@ def launchable(dimension, configs, environment):
 
 
 def sweep_children(dimension, configs, environment, folder, timeout_s, debug=False):
-    """Measure each value in turn, after the plan's fit check against the probed free memory; returns
-    ([(value, file written)], the KitError that stopped the sweep, or None).  When nothing was measured, the
-    folder goes, unless someone else left a file in it: then both stay, named in the sweep's one line."""
+    """Measure each value in turn after the fit check; returns ([(value, file)], the KitError that stopped
+    it or None).  Nothing measured: the folder goes, unless another file is in it."""
     launched, stop = launchable(dimension, configs, environment)
     if not launched:
         return [], stop

@@ -931,8 +931,7 @@ HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environ
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse under the kit's contract: no abbreviations, a fixed help width, no colour, and any
-    misuse raised as one PricingError line (exit 2) instead of a usage block."""
+    """argparse under the contract: no abbreviations, no colour, a fixed width, misuse as one PricingError."""
 
     def __init__(self, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -947,8 +946,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class Once(argparse.Action):
-    """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
-    argparse alone would keep the last one silently.  The options given are kept in order."""
+    """Store an option's value and refuse it given twice (argparse would keep the last); records the order."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = getattr(namespace, "_given_options", ())

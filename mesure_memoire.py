@@ -155,8 +155,7 @@ def is_whole_number_text(text):
 
 
 def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
-    """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits.
-    ``why``: the reason for the bounds, named in the refusal."""
+    """``value`` as an int from ``minimum`` to ``maximum``; ``why``: the bounds' reason, in the refusal."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and len(value) <= MAX_DIGITS and is_whole_number_text(value):
@@ -220,8 +219,7 @@ def rounded(number, places):
 
 
 def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
-    """Bytes in GiB (or MiB: ``unit_bytes=MIB_BYTES``), rounded half-up to ``places`` decimals: the figure alone,
-    for a table whose header names the unit or a sentence that writes it after."""
+    """Bytes in GiB (or MiB), rounded half-up to ``places`` decimals: the figure alone."""
     return str(rounded(decimal_ratio(value_bytes, unit_bytes), places))
 
 
@@ -291,8 +289,8 @@ def kept_text(message, patterns):
 
 
 def describe_error(exc, withheld="text withheld"):
-    """An error as "Type: text", the text only what the kit allows (an OS error's number and
-    os.strerror, never its file names; the allow-list's part), else "(text withheld)"."""
+    """An error as "Type: text", the text only what the kit allows (an OS error's number, never its file
+    names; the allow-list's part), else "(text withheld)"."""
     PyTorchStderr.note(exc)
     name = type(exc).__name__
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
@@ -336,8 +334,7 @@ def note_pytorch_warnings(field_errors):
 
 
 def kept_warning_text(message):
-    """What the kit keeps of a PyTorch warning's text: a known message's part, a flag's name without its value,
-    else nothing ("text withheld")."""
+    """A known warning's part, a flag's name without its value, else "text withheld"."""
     kept = kept_text(message, KNOWN_WARNINGS)
     if kept:
         return one_line(kept)
@@ -346,8 +343,7 @@ def kept_warning_text(message):
 
 
 class CapturedWarnings:
-    """``with CapturedWarnings():`` records the warnings raised inside (by PyTorch, mostly) instead of letting
-    them print raw on stderr with library paths: each is kept once, by the allow-list, in PYTORCH_WARNINGS."""
+    """Records the warnings raised inside by the allow-list, once each, in PYTORCH_WARNINGS."""
 
     def __enter__(self):
         import warnings
@@ -546,8 +542,7 @@ NOT_PYTORCH = "the module named torch is not PyTorch (it lacks torch.cuda, torch
 
 
 def import_torch():
-    """Return (torch, None), or (None, why) when PyTorch cannot be imported or what imports is not PyTorch
-    (an empty torch/ folder on the path imports as a namespace package)."""
+    """(torch, None), or (None, why): not importable, or not PyTorch (an empty torch/ folder imports)."""
     import contextlib
     import io
 
@@ -597,8 +592,7 @@ SETTINGS = (
 
 
 def collect_environment(device, debug=False):
-    """What this process sees: Python, OS, PyTorch and the GPU ``device``; each failed query is null and a
-    line in ``field_errors``."""
+    """What this process sees; each failed query is null and a line in ``field_errors``."""
     index = device_index(device)
     with CapturedWarnings(), PyTorchStderr(debug):
         environment = environment_of(device, index)
@@ -714,8 +708,7 @@ def _blas_library(torch):
 
 
 def allocator_settings(torch, field_errors, backend):
-    """The caching allocator's settings as PyTorch parsed them (never read from the environment, never
-    kept as text), with the backend; None where this PyTorch cannot tell or refused them."""
+    """The allocator's settings as PyTorch parsed them, never as text; None where it cannot tell."""
     if backend != "native":  # the cudaMallocAsync backend refuses the snapshot
         return None
     try:
@@ -1047,8 +1040,7 @@ def _shown(value):
 
 # >>> notebook: Child processes: SIGINT and SIGTERM held while one starts (sweep's, the vendor tool's)
 def hold_signals():
-    """Block SIGINT and SIGTERM in this thread: they wait, pending, until let_signals_through(the mask returned).
-    None where there are no signal masks (Windows)."""
+    """Block SIGINT and SIGTERM until let_signals_through(the mask returned); None on Windows."""
     import signal
 
     if not hasattr(signal, "pthread_sigmask"):
@@ -1562,8 +1554,7 @@ def largest_that_fits(config, memory_bytes, dimension):
 
 
 def fit_on_card(plan, memory_gib):
-    """Whether the planned run fits a card of ``memory_gib`` GiB, and the largest batch, context and width that
-    fit it, each alone with the others as planned: the fields --plan --memory-gib adds to the plan."""
+    """--plan --memory-gib's fields: whether the run fits, and the largest batch, context and width that do."""
     gib, memory_bytes = card_memory_bytes(memory_gib)
     config = plan["configuration"]
     return {
@@ -1613,8 +1604,7 @@ def _requested(stats, which):
 
 
 def device_used_bytes(cuda, device):
-    """The memory in use on the whole device (mem_get_info: total - free), every process and the CUDA/ROCm
-    context included; None where this runtime cannot tell (no such API, or a runtime error)."""
+    """Memory in use on the whole device (total - free); None where this runtime cannot tell."""
     reading = getattr(cuda, "mem_get_info", None)
     if reading is None:
         return None
@@ -1623,8 +1613,7 @@ def device_used_bytes(cuda, device):
 
 
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
-    """One phase of the protocol; returns (record, work's output), which the caller keeps referenced until
-    the end readings.  The allocator cache is never emptied."""
+    """One phase; returns (record, output), the output kept referenced until the end readings."""
 
     def counters(baseline):  # PHASE_FIELDS' allocator counters, in its order
         return {
@@ -1668,8 +1657,7 @@ class PhaseFailed(Exception):
 
 
 def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
-    """Run the phases in order; returns (records, output summary, per-call workspace, {"sustained",
-    "card_state"}).  ``cuda`` is ``torch.cuda`` (tests pass a recording stand-in)."""
+    """Run the phases in order; returns (records, output summary, per-call workspace, sustained run)."""
     dtype = getattr(torch, config["dtype"])
     records = []
     read_card_state = card_reader(cuda, device_index(config["device"]))
@@ -1935,7 +1923,7 @@ def _name_limits(folder):
 
 class _Temporary:
     """A new hidden file in ``folder``, named before it exists so that a signal at any moment of its creation
-    leaves nothing: ``open()`` or ``link_from()`` inside the try whose clean-up calls ``remove()``."""
+    leaves nothing: created inside the try whose clean-up calls ``remove()``."""
 
     def __init__(self, folder):
         self.path = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
@@ -2154,8 +2142,7 @@ def measure(config, tool):
 
 
 def _counters_before(cuda, device, index, on):
-    """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases (``on``:
-    the device as the user wrote it, for a failure's line)."""
+    """The allocated, reserved and device-wide bytes in use before the phases."""
     allocated = pytorch_call(f"torch.cuda.memory_allocated failed on {on}", lambda: cuda.memory_allocated(device))
     reserved = pytorch_call(f"torch.cuda.memory_reserved failed on {on}", lambda: cuda.memory_reserved(device))
     # CUDA is initialised: its context is counted
@@ -2170,8 +2157,7 @@ FRESH_PROCESS_WARNING = (
 
 
 def _torch_to_measure_with():
-    """(torch, a warning or None): PyTorch, imported, of a release the kit measures with; else a refusal.
-    Asked before any query that could start CUDA."""
+    """(torch, a warning or None), asked before any query that could start CUDA; else a refusal."""
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
@@ -2180,8 +2166,7 @@ def _torch_to_measure_with():
 
 
 def _refuse_what_cannot_run(torch, config, index, plan, environment):
-    """Refuse, before the kit allocates anything on the GPU: no usable GPU, a dtype it lacks, a predicted
-    peak that cannot fit, a model the host cannot build."""
+    """Refuse, before any GPU allocation, what cannot run or is predicted not to fit."""
     if not environment["gpu_available"]:
         raise KitError(
             f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback, "
@@ -2265,15 +2250,13 @@ CUDA_INITIALIZED_NOTE = (
 
 
 def result_warnings(result):
-    """What makes a measurement less trustworthy, one line each: a process that was not fresh, a PyTorch
-    version the kit cannot read, BLAS workspaces beyond what the plan allowed for them."""
+    """What makes a measurement less trustworthy, one line each."""
     warnings = [result["configuration"]["fresh_process_warning"], result["torch_version_warning"]]
     return [warning for warning in [*warnings, _workspace_warning(result["workspace"])] if warning]
 
 
 def _workspace_warning(workspace):
-    """A line when the workspaces kept and taken per call exceed the plan's allowance (its peak then
-    understates this run), else None."""
+    """A line when the BLAS workspaces exceed the plan's allowance (its peak understates the run)."""
     kept_bytes = workspace["measured_bytes"] or 0
     per_call_bytes = max(taken["allocated_bytes"] for taken in workspace["per_call"].values())
     if kept_bytes + per_call_bytes <= workspace["allowance_bytes"]:
@@ -2525,8 +2508,7 @@ def _allocator_flag(allocator):
 
 
 def _device_wide(last_phase):
-    """(device-wide memory in use at the end, its part outside the allocator or None where impossible), or
-    None for both where the result has no reading."""
+    """The device-wide memory in use at the end and its part outside the allocator (None: impossible)."""
     used, reserved = last_phase["end_device_used_bytes"], last_phase["end_reserved_bytes"]
     if used is None or reserved is None:
         return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
@@ -2545,8 +2527,7 @@ ENVIRONMENT_LABELS = {"gpu": "GPU", "torch": "PyTorch", "cuda_build": "CUDA buil
 
 
 def _row_flags(result, row, first):
-    """What makes a result's row (``row``, of report_rows) less comparable to ``first``'s, or not a true
-    measurement."""
+    """What makes a row less comparable to ``first``'s, or not a true measurement."""
     checks = result["prediction_check"]
     flags = []
     if result["configuration"]["fresh_process_warning"] is not None:
@@ -2779,8 +2760,7 @@ def size_bar_data(rows):
 
 
 def _bars(axes, labels, series, unit, places):
-    """Grouped bars, one group per label and one bar per series, each labelled with its value in ``unit``
-    (rounded to ``places``, as the tables write it)."""
+    """Grouped bars, one group per label, one bar per series, each labelled with its value in ``unit``."""
     width = 0.8 / len(series)
     for index, (name, values) in enumerate(series.items()):
         offset = (index - (len(series) - 1) / 2) * width
@@ -2832,8 +2812,7 @@ HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environ
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse under the kit's contract: no abbreviations, a fixed help width, no colour, and any
-    misuse raised as one KitError line (exit 2) instead of a usage block."""
+    """argparse under the contract: no abbreviations, no colour, a fixed width, misuse as one KitError."""
 
     def __init__(self, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -2848,8 +2827,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class Once(argparse.Action):
-    """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
-    argparse alone would keep the last one silently.  The options given are kept in order."""
+    """Store an option's value and refuse it given twice (argparse would keep the last); records the order."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = getattr(namespace, "_given_options", ())
@@ -2961,8 +2939,7 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
 
 
 def _print(text, flush=False):
-    """One line on stdout, escaped where stdout cannot encode it (PYTHONIOENCODING=ascii, a C locale): a GPU
-    or file name is data, not an error."""
+    """One line on stdout, escaped where stdout cannot encode it: a GPU or file name is data, not an error."""
     encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
     print(text.encode(encoding, "backslashreplace").decode(encoding), flush=flush)
 
@@ -3061,8 +3038,7 @@ SWEEP_MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def child_command(arguments):
-    """This interpreter with its flags (-I, -E, -s ...: a PyTorch they kept out stays out), running this
-    script; the flags from CPython's own helper."""
+    """This interpreter with its flags (-I, -E, -s ...: a PyTorch they kept out stays out), this script."""
     import subprocess
 
     flags = getattr(subprocess, "_args_from_interpreter_flags", list)()
@@ -3110,8 +3086,8 @@ def probe_device(device):
 
 
 def run_child(arguments, timeout_s):
-    """(exit status, None if stopped after ``timeout_s`` seconds; its stdout; its stderr, as bytes) of a fresh
-    child; on Ctrl-C or SIGTERM the child is stopped too, then the KeyboardInterrupt goes on."""
+    """(exit status or None after ``timeout_s``, stdout, stderr) of a fresh child; on Ctrl-C or SIGTERM the
+    child is stopped too."""
     import subprocess
 
     pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
@@ -3237,8 +3213,7 @@ def child_stopped(where, status, err, plan, timeout_s):
 
 
 def launchable(dimension, configs, environment):
-    """([(value, configuration, plan)] predicted to fit, in order, up to the first that is not; the KitError
-    that says why that one and the larger are not launched, or None)."""
+    """([(value, config, plan)] predicted to fit, up to the first that does not; the KitError why, or None)."""
     launched = []
     for index, (value, config) in enumerate(configs):
         plan = memory_plan(config)
@@ -3424,8 +3399,7 @@ def _run(argv):
 
 
 def main(argv=None) -> int:
-    """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
-    130: interrupted, 143: SIGTERM)."""
+    """Run one command; returns the exit status (README's table)."""
     import signal
 
     if hasattr(signal, "pthread_sigmask"):  # first: a sweep starts its children with these two blocked (start_child)

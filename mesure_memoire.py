@@ -602,8 +602,10 @@ def collect_environment(device, debug=False):
 
 def environment_of(device, index):
     """collect_environment's, for a device already read (``index``: its N)."""
+    import functools
+
     environment = _empty_environment(device)
-    query = _field_query(environment["field_errors"])
+    query = functools.partial(pytorch_call, failure=None, field_errors=environment["field_errors"])
     torch, environment["torch_error"] = import_torch()
     if torch is None:
         environment["gpu_unavailable_reason"] = "PyTorch is not importable"
@@ -670,12 +672,6 @@ def _empty_environment(device):
     }
 
 
-def _field_query(field_errors):
-    """``query(name, function)``: function's value, or None with a line in ``field_errors`` when it fails."""
-
-    return lambda name, function: pytorch_call(name, function, None, field_errors)
-
-
 def _read_settings(torch, query, settings):
     """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
     matmul = pytorch_call("matmul", lambda: torch.backends.cuda.matmul, None)
@@ -731,13 +727,13 @@ def _parsed_allocator_settings(torch):
     return {
         "max_split_size_bytes": None if limit < 0 else limit,
         "expandable_segments": bool(recorded["expandable_segments"]),
-        "roundup_power2_divisions": _kept_divisions(recorded["roundup_power2_divisions"].values()),
+        # The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size.
+        "roundup_power2_divisions": {
+            str(2**index): int(count)
+            for index, count in enumerate(recorded["roundup_power2_divisions"].values())
+            if int(count) > 1
+        },
     }
-
-
-def _kept_divisions(divisions):
-    """The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size."""
-    return {str(2**index): int(count) for index, count in enumerate(divisions) if int(count) > 1}
 
 
 def allocator_differences(allocator):
@@ -1605,10 +1601,7 @@ def _requested(stats, which):
 
 def device_used_bytes(cuda, device):
     """Memory in use on the whole device (total - free); None where this runtime cannot tell."""
-    reading = getattr(cuda, "mem_get_info", None)
-    if reading is None:
-        return None
-    answer = pytorch_call("mem_get_info", lambda: reading(device), None)  # whatever it raises: unknown
+    answer = pytorch_call("mem_get_info", lambda: cuda.mem_get_info(device), None)  # whatever it raises: unknown
     return None if answer is None else answer[1] - answer[0]
 
 

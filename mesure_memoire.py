@@ -585,7 +585,6 @@ SETTINGS = (
     "cuda_matmul_allow_fp16_reduced_precision_reduction",
     "cuda_matmul_allow_bf16_reduced_precision_reduction",
     "preferred_blas_library",
-    "allocator_backend",
     "cublas_workspace_size_bytes",
     "cublaslt_workspace_size_bytes",
 )
@@ -634,13 +633,10 @@ def environment_of(device, index):
         return environment
     environment["gpu_available"] = True
     environment["gpu"] = _gpu_fields(torch, query, index, properties, environment["hip_build"])
-    settings = environment["settings"]
-    settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
-    environment["allocator_settings"] = allocator_settings(
-        torch, environment["field_errors"], settings["allocator_backend"]
-    )
+    backend = environment["gpu"]["allocator_backend"]
+    environment["allocator_settings"] = allocator_settings(torch, environment["field_errors"], backend)
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
-        settings[f"{name}_bytes"] = query(name, lambda name=name: _workspace_size(torch, index, name))
+        environment["settings"][f"{name}_bytes"] = query(name, lambda name=name: _workspace_size(torch, index, name))
     return environment
 
 

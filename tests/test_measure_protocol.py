@@ -229,7 +229,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["created_utc"].endswith("Z")
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
     assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
-    assert result["environment"]["settings"]["allocator_backend"] == "native"
+    assert result["environment"]["gpu"]["allocator_backend"] == "native"
     assert result["configuration"] == {
         "device": "cuda:0",
         "batch": 1,

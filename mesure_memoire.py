@@ -1616,21 +1616,17 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     record.update(counters(baseline=True))
     baseline_stats = cuda.memory_stats(device)
     cuda.reset_peak_memory_stats(device)
-    events = None
-    if getattr(cuda, "Event", None) is not None:
-        stream = cuda.current_stream(device)
-        events = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
+    stream = cuda.current_stream(device)
+    events = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
     started_ns = clock()
-    if events:
-        events[0].record(stream)
+    events[0].record(stream)
     output = work()
-    if events:
-        events[1].record(stream)
+    events[1].record(stream)
     cuda.synchronize(device)
     elapsed_ns = record["nanoseconds"] = clock() - started_ns
     record["end_device_used_bytes"] = device_used_bytes(cuda, device)
     record["seconds"] = elapsed_ns / 1e9
-    record["device_ms"] = events[0].elapsed_time(events[1]) if events else None
+    record["device_ms"] = events[0].elapsed_time(events[1])
     record.update(counters(baseline=False))
     stats = cuda.memory_stats(device)
     record["baseline_requested_bytes"] = _requested(baseline_stats, "current")

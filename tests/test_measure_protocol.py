@@ -109,10 +109,9 @@ def test_run_phase_follows_the_protocol_order():
     }
 
 
-def test_run_phase_without_requested_counters_or_events_says_null():
-    recorder = RecordingCudaStandIn(requested=False, events=False)
+def test_run_phase_without_requested_counters_says_null():
+    recorder = RecordingCudaStandIn(requested=False)
     record, _ = mesure_memoire.run_phase(recorder, "dev", "inputs", lambda: None)
-    assert record["device_ms"] is None
     assert record["baseline_requested_bytes"] is record["end_requested_bytes"] is record["peak_requested_bytes"] is None
 
 

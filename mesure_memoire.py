@@ -2130,9 +2130,7 @@ def _counters_before(cuda, device, index, on):
     """The allocated, reserved and device-wide bytes in use before the phases."""
     allocated = pytorch_call(f"torch.cuda.memory_allocated failed on {on}", lambda: cuda.memory_allocated(device))
     reserved = pytorch_call(f"torch.cuda.memory_reserved failed on {on}", lambda: cuda.memory_reserved(device))
-    # CUDA is initialised: its context is counted
-    device_used = pytorch_call(f"torch.cuda.mem_get_info failed on {on}", lambda: device_used_bytes(cuda, index))
-    return allocated, reserved, device_used
+    return allocated, reserved, device_used_bytes(cuda, index)  # CUDA is initialised: its context is counted
 
 
 FRESH_PROCESS_WARNING = (

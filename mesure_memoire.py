@@ -1,14 +1,5 @@
 """IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase
-GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network.
-
-Usage::
-
-    python mesure_memoire.py estimate --parameters 7000000000 --bits 16 --reserve-gib 4
-    python mesure_memoire.py environment --device cuda:0
-    python mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 \\
-        --dtype float32 --warmup 1 --repeats 2 --output mesures-petit-essai.json
-    python mesure_memoire.py measure --device cuda:0 --batch 2 --context 128 --width 1024 --plan
-    python mesure_memoire.py report mesures-petit-essai.json mesures.json
+GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (README.md's quick start shows its use).
 
 ``estimate``, ``measure --plan`` and ``report`` need only Python >= 3.10 and its standard library.  ``environment`` and
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
@@ -86,9 +77,7 @@ DRIVER_COMMANDS = {
     "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
     "amd": "amd-smi version",
 }
-# One number grammar for every option, calcul_forfaits.py's too: a whole number is 0 or ASCII digits
-# not starting with 0; a decimal, a whole number then optionally "." and digits.  No sign, underscore,
-# exponent, space or other script's digits (so no negative zero either, and 07 is not 7).
+# One number grammar for every option, calcul_forfaits.py's too (EPILOG states it).
 MAX_DIGITS = 30  # bounds every product the kit computes
 MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
 MAX_DEVICE_DIGITS = 4
@@ -116,9 +105,7 @@ class MeasurementFailed(KitError):
     nothing_written = "nothing written"
 
 
-# How a refusal that withholds PyTorch's text says how to see it.
 DEBUG_SHOWS_IT = "--debug or the notebook's DEBUG shows it"
-# What a refusal for a missing GPU or PyTorch tells the user to do next, in its one line.
 RUN_ON_THE_GPU_BOX = "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
 
 

@@ -931,8 +931,7 @@ HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environ
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse under the kit's contract: no abbreviations, a fixed help width, no colour, and any
-    misuse raised as one PricingError line (exit 2) instead of a usage block."""
+    """argparse under the contract: no abbreviations, no colour, a fixed width, misuse as one PricingError."""
 
     def __init__(self, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -947,8 +946,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class Once(argparse.Action):
-    """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
-    argparse alone would keep the last one silently.  The options given are kept in order."""
+    """Store an option's value and refuse it given twice (argparse would keep the last); records the order."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = getattr(namespace, "_given_options", ())
@@ -959,9 +957,8 @@ class Once(argparse.Action):
 
 
 class GuardedStdout:
-    """sys.stdout while a command runs.  A write or flush that fails (a closed pipe, a full disk, descriptor 1
-    closed at start-up: no stream) raises GuardedStdout.Failed, which the command line tells from the command's
-    own errors (argparse would swallow an OSError while printing the help): failed() then says it, exit 1."""
+    """sys.stdout while a command runs: a failed write or flush raises GuardedStdout.Failed (argparse would
+    swallow an OSError while printing the help), exit 1."""
 
     class Failed(Exception):
         pass
@@ -1024,11 +1021,7 @@ def _terminated(signal_number, frame):
 
 
 def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
-    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
-
-    ``command`` parses and runs; it returns None (success) or a status.  PricingError: its one line and
-    its exit_code; argparse's own exit (--help): its status; an unwritable stdout: 1; Ctrl-C: 130; SIGTERM: 143.
-    """
+    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit."""
     import signal
 
     guarded = sys.stdout = GuardedStdout(sys.stdout)

@@ -1,14 +1,5 @@
 """IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase
-GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network.
-
-Usage::
-
-    python mesure_memoire.py estimate --parameters 7000000000 --bits 16 --reserve-gib 4
-    python mesure_memoire.py environment --device cuda:0
-    python mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 \\
-        --dtype float32 --warmup 1 --repeats 2 --output mesures-petit-essai.json
-    python mesure_memoire.py measure --device cuda:0 --batch 2 --context 128 --width 1024 --plan
-    python mesure_memoire.py report mesures-petit-essai.json mesures.json
+GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (README.md's quick start shows its use).
 
 ``estimate``, ``measure --plan`` and ``report`` need only Python >= 3.10 and its standard library.  ``environment`` and
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
@@ -86,9 +77,7 @@ DRIVER_COMMANDS = {
     "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
     "amd": "amd-smi version",
 }
-# One number grammar for every option, calcul_forfaits.py's too: a whole number is 0 or ASCII digits
-# not starting with 0; a decimal, a whole number then optionally "." and digits.  No sign, underscore,
-# exponent, space or other script's digits (so no negative zero either, and 07 is not 7).
+# One number grammar for every option, calcul_forfaits.py's too (EPILOG states it).
 MAX_DIGITS = 30  # bounds every product the kit computes
 MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
 MAX_DEVICE_DIGITS = 4
@@ -116,9 +105,7 @@ class MeasurementFailed(KitError):
     nothing_written = "nothing written"
 
 
-# How a refusal that withholds PyTorch's text says how to see it.
 DEBUG_SHOWS_IT = "--debug or the notebook's DEBUG shows it"
-# What a refusal for a missing GPU or PyTorch tells the user to do next, in its one line.
 RUN_ON_THE_GPU_BOX = "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
 
 
@@ -155,8 +142,7 @@ def is_whole_number_text(text):
 
 
 def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
-    """Return ``value`` as an int from ``minimum`` to ``maximum``; accepts an int or a string of ASCII digits.
-    ``why``: the reason for the bounds, named in the refusal."""
+    """``value`` as an int from ``minimum`` to ``maximum``; ``why``: the bounds' reason, in the refusal."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and len(value) <= MAX_DIGITS and is_whole_number_text(value):
@@ -174,9 +160,7 @@ def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
 
 
 def non_negative_decimal(option, value):
-    """Return ``value`` as an exact Decimal >= 0: a whole number (is_whole_number_text), then optionally "."
-    and ASCII digits, at most MAX_DIGITS digits on each side (a string, an int, or a float whose repr
-    is written so)."""
+    """Return ``value`` as an exact Decimal >= 0, written as the number grammar says."""
     text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
     whole, point, fraction = text.partition(".")
     written = is_whole_number_text(whole) and (ascii_digits(fraction) or not point)  # a second point is not a digit
@@ -205,10 +189,7 @@ def as_notebook_message(error):
 
 
 def exact_context():
-    """A decimal context wide enough that no accepted input is ever rounded before display.
-
-    (The default 28 digits would round, or fail to quantize, the largest accepted figures.)
-    """
+    """A decimal context wide enough that no accepted input is rounded (the default 28 digits would)."""
     return localcontext(Context(prec=200))
 
 
@@ -225,8 +206,7 @@ def rounded(number, places):
 
 
 def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
-    """Bytes in GiB (or MiB: ``unit_bytes=MIB_BYTES``), rounded half-up to ``places`` decimals: the figure alone,
-    for a table whose header names the unit or a sentence that writes it after."""
+    """Bytes in GiB (or MiB), rounded half-up to ``places`` decimals: the figure alone."""
     return str(rounded(decimal_ratio(value_bytes, unit_bytes), places))
 
 
@@ -234,11 +214,6 @@ def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
 
 
 # >>> notebook: PyTorch's answers: its failures, its texts kept by an allow-list
-# What a call into PyTorch may raise that is a failure of that call, not an interruption (Ctrl-C, SIGTERM pass):
-# SystemExit and GeneratorExit raised inside PyTorch are its failures too, never the kit's exit.
-PYTORCH_FAILURES = (Exception, SystemExit, GeneratorExit)
-
-
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 
 
@@ -301,9 +276,8 @@ def kept_text(message, patterns):
 
 
 def describe_error(exc, withheld="text withheld"):
-    """An error as "Type: text", the text only what the kit allows: an OS error's number and the system's
-    description of it (never its file names), the kit's own message, a known PyTorch message's part; else the
-    type and "(text withheld)" (``withheld``: those words).  --debug shows the error whole (PyTorchStderr)."""
+    """An error as "Type: text", the text only what the kit allows (an OS error's number, never its file
+    names; the allow-list's part), else "(text withheld)"."""
     PyTorchStderr.note(exc)
     name = type(exc).__name__
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
@@ -321,22 +295,18 @@ def describe_error(exc, withheld="text withheld"):
 
 
 def pytorch_failure(what, exc, kind=KitError):
-    """The kit's failure for ``exc``, which a call into PyTorch raised: a ``kind`` (KitError, exit 2, or
-    MeasurementFailed, 3) whose one line names what failed (a step, a phase), what the kit keeps of the error
-    and what the failure leaves (its exit status's ending)."""
+    """The ``kind`` of the kit's failure for ``exc``, raised in PyTorch by ``what``: one line."""
     return kind(f"{what}: {describe_error(exc, f'text withheld; {DEBUG_SHOWS_IT}')}; {kind.nothing_written}")
 
 
 def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
-    """The one path for a call into PyTorch: ``function()``'s value.  What PyTorch raises in it (not Ctrl-C, not the
-    kit's own refusal) is raised as ``failure(what, error)`` (pytorch_failure: the kit's line naming ``what``, a
-    step; PhaseFailed: a phase, which measure words); with no ``failure``, the value is None, and the error's kept
-    line goes in ``field_errors[what]`` where given (a field; an API this version lacks, AttributeError: none)."""
+    """``function()``'s value; what PyTorch raises in it is raised as ``failure(what, error)``, or with no
+    ``failure``, the value is None and the error's kept line goes in ``field_errors[what]`` (AttributeError: none)."""
     try:
         return function()
     except KitError:
         raise
-    except PYTORCH_FAILURES as exc:
+    except Exception as exc:
         if failure is not None:
             raise failure(what, exc) from None
         if field_errors is not None and not isinstance(exc, AttributeError):
@@ -351,8 +321,7 @@ def note_pytorch_warnings(field_errors):
 
 
 def kept_warning_text(message):
-    """What the kit keeps of a PyTorch warning's text: a known message's part, a flag's name without its value,
-    else nothing ("text withheld")."""
+    """A known warning's part, a flag's name without its value, else "text withheld"."""
     kept = kept_text(message, KNOWN_WARNINGS)
     if kept:
         return one_line(kept)
@@ -361,8 +330,7 @@ def kept_warning_text(message):
 
 
 class CapturedWarnings:
-    """``with CapturedWarnings():`` records the warnings raised inside (by PyTorch, mostly) instead of letting
-    them print raw on stderr with library paths: each is kept once, by the allow-list, in PYTORCH_WARNINGS."""
+    """Records the warnings raised inside by the allow-list, once each, in PYTORCH_WARNINGS."""
 
     def __enter__(self):
         import warnings
@@ -399,11 +367,8 @@ def kept_stderr_line(line):
 
 
 class PyTorchStderr:
-    """``with PyTorchStderr(show):`` what is written on the process's stderr meanwhile (PyTorch's C++ side writes on
-    descriptor 2 directly, at its import and in its calls: ANSI escapes, paths, settings' values) goes into a
-    pipe that a thread drains; each line is kept by the allow-list in PYTORCH_WARNINGS, as "stderr: ...".  With
-    ``show`` (--debug, the notebook's DEBUG), that text whole and each PyTorch failure described meanwhile, with
-    its traceback, are written on the terminal at the end: never into a file or a JSON output."""
+    """``with PyTorchStderr(show):`` descriptor 2 (where PyTorch's C++ side writes: paths, settings' values) is
+    drained from a pipe, each line kept by the allow-list; ``show`` (--debug): the text whole on the terminal."""
 
     LIMIT_BYTES = 2**16  # what a line-by-line reading keeps; beyond it, drained and dropped
     current = None  # the capture under way, which describe_error tells of each failure
@@ -512,11 +477,7 @@ def pytorch_text(name, value):
 
 # >>> notebook: 1. Weight-memory estimate (arithmetic only, no GPU)
 def estimate_weights(parameters, bits, reserve_gib=0):
-    """Weight bytes of ``parameters`` values stored on ``bits`` bits each, plus a reserve.
-
-    Bits are rounded up to whole bytes per parameter.  GiB and GB figures are exact
-    Decimals; the outputs round them half-up (2 decimals in text, 6 in JSON).
-    """
+    """Weight bytes of ``parameters`` values on ``bits`` bits each (rounded up to whole bytes), plus a reserve."""
     parameters = whole_number("--parameters", parameters, 1)
     bits = whole_number("--bits", bits, 1)
     reserve = non_negative_decimal("--reserve-gib", reserve_gib)
@@ -568,8 +529,7 @@ NOT_PYTORCH = "the module named torch is not PyTorch (it lacks torch.cuda, torch
 
 
 def import_torch():
-    """Return (torch, None), or (None, why) when PyTorch cannot be imported or what imports is not PyTorch
-    (an empty torch/ folder on the path imports as a namespace package)."""
+    """(torch, None), or (None, why): not importable, or not PyTorch (an empty torch/ folder imports)."""
     import contextlib
     import io
 
@@ -581,7 +541,7 @@ def import_torch():
             import torch
 
             pytorch = all(hasattr(torch, name) for name in ("cuda", "backends", "version"))
-    except PYTORCH_FAILURES as exc:  # ImportError, or OSError from a missing shared library
+    except Exception as exc:  # ImportError, or OSError from a missing shared library
         # Its message may quote an environment variable's value (TORCH_LOGS) or a path: not recorded.
         PyTorchStderr.note(exc)
         return None, f'{type(exc).__name__} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
@@ -589,9 +549,8 @@ def import_torch():
 
 
 def torch_release_warning(version):
-    """Refuse (KitError) a PyTorch release older than OLDEST_TORCH.  Returns a warning line when ``version``
-    does not start with MAJOR.MINOR (the run is measured all the same), else None.  Only the leading digits
-    count, so vendor builds ("2.4.0a0+git…", "2.8.0+rocm6.3") are the release they name."""
+    """Refuse a PyTorch older than OLDEST_TORCH; a warning line when ``version`` does not start with
+    MAJOR.MINOR.  Only the leading digits count ("2.4.0a0+git…" is 2.4)."""
     import re
 
     found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
@@ -613,19 +572,13 @@ SETTINGS = (
     "cuda_matmul_allow_fp16_reduced_precision_reduction",
     "cuda_matmul_allow_bf16_reduced_precision_reduction",
     "preferred_blas_library",
-    "allocator_backend",
     "cublas_workspace_size_bytes",
     "cublaslt_workspace_size_bytes",
 )
 
 
 def collect_environment(device, debug=False):
-    """What this process sees: Python, OS, PyTorch and the chosen GPU (``device``, as the user wrote it).
-
-    Reads no environment variable and records no hostname, user name, path, GPU UUID
-    or serial number.  Each query that fails leaves null and a line in ``field_errors``.
-    ``debug``: PyTorch's own text on the terminal too (PyTorchStderr).
-    """
+    """What this process sees; each failed query is null and a line in ``field_errors``."""
     index = device_index(device)
     with CapturedWarnings(), PyTorchStderr(debug):
         environment = environment_of(device, index)
@@ -635,8 +588,10 @@ def collect_environment(device, debug=False):
 
 def environment_of(device, index):
     """collect_environment's, for a device already read (``index``: its N)."""
+    import functools
+
     environment = _empty_environment(device)
-    query = _field_query(environment["field_errors"])
+    query = functools.partial(pytorch_call, failure=None, field_errors=environment["field_errors"])
     torch, environment["torch_error"] = import_torch()
     if torch is None:
         environment["gpu_unavailable_reason"] = "PyTorch is not importable"
@@ -665,13 +620,10 @@ def environment_of(device, index):
         return environment
     environment["gpu_available"] = True
     environment["gpu"] = _gpu_fields(torch, query, index, properties, environment["hip_build"])
-    settings = environment["settings"]
-    settings["allocator_backend"] = environment["gpu"]["allocator_backend"]
-    environment["allocator_settings"] = allocator_settings(
-        torch, environment["field_errors"], settings["allocator_backend"]
-    )
+    backend = environment["gpu"]["allocator_backend"]
+    environment["allocator_settings"] = allocator_settings(torch, environment["field_errors"], backend)
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
-        settings[f"{name}_bytes"] = query(name, lambda name=name: _workspace_size(torch, index, name))
+        environment["settings"][f"{name}_bytes"] = query(name, lambda name=name: _workspace_size(torch, index, name))
     return environment
 
 
@@ -701,12 +653,6 @@ def _empty_environment(device):
         "driver_note": DRIVER_NOTE,
         "driver_commands": dict(DRIVER_COMMANDS),
     }
-
-
-def _field_query(field_errors):
-    """``query(name, function)``: function's value, or None with a line in ``field_errors`` when it fails."""
-
-    return lambda name, function: pytorch_call(name, function, None, field_errors)
 
 
 def _read_settings(torch, query, settings):
@@ -741,13 +687,12 @@ def _blas_library(torch):
 
 
 def allocator_settings(torch, field_errors, backend):
-    """The caching allocator's settings as PyTorch parsed them (never read from the environment, never
-    kept as text), with the backend; None where this PyTorch cannot tell or refused them."""
+    """The allocator's settings as PyTorch parsed them, never as text; None where it cannot tell."""
     if backend != "native":  # the cudaMallocAsync backend refuses the snapshot
         return None
     try:
         parsed = _parsed_allocator_settings(torch)
-    except PYTORCH_FAILURES:  # PyTorch's message may quote the settings' text: it is not kept
+    except Exception:  # PyTorch's message may quote the settings' text: it is not kept
         field_errors["allocator_settings"] = ALLOCATOR_REFUSED
         return None
     return None if parsed is None else {"backend": backend, **parsed}
@@ -757,7 +702,7 @@ def _parsed_allocator_settings(torch):
     # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on), beside their text, which is not read.
     try:
         recorded = torch.cuda.memory._snapshot()["allocator_settings"]
-    except PYTORCH_FAILURES as exc:  # a private API this build lacks or cannot answer: null
+    except Exception as exc:  # a private API this build lacks or cannot answer: null
         if describe_error(exc) == ALLOCATOR_REFUSED:
             raise
         return None
@@ -765,13 +710,13 @@ def _parsed_allocator_settings(torch):
     return {
         "max_split_size_bytes": None if limit < 0 else limit,
         "expandable_segments": bool(recorded["expandable_segments"]),
-        "roundup_power2_divisions": _kept_divisions(recorded["roundup_power2_divisions"].values()),
+        # The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size.
+        "roundup_power2_divisions": {
+            str(2**index): int(count)
+            for index, count in enumerate(recorded["roundup_power2_divisions"].values())
+            if int(count) > 1
+        },
     }
-
-
-def _kept_divisions(divisions):
-    """The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size."""
-    return {str(2**index): int(count) for index, count in enumerate(divisions) if int(count) > 1}
 
 
 def allocator_differences(allocator):
@@ -1074,8 +1019,7 @@ def _shown(value):
 
 # >>> notebook: Child processes: SIGINT and SIGTERM held while one starts (sweep's, the vendor tool's)
 def hold_signals():
-    """Block SIGINT and SIGTERM in this thread: they wait, pending, until let_signals_through(the mask returned).
-    None where there are no signal masks (Windows)."""
+    """Block SIGINT and SIGTERM until let_signals_through(the mask returned); None on Windows."""
     import signal
 
     if not hasattr(signal, "pthread_sigmask"):
@@ -1092,11 +1036,8 @@ def let_signals_through(held):
 
 
 def start_child(command, **options):
-    """(subprocess.Popen(command, **options), the mask to let through) with SIGINT and SIGTERM held until Popen
-    returns: one landing between fork and exec would be raised inside Popen, which would never hand the child
-    over, and the child would outlive its parent.  The caller's try, whose clean-up stops the child, starts with
-    let_signals_through.  The child starts with the two blocked (the mask survives exec): the kit's main unblocks
-    them first."""
+    """(Popen(command, **options), the mask to let through), SIGINT and SIGTERM held until Popen returns: one
+    landing between fork and exec would leave the child without its parent's clean-up."""
     import subprocess
 
     held = hold_signals()
@@ -1201,10 +1142,8 @@ def card_reader(cuda, index):
 
 
 def sustained_run(cuda, device, forward, records, seconds, read_card_state, clock=time.perf_counter_ns):
-    """(the sustained section, the card's state in its last window); (None, None) unless ``seconds``.  Forwards back
-    to back for about ``seconds`` after the warm repetitions (their lines among ``records``), in windows of about
-    WINDOW_NS at their pace: a CUDA event between windows, no synchronization until the end, so that the queue
-    never drains; the card read from a thread while the last window is in flight."""
+    """(the sustained section, the card's state in its last window); (None, None) unless ``seconds``.  No
+    synchronization between windows (CUDA events only), so that the queue never drains."""
     import threading
 
     if not seconds:
@@ -1233,9 +1172,8 @@ def sustained_run(cuda, device, forward, records, seconds, read_card_state, cloc
 
 
 def sustained_section(run, window_ms, warm):
-    """The result's sustained section: the time per forward of each window; the steady value (the last half's
-    median); whether steady (each of that half within STEADY_TOLERANCE; None under three windows there); its
-    ratio to the warm repetitions' device median."""
+    """The windows' time per forward, the steady value (the last half's median), whether steady (each
+    within STEADY_TOLERANCE; None under three windows) and its ratio to the warm device median."""
     with exact_context():
         per_forward = [abs(Decimal(repr(ms))) / run["forwards_per_window"] for ms in window_ms]
         half = per_forward[len(per_forward) // 2 :]
@@ -1469,11 +1407,8 @@ def _predicted_levels(names, tensor_bytes):
 
 
 def memory_plan(config, model=None):
-    """What each phase should do to the allocator, from arithmetic alone (no PyTorch, no GPU), under PyTorch's
-    default allocator settings.  Requested bytes are exact; allocated bytes use the allocator's 512-byte
-    rounding, a block above 1 MiB may hold up to 1 MiB more (``*_slack_bytes``); figures are relative to each
-    phase's baseline.  The first forward's BLAS workspace is measured, not predicted:
-    ``predicted_peak_allocated_bytes`` counts a named allowance for it.  ``model``: synthetic_model(config)."""
+    """What each phase should do to the allocator, from arithmetic alone, under PyTorch's default allocator
+    settings; the first forward's BLAS workspace is an allowance, measured by measure."""
     model = model or synthetic_model(config)
     tensor_bytes = _tensor_bytes(config, model)
     levels = _predicted_levels(phase_names(config), tensor_bytes)
@@ -1572,10 +1507,8 @@ def card_memory_bytes(memory_gib):
 
 
 def largest_that_fits(config, memory_bytes, dimension):
-    """The largest whole value of ``dimension`` (the others as in ``config``) whose plan needs at most
-    ``memory_bytes``; None when even 1 does not fit.  The plan grows with each dimension: doubling finds a
-    value that does not fit, then halving the interval finds the last one that does.  Each step predicts each
-    phase of the plan once, at the step's sizes: the repetitions of a phase change no level."""
+    """The largest value of ``dimension`` whose plan needs at most ``memory_bytes`` (None: not even 1),
+    by doubling then halving: the plan grows with each dimension."""
     names = list(dict.fromkeys(phase_names(config)))
 
     def fits(value):
@@ -1600,8 +1533,7 @@ def largest_that_fits(config, memory_bytes, dimension):
 
 
 def fit_on_card(plan, memory_gib):
-    """Whether the planned run fits a card of ``memory_gib`` GiB, and the largest batch, context and width that
-    fit it, each alone with the others as planned: the fields --plan --memory-gib adds to the plan."""
+    """--plan --memory-gib's fields: whether the run fits, and the largest batch, context and width that do."""
     gib, memory_bytes = card_memory_bytes(memory_gib)
     config = plan["configuration"]
     return {
@@ -1651,22 +1583,13 @@ def _requested(stats, which):
 
 
 def device_used_bytes(cuda, device):
-    """The memory in use on the whole device (mem_get_info: total - free), every process and the CUDA/ROCm
-    context included; None where this runtime cannot tell (no such API, or a runtime error)."""
-    reading = getattr(cuda, "mem_get_info", None)
-    if reading is None:
-        return None
-    answer = pytorch_call("mem_get_info", lambda: reading(device), None)  # whatever it raises: unknown
+    """Memory in use on the whole device (total - free); None where this runtime cannot tell."""
+    answer = pytorch_call("mem_get_info", lambda: cuda.mem_get_info(device), None)  # whatever it raises: unknown
     return None if answer is None else answer[1] - answer[0]
 
 
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
-    """One phase of the protocol; returns (record, work's output).
-
-    The output is still referenced while the end readings are taken; the caller drops
-    it before the next pass.  The allocator cache is never emptied.  The device time is
-    read from two CUDA events recorded on the device's current stream around the work.
-    """
+    """One phase; returns (record, output), the output kept referenced until the end readings."""
 
     def counters(baseline):  # PHASE_FIELDS' allocator counters, in its order
         return {
@@ -1680,21 +1603,17 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     record.update(counters(baseline=True))
     baseline_stats = cuda.memory_stats(device)
     cuda.reset_peak_memory_stats(device)
-    events = None
-    if getattr(cuda, "Event", None) is not None:
-        stream = cuda.current_stream(device)
-        events = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
+    stream = cuda.current_stream(device)
+    events = (cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
     started_ns = clock()
-    if events:
-        events[0].record(stream)
+    events[0].record(stream)
     output = work()
-    if events:
-        events[1].record(stream)
+    events[1].record(stream)
     cuda.synchronize(device)
     elapsed_ns = record["nanoseconds"] = clock() - started_ns
     record["end_device_used_bytes"] = device_used_bytes(cuda, device)
     record["seconds"] = elapsed_ns / 1e9
-    record["device_ms"] = events[0].elapsed_time(events[1]) if events else None
+    record["device_ms"] = events[0].elapsed_time(events[1])
     record.update(counters(baseline=False))
     stats = cuda.memory_stats(device)
     record["baseline_requested_bytes"] = _requested(baseline_stats, "current")
@@ -1710,12 +1629,7 @@ class PhaseFailed(Exception):
 
 
 def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
-    """Run the phases of the spec's table in order; returns (their records, the output summary, the
-    per-call workspace, the sustained run and the card's state: {"sustained", "card_state"}).
-
-    ``cuda`` is ``torch.cuda`` for a real measurement (tests pass a recording stand-in).  The
-    summary of the last output and the per-call workspace are measured after the phases, outside any timing.
-    """
+    """Run the phases in order; returns (records, output summary, per-call workspace, sustained run)."""
     dtype = getattr(torch, config["dtype"])
     records = []
     read_card_state = card_reader(cuda, device_index(config["device"]))
@@ -1787,10 +1701,8 @@ def _product_transient(cuda, device, product):
 
 
 def measure_per_call_workspace(cuda, device, model, inputs):
-    """Each matrix product of the forward once more, alone: what its call took and gave back, as
-    {"fc1": {"allocated_bytes", "requested_bytes"}, "fc2": ...}.  That is a BLAS workspace allocated per call
-    (PyTorch 2.4's cuBLASLt one is, sized by CUBLASLT_WORKSPACE_SIZE, which the kit cannot read); 0 where the
-    workspaces are kept."""
+    """Each matrix product once more, alone: what its call took and gave back (a BLAS workspace
+    allocated per call, as PyTorch 2.4's cuBLASLt one is; 0 where the workspaces are kept)."""
     fc1_output, allocated_bytes, requested_bytes = _product_transient(cuda, device, lambda: model[0](inputs))
     taken = {"fc1": {"allocated_bytes": allocated_bytes, "requested_bytes": requested_bytes}}
     gelu_output = model[1](fc1_output)
@@ -1812,9 +1724,8 @@ def summarize_output(torch, output):
 
 # >>> notebook: 3.4 The prediction check: the measured counters against the plan
 def counters_checked(backend, allocator):
-    """(the counters a phase's verdict checks, why the others are not, or None).  Requested bytes under the
-    native backend, whatever its settings: PyTorch counts a request before it rounds it.  Allocated bytes too
-    under PyTorch's default settings only (``allocator``: as PyTorch parsed them, None where unknown)."""
+    """(the counters a verdict checks, why the others are not, or None): requested bytes under the native
+    backend (counted before rounding); allocated bytes too under the default settings only."""
     if backend != "native":
         if backend is None:
             return (), "PyTorch's allocator backend could not be read"
@@ -1828,15 +1739,8 @@ def counters_checked(backend, allocator):
 
 
 def check_against_plan(records, plan, per_call=None, backend="native", allocator=DEFAULT_ALLOCATOR):
-    """Each phase's record with its prediction, the counters checked, disagreements and verdict.
-
-    Requested bytes must match exactly; allocated bytes must lie between the 512-byte rounded
-    prediction and that plus the large blocks' slack; which are checked: counters_checked(backend,
-    allocator).  The first forward's BLAS workspace is measured: what it leaves beyond the predicted
-    output.  ``per_call`` (from measure_per_call_workspace; None: not measured) is what each matrix
-    product takes and gives back: the forwards are predicted again with it held during each product's
-    call.  Returns new (records, prediction_check, workspace); ``records`` are left as they were.
-    """
+    """Each phase's record with its prediction, counters checked, disagreements and verdict; returns new
+    (records, prediction_check, workspace).  ``per_call``: the forwards predicted again with it held."""
     counters, reason = counters_checked(backend, allocator)
     forwards = forwards_with_workspaces(plan, per_call)
     predictions = [forwards.get(planned["phase"], planned) for planned in plan["phases"]]
@@ -1990,10 +1894,8 @@ def _name_limits(folder):
 
 
 class _Temporary:
-    """A new hidden file in ``folder``, named before it exists so that a signal landing at any moment of its
-    creation leaves nothing: ``path = _Temporary(folder)``, then ``open()`` (or ``link_from()``) inside the try
-    whose clean-up calls ``remove()``.  Its 64 random bits make a name already taken a case no one meets; were
-    it taken, the exclusive creation fails, and that file, not this one's, is neither overwritten nor removed."""
+    """A new hidden file in ``folder``, named before it exists so that a signal at any moment of its creation
+    leaves nothing: created inside the try whose clean-up calls ``remove()``."""
 
     def __init__(self, folder):
         self.path = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
@@ -2023,12 +1925,8 @@ class _Temporary:
 
 
 def check_new_output(path):
-    """Refuse, before any GPU work, an output that exists or cannot be created.
-
-    Beyond the name and its folder, it proves that a file can be created and hard-linked there (a
-    temporary file is created and linked under a second temporary name, both removed at once), so a
-    finished measurement is not lost to an unwritable folder or a file system without hard links.
-    """
+    """Refuse, before any GPU work, an output that exists or cannot be created, or a folder where a file
+    cannot be hard-linked (write_new_file's need), so that no finished measurement is lost."""
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
     name, folder = os.path.basename(path), os.path.dirname(path) or "."
@@ -2078,9 +1976,7 @@ def _probe(folder, path):
 
 
 def to_json(data):
-    """Serialize a result as indented JSON.  An exact Decimal becomes a number rounded half-up to
-    exactly 6 decimals and written with its own digits (through a float, 10**21 would print as
-    1e+21); everything else is what json.dumps writes."""
+    """A result as indented JSON; a Decimal as a number rounded half-up to 6 decimals, with its own digits."""
     import json
 
     def encode(value, indent):
@@ -2098,13 +1994,8 @@ def to_json(data):
 
 
 def write_new_file(path, text):
-    """Write ``text`` to ``path`` atomically, never replacing an existing file.
-
-    The data goes to a temporary file in the same folder first, then is hard-linked
-    under its name (which fails if the name appeared meanwhile): a crash leaves either
-    no result or a whole one.  The file gets the mode the user's umask gives.  Raises
-    KitError when the name is taken, OSError when the data cannot be written or linked.
-    """
+    """Write ``text`` to a new ``path`` whole or not at all: a temporary file, then a hard link, which fails
+    if the name appeared meanwhile.  KitError when the name is taken, OSError otherwise."""
     data = text.encode("utf-8")
     temporary = _Temporary(os.path.dirname(path) or ".")
     try:
@@ -2168,12 +2059,7 @@ def fit_problem(plan, environment):
 
 
 def measure(config, tool):
-    """Measure the synthetic MLP on the chosen GPU; returns the result (writes nothing).
-
-    Refuses (KitError, exit 2) without PyTorch, with one older than OLDEST_TORCH, without a usable GPU,
-    with an unsupported dtype, sizes whose predicted peak cannot fit, or a failed set-up step; raises
-    MeasurementFailed (exit 3) when a phase fails.
-    """
+    """The measurement on the GPU; returns the result (writes nothing), else KitError or MeasurementFailed."""
     from datetime import datetime, timezone
 
     model = synthetic_model(config)
@@ -2228,13 +2114,10 @@ def measure(config, tool):
 
 
 def _counters_before(cuda, device, index, on):
-    """The allocator's allocated and reserved bytes, and the device-wide bytes in use, before the phases (``on``:
-    the device as the user wrote it, for a failure's line)."""
+    """The allocated, reserved and device-wide bytes in use before the phases."""
     allocated = pytorch_call(f"torch.cuda.memory_allocated failed on {on}", lambda: cuda.memory_allocated(device))
     reserved = pytorch_call(f"torch.cuda.memory_reserved failed on {on}", lambda: cuda.memory_reserved(device))
-    # CUDA is initialised: its context is counted
-    device_used = pytorch_call(f"torch.cuda.mem_get_info failed on {on}", lambda: device_used_bytes(cuda, index))
-    return allocated, reserved, device_used
+    return allocated, reserved, device_used_bytes(cuda, index)  # CUDA is initialised: its context is counted
 
 
 FRESH_PROCESS_WARNING = (
@@ -2244,8 +2127,7 @@ FRESH_PROCESS_WARNING = (
 
 
 def _torch_to_measure_with():
-    """(torch, a warning or None): PyTorch, imported, of a release the kit measures with; else a refusal.
-    Asked before any query that could start CUDA."""
+    """(torch, a warning or None), asked before any query that could start CUDA; else a refusal."""
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
@@ -2254,8 +2136,7 @@ def _torch_to_measure_with():
 
 
 def _refuse_what_cannot_run(torch, config, index, plan, environment):
-    """Refuse, before the kit allocates anything on the GPU: no usable GPU, a dtype it lacks, a predicted
-    peak that cannot fit, a model the host cannot build."""
+    """Refuse, before any GPU allocation, what cannot run or is predicted not to fit."""
     if not environment["gpu_available"]:
         raise KitError(
             f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback, "
@@ -2283,8 +2164,7 @@ def _measurement_failed(torch, config, failure):
     dimensions = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
     error = failure.error
     PyTorchStderr.note(error)  # out of memory too: --debug shows PyTorch's message
-    out_of_memory = getattr(torch.cuda, "OutOfMemoryError", None) or getattr(torch, "OutOfMemoryError", MemoryError)
-    if isinstance(error, out_of_memory) or "out of memory" in str(error).lower():
+    if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
         return MeasurementFailed(
             f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
             "nothing written; shrink one dimension and retry in a new process"
@@ -2293,11 +2173,7 @@ def _measurement_failed(torch, config, failure):
 
 
 def measure_to_file(config, output_path, tool, debug=False):
-    """The whole measurement: refuse an unusable output first, measure, then write atomically.
-
-    Warnings PyTorch raises meanwhile are not printed: they are recorded in the result's
-    ``environment.field_errors`` (``debug``: PyTorch's own text on the terminal too, never in the file).
-    """
+    """Refuse an unusable output first, measure, then write; PyTorch's warnings go in field_errors."""
     check_new_output(output_path)
     with CapturedWarnings(), PyTorchStderr(debug):
         result = measure(config, tool)
@@ -2325,11 +2201,13 @@ def _phase_label(record):
     return label
 
 
-def _table(rows):
+def _table(rows, left=(0,)):
+    """``rows`` of text as aligned columns: those in ``left`` to the left, the others to the right."""
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return "\n".join(
         "  ".join(
-            cell.ljust(widths[0]) if column == 0 else cell.rjust(widths[column]) for column, cell in enumerate(row)
+            cell.ljust(widths[column]) if column in left else cell.rjust(widths[column])
+            for column, cell in enumerate(row)
         ).rstrip()
         for row in rows
     )
@@ -2342,15 +2220,13 @@ CUDA_INITIALIZED_NOTE = (
 
 
 def result_warnings(result):
-    """What makes a measurement less trustworthy, one line each: a process that was not fresh, a PyTorch
-    version the kit cannot read, BLAS workspaces beyond what the plan allowed for them."""
+    """What makes a measurement less trustworthy, one line each."""
     warnings = [result["configuration"]["fresh_process_warning"], result["torch_version_warning"]]
     return [warning for warning in [*warnings, _workspace_warning(result["workspace"])] if warning]
 
 
 def _workspace_warning(workspace):
-    """A line when the workspaces kept and taken per call exceed the plan's allowance (its peak then
-    understates this run), else None."""
+    """A line when the BLAS workspaces exceed the plan's allowance (its peak understates the run)."""
     kept_bytes = workspace["measured_bytes"] or 0
     per_call_bytes = max(taken["allocated_bytes"] for taken in workspace["per_call"].values())
     if kept_bytes + per_call_bytes <= workspace["allowance_bytes"]:
@@ -2469,10 +2345,7 @@ def _read_at_most(handle, limit):
 
 
 def read_result_file(path):
-    """The JSON object in ``path``: a regular file of at most MAX_RESULT_BYTES, never modified.
-
-    FIFOs, devices and folders are refused without being read (opened non-blocking, then checked).
-    """
+    """The JSON object in ``path``, a regular file of at most MAX_RESULT_BYTES (FIFOs are never read)."""
     import json
     import stat
 
@@ -2605,9 +2478,7 @@ def _allocator_flag(allocator):
 
 
 def _device_wide(last_phase):
-    """The device-wide memory in use at the end of a run, and the part of it outside PyTorch's allocator in that
-    process (device used - reserved; None where the device figure is below the allocator's own one, which makes
-    it no figure: the two are read apart); None for both where the result has no reading."""
+    """The device-wide memory in use at the end and its part outside the allocator (None: impossible)."""
     used, reserved = last_phase["end_device_used_bytes"], last_phase["end_reserved_bytes"]
     if used is None or reserved is None:
         return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
@@ -2626,8 +2497,7 @@ ENVIRONMENT_LABELS = {"gpu": "GPU", "torch": "PyTorch", "cuda_build": "CUDA buil
 
 
 def _row_flags(result, row, first):
-    """What makes a result's row (``row``, of report_rows) less comparable to ``first``'s, or not a true
-    measurement."""
+    """What makes a row less comparable to ``first``'s, or not a true measurement."""
     checks = result["prediction_check"]
     flags = []
     if result["configuration"]["fresh_process_warning"] is not None:
@@ -2677,10 +2547,7 @@ def _variation_flags(row):
 
 
 def report_rows(named_results):
-    """One row per (file as given, parsed result), in order; pure: reads and writes nothing.
-
-    ``named_results`` may be a generator: each result is checked, reduced to its row and dropped in turn.
-    """
+    """One row per (file as given, parsed result), in order; ``named_results`` may be a generator."""
     rows = []
     for path, result in named_results:
         row = _result_row(path, result)
@@ -2791,16 +2658,7 @@ def format_report(data):
         *(f"warm {word} ms" for word in WARM_FIGURES),
         *("drift", "positions/s*", "GFLOP/s*", "flags"),
     )
-    rows = [header, *map(_report_cells, data["results"])]
-    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
-    left = {0, 1, 2, len(header) - 1}
-    lines = [
-        "  ".join(
-            cell.ljust(widths[column]) if column in left else cell.rjust(widths[column])
-            for column, cell in enumerate(row)
-        ).rstrip()
-        for row in rows
-    ]
+    lines = [_table([header, *map(_report_cells, data["results"])], left=(0, 1, 2, len(header) - 1))]
     lines += device_wide_lines(data["results"])
     lines += sustained_lines(data["results"])
     lines += [
@@ -2858,9 +2716,8 @@ def phase_bar_data(result):
 
 
 def size_bar_data(rows):
-    """Per row of report: (labels, what the labels name, {series: bytes}, warm median ms).  A label gives the
-    dimensions (and dtype) that differ between the rows, with the row's number where labels would repeat,
-    and "*" for a row report flags."""
+    """Per row of report: (labels, what they name, {series: bytes}, warm median ms); a label gives the
+    dimensions that differ, "*" for a flagged row."""
     varying = [key for key in (*FIT_DIMENSIONS, "dtype") if len({row[key] for row in rows}) > 1]
     labels = ["/".join(str(row[key]) for key in varying) for row in rows]
     if len(set(labels)) < len(labels):
@@ -2873,8 +2730,7 @@ def size_bar_data(rows):
 
 
 def _bars(axes, labels, series, unit, places):
-    """Grouped bars, one group per label and one bar per series, each labelled with its value in ``unit``
-    (rounded to ``places``, as the tables write it)."""
+    """Grouped bars, one group per label, one bar per series, each labelled with its value in ``unit``."""
     width = 0.8 / len(series)
     for index, (name, values) in enumerate(series.items()):
         offset = (index - (len(series) - 1) / 2) * width
@@ -2926,8 +2782,7 @@ HELP_WIDTH = 100  # fixed, so that argparse never reads COLUMNS from the environ
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse under the kit's contract: no abbreviations, a fixed help width, no colour, and any
-    misuse raised as one KitError line (exit 2) instead of a usage block."""
+    """argparse under the contract: no abbreviations, no colour, a fixed width, misuse as one KitError."""
 
     def __init__(self, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -2942,8 +2797,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class Once(argparse.Action):
-    """Store an option's value (``const`` for a flag, ``nargs=0``) and refuse it given twice:
-    argparse alone would keep the last one silently.  The options given are kept in order."""
+    """Store an option's value and refuse it given twice (argparse would keep the last); records the order."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = getattr(namespace, "_given_options", ())
@@ -2954,9 +2808,8 @@ class Once(argparse.Action):
 
 
 class GuardedStdout:
-    """sys.stdout while a command runs.  A write or flush that fails (a closed pipe, a full disk, descriptor 1
-    closed at start-up: no stream) raises GuardedStdout.Failed, which the command line tells from the command's
-    own errors (argparse would swallow an OSError while printing the help): failed() then says it, exit 1."""
+    """sys.stdout while a command runs: a failed write or flush raises GuardedStdout.Failed (argparse would
+    swallow an OSError while printing the help), exit 1."""
 
     class Failed(Exception):
         pass
@@ -3019,11 +2872,7 @@ def _terminated(signal_number, frame):
 
 
 def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
-    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit.
-
-    ``command`` parses and runs; it returns None (success) or a status.  KitError: its one line and
-    its exit_code; argparse's own exit (--help): its status; an unwritable stdout: 1; Ctrl-C: 130; SIGTERM: 143.
-    """
+    """Run ``command(argv)`` under the contract; returns the exit status, never raises SystemExit."""
     import signal
 
     guarded = sys.stdout = GuardedStdout(sys.stdout)
@@ -3060,8 +2909,7 @@ def run_command_line(prog, command, argv, interrupted="interrupted (Ctrl-C)"):
 
 
 def _print(text, flush=False):
-    """One line on stdout, escaped where stdout cannot encode it (PYTHONIOENCODING=ascii, a C locale): a GPU
-    or file name is data, not an error."""
+    """One line on stdout, escaped where stdout cannot encode it: a GPU or file name is data, not an error."""
     encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
     print(text.encode(encoding, "backslashreplace").decode(encoding), flush=flush)
 
@@ -3160,9 +3008,7 @@ SWEEP_MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def child_command(arguments):
-    """The command of a fresh child: this interpreter, with its flags (-I, -E, -s, -X ...: a PyTorch they kept out
-    stays out), running this script.  The flags come from CPython's own helper, which multiprocessing and the
-    test suite of CPython use too (present since 3.2, kept up with each new flag); without it, none."""
+    """This interpreter with its flags (-I, -E, -s ...: a PyTorch they kept out stays out), this script."""
     import subprocess
 
     flags = getattr(subprocess, "_args_from_interpreter_flags", list)()
@@ -3210,8 +3056,8 @@ def probe_device(device):
 
 
 def run_child(arguments, timeout_s):
-    """(exit status, None if stopped after ``timeout_s`` seconds; its stdout; its stderr, as bytes) of a fresh
-    child; on Ctrl-C or SIGTERM the child is stopped too, then the KeyboardInterrupt goes on."""
+    """(exit status or None after ``timeout_s``, stdout, stderr) of a fresh child; on Ctrl-C or SIGTERM the
+    child is stopped too."""
     import subprocess
 
     pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
@@ -3232,9 +3078,8 @@ def run_child(arguments, timeout_s):
 
 
 def stop_child(process):
-    """Interrupt the child as Ctrl-C does (measure then removes its partial file); kill it if it lingers, or at
-    once on a further Ctrl-C or SIGTERM, which then goes on: this returns or raises only once the child has ended,
-    so that nothing it writes can appear after the sweep."""
+    """Interrupt the child as Ctrl-C does (it removes its partial file); kill it if it lingers or on a further
+    signal, which then goes on: nothing it writes can appear after the sweep."""
     import signal
     import subprocess
 
@@ -3338,8 +3183,7 @@ def child_stopped(where, status, err, plan, timeout_s):
 
 
 def launchable(dimension, configs, environment):
-    """([(value, configuration, plan)] predicted to fit, in order, up to the first that is not; the KitError
-    that says why that one and the larger are not launched, or None)."""
+    """([(value, config, plan)] predicted to fit, up to the first that does not; the KitError why, or None)."""
     launched = []
     for index, (value, config) in enumerate(configs):
         plan = memory_plan(config)
@@ -3353,9 +3197,8 @@ def launchable(dimension, configs, environment):
 
 
 def sweep_children(dimension, configs, environment, folder, timeout_s, debug=False):
-    """Measure each value in turn, after the plan's fit check against the probed free memory; returns
-    ([(value, file written)], the KitError that stopped the sweep, or None).  When nothing was measured, the
-    folder goes, unless someone else left a file in it: then both stay, named in the sweep's one line."""
+    """Measure each value in turn after the fit check; returns ([(value, file)], the KitError that stopped
+    it or None).  Nothing measured: the folder goes, unless another file is in it."""
     launched, stop = launchable(dimension, configs, environment)
     if not launched:
         return [], stop
@@ -3526,8 +3369,7 @@ def _run(argv):
 
 
 def main(argv=None) -> int:
-    """Run one command; returns the exit status (0, 1: stdout unwritable, 2: refused, 3: measurement failed,
-    130: interrupted, 143: SIGTERM)."""
+    """Run one command; returns the exit status (README's table)."""
     import signal
 
     if hasattr(signal, "pthread_sigmask"):  # first: a sweep starts its children with these two blocked (start_child)

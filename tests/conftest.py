@@ -258,13 +258,11 @@ class RecordingCudaStandIn:
     WrongDevice, which fails the phase and so the test.  ``observe`` (optional) is called
     at each call and its value recorded with it; ``fail_on_synchronize`` raises the given
     exception at that (1-based) synchronize call.  ``requested=False`` stands in for a
-    PyTorch whose memory_stats lacks the requested-bytes counters; ``events=False`` for
-    one without CUDA events.  Subclasses change the counters by overriding ``levels``.
+    PyTorch whose memory_stats lacks the requested-bytes counters.  Subclasses change the
+    counters by overriding ``levels``.
     """
 
-    def __init__(
-        self, observe=None, fail_on_synchronize=None, device="dev", requested=True, events=True, device_ms=0.25
-    ):
+    def __init__(self, observe=None, fail_on_synchronize=None, device="dev", requested=True, device_ms=0.25):
         self.calls = []
         self.devices = []
         self.device = device
@@ -273,8 +271,7 @@ class RecordingCudaStandIn:
         self.synchronize_count = 0
         self.requested = requested
         self.device_ms = device_ms
-        if events:
-            self.Event = lambda enable_timing=False: _StandInEvent(self, enable_timing)
+        self.Event = lambda enable_timing=False: _StandInEvent(self, enable_timing)
 
     def levels(self):
         """The counters: current and peak allocated, reserved and requested bytes."""

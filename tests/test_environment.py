@@ -339,7 +339,6 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(two_devices, 
             "cuda_matmul_allow_fp16_reduced_precision_reduction": False,
             "cuda_matmul_allow_bf16_reduced_precision_reduction": True,
             "preferred_blas_library": "Cublaslt",
-            "allocator_backend": "cudaMallocAsync",
             "cublas_workspace_size_bytes": 8 * MIB + 128 * 2**10,
             "cublaslt_workspace_size_bytes": MIB,
         },
@@ -461,11 +460,10 @@ def test_each_failing_query_leaves_null_and_names_itself(stand_in_gpu, monkeypat
         for key in (
             "float32_matmul_precision",
             "preferred_blas_library",
-            "allocator_backend",
             "cublas_workspace_size_bytes",
             "cublaslt_workspace_size_bytes",
         )
-    ] == [None] * 5
+    ] == [None] * 4
     assert environment["gpu"]["allocator_backend"] is None
     assert environment["gpu_available"] is True
 
@@ -524,7 +522,7 @@ def test_the_environment_text_exactly_with_a_gpu():
             "mem_get_info_total_bytes": 5,
             "allocator_backend": None,
         },
-        "settings": {"cudnn_allow_tf32": False, "preferred_blas_library": None, "allocator_backend": "native"},
+        "settings": {"cudnn_allow_tf32": False, "preferred_blas_library": None},
         "field_errors": {
             "pytorch_warnings": "UserWarning: w",
             "mem_get_info": "RuntimeError: x",
@@ -551,7 +549,6 @@ def test_the_environment_text_exactly_with_a_gpu():
             "  allocator backend     unknown",
             "  allocator settings    unknown (allocated bytes not checked)",
             "  setting               cudnn_allow_tf32 = False",
-            "  setting               allocator_backend = native",
             "  query failed          mem_get_info: RuntimeError: x",
             "  PyTorch warned        pytorch_warnings: UserWarning: w",
             "  query failed          zz: RuntimeError: y",

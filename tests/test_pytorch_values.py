@@ -187,26 +187,6 @@ def test_mem_get_info_raising_anything_leaves_it_unknown(stand_in_gpu, monkeypat
     assert result["configuration"]["device_used_bytes_before_measure"] is None
 
 
-# --- 4. what PyTorch raises: SystemExit, GeneratorExit ----------------------------------------------------------
-
-
-RAISED = [SystemExit(), SystemExit(0), GeneratorExit()]
-
-
-@pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))
-def test_what_pytorch_raises_in_a_query_is_a_field_error(stand_in_gpu, monkeypatch, capsys, error):
-    monkeypatch.setattr(torch.cuda, "get_device_properties", raising(error))
-    data = environment_json(capsys)
-    assert data["gpu"] is None
-    assert data["field_errors"]["properties"].startswith(type(error).__name__)
-
-
-@pytest.mark.parametrize("error", RAISED, ids=lambda error: type(error).__name__ + str(len(error.args)))
-def test_what_pytorch_raises_in_a_phase_exits_3_in_one_line(stand_in_gpu, monkeypatch, tmp_path, capsys, error):
-    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, error)))
-    measure_refused(tmp_path, capsys, 3, "phase inputs failed", type(error).__name__)
-
-
 # --- 5. PyTorch printing on stdout while it loads --------------------------------------------------------------
 
 

@@ -1,5 +1,11 @@
 """IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase
-GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (README.md's quick start shows its use).
+GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (README.md's quick start shows more).
+
+Usage::
+
+    python3 mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 --dtype float32 \\
+        --warmup 1 --repeats 2 --output mesures-petit-essai.json
+    python3 mesure_memoire.py report mesures-petit-essai.json
 
 ``estimate``, ``measure --plan`` and ``report`` need only Python >= 3.10 and its standard library.  ``environment`` and
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected

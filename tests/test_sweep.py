@@ -54,6 +54,7 @@ SWEEP = [
 FREE_BYTES = 3 * GIB  # widths up to 4096 are predicted to fit, 8192 is not (checked below)
 MEASURED_256 = "width 256: measured, out/mesures-width-256.json\n"
 OOM = "out of memory in phase cold_forward (batch 2, context 128, width 2048, dtype float32) on cuda:0"
+FAILED = "phase cold_forward failed (batch 2, context 128, width 2048, dtype float32): RuntimeError (text withheld)"
 
 
 def environment(free=FREE_BYTES, available=True):
@@ -88,7 +89,7 @@ def stand_in(tmp_path, monkeypatch):
             "values": values,
             "template": str(TEMPLATE),
             "environment": env or environment(),
-            "messages": {"exit2": "--dtype bfloat16: not supported (stand-in)", "exit3": OOM},
+            "messages": {"exit2": "--dtype bfloat16: not supported (stand-in)", "exit3": OOM, "exit3-failed": FAILED},
             **more,
         }
         (home / "behaviours.json").write_text(json.dumps(behaviours))
@@ -196,6 +197,15 @@ def test_the_first_exit_3_stops_the_sweep_with_the_plan_s_figure(stand_in, capsy
         )
     )
     assert os.listdir("out") == ["mesures-width-1024.json"]
+
+
+def test_an_exit_3_that_is_not_out_of_memory_is_told_as_a_failure_not_as_a_misfit(stand_in, capsys):
+    """measure exits 3 for any failed phase: only an out-of-memory child is a run that does not fit."""
+    stand_in({"1024": "write", "2048": "exit3-failed"})
+    assert mesure_memoire.main([*SWEEP, "--values", "1024,2048"]) == 0
+    stop = capsys.readouterr().out.splitlines()[1]
+    assert "does not fit" not in stop
+    assert "width 2048" in stop and "exit status 3" in stop and FAILED in stop
 
 
 @pytest.mark.parametrize(

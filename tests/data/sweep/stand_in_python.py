@@ -5,7 +5,7 @@ Started as ``STAND-IN SCRIPT COMMAND OPTIONS...`` (through a small executable th
 ``environment`` prints the environment given (or, with a "probe" behaviour, that exit status and
 output, or hangs); ``measure`` looks up the varied value and writes a result copied from a template with
 the sizes given ("write", printing a table as measure does) or a given file as it is ({"copy": FILE}),
-refuses ("exit2"; "exit2-bytes" with bytes that are not UTF-8), runs out of memory ("exit3"), exits 0
+refuses ("exit2"; "exit2-bytes" with bytes that are not UTF-8), runs out of memory ("exit3"), fails a phase ("exit3-failed"), exits 0
 or 1 without a word ("exit0", "exit1"), or hangs ("hang", after leaving a partial file in the
 output's folder and its process id in ``hanging.pid``; "write-then-hang" writes its result first);
 "remove-folder-then-exit3" removes the output's folder, then exits 3; {"slow": SECONDS, "at": STEP} runs the
@@ -110,9 +110,9 @@ if behaviour == "write":
         json.dump(result, stream)
     print("phase  ms  (a stand-in's table)")
     raise SystemExit(0)
-if behaviour in ("exit2", "exit3"):
+if behaviour in ("exit2", "exit3", "exit3-failed"):
     print("mesure_memoire.py: error: " + BEHAVIOURS["messages"][behaviour], file=sys.stderr)
-    raise SystemExit(int(behaviour[-1]))
+    raise SystemExit(int(behaviour[4]))
 if behaviour == "exit2-bytes":
     sys.stderr.buffer.write(b"mesure_memoire.py: error: not UTF-8: \xff\xfe\n")
     raise SystemExit(2)

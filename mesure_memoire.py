@@ -3177,7 +3177,7 @@ def child_stopped(where, status, err, plan, timeout_s):
     line = one_line(lines[-1]) if lines else "no message"
     if status is None:
         return KitError(f"{where}: the child did not finish within {timeout_s} s and was stopped; nothing kept for it")
-    if status == 3:
+    if status == 3 and "out of memory" in line:  # measure exits 3 for any failed phase: only this one is a misfit
         peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
         return MeasurementFailed(
             f"{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
@@ -3185,7 +3185,8 @@ def child_stopped(where, status, err, plan, timeout_s):
         )
     if status == 0:
         return KitError(f"{where}: the child exited 0 without writing its result")
-    return KitError(f"{where}: the child {'refused' if status == 2 else 'failed'} (exit status {status}): {line}")
+    failure = MeasurementFailed if status == 3 else KitError
+    return failure(f"{where}: the child {'refused' if status == 2 else 'failed'} (exit status {status}): {line}")
 
 
 def launchable(dimension, configs, environment):

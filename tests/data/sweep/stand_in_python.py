@@ -5,10 +5,10 @@ Started as ``STAND-IN SCRIPT COMMAND OPTIONS...`` (through a small executable th
 ``environment`` prints the environment given (or, with a "probe" behaviour, that exit status and
 output, or hangs); ``measure`` looks up the varied value and writes a result copied from a template with
 the sizes given ("write", printing a table as measure does) or a given file as it is ({"copy": FILE}),
-refuses ("exit2"; "exit2-bytes" with bytes that are not UTF-8), runs out of memory ("exit3"), fails a phase ("exit3-failed"), exits 0
-or 1 without a word ("exit0", "exit1"), or hangs ("hang", after leaving a partial file in the
-output's folder and its process id in ``hanging.pid``; "write-then-hang" writes its result first);
-"remove-folder-then-exit3" removes the output's folder, then exits 3; {"slow": SECONDS, "at": STEP} runs the
+refuses ("exit2"; "exit2-bytes" with bytes that are not UTF-8), runs out of memory ("exit3"), fails a
+phase ("exit3-failed"), exits 0 or 1 without a word ("exit0", "exit1"), or hangs ("hang", after leaving
+a partial file in the output's folder and its process id in ``hanging.pid``; "write-then-hang" writes its result first);
+"remove-folder-then-exit3" removes the output's folder, then runs out of memory; {"slow": SECONDS, "at": STEP} runs the
 real script's ``measure`` with a stand-in PyTorch whose import, phase and write (the result's fsync) each
 log their name in ``moments.log``, STEP then taking SECONDS in a call that does not return to the
 interpreter (SIGINT and SIGTERM blocked, as in a long kernel or driver call, then the mask as it was); its
@@ -63,6 +63,7 @@ if behaviour == "remove-folder-then-exit3":
     for name in os.listdir(os.path.dirname(given["output"])):
         os.unlink(os.path.join(os.path.dirname(given["output"]), name))
     os.rmdir(os.path.dirname(given["output"]))
+    print("mesure_memoire.py: error: " + BEHAVIOURS["messages"]["exit3"], file=sys.stderr)
     raise SystemExit(3)
 
 

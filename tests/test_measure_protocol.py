@@ -744,7 +744,8 @@ def test_summarize_output_of_a_real_tensor():
     assert summary == {"all_finite": True, "checksum_float64": -0.25, "elements": 4}
     assert type(summary["elements"]) is int
     assert type(summary["checksum_float64"]) is float
-    assert mesure_memoire.summarize_output(torch, torch.tensor([float("inf")]))["all_finite"] is False
+    not_finite = {"all_finite": False, "checksum_float64": None, "elements": 2}
+    assert mesure_memoire.summarize_output(torch, torch.tensor([float("inf"), float("nan")])) == not_finite
 
 
 # --- measure_phases: the device and dtype of every tensor it creates ------------------------------------

@@ -81,7 +81,9 @@ def test_text_output_names_the_driver_commands(capsys):
     assert f"GPU usable            no: {reason}" in out
 
 
-@pytest.mark.parametrize("device", ["cuda", "cuda:", "cuda:-1", "cpu", "CUDA:0", "cuda:0 ", "cuda:x", "0", "gpu:0"])
+@pytest.mark.parametrize(
+    "device", ["cuda", "cuda:", "cuda:-1", "cpu", "CUDA:0", "cuda:0 ", "cuda:x", "0", "gpu:0", "cuda:10000"]
+)
 def test_a_malformed_device_is_a_usage_error(device, capsys):
     assert mesure_memoire.main(["environment", "--device", device]) == 2
     captured = capsys.readouterr()

@@ -614,12 +614,12 @@ def test_the_options_and_their_defaults_reach_the_configuration(capsys):
     defaults = json.loads(capsys.readouterr().out)["configuration"]
     expected = {"device": "cuda:0", "batch": 1, "context": 16, "width": 64, "dtype": "float32"}
     assert defaults == {**expected, "warmup": 1, "repeats": 2, "seed": 0, "sustained_seconds": None}
-    arguments = ["--device", "cuda:2", "--batch", "3", "--context", "4", "--width", "5", "--dtype", "float16"]
-    arguments += ["--warmup", "6", "--repeats", "7", "--seed", "8", "--sustained-s", "9", "--plan", "--json"]
-    assert mesure_memoire.main(["measure", *arguments]) == 0
+    arguments = ["--device", "cuda:9999", "--batch", "3", "--context", "4", "--width", "5", "--dtype", "float16"]
+    arguments += ["--warmup", "1000", "--repeats", "1000", "--seed", str(2**64 - 1), "--sustained-s", "600"]
+    assert mesure_memoire.main(["measure", *arguments, "--plan", "--json"]) == 0  # each at its upper bound
     given = json.loads(capsys.readouterr().out)["configuration"]
-    expected = {"device": "cuda:2", "batch": 3, "context": 4, "width": 5, "dtype": "float16"}
-    assert given == {**expected, "warmup": 6, "repeats": 7, "seed": 8, "sustained_seconds": 9}
+    expected = {"device": "cuda:9999", "batch": 3, "context": 4, "width": 5, "dtype": "float16"}
+    assert given == {**expected, "warmup": 1000, "repeats": 1000, "seed": 2**64 - 1, "sustained_seconds": 600}
 
 
 # Each command's help: its summary and every option's line, as the README documents them.

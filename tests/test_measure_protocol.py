@@ -204,24 +204,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 0
     out = capsys.readouterr().out
     result = json.loads(output.read_text(encoding="utf-8"))
-    assert set(result) == {
-        "kit",
-        "schema_version",
-        "tool",
-        "created_utc",
-        "environment",
-        "configuration",
-        "synthetic_model",
-        "phases",
-        "prediction_check",
-        "workspace",
-        "output_summary",
-        "predicted_peak_allocated_bytes",
-        "fit_margin_bytes",
-        "torch_version_warning",
-        "sustained",
-        "card_state",
-    }
+    # Its fields and configuration: test_measure_names_the_device_in_every_call_and_returns_the_whole_result.
     assert result["schema_version"] == 7
     assert (result["sustained"], result["card_state"]) == (None, NO_TIMING["card_state"])
     assert result["tool"] == "mesure_memoire.py"
@@ -230,22 +213,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
     assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
     assert result["environment"]["settings"]["allocator_backend"] == "native"
-    assert result["configuration"] == {
-        "device": "cuda:0",
-        "batch": 1,
-        "context": 16,
-        "width": 64,
-        "dtype": "float32",
-        "warmup": 1,
-        "repeats": 2,
-        "seed": 0,
-        "sustained_seconds": None,
-        "cuda_initialized_before_measure": False,
-        "allocated_bytes_before_measure": 0,
-        "reserved_bytes_before_measure": 0,
-        "device_used_bytes_before_measure": 2**30,
-        "fresh_process_warning": None,
-    }
+    assert result["configuration"]["device_used_bytes_before_measure"] == 2**30
     assert result["synthetic_model"]["parameters"] == 8 * 64 * 64 + 5 * 64
     assert [p["phase"] for p in result["phases"]] == [
         "model_load",
@@ -288,32 +256,13 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["predicted_peak_allocated_bytes"] == plan["predicted_peak_allocated_bytes"]
     assert "STANDIN-UUID" not in output.read_text()
     assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporary file left
-    lines = out.splitlines()
-    assert lines[0].split() == [
-        "phase",
-        "ms",
-        "device",
-        "ms",
-        "end",
-        "alloc",
-        "MiB",
-        "peak",
-        "alloc",
-        "MiB",
-        "peak",
-        "reserved",
-        "MiB",
-        "prediction",
-    ]
-    assert lines[1].startswith("model_load")
-    assert lines[4].startswith("warmup x1")
-    assert lines[6].startswith("warm_forward #2")
+    lines = out.splitlines()  # the table's layout is pinned by test_the_phase_table_exactly
+    assert [line.split()[0] for line in lines[1:7]] == [p["phase"] for p in result["phases"]]
     assert all(line.rstrip().endswith("DISAGREES") for line in lines[1:7])
-    marked = [line for line in lines if line.startswith("DISAGREES ")]
-    assert len(marked) == len(disagreements)
+    assert len([line for line in lines if line.startswith("DISAGREES ")]) == len(disagreements)
     assert (
         "DISAGREES inputs: end_requested_bytes above baseline measured 0, predicted 4096 (difference -4096 bytes)"
-        in (lines)
+        in lines
     )
     assert lines[-1] == f"Result written to {output}"
 

@@ -56,7 +56,7 @@ def _no_gpu_reason():
     return MESSAGES["no GPU visible"]
 
 
-def test_without_a_gpu_it_reports_none_usable(capsys):
+def test_without_a_gpu_it_reports_none_usable_and_names_the_driver_commands(capsys):
     reason = _no_gpu_reason()
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -69,10 +69,6 @@ def test_without_a_gpu_it_reports_none_usable(capsys):
     assert data["gpu_available"] is False
     assert data["gpu_unavailable_reason"] == reason
     assert data["python"]["version"].count(".") == 2
-
-
-def test_text_output_names_the_driver_commands(capsys):
-    reason = _no_gpu_reason()
     assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
     out = capsys.readouterr().out
     assert "not the driver" in out

@@ -69,25 +69,29 @@ def test_no_torch_is_refused(tmp_path):
 # --- refusals and failures past the device checks (stand-in GPU) ----------------------------------
 
 
-def test_stand_in_device_index_out_of_range_is_refused(stand_in_gpu, tmp_path, capsys):
-    stand_in_gpu(count=1)
-    code = mesure_memoire.main(["measure", "--device", "cuda:1", "--output", str(tmp_path / "o.json")])
-    assert code == 2
-    reason = MESSAGES["device out of range"].format(device="cuda:1", count=1)
-    said = MESSAGES["no usable GPU, nothing measured"].format(device="cuda:1", reason=reason)
-    assert capsys.readouterr().err == error_line(said)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_stand_in_unsupported_bfloat16_is_refused(stand_in_gpu, tmp_path, capsys):
-    stand_in_gpu(bf16=False)
-    code = mesure_memoire.main(
-        ["measure", "--device", "cuda:0", "--dtype", "bfloat16", "--output", str(tmp_path / "o.json")]
-    )
-    assert code == 2
-    said = MESSAGES["dtype not supported"].format(
-        dtype="bfloat16", problem=MESSAGES["bfloat16 not native"], gpu="Stand-in GPU"
-    )
+@pytest.mark.parametrize(
+    ("stand_in", "argv", "said"),
+    [
+        (
+            {"count": 1},
+            ["--device", "cuda:1"],
+            MESSAGES["no usable GPU, nothing measured"].format(
+                device="cuda:1", reason=MESSAGES["device out of range"].format(device="cuda:1", count=1)
+            ),
+        ),
+        (
+            {"bf16": False},
+            ["--device", "cuda:0", "--dtype", "bfloat16"],
+            MESSAGES["dtype not supported"].format(
+                dtype="bfloat16", problem=MESSAGES["bfloat16 not native"], gpu="Stand-in GPU"
+            ),
+        ),
+    ],
+    ids=["device-out-of-range", "bfloat16-not-native"],
+)
+def test_stand_in_a_device_that_cannot_run_the_trial_is_refused(stand_in_gpu, tmp_path, capsys, stand_in, argv, said):
+    stand_in_gpu(**stand_in)
+    assert mesure_memoire.main(["measure", *argv, "--output", str(tmp_path / "o.json")]) == 2
     assert capsys.readouterr().err == error_line(said)
     assert list(tmp_path.iterdir()) == []
 

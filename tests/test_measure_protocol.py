@@ -138,7 +138,7 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     recorder = RecordingCudaStandIn(
         observe=lambda: sum(ref() is not None for ref in outputs), device=torch.device("cpu")
     )
-    records, summary, _, _ = mesure_memoire.measure_phases(
+    records, _, _, _ = mesure_memoire.measure_phases(
         torch, recorder, torch.device("cpu"), config(warmup=warmup, repeats=repeats)
     )
 
@@ -146,7 +146,6 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     assert (
         [r["phase"] for r in records] == expected == mesure_memoire.phase_names(config(warmup=warmup, repeats=repeats))
     )
-    assert len(records) == (6 if (warmup, repeats) == (1, 2) else 3 + bool(warmup) + repeats)
     assert [r["repetition"] for r in records if r["phase"] == "warm_forward"] == list(range(1, repeats + 1))
     assert [r.get("passes") for r in records if r["phase"] == "warmup"] == ([warmup] if warmup else [])
     for record in records:
@@ -173,15 +172,6 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
         assert calls[12][0] == "memory_allocated"
         if record["phase"] not in ("model_load", "inputs"):
             assert calls[12][1] == 1  # the pass's output is alive at the end reading
-    # The summary is of the last output, after the phases: the real CPU output, seeded.
-    assert summary["elements"] == 1 * 16 * 64
-    assert summary["all_finite"] is True
-    torch.manual_seed(0)
-    model = mesure_memoire.build_model(torch, 64).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
-        last = model(torch.randn((1, 16, 64), generator=generator))
-    assert summary["checksum_float64"] == float(last.double().sum())
 
 
 def test_synthetic_model_matches_the_real_pytorch_model():

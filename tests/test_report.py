@@ -383,14 +383,21 @@ def _valid_with(change):
 
 
 @pytest.mark.parametrize(
-    ("name", "shown"),
-    [("absent.json", "'absent.json'"), ("bad\nname.json", "'bad\\nname.json'"), ("", "''")],
-    ids=["missing", "newline in name", "empty name"],
+    ("argv", "shown"),
+    [
+        (["good.json", "absent.json"], "'absent.json'"),
+        (["good.json", "bad\nname.json"], "'bad\\nname.json'"),
+        (["good.json", ""], "''"),
+        (["-"], "'-'"),
+        (["--", "--c"], "'--c'"),  # after two dashes, a name may start with a dash
+        (["--json", "--", "-d"], "'-d'"),
+    ],
+    ids=["missing", "newline-in-name", "empty-name", "dash", "after-two-dashes", "json-after-two-dashes"],
 )
-def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(name, shown, tmp_path, monkeypatch, capsys):
+def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(argv, shown, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    good = _write(tmp_path, "good.json", (DATA / "float32.json").read_bytes())
-    assert mesure_memoire.main(["report", good, name]) == 2
+    _write(tmp_path, "good.json", (DATA / "float32.json").read_bytes())
+    assert mesure_memoire.main(["report", *argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == error_line(MESSAGES["report: does not exist"].format(file=shown))
@@ -808,13 +815,6 @@ def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond
         file=mesure_memoire.quoted(longer, 4200), error="OSError"
     )
     assert len(message) < 4300
-
-
-@pytest.mark.parametrize("argv", [["report", "-"], ["report", "--", "--c"], ["report", "--json", "--", "-d"]])
-def test_after_two_dashes_a_file_name_may_start_with_a_dash(argv, capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert mesure_memoire.main(argv) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["report: does not exist"].format(file=repr(argv[-1])))
 
 
 def test_the_files_reach_the_report_in_order(tmp_path, monkeypatch, capsys):

@@ -420,6 +420,18 @@ def test_say_writes_one_prefixed_line_and_survives_a_broken_stderr(capsys, monke
         mesure_memoire.say("mesure_memoire.py", "lost")  # nothing raised
 
 
+def test_say_flushes_stderr(monkeypatch):
+    flushed = []
+
+    class Recording(io.StringIO):
+        def flush(self):
+            flushed.append(self.getvalue())
+
+    monkeypatch.setattr(sys, "stderr", Recording())
+    mesure_memoire.say("mesure_memoire.py", "x")
+    assert flushed == ["mesure_memoire.py: error: x\n"]
+
+
 def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypatch, capsys):
     real_stdout = sys.__stdout__
     with open(tmp_path / "out.txt", "w") as stream:

@@ -432,6 +432,30 @@ def test_say_flushes_stderr(monkeypatch):
     assert flushed == ["mesure_memoire.py: error: x\n"]
 
 
+def test_guarded_stdout_passes_through_and_tells_failures_apart():
+    stream = io.StringIO()
+    guarded = mesure_memoire.GuardedStdout(stream)
+    assert guarded.write("abc") == 3
+    assert guarded.getvalue() == "abc"
+    assert guarded.flush() is None
+    with pytest.raises(mesure_memoire.GuardedStdout.Failed) as caught:
+        mesure_memoire.GuardedStdout(None).write("x")
+    assert isinstance(caught.value.args[0], AttributeError)
+    stream.close()
+    with pytest.raises(mesure_memoire.GuardedStdout.Failed) as caught:
+        guarded.write("x")
+    assert isinstance(caught.value.args[0], ValueError)
+    assert caught.value.__suppress_context__
+
+    class Full(io.StringIO):
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(mesure_memoire.GuardedStdout.Failed) as caught:
+        mesure_memoire.GuardedStdout(Full()).flush()
+    assert caught.value.args[0].errno == errno.ENOSPC
+
+
 def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypatch, capsys):
     real_stdout = sys.__stdout__
     with open(tmp_path / "out.txt", "w") as stream:
@@ -451,6 +475,19 @@ def test_stdout_failed_points_the_real_descriptor_at_devnull(tmp_path, monkeypat
     assert mesure_memoire.GuardedStdout(None).failed("mesure_memoire.py", AttributeError()) == 1
     closed = MESSAGES["cannot write the output"].format(error=MESSAGES["stdout closed"])
     assert capsys.readouterr().err == error_line(closed)
+
+
+def test_stdout_failed_survives_a_closed_interpreter_stdout(tmp_path, capsys):
+    real_stdout = sys.__stdout__
+    stream = open(tmp_path / "closed.txt", "w")  # noqa: SIM115 -- closed on purpose below
+    stream.close()
+    sys.__stdout__ = stream
+    try:
+        code = mesure_memoire.GuardedStdout(stream).failed("mesure_memoire.py", BrokenPipeError(errno.EPIPE, "x"))
+    finally:
+        sys.__stdout__ = real_stdout
+    assert code == 1
+    assert capsys.readouterr().err == ""
 
 
 def test_main_restores_stdout_and_returns_each_status(capsys, monkeypatch):

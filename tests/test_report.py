@@ -670,6 +670,23 @@ def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == error_line(MESSAGES["report: cannot be read"].format(file="'f'", error="OSError"))
 
 
+def test_read_result_file_opens_without_blocking(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.json").write_text("{}")
+    flags, real_open = [], os.open
+    monkeypatch.setattr(os, "open", lambda path, flag, *rest: flags.append(flag) or real_open(path, flag, *rest))
+    assert mesure_memoire.read_result_file("ok.json") == {}
+    assert flags == [os.O_RDONLY | os.O_NONBLOCK]  # a FIFO cannot hang the open
+    os.mkfifo("pipe")
+    writer = real_open("pipe", os.O_RDWR)  # a writer is there: even a blocking open would return
+    try:
+        assert kit_error_of(mesure_memoire.read_result_file, "pipe") == MESSAGES["report: not a kit result"].format(
+            file="'pipe'", why=MESSAGES["not a regular file"]
+        )
+    finally:
+        os.close(writer)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 def test_a_fifo_is_refused_at_once_in_a_real_process(tmp_path):
     """A subprocess, so that a regression hangs one child (killed by the timeout), not the suite."""

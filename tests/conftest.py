@@ -119,14 +119,6 @@ def code_cells_as_script(notebook):
     return "\n\n".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code") + "\n"
 
 
-def on_a_full_disk(limit_bytes):
-    """``preexec_fn``: the child's files cannot grow past ``limit_bytes`` (a write beyond fails, EFBIG), as on a
-    full disk; Python ignores SIGXFSZ, so the write's error is what the tool sees."""
-    import resource
-
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-
-
 def current_device(monkeypatch):
     """A stand-in for torch.cuda.device (no GPU here): returns the list whose last item is CUDA's current
     device, 0 until a device context says otherwise."""
@@ -551,12 +543,6 @@ def calculator_refusal(capsys, *args):
     assert_one_line(err, prog="calcul_forfaits.py: error")
     assert err.endswith("\n"), err
     return err
-
-
-def half_up_cents(fraction):
-    """An independent half-up rounding to the cent, with fractions: "12.35" for Fraction(12345, 1000)."""
-    cents = (fraction * 100 + Fraction(1, 2)).__floor__()
-    return f"{cents // 100}.{cents % 100:02d}"
 
 
 COST_RULE = (

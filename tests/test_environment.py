@@ -22,7 +22,7 @@ from conftest import (
     MESURE_SCRIPT,
     MIB,
     ROOT,
-    assert_one_line_refusal,
+    assert_one_line,
     current_device,
     error_line,
     plain_id,
@@ -56,7 +56,7 @@ def _no_gpu_reason():
     return MESSAGES["no GPU visible"]
 
 
-def test_without_a_gpu_it_reports_none_usable(capsys):
+def test_without_a_gpu_it_reports_none_usable_and_names_the_driver_commands(capsys):
     reason = _no_gpu_reason()
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -69,10 +69,6 @@ def test_without_a_gpu_it_reports_none_usable(capsys):
     assert data["gpu_available"] is False
     assert data["gpu_unavailable_reason"] == reason
     assert data["python"]["version"].count(".") == 2
-
-
-def test_text_output_names_the_driver_commands(capsys):
-    reason = _no_gpu_reason()
     assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
     out = capsys.readouterr().out
     assert "not the driver" in out
@@ -81,14 +77,14 @@ def test_text_output_names_the_driver_commands(capsys):
     assert f"GPU usable            no: {reason}" in out
 
 
-@pytest.mark.parametrize("device", ["cuda", "cuda:", "cuda:-1", "cpu", "CUDA:0", "cuda:0 ", "cuda:x", "0", "gpu:0"])
-def test_a_malformed_device_is_a_usage_error(device):
-    completed = run_script("mesure_memoire.py", "environment", "--device", device)
-    assert_one_line_refusal(completed, "--device", "cuda:N")
-
-
-def test_missing_device_is_a_usage_error():
-    assert_one_line_refusal(run_script("mesure_memoire.py", "environment"), "--device")
+@pytest.mark.parametrize(
+    "device", ["cuda", "cuda:", "cuda:-1", "cpu", "CUDA:0", "cuda:0 ", "cuda:x", "0", "gpu:0", "cuda:10000"]
+)
+def test_a_malformed_device_is_a_usage_error(device, capsys):
+    assert mesure_memoire.main(["environment", "--device", device]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert_one_line(captured.err, "--device", "cuda:N")
 
 
 @pytest.mark.whole_kit
@@ -147,31 +143,6 @@ def test_stand_in_gpu_fields_are_kept_and_identifiers_are_not(stand_in_gpu, caps
     human = capsys.readouterr().out
     assert "80.00 GiB" in human
     assert "STANDIN" not in human
-
-
-def test_stand_in_device_index_out_of_range(stand_in_gpu):
-    stand_in_gpu(count=2)
-    environment = mesure_memoire.collect_environment("cuda:2")
-    assert environment["gpu_available"] is False
-    reason = environment["gpu_unavailable_reason"]
-    assert "out of range" in reason
-    assert "2 device(s)" in reason
-
-
-def test_stand_in_a_query_that_raises_degrades_only_its_field(stand_in_gpu, monkeypatch):
-
-    def broken(*args):
-        raise RuntimeError("query exploded in /home/someone/secret/lib.so")
-
-    monkeypatch.setattr(torch.cuda, "mem_get_info", broken)
-    monkeypatch.setattr(torch.backends.cudnn, "version", broken)
-    environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["gpu_available"] is True
-    assert environment["gpu"]["mem_get_info_free_bytes"] is None
-    assert environment["cudnn_or_miopen_version"] is None
-    assert set(environment["field_errors"]) == {"mem_get_info", "cudnn_or_miopen_version"}
-    assert "/home/someone" not in json.dumps(environment["field_errors"])
-    assert environment["field_errors"]["mem_get_info"] == "RuntimeError (text withheld)"
 
 
 def test_a_warning_from_a_pytorch_query_is_recorded_by_its_known_part_not_printed(stand_in_gpu, monkeypatch, capsys):
@@ -754,15 +725,6 @@ def test_captured_warnings_let_exceptions_through_and_restore_the_filters(monkey
         1 / 0  # noqa: B018
     assert warnings.filters == before
     assert mesure_memoire.PYTORCH_WARNINGS == []
-
-
-def test_import_torch_reports_why_in_one_line(monkeypatch):
-    torch, why = mesure_memoire.import_torch()
-    assert why is None
-    assert torch is sys.modules["torch"]
-    monkeypatch.setitem(sys.modules, "torch", None)
-    scrubbed = MESSAGES["torch import error, scrubbed"].format(type="ModuleNotFoundError")
-    assert mesure_memoire.import_torch() == (None, scrubbed)
 
 
 def test_pytorch_import_warnings_never_reach_stderr(tmp_path):

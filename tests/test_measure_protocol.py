@@ -137,7 +137,7 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     recorder = RecordingCudaStandIn(
         observe=lambda: sum(ref() is not None for ref in outputs), device=torch.device("cpu")
     )
-    records, summary, _, _ = mesure_memoire.measure_phases(
+    records, _, _, _ = mesure_memoire.measure_phases(
         torch, recorder, torch.device("cpu"), config(warmup=warmup, repeats=repeats)
     )
 
@@ -145,7 +145,6 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
     assert (
         [r["phase"] for r in records] == expected == mesure_memoire.phase_names(config(warmup=warmup, repeats=repeats))
     )
-    assert len(records) == (6 if (warmup, repeats) == (1, 2) else 3 + bool(warmup) + repeats)
     assert [r["repetition"] for r in records if r["phase"] == "warm_forward"] == list(range(1, repeats + 1))
     assert [r.get("passes") for r in records if r["phase"] == "warmup"] == ([warmup] if warmup else [])
     for record in records:
@@ -172,15 +171,6 @@ def test_stand_in_counters_real_cpu_model_phases_and_output_lifetimes(forward_ou
         assert calls[12][0] == "memory_allocated"
         if record["phase"] not in ("model_load", "inputs"):
             assert calls[12][1] == 1  # the pass's output is alive at the end reading
-    # The summary is of the last output, after the phases: the real CPU output, seeded.
-    assert summary["elements"] == 1 * 16 * 64
-    assert summary["all_finite"] is True
-    torch.manual_seed(0)
-    model = mesure_memoire.build_model(torch, 64).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
-        last = model(torch.randn((1, 16, 64), generator=generator))
-    assert summary["checksum_float64"] == float(last.double().sum())
 
 
 def test_synthetic_model_matches_the_real_pytorch_model():
@@ -203,24 +193,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 0
     out = capsys.readouterr().out
     result = json.loads(output.read_text(encoding="utf-8"))
-    assert set(result) == {
-        "kit",
-        "schema_version",
-        "tool",
-        "created_utc",
-        "environment",
-        "configuration",
-        "synthetic_model",
-        "phases",
-        "prediction_check",
-        "workspace",
-        "output_summary",
-        "predicted_peak_allocated_bytes",
-        "fit_margin_bytes",
-        "torch_version_warning",
-        "sustained",
-        "card_state",
-    }
+    # Its fields and configuration: test_measure_names_the_device_in_every_call_and_returns_the_whole_result.
     assert result["schema_version"] == 7
     assert (result["sustained"], result["card_state"]) == (None, NO_TIMING["card_state"])
     assert result["tool"] == "mesure_memoire.py"
@@ -229,22 +202,7 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
     assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
     assert result["environment"]["gpu"]["allocator_backend"] == "native"
-    assert result["configuration"] == {
-        "device": "cuda:0",
-        "batch": 1,
-        "context": 16,
-        "width": 64,
-        "dtype": "float32",
-        "warmup": 1,
-        "repeats": 2,
-        "seed": 0,
-        "sustained_seconds": None,
-        "cuda_initialized_before_measure": False,
-        "allocated_bytes_before_measure": 0,
-        "reserved_bytes_before_measure": 0,
-        "device_used_bytes_before_measure": 2**30,
-        "fresh_process_warning": None,
-    }
+    assert result["configuration"]["device_used_bytes_before_measure"] == 2**30
     assert result["synthetic_model"]["parameters"] == 8 * 64 * 64 + 5 * 64
     assert [p["phase"] for p in result["phases"]] == [
         "model_load",
@@ -287,32 +245,13 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["predicted_peak_allocated_bytes"] == plan["predicted_peak_allocated_bytes"]
     assert "STANDIN-UUID" not in output.read_text()
     assert [p.name for p in tmp_path.iterdir()] == [output.name]  # no temporary file left
-    lines = out.splitlines()
-    assert lines[0].split() == [
-        "phase",
-        "ms",
-        "device",
-        "ms",
-        "end",
-        "alloc",
-        "MiB",
-        "peak",
-        "alloc",
-        "MiB",
-        "peak",
-        "reserved",
-        "MiB",
-        "prediction",
-    ]
-    assert lines[1].startswith("model_load")
-    assert lines[4].startswith("warmup x1")
-    assert lines[6].startswith("warm_forward #2")
+    lines = out.splitlines()  # the table's layout is pinned by test_the_phase_table_exactly
+    assert [line.split()[0] for line in lines[1:7]] == [p["phase"] for p in result["phases"]]
     assert all(line.rstrip().endswith("DISAGREES") for line in lines[1:7])
-    marked = [line for line in lines if line.startswith("DISAGREES ")]
-    assert len(marked) == len(disagreements)
+    assert len([line for line in lines if line.startswith("DISAGREES ")]) == len(disagreements)
     assert (
         "DISAGREES inputs: end_requested_bytes above baseline measured 0, predicted 4096 (difference -4096 bytes)"
-        in (lines)
+        in lines
     )
     assert lines[-1] == f"Result written to {output}"
 
@@ -604,21 +543,8 @@ def measure_refusal(settings):
     return refusal.value
 
 
-def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
-    monkeypatch.setattr(mesure_memoire, "import_torch", lambda: (None, "ImportError: gone"))
-    refusal = measure_refusal(config())
-    assert str(refusal) == MESSAGES["PyTorch not importable, nothing measured"].format(error="ImportError: gone")
-    assert refusal.exit_code == 2
-    monkeypatch.undo()
-    stand_in_gpu(count=1)
+def test_measure_refuses_a_model_that_does_not_fit_the_card_or_the_host(stand_in_gpu, monkeypatch):
     SetUpCalls(monkeypatch)
-    assert str(measure_refusal(config(device="cuda:1"))) == MESSAGES["no usable GPU, nothing measured"].format(
-        device="cuda:1", reason="cuda:1 is out of range: PyTorch sees 1 device(s)"
-    )
-    stand_in_gpu(bf16=False)
-    assert str(measure_refusal(config(dtype="bfloat16"))) == MESSAGES["dtype not supported"].format(
-        dtype="bfloat16", problem=MESSAGES["bfloat16 not native"], gpu="Stand-in GPU"
-    )
     stand_in_gpu(total_memory=GIB)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (GIB, GIB))
     plan = mesure_memoire.memory_plan(config())
@@ -633,68 +559,22 @@ def test_measure_refusals_word_for_word(stand_in_gpu, monkeypatch):
         assert measures(monkeypatch, config(width=8192))["tool"] == "t", error
 
 
-def test_a_set_up_failure_is_a_refusal_naming_the_step_and_device(stand_in_gpu, monkeypatch):
-    stand_in_gpu(count=2)
-    SetUpCalls(monkeypatch)
-
-    def fails(*args):
-        raise RuntimeError("CUDA error: busy")
-
-    monkeypatch.setattr(torch.cuda, "init", fails)
-    refusal = measure_refusal(config(device="cuda:1"))
-    assert str(refusal) == MESSAGES["set-up step failed"].format(
-        step="torch.cuda.init", device="cuda:1", error="RuntimeError: CUDA error: busy"
-    )
-    assert refusal.exit_code == 2
-    assert refusal.__cause__ is None
-    assert refusal.__suppress_context__
-
-
-@pytest.mark.parametrize(
-    ("error", "message"),
-    [
-        (
-            torch.OutOfMemoryError("CUDA out of memory. Tried"),
-            MESSAGES["phase out of memory"].format(
-                phase="warmup", dimensions="batch 1, context 16, width 64, dtype float32", device="cuda:0"
-            ),
-        ),
-        (
-            RuntimeError("HIP: Out Of Memory"),
-            MESSAGES["phase out of memory"].format(
-                phase="warmup", dimensions="batch 1, context 16, width 64, dtype float32", device="cuda:0"
-            ),
-        ),
-        (
-            RuntimeError("launch failure at /opt/x/y.so"),
-            MESSAGES["phase failed"].format(
-                phase="warmup",
-                dimensions="batch 1, context 16, width 64, dtype float32",
-                error=MESSAGES["withheld: --debug shows it"].format(type="RuntimeError"),
-            ),
-        ),
-    ],
-)
-def test_a_failed_phase_exits_3_with_its_words(stand_in_gpu, monkeypatch, error, message):
+def test_a_rocm_out_of_memory_text_is_an_out_of_memory_failure_exit_3(stand_in_gpu, monkeypatch):
     stand_in_gpu()
     SetUpCalls(monkeypatch)
 
     def measure_phases(*args):
-        raise mesure_memoire.PhaseFailed("warmup", error)
+        raise mesure_memoire.PhaseFailed("warmup", RuntimeError("HIP: Out Of Memory"))
 
     monkeypatch.setattr(mesure_memoire, "measure_phases", measure_phases)
     with pytest.raises(mesure_memoire.MeasurementFailed) as failure:
         mesure_memoire.measure(config(), tool="t")
-    assert str(failure.value) == message
+    assert str(failure.value) == MESSAGES["phase out of memory"].format(
+        phase="warmup", dimensions="batch 1, context 16, width 64, dtype float32", device="cuda:0"
+    )
     assert failure.value.exit_code == 3
     assert failure.value.__cause__ is None
     assert failure.value.__suppress_context__
-
-
-def test_phase_failed_keeps_the_phase_and_the_error():
-    error = RuntimeError("x")
-    failed = mesure_memoire.PhaseFailed("inputs", error)
-    assert (failed.phase, failed.error, failed.args) == ("inputs", error, ("inputs", error))
 
 
 # --- small pure parts ----------------------------------------------------------------------------------
@@ -712,19 +592,8 @@ class StandInWithStats(RecordingCudaStandIn):
         return self.stats
 
 
-REQUESTED_NOT_WHOLE = [("none of them", {})]  # a PyTorch whose memory_stats lacks them
-
-
-@pytest.mark.parametrize(("case", "stats"), REQUESTED_NOT_WHOLE, ids=plain_ids(REQUESTED_NOT_WHOLE))
-def test_a_phase_keeps_only_whole_requested_counters(case, stats):
-    record, _ = mesure_memoire.run_phase(StandInWithStats(stats), "dev", "inputs", lambda: None)
-    requested = [record[f"{which}_requested_bytes"] for which in ("baseline", "end", "peak")]
-    assert requested == [None, None, None]
-    assert record["peak_allocated_bytes"] == 1500  # the other counters are kept
-
-
 REQUESTED_PARTLY = [
-    *REQUESTED_NOT_WHOLE,
+    ("none of them", {}),  # a PyTorch whose memory_stats lacks them
     ("the peak alone", {"requested_bytes.all.peak": 1400}),
     ("the current alone", {"requested_bytes.all.current": 900}),
 ]
@@ -743,7 +612,8 @@ def test_summarize_output_of_a_real_tensor():
     assert summary == {"all_finite": True, "checksum_float64": -0.25, "elements": 4}
     assert type(summary["elements"]) is int
     assert type(summary["checksum_float64"]) is float
-    assert mesure_memoire.summarize_output(torch, torch.tensor([float("inf")]))["all_finite"] is False
+    not_finite = {"all_finite": False, "checksum_float64": None, "elements": 2}
+    assert mesure_memoire.summarize_output(torch, torch.tensor([float("inf"), float("nan")])) == not_finite
 
 
 # --- measure_phases: the device and dtype of every tensor it creates ------------------------------------
@@ -924,64 +794,6 @@ def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stan
     assert str(measure_refusal(config(width=8192))) == MESSAGES["host RAM too small"].format(
         needed="2.00", available="1.00"
     )
-
-
-def test_device_index_reads_the_number_after_cuda():
-    assert mesure_memoire.device_index("cuda:0") == 0
-    assert mesure_memoire.device_index("cuda:12") == 12
-    assert mesure_memoire.device_index("cuda:9999") == 9999
-    for device in ("cuda:10000", "cuda:", "cpu", 0, None, "CUDA:0"):
-        assert kit_error_of(mesure_memoire.device_index, device) == MESSAGES["--device not cuda:N"].format(
-            device=repr(device)
-        )
-
-
-def test_measure_config_validates_each_option_by_its_name():
-    seed = str(mesure_memoire.MAX_SEED)
-    assert mesure_memoire.measure_config("cuda:3", "2", "3", "4", "bfloat16", "0", "1", seed) == {
-        "device": "cuda:3",
-        "batch": 2,
-        "context": 3,
-        "width": 4,
-        "dtype": "bfloat16",
-        "warmup": 0,
-        "repeats": 1,
-        "seed": 2**64 - 1,
-        "sustained_seconds": None,
-    }
-    assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0)["seed"] == 0
-    assert mesure_memoire.measure_config("cuda:0", 1, 1, 1, "float16", 0, 1, 0, "600")["sustained_seconds"] == 600
-    for bad in (0, "601", "07", -1, True):
-        message = kit_error_of(mesure_memoire.measure_config, "cuda:0", 1, 1, 1, "float16", 0, 1, 0, bad)
-        assert message.startswith("--sustained-s: expected a whole number from 1 to 600"), message
-    good = ["cuda:0", 1, 1, 1, "float32", 0, 1, 0]
-    for index, option in ((1, "--batch"), (2, "--context"), (3, "--width")):
-        args = list(good)
-        args[index] = 0
-        assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["positive whole number"].format(
-            option=option, value=0
-        )
-    for index, option, low, bad in ((5, "--warmup", 0, -1), (6, "--repeats", 1, 0), (5, "--warmup", 0, 1001)):
-        args = list(good)
-        args[index] = bad
-        assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["bounded trial"].format(
-            option=option, minimum=low, maximum=1000, value=bad
-        )
-    args[5], args[6] = 1000, 1000
-    assert mesure_memoire.measure_config(*args)["warmup"] == 1000 == mesure_memoire.measure_config(*args)["repeats"]
-    args = list(good)
-    args[7] = -1
-    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["whole number in range"].format(
-        option="--seed", minimum=0, maximum=2**64 - 1, value=-1
-    )
-    args = list(good)
-    args[4] = "float64"
-    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--dtype not a kit dtype"].format(
-        value="'float64'"
-    )
-    args = list(good)
-    args[0] = "cuda"
-    assert kit_error_of(mesure_memoire.measure_config, *args) == MESSAGES["--device not cuda:N"].format(device="'cuda'")
 
 
 # --- device-wide memory: mem_get_info outside the timed region (part "fit") --------------------------------

@@ -538,52 +538,34 @@ def test_the_matmul_arithmetic_is_read_from_pytorch_and_a_raising_read_is_null(m
     assert (flags["float32_matmul_precision"], flags["allow_tf32"], flags["fp32_precision"]) == (None, None, "tf32")
 
 
-def test_a_pytorch_without_the_newer_flags_leaves_them_null():
-    older = types.SimpleNamespace(  # a stand-in for PyTorch 2.4's API: no fp32_precision, no fp16 accumulation
-        get_float32_matmul_precision=lambda: "high",
-        backends=types.SimpleNamespace(
-            cuda=types.SimpleNamespace(
-                matmul=types.SimpleNamespace(
-                    allow_tf32=True,
-                    allow_fp16_reduced_precision_reduction=False,
-                    allow_bf16_reduced_precision_reduction=True,
-                )
-            )
-        ),
+def stand_in_matmul(precision, **flags):
+    """A stand-in for a PyTorch's matmul settings: get_float32_matmul_precision and the matmul flags given."""
+    matmul = types.SimpleNamespace(**flags)
+    return types.SimpleNamespace(
+        get_float32_matmul_precision=lambda: precision,
+        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=matmul)),
     )
-    assert gpu_validation.matmul_arithmetic(older) == {
-        "float32_matmul_precision": "high",
-        "allow_tf32": True,
-        "fp32_precision": None,
-        "allow_fp16_reduced_precision_reduction": False,
-        "allow_bf16_reduced_precision_reduction": True,
-        "allow_fp16_accumulation": None,
-    }
 
 
-def test_a_matmul_flag_that_is_neither_a_boolean_nor_a_known_word_is_null():
-    odd = types.SimpleNamespace(  # a stand-in for a PyTorch whose flags answer odd values
-        get_float32_matmul_precision=lambda: "hunter2",
-        backends=types.SimpleNamespace(
-            cuda=types.SimpleNamespace(
-                matmul=types.SimpleNamespace(
-                    allow_tf32=1,
-                    fp32_precision="TF32",
-                    allow_fp16_reduced_precision_reduction=False,
-                    allow_bf16_reduced_precision_reduction=True,
-                    allow_fp16_accumulation="hunter2",
-                )
-            )
+REDUCTION = {"allow_fp16_reduced_precision_reduction": False, "allow_bf16_reduced_precision_reduction": True}
+
+
+@pytest.mark.parametrize(
+    ("stand_in", "read"),
+    [
+        (  # PyTorch 2.4's API: no fp32_precision, no fp16 accumulation
+            stand_in_matmul("high", allow_tf32=True, **REDUCTION),
+            {"float32_matmul_precision": "high", "allow_tf32": True, "fp32_precision": None},
         ),
-    )
-    assert gpu_validation.matmul_arithmetic(odd) == {
-        "float32_matmul_precision": None,
-        "allow_tf32": None,
-        "fp32_precision": None,
-        "allow_fp16_reduced_precision_reduction": False,
-        "allow_bf16_reduced_precision_reduction": True,
-        "allow_fp16_accumulation": None,
-    }
+        (  # odd values: neither a boolean nor a known word
+            stand_in_matmul("hunter2", allow_tf32=1, fp32_precision="TF32", allow_fp16_accumulation="x", **REDUCTION),
+            {"float32_matmul_precision": None, "allow_tf32": None, "fp32_precision": None},
+        ),
+    ],
+    ids=["older", "odd"],
+)
+def test_a_matmul_flag_pytorch_lacks_or_answers_oddly_is_null(stand_in, read):
+    assert gpu_validation.matmul_arithmetic(stand_in) == {**read, **REDUCTION, "allow_fp16_accumulation": None}
 
 
 @pytest.mark.parametrize("dtype", gpu_validation.DTYPES)

@@ -439,6 +439,16 @@ def test_the_readme_stays_within_its_word_budget():
     assert words <= README_WORD_BUDGET, f"README.md has {words} words, over its budget of {README_WORD_BUDGET}"
 
 
+def test_the_readme_says_what_a_renter_types_and_reads_first():
+    """Where only python3 exists, what to type; what the table's two times include; ROCm's shared device name
+    proves nothing about an AMD installation (the seed's meaning, once said backwards)."""
+    prose = " ".join(README.split())
+    assert "Where only `python3` exists, type `python3` for `python`" in prose
+    assert "`device ms`, two CUDA" in prose and "`ms` is the host's clock" in prose
+    assert "which does not prove that a given AMD installation works" in prose
+    assert "proves no AMD installation works" not in prose
+
+
 def test_the_verification_is_short():
     code = verification_code()
     assert len(code.splitlines()) <= 8

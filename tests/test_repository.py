@@ -133,3 +133,13 @@ def test_contributing_s_map_names_every_tracked_file_or_its_folder():
         if f"`{path}`" not in contributing and f"`{folder}/`" not in contributing:
             missing.append(path)
     assert not missing, f"CONTRIBUTING.md's map names neither these files nor their folders: {missing}"
+
+
+def test_contributing_s_gpu_run_is_for_any_gpu_box():
+    """Any maintainer with a GPU box runs it into a folder they name: no lent machine, no device tool's output
+    variable, no guide outside the repository."""
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    section = contributing.split("## The GPU validation run", 1)[1].split("\n## ", 1)[0]
+    assert "--output-dir OUT" in section and "a folder you name" in section
+    for particular in ("DEVELOPERS.md", '"$OUT"', "lent", "device `run`"):
+        assert particular not in section, particular

@@ -142,7 +142,8 @@ def test_a_second_signal_while_the_first_is_said_keeps_one_line_and_the_first_st
         def __getattr__(self, name):
             return getattr(self.stream, name)
 
-    before = signal.signal(signal.SIGINT, signal.default_int_handler), signal.getsignal(signal.SIGTERM)
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)  # SIG_IGN where started in the background
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
         monkeypatch.setattr("argparse.ArgumentParser.parse_known_args", interrupted)
         monkeypatch.setattr(sys, "stderr", SecondSignalOnWrite(sys.stderr))
@@ -152,7 +153,7 @@ def test_a_second_signal_while_the_first_is_said_keeps_one_line_and_the_first_st
             status = f"{type(escaped).__name__} raised"
         assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     finally:
-        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGINT, outside)
     said = "Ctrl-C" if first == "SIGINT" else "SIGTERM"
     assert status == (130 if first == "SIGINT" else 143)
     lines = capsys.readouterr().err.splitlines()

@@ -22,6 +22,7 @@ from conftest import (
     MESURE_SCRIPT,
     MIB,
     ROOT,
+    SHIPPED_ROOT,
     assert_one_line,
     current_device,
     error_line,
@@ -112,7 +113,7 @@ def test_privacy_no_environment_variable_hostname_user_or_path_in_any_output(tmp
 
 def test_the_scripts_never_read_environment_variables():
     for script in ("mesure_memoire.py", "calcul_forfaits.py"):
-        source = (ROOT / script).read_text(encoding="utf-8")
+        source = (SHIPPED_ROOT / script).read_text(encoding="utf-8")
         for reader in ("os.environ", "getenv", "gethostname", "getuser", "platform.node", "expanduser"):
             assert reader not in source, (script, reader)
         # The GPU's UUID is read once, to find the measured card among nvidia-smi's (test_card_state.py: never

@@ -883,7 +883,6 @@ PHASE_FIELDS = {
     "end_requested_bytes": PhaseField(),
     "peak_requested_bytes": PhaseField(),
 }
-PHASE_MEMORY_FIELDS = tuple(name for name, field in PHASE_FIELDS.items() if field.counter)
 REPORTED_PEAKS = {name: field.column for name, field in PHASE_FIELDS.items() if field.report}
 
 
@@ -932,7 +931,7 @@ RESULT_FORMAT = {
     "output_summary": {"all_finite": BOOLEAN_FIELD},
     "sustained": NullOr(
         {
-            "seconds_asked": POSITIVE_FIELD,
+            "sustained_seconds": POSITIVE_FIELD,
             "steady_ms_per_forward": (lambda value: value is not None and _is_time(value), "a time >= 0"),
             "steady": (lambda value: value is None or isinstance(value, bool), "null, true or false"),
             "ratio_to_warm_median": (_is_time, "null or a ratio >= 0"),
@@ -1058,7 +1057,7 @@ def start_child(command, **options):
 
 
 # >>> notebook: The sustained run and the card's state (measure --sustained-s)
-SUSTAINED_MAX_SECONDS = 600  # minutes bring a card to its power and thermal steady state; a trial stays bounded
+SUSTAINED_MAX_S = 600  # minutes bring a card to its power and thermal steady state; a trial stays bounded
 SUSTAINED_REASON = "a sustained run is a bounded trial too"
 WINDOW_NS = 10**9  # a window: about a second of forwards at the warm repetitions' pace
 # Steady: each of the last half's windows within 2 % of their median; a capped clock swings by more.
@@ -1174,7 +1173,7 @@ def sustained_run(cuda, device, forward, records, seconds, read_card_state, cloc
     cuda.synchronize(device)
     reader.join()
     window_ms = [start.elapsed_time(end) for start, end in zip(events[:-1], events[1:], strict=True)]
-    return sustained_section({"seconds_asked": seconds, "forwards_per_window": per_window}, window_ms, warm), card
+    return sustained_section({"sustained_seconds": seconds, "forwards_per_window": per_window}, window_ms, warm), card
 
 
 def sustained_section(run, window_ms, warm):
@@ -1217,7 +1216,7 @@ def measure_config(device, batch, context, width, dtype, warmup, repeats, seed, 
         "seed": whole_number("--seed", seed, 0, MAX_SEED),
         "sustained_seconds": None
         if sustained_seconds is None
-        else whole_number("--sustained-s", sustained_seconds, 1, SUSTAINED_MAX_SECONDS, SUSTAINED_REASON),
+        else whole_number("--sustained-s", sustained_seconds, 1, SUSTAINED_MAX_S, SUSTAINED_REASON),
     }
 
 
@@ -1497,7 +1496,7 @@ FIT_NOTE = (
 )
 
 
-def card_memory_bytes(memory_gib):
+def card_memory_gib_and_bytes(memory_gib):
     """A card's memory in GiB (a decimal in the kit's number grammar, more than 0) as whole bytes, rounded down."""
     try:
         gib = non_negative_decimal("--memory-gib", memory_gib)
@@ -1540,7 +1539,7 @@ def largest_that_fits(config, memory_bytes, dimension):
 
 def fit_on_card(plan, memory_gib):
     """--plan --memory-gib's fields: whether the run fits, and the largest batch, context and width that do."""
-    gib, memory_bytes = card_memory_bytes(memory_gib)
+    gib, memory_bytes = card_memory_gib_and_bytes(memory_gib)
     config = plan["configuration"]
     return {
         "memory_gib": gib,
@@ -2309,8 +2308,8 @@ def sustained_text(sustained):
     steady = {True: "steady", False: "NOT steady", None: "too few windows to tell"}[sustained["steady"]]
     ratio = sustained["ratio_to_warm_median"]
     return (
-        f"Sustained run, {sustained['seconds_asked']} s asked: {len(sustained['window_ms_per_forward'])} windows of "
-        f"{sustained['forwards_per_window']} forwards; {sustained['steady_ms_per_forward']:.3f} device ms "
+        f"Sustained run, {sustained['sustained_seconds']} s asked: {len(sustained['window_ms_per_forward'])} windows "
+        f"of {sustained['forwards_per_window']} forwards; {sustained['steady_ms_per_forward']:.3f} device ms "
         f"per forward at the end ({steady})" + ("" if ratio is None else f", {ratio:.3f} x the warm median")
     )
 
@@ -2443,7 +2442,7 @@ def _sustained_row(sustained, flop):
     steady_ms = abs(Decimal(repr(steady_ms)))  # exact from the digits written; a crafted -0.0 as 0
     with exact_context():
         figures = (
-            sustained["seconds_asked"],
+            sustained["sustained_seconds"],
             steady_ms,
             sustained["steady"],
             None if ratio is None else abs(Decimal(repr(ratio))),
@@ -3303,7 +3302,7 @@ MEMORY_GIB_HELP = (
     "calcul_forfaits.py --list); whether the run fits, and the largest batch, context and width that fit"
 )
 SUSTAINED_HELP = (
-    f"after the warm repetitions, forwards back to back for SECONDS (1 to {SUSTAINED_MAX_SECONDS}), timed per "
+    f"after the warm repetitions, forwards back to back for SECONDS (1 to {SUSTAINED_MAX_S}), timed per "
     "window: how the card's power management slows long work (default: none)"
 )
 MEASURE_ARGUMENTS = [

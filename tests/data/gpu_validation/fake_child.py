@@ -156,7 +156,7 @@ def sustained_section(seconds):
     """A sustained run's section: one window a second, each forward the warm repetitions' device time."""
     windows = [DEVICE_MS] * seconds
     return {
-        "seconds_asked": seconds,
+        "sustained_seconds": seconds,
         "forwards_per_window": 333,
         "window_ms_per_forward": windows,
         "steady_ms_per_forward": DEVICE_MS,

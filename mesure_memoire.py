@@ -869,7 +869,6 @@ PhaseField = collections.namedtuple(
 PHASE_FIELDS = {
     "phase": PhaseField((lambda value: isinstance(value, str) and value in PHASES, "one of " + ", ".join(PHASES))),
     "nanoseconds": PhaseField(COUNT_FIELD, "ms"),
-    "seconds": PhaseField(),
     "device_ms": PhaseField((_is_time, "null or a time >= 0"), "device ms"),
     "baseline_allocated_bytes": PhaseField(counter="memory_allocated"),
     "baseline_reserved_bytes": PhaseField(counter="memory_reserved"),
@@ -1615,9 +1614,8 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     output = work()
     events[1].record(stream)
     cuda.synchronize(device)
-    elapsed_ns = record["nanoseconds"] = clock() - started_ns
+    record["nanoseconds"] = clock() - started_ns
     record["end_device_used_bytes"] = device_used_bytes(cuda, device)
-    record["seconds"] = elapsed_ns / 1e9
     record["device_ms"] = events[0].elapsed_time(events[1])
     record.update(counters(baseline=False))
     stats = cuda.memory_stats(device)

@@ -107,7 +107,6 @@ def crafted_result(options, doctors=(), output=""):
             "phase": predicted["phase"],
             **labels,
             "nanoseconds": WALL_NS,
-            "seconds": WALL_NS / 1e9,
             "device_ms": DEVICE_MS,
             "baseline_reserved_bytes": reserved,
             "end_reserved_bytes": reserved + more,

@@ -2044,10 +2044,9 @@ def fit_problem(plan, environment):
         free, source = gpu["total_memory_bytes"], "announced in total (mem_get_info failed)"
     if free is None:  # neither could be read: the fit cannot be told
         return "the GPU's free and total memory cannot be read (mem_get_info and total_memory failed)"
-    usable = free - plan["fit_margin_bytes"]
-    peak = plan["predicted_peak_allocated_bytes"]
-    if peak <= usable:
+    if plan["needs_free_bytes"] <= free:  # the plan's figure: the predicted peak plus the margin
         return None
+    peak = plan["predicted_peak_allocated_bytes"]
     config, tensors = plan["configuration"], plan["tensor_bytes"]
     weight_bytes = sum(tensors[name] for name in ("0.weight", "0.bias", "2.weight", "2.bias"))
     if weight_bytes >= peak - weight_bytes:

@@ -2062,33 +2062,48 @@ def fit_problem(plan, environment):
 
 def measure(config, tool):
     """The measurement on the GPU; returns the result (writes nothing), else KitError or MeasurementFailed."""
-    from datetime import datetime, timezone
-
     model = synthetic_model(config)
     torch, torch_version_warning = _torch_to_measure_with()
-    cuda = torch.cuda
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
-    initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(cuda.is_initialized()))
-    index = device_index(config["device"])
-    environment = environment_of(config["device"], index)
-    if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
+    initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(torch.cuda.is_initialized()))
+    index = device_index(on)
+    environment = environment_of(on, index)
     plan = memory_plan(config, model)  # one plan: the fit, the check, the file
     _refuse_what_cannot_run(torch, config, index, plan, environment)
+    device, before = _set_up(torch, index, on)
+    try:
+        measured = measure_phases(torch, torch.cuda, device, config)
+    except PhaseFailed as failure:
+        raise _measurement_failed(torch, config, failure) from None
+    configuration = {**config, "cuda_initialized_before_measure": initialized, **before}
+    return _result(tool, environment, torch_version_warning, configuration, model, plan, measured)
+
+
+def _set_up(torch, index, on):
+    """The measured device made current, CUDA initialised; the bytes in use before the phases, as result fields."""
+    cuda = torch.cuda
     device = pytorch_call(f"torch.device failed on {on}", lambda: torch.device("cuda", index))
     pytorch_call(f"torch.cuda.set_device failed on {on}", lambda: cuda.set_device(device))
     # reset_peak_memory_stats fails before CUDA is initialized
     pytorch_call(f"torch.cuda.init failed on {on}", cuda.init)
-    allocated_before, reserved_before, device_used_before = _counters_before(cuda, device, index, on)
-    try:
-        phases, output_summary, per_call, timing = measure_phases(torch, cuda, device, config)
-    except PhaseFailed as failure:
-        raise _measurement_failed(torch, config, failure) from None
-    backend = environment["gpu"]["allocator_backend"]
+    allocated = pytorch_call(f"torch.cuda.memory_allocated failed on {on}", lambda: cuda.memory_allocated(device))
+    reserved = pytorch_call(f"torch.cuda.memory_reserved failed on {on}", lambda: cuda.memory_reserved(device))
+    return device, {
+        "allocated_bytes_before_measure": allocated,
+        "reserved_bytes_before_measure": reserved,
+        "device_used_bytes_before_measure": device_used_bytes(cuda, index),  # CUDA is initialised: its context counts
+        "fresh_process_warning": None if allocated == 0 and reserved == 0 else FRESH_PROCESS_WARNING,
+    }
+
+
+def _result(tool, environment, torch_version_warning, configuration, model, plan, measured):
+    """The result file's content: the measured phases checked against the plan."""
+    from datetime import datetime, timezone
+
+    phases, output_summary, per_call, timing = measured
     phases, prediction_check, workspace = check_against_plan(
-        phases, plan, per_call, backend, environment["allocator_settings"]
+        phases, plan, per_call, environment["gpu"]["allocator_backend"], environment["allocator_settings"]
     )
-    fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
         "schema_version": RESULT_SCHEMA_VERSION,
@@ -2096,14 +2111,7 @@ def measure(config, tool):
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "environment": environment,
         "torch_version_warning": torch_version_warning,
-        "configuration": {
-            **config,
-            "cuda_initialized_before_measure": initialized,
-            "allocated_bytes_before_measure": allocated_before,
-            "reserved_bytes_before_measure": reserved_before,
-            "device_used_bytes_before_measure": device_used_before,
-            "fresh_process_warning": None if fresh else FRESH_PROCESS_WARNING,
-        },
+        "configuration": configuration,
         "synthetic_model": model,
         "phases": phases,
         "prediction_check": prediction_check,
@@ -2113,13 +2121,6 @@ def measure(config, tool):
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
-
-
-def _counters_before(cuda, device, index, on):
-    """The allocated, reserved and device-wide bytes in use before the phases."""
-    allocated = pytorch_call(f"torch.cuda.memory_allocated failed on {on}", lambda: cuda.memory_allocated(device))
-    reserved = pytorch_call(f"torch.cuda.memory_reserved failed on {on}", lambda: cuda.memory_reserved(device))
-    return allocated, reserved, device_used_bytes(cuda, index)  # CUDA is initialised: its context is counted
 
 
 FRESH_PROCESS_WARNING = (
@@ -2139,6 +2140,8 @@ def _torch_to_measure_with():
 
 def _refuse_what_cannot_run(torch, config, index, plan, environment):
     """Refuse, before any GPU allocation, what cannot run or is predicted not to fit."""
+    if ALLOCATOR_REFUSED in environment["field_errors"].values():
+        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
     if not environment["gpu_available"]:
         raise KitError(
             f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback, "

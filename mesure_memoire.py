@@ -869,7 +869,6 @@ PhaseField = collections.namedtuple(
 PHASE_FIELDS = {
     "phase": PhaseField((lambda value: isinstance(value, str) and value in PHASES, "one of " + ", ".join(PHASES))),
     "nanoseconds": PhaseField(COUNT_FIELD, "ms"),
-    "seconds": PhaseField(),
     "device_ms": PhaseField((_is_time, "null or a time >= 0"), "device ms"),
     "baseline_allocated_bytes": PhaseField(counter="memory_allocated"),
     "baseline_reserved_bytes": PhaseField(counter="memory_reserved"),
@@ -883,7 +882,6 @@ PHASE_FIELDS = {
     "end_requested_bytes": PhaseField(),
     "peak_requested_bytes": PhaseField(),
 }
-PHASE_MEMORY_FIELDS = tuple(name for name, field in PHASE_FIELDS.items() if field.counter)
 REPORTED_PEAKS = {name: field.column for name, field in PHASE_FIELDS.items() if field.report}
 
 
@@ -932,7 +930,7 @@ RESULT_FORMAT = {
     "output_summary": {"all_finite": BOOLEAN_FIELD},
     "sustained": NullOr(
         {
-            "seconds_asked": POSITIVE_FIELD,
+            "sustained_seconds": POSITIVE_FIELD,
             "steady_ms_per_forward": (lambda value: value is not None and _is_time(value), "a time >= 0"),
             "steady": (lambda value: value is None or isinstance(value, bool), "null, true or false"),
             "ratio_to_warm_median": (_is_time, "null or a ratio >= 0"),
@@ -1058,7 +1056,7 @@ def start_child(command, **options):
 
 
 # >>> notebook: The sustained run and the card's state (measure --sustained-s)
-SUSTAINED_MAX_SECONDS = 600  # minutes bring a card to its power and thermal steady state; a trial stays bounded
+SUSTAINED_MAX_S = 600  # minutes bring a card to its power and thermal steady state; a trial stays bounded
 SUSTAINED_REASON = "a sustained run is a bounded trial too"
 WINDOW_NS = 10**9  # a window: about a second of forwards at the warm repetitions' pace
 # Steady: each of the last half's windows within 2 % of their median; a capped clock swings by more.
@@ -1174,7 +1172,7 @@ def sustained_run(cuda, device, forward, records, seconds, read_card_state, cloc
     cuda.synchronize(device)
     reader.join()
     window_ms = [start.elapsed_time(end) for start, end in zip(events[:-1], events[1:], strict=True)]
-    return sustained_section({"seconds_asked": seconds, "forwards_per_window": per_window}, window_ms, warm), card
+    return sustained_section({"sustained_seconds": seconds, "forwards_per_window": per_window}, window_ms, warm), card
 
 
 def sustained_section(run, window_ms, warm):
@@ -1217,7 +1215,7 @@ def measure_config(device, batch, context, width, dtype, warmup, repeats, seed, 
         "seed": whole_number("--seed", seed, 0, MAX_SEED),
         "sustained_seconds": None
         if sustained_seconds is None
-        else whole_number("--sustained-s", sustained_seconds, 1, SUSTAINED_MAX_SECONDS, SUSTAINED_REASON),
+        else whole_number("--sustained-s", sustained_seconds, 1, SUSTAINED_MAX_S, SUSTAINED_REASON),
     }
 
 
@@ -1497,7 +1495,7 @@ FIT_NOTE = (
 )
 
 
-def card_memory_bytes(memory_gib):
+def card_memory_gib_and_bytes(memory_gib):
     """A card's memory in GiB (a decimal in the kit's number grammar, more than 0) as whole bytes, rounded down."""
     try:
         gib = non_negative_decimal("--memory-gib", memory_gib)
@@ -1540,7 +1538,7 @@ def largest_that_fits(config, memory_bytes, dimension):
 
 def fit_on_card(plan, memory_gib):
     """--plan --memory-gib's fields: whether the run fits, and the largest batch, context and width that do."""
-    gib, memory_bytes = card_memory_bytes(memory_gib)
+    gib, memory_bytes = card_memory_gib_and_bytes(memory_gib)
     config = plan["configuration"]
     return {
         "memory_gib": gib,
@@ -1616,9 +1614,8 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     output = work()
     events[1].record(stream)
     cuda.synchronize(device)
-    elapsed_ns = record["nanoseconds"] = clock() - started_ns
+    record["nanoseconds"] = clock() - started_ns
     record["end_device_used_bytes"] = device_used_bytes(cuda, device)
-    record["seconds"] = elapsed_ns / 1e9
     record["device_ms"] = events[0].elapsed_time(events[1])
     record.update(counters(baseline=False))
     stats = cuda.memory_stats(device)
@@ -2047,10 +2044,9 @@ def fit_problem(plan, environment):
         free, source = gpu["total_memory_bytes"], "announced in total (mem_get_info failed)"
     if free is None:  # neither could be read: the fit cannot be told
         return "the GPU's free and total memory cannot be read (mem_get_info and total_memory failed)"
-    usable = free - plan["fit_margin_bytes"]
-    peak = plan["predicted_peak_allocated_bytes"]
-    if peak <= usable:
+    if plan["needs_free_bytes"] <= free:  # the plan's figure: the predicted peak plus the margin
         return None
+    peak = plan["predicted_peak_allocated_bytes"]
     config, tensors = plan["configuration"], plan["tensor_bytes"]
     weight_bytes = sum(tensors[name] for name in ("0.weight", "0.bias", "2.weight", "2.bias"))
     if weight_bytes >= peak - weight_bytes:
@@ -2066,33 +2062,48 @@ def fit_problem(plan, environment):
 
 def measure(config, tool):
     """The measurement on the GPU; returns the result (writes nothing), else KitError or MeasurementFailed."""
-    from datetime import datetime, timezone
-
     model = synthetic_model(config)
     torch, torch_version_warning = _torch_to_measure_with()
-    cuda = torch.cuda
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
-    initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(cuda.is_initialized()))
-    index = device_index(config["device"])
-    environment = environment_of(config["device"], index)
-    if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
+    initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(torch.cuda.is_initialized()))
+    index = device_index(on)
+    environment = environment_of(on, index)
     plan = memory_plan(config, model)  # one plan: the fit, the check, the file
     _refuse_what_cannot_run(torch, config, index, plan, environment)
+    device, before = _set_up(torch, index, on)
+    try:
+        measured = measure_phases(torch, torch.cuda, device, config)
+    except PhaseFailed as failure:
+        raise _measurement_failed(torch, config, failure) from None
+    configuration = {**config, "cuda_initialized_before_measure": initialized, **before}
+    return _result(tool, environment, torch_version_warning, configuration, model, plan, measured)
+
+
+def _set_up(torch, index, on):
+    """The measured device made current, CUDA initialised; the bytes in use before the phases, as result fields."""
+    cuda = torch.cuda
     device = pytorch_call(f"torch.device failed on {on}", lambda: torch.device("cuda", index))
     pytorch_call(f"torch.cuda.set_device failed on {on}", lambda: cuda.set_device(device))
     # reset_peak_memory_stats fails before CUDA is initialized
     pytorch_call(f"torch.cuda.init failed on {on}", cuda.init)
-    allocated_before, reserved_before, device_used_before = _counters_before(cuda, device, index, on)
-    try:
-        phases, output_summary, per_call, timing = measure_phases(torch, cuda, device, config)
-    except PhaseFailed as failure:
-        raise _measurement_failed(torch, config, failure) from None
-    backend = environment["gpu"]["allocator_backend"]
+    allocated = pytorch_call(f"torch.cuda.memory_allocated failed on {on}", lambda: cuda.memory_allocated(device))
+    reserved = pytorch_call(f"torch.cuda.memory_reserved failed on {on}", lambda: cuda.memory_reserved(device))
+    return device, {
+        "allocated_bytes_before_measure": allocated,
+        "reserved_bytes_before_measure": reserved,
+        "device_used_bytes_before_measure": device_used_bytes(cuda, index),  # CUDA is initialised: its context counts
+        "fresh_process_warning": None if allocated == 0 and reserved == 0 else FRESH_PROCESS_WARNING,
+    }
+
+
+def _result(tool, environment, torch_version_warning, configuration, model, plan, measured):
+    """The result file's content: the measured phases checked against the plan."""
+    from datetime import datetime, timezone
+
+    phases, output_summary, per_call, timing = measured
     phases, prediction_check, workspace = check_against_plan(
-        phases, plan, per_call, backend, environment["allocator_settings"]
+        phases, plan, per_call, environment["gpu"]["allocator_backend"], environment["allocator_settings"]
     )
-    fresh = allocated_before == 0 and reserved_before == 0
     return {
         "kit": KIT_NAME,
         "schema_version": RESULT_SCHEMA_VERSION,
@@ -2100,14 +2111,7 @@ def measure(config, tool):
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "environment": environment,
         "torch_version_warning": torch_version_warning,
-        "configuration": {
-            **config,
-            "cuda_initialized_before_measure": initialized,
-            "allocated_bytes_before_measure": allocated_before,
-            "reserved_bytes_before_measure": reserved_before,
-            "device_used_bytes_before_measure": device_used_before,
-            "fresh_process_warning": None if fresh else FRESH_PROCESS_WARNING,
-        },
+        "configuration": configuration,
         "synthetic_model": model,
         "phases": phases,
         "prediction_check": prediction_check,
@@ -2117,13 +2121,6 @@ def measure(config, tool):
         "predicted_peak_allocated_bytes": plan["predicted_peak_allocated_bytes"],
         "fit_margin_bytes": plan["fit_margin_bytes"],
     }
-
-
-def _counters_before(cuda, device, index, on):
-    """The allocated, reserved and device-wide bytes in use before the phases."""
-    allocated = pytorch_call(f"torch.cuda.memory_allocated failed on {on}", lambda: cuda.memory_allocated(device))
-    reserved = pytorch_call(f"torch.cuda.memory_reserved failed on {on}", lambda: cuda.memory_reserved(device))
-    return allocated, reserved, device_used_bytes(cuda, index)  # CUDA is initialised: its context is counted
 
 
 FRESH_PROCESS_WARNING = (
@@ -2143,6 +2140,8 @@ def _torch_to_measure_with():
 
 def _refuse_what_cannot_run(torch, config, index, plan, environment):
     """Refuse, before any GPU allocation, what cannot run or is predicted not to fit."""
+    if ALLOCATOR_REFUSED in environment["field_errors"].values():
+        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
     if not environment["gpu_available"]:
         raise KitError(
             f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback, "
@@ -2309,8 +2308,8 @@ def sustained_text(sustained):
     steady = {True: "steady", False: "NOT steady", None: "too few windows to tell"}[sustained["steady"]]
     ratio = sustained["ratio_to_warm_median"]
     return (
-        f"Sustained run, {sustained['seconds_asked']} s asked: {len(sustained['window_ms_per_forward'])} windows of "
-        f"{sustained['forwards_per_window']} forwards; {sustained['steady_ms_per_forward']:.3f} device ms "
+        f"Sustained run, {sustained['sustained_seconds']} s asked: {len(sustained['window_ms_per_forward'])} windows "
+        f"of {sustained['forwards_per_window']} forwards; {sustained['steady_ms_per_forward']:.3f} device ms "
         f"per forward at the end ({steady})" + ("" if ratio is None else f", {ratio:.3f} x the warm median")
     )
 
@@ -2443,7 +2442,7 @@ def _sustained_row(sustained, flop):
     steady_ms = abs(Decimal(repr(steady_ms)))  # exact from the digits written; a crafted -0.0 as 0
     with exact_context():
         figures = (
-            sustained["seconds_asked"],
+            sustained["sustained_seconds"],
             steady_ms,
             sustained["steady"],
             None if ratio is None else abs(Decimal(repr(ratio))),
@@ -3303,7 +3302,7 @@ MEMORY_GIB_HELP = (
     "calcul_forfaits.py --list); whether the run fits, and the largest batch, context and width that fit"
 )
 SUSTAINED_HELP = (
-    f"after the warm repetitions, forwards back to back for SECONDS (1 to {SUSTAINED_MAX_SECONDS}), timed per "
+    f"after the warm repetitions, forwards back to back for SECONDS (1 to {SUSTAINED_MAX_S}), timed per "
     "window: how the card's power management slows long work (default: none)"
 )
 MEASURE_ARGUMENTS = [

@@ -456,6 +456,7 @@ def fit_plan(weights, peak, batch=1, context=1):
     return {
         "predicted_peak_allocated_bytes": peak,
         "fit_margin_bytes": GIB,
+        "needs_free_bytes": peak + GIB,
         "tensor_bytes": tensors,
         "configuration": {"batch": batch, "context": context},
     }

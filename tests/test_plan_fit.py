@@ -110,9 +110,9 @@ def test_the_search_finds_the_same_largest_value_whatever_the_counts():
 
 
 def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
-    assert mesure_memoire.card_memory_bytes("0.5") == (mesure_memoire.Decimal("0.5"), GIB // 2)
-    assert mesure_memoire.card_memory_bytes("1.0000000001")[1] == GIB + 0  # rounded down to whole bytes
-    assert mesure_memoire.card_memory_bytes("3")[1] == 3 * GIB
+    assert mesure_memoire.card_memory_gib_and_bytes("0.5") == (mesure_memoire.Decimal("0.5"), GIB // 2)
+    assert mesure_memoire.card_memory_gib_and_bytes("1.0000000001")[1] == GIB + 0  # rounded down to whole bytes
+    assert mesure_memoire.card_memory_gib_and_bytes("3")[1] == 3 * GIB
     for zero in ("0", "0.0", "0.000", ".5", "-1", "1e3", "8 ", "1.2.3", "", "5.", "01"):  # one wording for all
         assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", zero]) == 2
         said = MESSAGES["--memory-gib not a card's memory"].format(value=f"'{zero}'")

@@ -69,6 +69,7 @@ SIZES = {
 DTYPES = ("float32", "float16", "bfloat16")
 CONFIGURATIONS = {f"{s}-{d}": {**o, "dtype": d, "seed": 0} for s, o in SIZES.items() for d in DTYPES}
 CONFIG_KEYS = ("batch", "context", "width", "dtype", "warmup", "repeats", "seed")
+PHASE_MEMORY_FIELDS = tuple(name for name, field in kit.PHASE_FIELDS.items() if field.counter)  # allocator counters
 TIMED_SIZE = "big"  # the size of the Timer cross-check and of the device-versus-wall bound
 TIMER_MIN_RUN_SECONDS = 1.0
 
@@ -740,7 +741,7 @@ def check_allocator_run(result, setting, environment):
 
 def compare_runs(first, second):
     """What differs between two fresh runs of one configuration: counters, phase lines, checksum."""
-    counters = (*kit.PHASE_MEMORY_FIELDS, "baseline_requested_bytes", "end_requested_bytes", "peak_requested_bytes")
+    counters = (*PHASE_MEMORY_FIELDS, "baseline_requested_bytes", "end_requested_bytes", "peak_requested_bytes")
     pairs = zip(first["phases"], second["phases"], strict=False)  # a length difference is named below
     found = [f"{a['phase']} {c}: {a.get(c)} vs {b.get(c)}" for a, b in pairs for c in counters if a.get(c) != b.get(c)]
     if len(first["phases"]) != len(second["phases"]):

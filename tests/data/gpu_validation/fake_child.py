@@ -107,7 +107,6 @@ def crafted_result(options, doctors=(), output=""):
             "phase": predicted["phase"],
             **labels,
             "nanoseconds": WALL_NS,
-            "seconds": WALL_NS / 1e9,
             "device_ms": DEVICE_MS,
             "baseline_reserved_bytes": reserved,
             "end_reserved_bytes": reserved + more,
@@ -156,7 +155,7 @@ def sustained_section(seconds):
     """A sustained run's section: one window a second, each forward the warm repetitions' device time."""
     windows = [DEVICE_MS] * seconds
     return {
-        "seconds_asked": seconds,
+        "sustained_seconds": seconds,
         "forwards_per_window": 333,
         "window_ms_per_forward": windows,
         "steady_ms_per_forward": DEVICE_MS,

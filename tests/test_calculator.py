@@ -94,6 +94,9 @@ def test_the_api_prices_one_lot_without_a_cost_by_default():
         (45200, 1890000, "0.0002392"),  # issue 54: the H100 SXM's 7 days, 1,890,000 results, once "0.00"
         (239, 100, "0.02390"),  # two rentals once both "0.02"
         (242, 100, "0.02420"),
+        (10007, 10, "10.01"),  # 10.007: from 10.00 up, the cent is the finer
+        (10000, 1, "100.00"),  # exactly 100: the cent's two places kept
+        (199991, 200, "10.00"),  # 9.99955 carries to 10.000: four significant digits are 10.00
     ],
 )
 def test_cost_rounds_half_up_to_four_significant_digits_or_the_cent_whichever_is_finer(total_cents, accepted, expected):
@@ -158,6 +161,13 @@ def test_the_readme_example_and_what_the_readme_says_of_its_prices(capsys):
         "The CSV proves neither current availability nor a reservation: check the offer shown before buying",
     ):
         assert fact in said, fact
+
+
+def test_without_accepted_results_the_text_says_how_to_get_the_cost(capsys):
+    status, out, err = call(capsys, "--gpu", "h200", "--days", "7")
+    assert (status, err) == (0, "")
+    cost = "  cost per accepted result  not computed: add --accepted-results N (distinct useful units really accepted)"
+    assert cost in out.splitlines(), out
 
 
 def test_json_output_and_null_cost_without_accepted_results(capsys):
@@ -384,6 +394,29 @@ def test_an_unwritable_stdout_is_pointed_at_the_null_device(monkeypatch):
 # --- --list ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("price_cents", "expected"),
+    [("15", "0.01"), ("45", "0.02"), ("9" * 30, None)],
+    ids=["half-a-cent", "one-and-a-half-cents", "the-largest-price"],
+)
+def test_list_rounds_each_price_per_gpu_day_half_up_to_the_cent(tmp_path, capsys, price_cents, expected):
+    """A 30-day lot of one GPU: 15 cents is half a cent a day, up to 0.01 (half-even would give 0.00)."""
+    row = next(n for n, line in enumerate(GOOD.split(b"\n"), 1) if line.split(b",")[4:5] == [b"30"])
+    gpu, gpus_per_lot = (
+        GOOD.split(b"\n")[row - 1].decode().split(",")[0],
+        int(GOOD.split(b"\n")[row - 1].split(b",")[3]),
+    )
+    (tmp_path / "c.csv").write_bytes(with_cell(row, "price_cents", price_cents.encode()))
+    status, out, err = call(capsys, "--catalog", tmp_path / "c.csv", "--list", "--days", "30", "--json")
+    assert (status, err) == (0, "")
+    shown = next(r["usd_per_gpu_day"] for r in json.loads(out) if r["gpu"] == gpu)
+    exact = Fraction(int(price_cents), 100 * 30 * gpus_per_lot)
+    cents = (exact * 100 + Fraction(1, 2)).__floor__()
+    assert shown == (expected or f"{cents // 100}.{cents % 100:02d}")
+    if expected:
+        assert gpus_per_lot == 1
+
+
 def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
     status, out, _ = call(capsys, "--list")
     assert status == 0
@@ -397,6 +430,7 @@ def test_list_prints_the_catalog_with_price_per_gpu_day(capsys):
     assert h200.split()[:5] == ["h200", "NVIDIA", "H200", "141", "139.80"]
     assert lines[-2] == "IteraGPU catalog snapshot of 2026-09-24; per GPU-day rounded half-up to the cent."
     assert lines[-1].startswith("memory_gb: as advertised; PyTorch GiB: total_memory as PyTorch reports it"), lines[-1]
+    assert lines[-1].endswith("none: no figure recorded, --for-plan judges on memory_gb x 10**9 bytes."), lines[-1]
     assert all(not line.endswith(" ") for line in lines)
     status, out, _ = call(capsys, "--list", "--days", "7", "--json")
     rows = json.loads(out)
@@ -476,7 +510,7 @@ CORRUPTIONS = {
     ),
     "missing field": (replace_line(2, b",".join(GOOD.split(b"\n")[1].split(b",")[:7])), "line 2", "fields"),
     "blank line": (replace_line(3, b""), "line 3", "fields"),
-    "empty file": (b"", "", "empty file"),
+    "empty file": (b"", "", "empty file; nothing computed"),
     "header only": (HEADER + b"\n", "", "0 rows"),
     "not UTF-8": (GOOD.replace(b"NVIDIA A40", b"NVIDIA A4\xe9"), "", "not UTF-8"),
     "upper-case slug": (GOOD.replace(b"\nl4,", b"\nL4,"), "line", "slug"),
@@ -534,6 +568,32 @@ def test_a_catalog_without_pytorch_figures_loads_and_every_card_rests_on_its_nom
     assert all(card["judged_memory_bytes"] == card["memory_gb"] * 10**9 for card in cards)
     status, text, _ = call(capsys, "--catalog", tmp_path / "mine.csv", "--for-plan", plan, "--days", "7")
     assert sum("yes*" in line.split() for line in text.splitlines()[3:18]) == 15, text
+    assert text.splitlines()[-1].startswith("*: no PyTorch figure recorded: judged on the nominal memory_gb"), text
+
+
+def with_every_figure():
+    """The shipped catalog with a PyTorch figure on every row: each empty cell given the nominal bytes."""
+    lines = []
+    for line in GOOD.split(b"\n"):
+        cells = line.split(b",")
+        if line and not cells[-1]:
+            cells[-1] = str(int(cells[2]) * 10**9).encode()
+        lines.append(b",".join(cells))
+    return b"\n".join(lines)
+
+
+def test_no_card_resting_on_a_nominal_figure_means_no_note_about_it(tmp_path, capsys):
+    import mesure_memoire
+
+    (tmp_path / "all.csv").write_bytes(with_every_figure())
+    assert mesure_memoire.main(["measure", "--plan", "--json"]) == 0
+    (tmp_path / "plan.json").write_text(capsys.readouterr().out)
+    status, text, err = call(
+        capsys, "--catalog", tmp_path / "all.csv", "--for-plan", tmp_path / "plan.json", "--days", "7"
+    )
+    assert (status, err) == (0, "")
+    assert "yes*" not in text and "no*" not in text
+    assert "nominal" not in text, text
 
 
 def test_the_catalog_s_pytorch_figures_are_the_maintainers_record_s():

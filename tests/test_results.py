@@ -244,7 +244,7 @@ PAIR = (
 # --- refusals: one line naming the file, the line and the reason; nothing computed ---------------------
 
 REFUSALS = {
-    "bad header": (dict(header="run_id,date_utc"), [], "line 1: bad header"),
+    "bad header": (dict(header="run_id,date_utc"), [], f"line 1: bad header, expected {','.join(COLUMNS)}; nothing"),
     "old template header": (dict(header=",".join(c for c in COLUMNS if c != "rental_id")), [], "bad header"),
     "duplicate run_id": ({}, [row(), row()], "line 3: duplicate run_id 'r1' (first on line 2)"),
     "malformed date": ({}, [row(date_utc="2026-10-05 09:00")], "line 2: date_utc must be"),

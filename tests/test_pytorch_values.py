@@ -231,7 +231,7 @@ class StderrTorch(PrintingTorch):
     def exec_module(self, module):
         import os
 
-        os.write(2, self.text.encode())
+        os.write(2, self.text.encode("utf-8", "surrogateescape"))  # "\udcff": the byte 0xff, not UTF-8
 
 
 @pytest.mark.parametrize(("text", "kept"), ON_STDERR, ids=plain_id)
@@ -241,6 +241,25 @@ def test_what_pytorch_writes_on_stderr_at_import_is_kept_by_the_allow_list(monke
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     captured = capfd.readouterr()
     assert captured.err == "", "nothing PyTorch writes reaches the terminal"
+    assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == kept
+
+
+ODD_STDERR = {
+    "not-utf-8": ("\udcff\udcfe at /home/ana\n", "stderr: text withheld"),
+    "a-line-of-spaces": (f"   \n{KNOWN}\n", f"stderr: {KNOWN}"),
+    "over-64-kib": ("x" * 70000 + f"\n{KNOWN}\n", "stderr: text withheld"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ODD_STDERR))
+def test_odd_stderr_from_pytorch_is_read_whole_lines_only_and_bounded(monkeypatch, capfd, case):
+    """Bytes that are not UTF-8 are no crash; a line of spaces is no line; past 64 KiB, nothing more is kept."""
+    text, kept = ODD_STDERR[case]
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(sys, "meta_path", [StderrTorch(text), *sys.meta_path])
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    captured = capfd.readouterr()
+    assert captured.err == ""
     assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == kept
 
 

@@ -117,3 +117,36 @@ def test_with_debug_an_out_of_memory_failure_shows_pytorch_s_message_too(stand_i
     assert f"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB at {SECRET}" in captured.err.splitlines()
     assert captured.err.splitlines()[-1].startswith("mesure_memoire.py: error: out of memory in phase inputs")
     assert list(tmp_path.iterdir()) == []
+
+
+class FailingTorch:
+    """A fake torch package whose import raises, with a secret, as a broken install's shared library may."""
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, self) if name == "torch" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise ImportError(f"libcudart.so.12 not found in {SECRET}")
+
+
+def test_debug_shows_an_import_failure_by_its_type_with_its_traceback(monkeypatch, capfd):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(sys, "meta_path", [FailingTorch(), *sys.meta_path])
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json", "--debug"]) == 0
+    captured = capfd.readouterr()
+    assert "--- ImportError raised in PyTorch ---" in captured.err.splitlines()
+    assert f"ImportError: libcudart.so.12 not found in {SECRET}" in captured.err.splitlines()
+    assert SECRET not in captured.out
+
+
+def test_debug_shows_no_stderr_heading_when_pytorch_wrote_nothing(stand_in_gpu, capfd):
+    stand_in_gpu()
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json", "--debug"]) == 0
+    assert "what PyTorch wrote on stderr" not in capfd.readouterr().err

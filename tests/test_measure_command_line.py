@@ -655,6 +655,30 @@ def test_a_closed_stderr_is_not_a_crash(folder, monkeypatch, capsys):
     assert capsys.readouterr().out == ""
 
 
+class UnwritableStderr:
+    """A sys.stderr whose writes fail: a full disk (OSError) or a stream closed under the kit (ValueError)."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def write(self, text):
+        raise self.error
+
+    flush = write
+
+
+@pytest.mark.parametrize(
+    "stderr",
+    [None, UnwritableStderr(OSError(errno.ENOSPC, "No space left")), UnwritableStderr(ValueError("closed file"))],
+    ids=["none", "full", "closed"],
+)
+def test_an_unusable_stderr_does_not_stop_a_command_that_captures_pytorch_s(monkeypatch, capsys, stderr):
+    """pythonw gives no sys.stderr; the kit flushes it around PyTorch's capture, and that is no failure."""
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    assert "field_errors" in json.loads(capsys.readouterr().out)
+
+
 def test_the_options_and_their_defaults_reach_the_configuration(capsys):
     """What --plan --json shows as its configuration: the defaults, then every option given."""
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--plan", "--json"]) == 0

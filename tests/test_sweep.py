@@ -208,6 +208,15 @@ def test_an_exit_3_that_is_not_out_of_memory_is_told_as_a_failure_not_as_a_misfi
     assert "width 2048" in stop and "exit status 3" in stop and FAILED in stop
 
 
+def test_a_failed_phase_at_the_first_value_exits_3_as_measure_does(stand_in, capsys):
+    """Nothing measured, a child's phase failed (its exit 3, not out of memory): the sweep's status is 3, not 2."""
+    stand_in({"1024": "exit3-failed"})
+    assert mesure_memoire.main([*SWEEP, "--values", "1024,2048"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "width 1024" in captured.err and "exit status 3" in captured.err and FAILED in captured.err
+
+
 @pytest.mark.parametrize(
     ("behaviour", "stray"),
     [("exit3", []), ("remove-folder-then-exit3", []), ("exit3", "notes.txt")],

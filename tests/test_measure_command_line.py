@@ -679,6 +679,14 @@ def test_an_unusable_stderr_does_not_stop_a_command_that_captures_pytorch_s(monk
     assert "field_errors" in json.loads(capsys.readouterr().out)
 
 
+def test_a_stdout_without_an_encoding_gets_the_text(monkeypatch):
+    """io.StringIO (contextlib.redirect_stdout in a notebook) has no encoding: the text is written all the same."""
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stream)
+    assert mesure_memoire.main(["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]) == 0
+    assert "7000000000" in stream.getvalue()
+
+
 def test_the_options_and_their_defaults_reach_the_configuration(capsys):
     """What --plan --json shows as its configuration: the defaults, then every option given."""
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--plan", "--json"]) == 0

@@ -263,6 +263,18 @@ def test_odd_stderr_from_pytorch_is_read_whole_lines_only_and_bounded(monkeypatc
     assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == kept
 
 
+def test_no_descriptor_left_for_the_capture_is_no_failure_and_no_invented_line(monkeypatch, capsys):
+    """A process at its descriptor limit (EMFILE): PyTorch's stderr is not captured, nothing is made up for it."""
+    import errno
+
+    def no_pipe():
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "pipe", no_pipe)  # a stand-in for the limit: the capture's pipe is the one it stops
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    assert "pytorch_warnings" not in json.loads(capsys.readouterr().out)["field_errors"]
+
+
 @pytest.mark.whole_kit
 def test_pytorch_s_own_stderr_line_does_not_make_a_refusal_two_lines(tmp_path):
     """Real PyTorch (CPU build): its C++ side refuses TORCH_CPP_LOG_LEVEL's value on stderr as it loads."""

@@ -263,14 +263,16 @@ def test_odd_stderr_from_pytorch_is_read_whole_lines_only_and_bounded(monkeypatc
     assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == kept
 
 
-def test_no_descriptor_left_for_the_capture_is_no_failure_and_no_invented_line(monkeypatch, capsys):
-    """A process at its descriptor limit (EMFILE): PyTorch's stderr is not captured, nothing is made up for it."""
+@pytest.mark.parametrize("call", ["pipe", "dup"])
+def test_no_descriptor_left_for_the_capture_is_no_failure_and_no_invented_line(monkeypatch, capsys, call):
+    """A process at its descriptor limit (EMFILE: no pipe, or descriptor 2 cannot be saved): PyTorch's stderr is
+    not captured, nothing is made up for it."""
     import errno
 
-    def no_pipe():
+    def no_descriptor(*_):
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(os, "pipe", no_pipe)  # a stand-in for the limit: the capture's pipe is the one it stops
+    monkeypatch.setattr(os, call, no_descriptor)  # a stand-in for the limit, met where the capture needs one
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     assert "pytorch_warnings" not in json.loads(capsys.readouterr().out)["field_errors"]
 

@@ -263,6 +263,13 @@ def test_odd_stderr_from_pytorch_is_read_whole_lines_only_and_bounded(monkeypatc
     assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == kept
 
 
+def test_descriptor_2_is_the_terminal_s_again_after_the_capture(capfd):
+    """What is written on descriptor 2 once the command is over (a C library, a later message) reaches the terminal."""
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    os.write(2, b"after the command\n")
+    assert capfd.readouterr().err == "after the command\n"
+
+
 @pytest.mark.parametrize("call", ["pipe", "dup"])
 def test_no_descriptor_left_for_the_capture_is_no_failure_and_no_invented_line(monkeypatch, capsys, call):
     """A process at its descriptor limit (EMFILE: no pipe, or descriptor 2 cannot be saved): PyTorch's stderr is

@@ -887,6 +887,15 @@ def test_the_children_get_the_parent_s_interpreter_flags_and_the_parent_imports_
     assert logged == [flags, flags]  # the probe, then the measurement
 
 
+def test_the_children_get_the_warning_options_of_the_sweep_s_own_interpreter(stand_in, monkeypatch):
+    """In-process: python -W ... mesure_memoire.py sweep gives each child the same -W options."""
+    stand_in({"256": "write"})
+    monkeypatch.setattr(sys, "warnoptions", ["ignore::DeprecationWarning"])
+    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 0
+    logged = [json.loads(line) for line in (stand_in.home / "flags.log").read_text().splitlines()]
+    assert len(logged) == 2 and all("-Wignore::DeprecationWarning" in flags for flags in logged), logged
+
+
 # --- report FOLDER: the folder sweep wrote ---------------------------------------------------------------
 
 CRAFTED_SWEEP = DATA / "report" / "readme" / "sweep-width"

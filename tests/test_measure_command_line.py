@@ -687,6 +687,14 @@ def test_a_stdout_without_an_encoding_gets_the_text(monkeypatch):
     assert "7000000000" in stream.getvalue()
 
 
+def test_no_stdout_at_all_is_one_line_and_exit_1(monkeypatch, capsys):
+    """pythonw gives no sys.stdout: the text has nowhere to go, and the one line says so."""
+    monkeypatch.setattr(sys, "stdout", None)
+    assert mesure_memoire.main(["estimate", "--parameters", "7000000000", "--bits", "16", "--reserve-gib", "4"]) == 1
+    closed = MESSAGES["cannot write the output"].format(error=MESSAGES["stdout closed"])
+    assert capsys.readouterr().err == error_line(closed)
+
+
 def test_the_options_and_their_defaults_reach_the_configuration(capsys):
     """What --plan --json shows as its configuration: the defaults, then every option given."""
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--plan", "--json"]) == 0

@@ -248,6 +248,10 @@ ODD_STDERR = {
     "not-utf-8": ("\udcff\udcfe at /home/ana\n", "stderr: text withheld"),
     "a-line-of-spaces": (f"   \n{KNOWN}\n", f"stderr: {KNOWN}"),
     "over-64-kib": ("x" * 70000 + f"\n{KNOWN}\n", "stderr: text withheld"),
+    "a-line-ending-at-the-bound": (
+        "x" * (2**16 - len(KNOWN) - 1) + f"\n{KNOWN}\nmore\n",
+        f"stderr: text withheld | stderr: {KNOWN}",
+    ),
 }
 
 

@@ -664,7 +664,8 @@ class UnwritableStderr:
     def write(self, text):
         raise self.error
 
-    flush = write
+    def flush(self):
+        raise self.error
 
 
 @pytest.mark.parametrize(

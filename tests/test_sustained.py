@@ -257,3 +257,73 @@ def test_a_pytorch_that_gives_no_uuid_leaves_the_reading_null(tmp_path, monkeypa
         "reading": None,
         "why_null": "PyTorch gave no UUID to match the card by",
     }
+
+
+# The query as the real tool takes it: a stand-in that answers only that (the real one exits 2 on an unknown
+# field or format), and writes a byte that is not UTF-8 on a line of its own.
+EXACT_QUERY = (
+    "import sys\n"
+    "query = '--query-gpu=uuid,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,"
+    "clocks_event_reasons.active'\n"
+    "if sys.argv[1:] != [query, '--format=csv,noheader,nounits']: sys.exit(2)\n"
+    f"sys.stdout.buffer.write(b'\\xff\\xfe not UTF-8\\n')\n"
+    f"{printing(f'{UUID}, {FIELDS}')}"
+)
+
+
+def test_the_tool_is_asked_its_own_query_and_a_stray_byte_is_no_failure(tmp_path, monkeypatch):
+    vendor_tool(tmp_path, monkeypatch, EXACT_QUERY)
+    state = read()
+    assert state["why_null"] is None
+    assert (state["reading"]["sm_clock_mhz"], state["reading"]["clock_event_reasons"]) == (1980, ["gpu_idle"])
+
+
+def test_a_tool_that_cannot_start_is_null_and_why(tmp_path, monkeypatch):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text("#!/nonexistent/interpreter\n", encoding="utf-8")  # found on PATH, exec fails
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(folder))
+    state = read()
+    assert set(state) == {"reading", "why_null"} and state["reading"] is None
+    assert state["why_null"].startswith("nvidia-smi could not start: ")
+    assert "No such file or directory" in state["why_null"]
+
+
+def test_ctrl_c_is_still_heard_after_the_card_is_read(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    vendor_tool(tmp_path, monkeypatch, printing(f"{UUID}, {FIELDS}"))
+    read()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if signal.SIGINT in blocked:  # leave the test process as it was before failing
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    assert signal.SIGINT not in blocked
+
+
+@pytest.mark.parametrize(
+    ("fields", "shown"),
+    [
+        (
+            "[N/A], 1980, [N/A], [Not Supported], 38.5, 0x0000000000000000",
+            "SM clock n/a of 1980 MHz, power n/a of n/a W, n/a C, clock events: none",
+        ),
+        ("1755, 1980, 699.12, 700.00, 61, [N/A]", "power 699.12 of 700.0 W, 61 C, clock events: n/a"),
+        ("1755, 1980, 699.12, 700.00, 61, 0x000000000000000C", "clock events: sw_power_cap, hw_slowdown"),
+    ],
+    ids=["not_available_and_none", "reasons_not_available", "two_reasons_upper_case_hex"],
+)
+def test_the_card_line_says_n_a_none_and_each_reason(
+    stand_in_gpu, tmp_path, monkeypatch, folder, capsys, fields, shown
+):
+    vendor_tool(tmp_path, monkeypatch, printing(f"{UUID}, {fields}"))
+    code, captured, _ = measure_result(monkeypatch, folder, capsys)
+    assert code == 0, captured.err
+    assert shown + "\n" in captured.out

@@ -327,3 +327,57 @@ def test_the_card_line_says_n_a_none_and_each_reason(
     code, captured, _ = measure_result(monkeypatch, folder, capsys)
     assert code == 0, captured.err
     assert shown + "\n" in captured.out
+
+
+def test_a_window_exactly_two_percent_off_is_steady_and_a_last_half_of_three_is_judged():
+    # 5 forwards a window, 5 windows: a last half of 3, one of them exactly 2 % above the others.
+    section = sustained([1.0, 1.0, 1.0, 1.0, 1.02], step_ns=166_666_667)["sustained"]
+    assert (section["forwards_per_window"], len(section["window_ms_per_forward"])) == (5, 5)
+    assert section["steady"] is True
+
+
+def test_a_forward_longer_than_a_window_runs_alone_in_each_window():
+    section = sustained([1.0] * 3, step_ns=2 * 10**9)["sustained"]
+    assert section["forwards_per_window"] == 1
+
+
+def test_a_pytorch_failure_in_the_sustained_run_is_named_exit_3_and_nothing_written(
+    stand_in_gpu, monkeypatch, folder, capsys
+):
+    class FailingWindow(ScriptedEvents):
+        def _record(self, name, value=None):
+            if name == "event.record" and self.phase_events < 0:  # the phases' events all read: sustaining
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            if name == "Event" and self.phase_events == 0:
+                self.phase_events = -1
+            return super()._record(name, value)
+
+    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**6)
+    recorder = FailingWindow(STEADY, phase_events=6)
+    code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "5", recorder=recorder)
+    assert (code, written) == (3, None)
+    assert_one_line(captured.err, "phase sustained failed", "RuntimeError")
+
+
+def test_a_drifting_run_is_shown_not_steady(stand_in_gpu, monkeypatch, folder, capsys):
+    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**8)
+    recorder = ScriptedEvents([1.0 + index / 10 for index in range(10**4)], phase_events=6)
+    code, captured, _ = measure_result(monkeypatch, folder, capsys, "--sustained-s", "1", recorder=recorder)
+    assert code == 0, captured.err
+    assert "per forward at the end (NOT steady), " in captured.out
+
+
+def test_zero_device_times_and_too_few_windows_are_shown_n_a(stand_in_gpu, monkeypatch, folder, capsys):
+    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 6 * 10**8)  # two windows in the second asked
+    recorder = ScriptedEvents([0.0] * 10**4, phase_events=6)
+    recorder.device_ms = 0.0  # a timer's resolution can read 0 ms
+    code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "1", recorder=recorder)
+    assert code == 0, captured.err
+    section = json.loads(written)["sustained"]
+    assert (section["steady"], section["ratio_to_warm_median"]) == (None, None)
+    assert "per forward at the end (too few windows to tell)\n" in captured.out
+    assert mesure_memoire.main(["report", "r.json"]) == 0
+    out = capsys.readouterr().out
+    main_row, sustained_row = (line.split() for line in out.splitlines() if line.startswith("r.json"))
+    assert sustained_row[-3:] == ["n/a", "n/a", "n/a"]  # steady, x warm, GFLOP/s
+    assert "n/a" in main_row  # the warm drift

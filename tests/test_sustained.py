@@ -381,3 +381,17 @@ def test_zero_device_times_and_too_few_windows_are_shown_n_a(stand_in_gpu, monke
     main_row, sustained_row = (line.split() for line in out.splitlines() if line.startswith("r.json"))
     assert sustained_row[-3:] == ["n/a", "n/a", "n/a"]  # steady, x warm, GFLOP/s
     assert "n/a" in main_row  # the warm drift
+
+
+def test_the_ratio_is_to_the_warm_repetitions_alone():
+    class SlowFirstPhases(ScriptedEvents):  # loading, inputs, cold forward and warm-up at 5 device ms each
+        def _record(self, name, value=None):
+            if name == "elapsed_time" and self.phase_ms:
+                value = self.phase_ms.pop(0)
+            return super()._record(name, value)
+
+    settings = mesure_memoire.measure_config("cuda:0", 1, 4, 8, "float32", 1, 2, 0, 1)
+    recorder = SlowFirstPhases(STEADY, phase_events=6)
+    recorder.phase_ms = [5.0, 5.0, 5.0, 5.0, 0.25, 0.25]
+    _, _, _, timing = mesure_memoire.measure_phases(torch, recorder, CPU, settings, clock=ticking_clock())
+    assert timing["sustained"]["ratio_to_warm_median"] == Decimal("0.1") / Decimal("0.25")

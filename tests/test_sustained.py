@@ -359,19 +359,28 @@ def test_a_pytorch_failure_in_the_sustained_run_is_named_exit_3_and_nothing_writ
     assert_one_line(captured.err, "phase sustained failed", "RuntimeError")
 
 
+def ticking_measure_result(monkeypatch, folder, capsys, recorder, step_ns):
+    """measure_result for --sustained-s 1 with the clock of ``ticking_clock(step_ns)``: no second of real time."""
+    measure_phases = mesure_memoire.measure_phases  # measure_result routes measure through this one
+
+    def ticking(torch_module, cuda, device, config):
+        return measure_phases(torch_module, recorder, CPU, config, clock=ticking_clock(step_ns))
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", ticking)
+    return measure_result(monkeypatch, folder, capsys, "--sustained-s", "1", recorder=recorder)
+
+
 def test_a_drifting_run_is_shown_not_steady(stand_in_gpu, monkeypatch, folder, capsys):
-    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**8)
-    recorder = ScriptedEvents([1.0 + index / 10 for index in range(10**4)], phase_events=6)
-    code, captured, _ = measure_result(monkeypatch, folder, capsys, "--sustained-s", "1", recorder=recorder)
+    recorder = ScriptedEvents(DRIFTING, phase_events=6)
+    code, captured, _ = ticking_measure_result(monkeypatch, folder, capsys, recorder, 10**8)
     assert code == 0, captured.err
     assert "per forward at the end (NOT steady), " in captured.out
 
 
 def test_zero_device_times_and_too_few_windows_are_shown_n_a(stand_in_gpu, monkeypatch, folder, capsys):
-    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 6 * 10**8)  # two windows in the second asked
-    recorder = ScriptedEvents([0.0] * 10**4, phase_events=6)
+    recorder = ScriptedEvents([0.0] * 3, phase_events=6)  # 3 windows of 4 forwards in the second asked
     recorder.device_ms = 0.0  # a timer's resolution can read 0 ms
-    code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "1", recorder=recorder)
+    code, captured, written = ticking_measure_result(monkeypatch, folder, capsys, recorder, 25 * 10**7)
     assert code == 0, captured.err
     section = json.loads(written)["sustained"]
     assert (section["steady"], section["ratio_to_warm_median"]) == (None, None)

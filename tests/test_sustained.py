@@ -257,3 +257,150 @@ def test_a_pytorch_that_gives_no_uuid_leaves_the_reading_null(tmp_path, monkeypa
         "reading": None,
         "why_null": "PyTorch gave no UUID to match the card by",
     }
+
+
+# The query as the real tool takes it: a stand-in that answers only that (the real one exits 2 on an unknown
+# field or format), and writes a byte that is not UTF-8 on a line of its own.
+EXACT_QUERY = (
+    "import sys\n"
+    "query = '--query-gpu=uuid,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,"
+    "clocks_event_reasons.active'\n"
+    "if sys.argv[1:] != [query, '--format=csv,noheader,nounits']: sys.exit(2)\n"
+    f"sys.stdout.buffer.write(b'\\xff\\xfe not UTF-8\\n')\n"
+    f"{printing(f'{UUID}, {FIELDS}')}"
+)
+
+
+def test_the_tool_is_asked_its_own_query_and_a_stray_byte_is_no_failure(tmp_path, monkeypatch):
+    vendor_tool(tmp_path, monkeypatch, EXACT_QUERY)
+    state = read()
+    assert state["why_null"] is None
+    assert (state["reading"]["sm_clock_mhz"], state["reading"]["clock_event_reasons"]) == (1980, ["gpu_idle"])
+
+
+def test_a_tool_that_cannot_start_is_null_and_why(tmp_path, monkeypatch):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text("#!/nonexistent/interpreter\n", encoding="utf-8")  # found on PATH, exec fails
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(folder))
+    state = read()
+    assert set(state) == {"reading", "why_null"} and state["reading"] is None
+    assert state["why_null"].startswith("nvidia-smi could not start: ")
+    assert "No such file or directory" in state["why_null"]
+
+
+def test_ctrl_c_is_still_heard_after_the_card_is_read(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    vendor_tool(tmp_path, monkeypatch, printing(f"{UUID}, {FIELDS}"))
+    read()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if signal.SIGINT in blocked:  # leave the test process as it was before failing
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    assert signal.SIGINT not in blocked
+
+
+@pytest.mark.parametrize(
+    ("fields", "shown"),
+    [
+        (
+            "[N/A], 1980, [N/A], [Not Supported], 38.5, 0x0000000000000000",
+            "SM clock n/a of 1980 MHz, power n/a of n/a W, n/a C, clock events: none",
+        ),
+        ("1755, 1980, 699.12, 700.00, 61, [N/A]", "power 699.12 of 700.0 W, 61 C, clock events: n/a"),
+        ("1755, 1980, 699.12, 700.00, 61, 0x000000000000000C", "clock events: sw_power_cap, hw_slowdown"),
+    ],
+    ids=["not_available_and_none", "reasons_not_available", "two_reasons_upper_case_hex"],
+)
+def test_the_card_line_says_n_a_none_and_each_reason(
+    stand_in_gpu, tmp_path, monkeypatch, folder, capsys, fields, shown
+):
+    vendor_tool(tmp_path, monkeypatch, printing(f"{UUID}, {fields}"))
+    code, captured, _ = measure_result(monkeypatch, folder, capsys)
+    assert code == 0, captured.err
+    assert shown + "\n" in captured.out
+
+
+def test_a_window_exactly_two_percent_off_is_steady_and_a_last_half_of_three_is_judged():
+    # 5 forwards a window, 5 windows: a last half of 3, one of them exactly 2 % above the others.
+    section = sustained([1.0, 1.0, 1.0, 1.0, 1.02], step_ns=166_666_667)["sustained"]
+    assert (section["forwards_per_window"], len(section["window_ms_per_forward"])) == (5, 5)
+    assert section["steady"] is True
+
+
+def test_a_forward_longer_than_a_window_runs_alone_in_each_window():
+    section = sustained([1.0] * 3, step_ns=2 * 10**9)["sustained"]
+    assert section["forwards_per_window"] == 1
+
+
+def test_a_pytorch_failure_in_the_sustained_run_is_named_exit_3_and_nothing_written(
+    stand_in_gpu, monkeypatch, folder, capsys
+):
+    class FailingWindow(ScriptedEvents):
+        def _record(self, name, value=None):
+            if name == "event.record" and self.phase_events < 0:  # the phases' events all read: sustaining
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            if name == "Event" and self.phase_events == 0:
+                self.phase_events = -1
+            return super()._record(name, value)
+
+    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**6)
+    recorder = FailingWindow(STEADY, phase_events=6)
+    code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "5", recorder=recorder)
+    assert (code, written) == (3, None)
+    assert_one_line(captured.err, "phase sustained failed", "RuntimeError")
+
+
+def ticking_measure_result(monkeypatch, folder, capsys, recorder, step_ns):
+    """measure_result for --sustained-s 1 with the clock of ``ticking_clock(step_ns)``: no second of real time."""
+    measure_phases = mesure_memoire.measure_phases  # measure_result routes measure through this one
+
+    def ticking(torch_module, cuda, device, config):
+        return measure_phases(torch_module, recorder, CPU, config, clock=ticking_clock(step_ns))
+
+    monkeypatch.setattr(mesure_memoire, "measure_phases", ticking)
+    return measure_result(monkeypatch, folder, capsys, "--sustained-s", "1", recorder=recorder)
+
+
+def test_a_drifting_run_is_shown_not_steady(stand_in_gpu, monkeypatch, folder, capsys):
+    recorder = ScriptedEvents(DRIFTING, phase_events=6)
+    code, captured, _ = ticking_measure_result(monkeypatch, folder, capsys, recorder, 10**8)
+    assert code == 0, captured.err
+    assert "per forward at the end (NOT steady), " in captured.out
+
+
+def test_zero_device_times_and_too_few_windows_are_shown_n_a(stand_in_gpu, monkeypatch, folder, capsys):
+    recorder = ScriptedEvents([0.0] * 3, phase_events=6)  # 3 windows of 4 forwards in the second asked
+    recorder.device_ms = 0.0  # a timer's resolution can read 0 ms
+    code, captured, written = ticking_measure_result(monkeypatch, folder, capsys, recorder, 25 * 10**7)
+    assert code == 0, captured.err
+    section = json.loads(written)["sustained"]
+    assert (section["steady"], section["ratio_to_warm_median"]) == (None, None)
+    assert "per forward at the end (too few windows to tell)\n" in captured.out
+    assert mesure_memoire.main(["report", "r.json"]) == 0
+    out = capsys.readouterr().out
+    main_row, sustained_row = (line.split() for line in out.splitlines() if line.startswith("r.json"))
+    assert sustained_row[-3:] == ["n/a", "n/a", "n/a"]  # steady, x warm, GFLOP/s
+    assert "n/a" in main_row  # the warm drift
+
+
+def test_the_ratio_is_to_the_warm_repetitions_alone():
+    class SlowFirstPhases(ScriptedEvents):  # loading, inputs, cold forward and warm-up at 5 device ms each
+        def _record(self, name, value=None):
+            if name == "elapsed_time" and self.phase_ms:
+                value = self.phase_ms.pop(0)
+            return super()._record(name, value)
+
+    settings = mesure_memoire.measure_config("cuda:0", 1, 4, 8, "float32", 1, 2, 0, 1)
+    recorder = SlowFirstPhases(STEADY, phase_events=6)
+    recorder.phase_ms = [5.0, 5.0, 5.0, 5.0, 0.25, 0.25]
+    _, _, _, timing = mesure_memoire.measure_phases(torch, recorder, CPU, settings, clock=ticking_clock())
+    assert timing["sustained"]["ratio_to_warm_median"] == Decimal("0.1") / Decimal("0.25")

@@ -379,13 +379,13 @@ class PyTorchStderr:
     LIMIT_BYTES = 2**16  # what a line-by-line reading keeps; beyond it, drained and dropped
     current = None  # the capture under way, which describe_error tells of each failure
 
-    def __init__(self, show=False):
+    def __init__(self, show):
         self.show, self.failures, self.text = show, [], ""
 
     def __enter__(self):
         import threading
 
-        self._outer, PyTorchStderr.current = PyTorchStderr.current, self
+        PyTorchStderr.current = self
         self._saved, self._chunks = None, []
         _to_stderr()  # what the kit wrote before stays the kit's
         try:
@@ -410,7 +410,7 @@ class PyTorchStderr:
         os.close(read_end)
 
     def __exit__(self, *exc_info):
-        PyTorchStderr.current = self._outer
+        PyTorchStderr.current = None
         if self._saved is not None:
             _to_stderr()  # what Python wrote meanwhile went to the pipe too
             os.dup2(self._saved, 2)  # the pipe's last write end closes: the thread reads to its end
@@ -663,7 +663,7 @@ def _empty_environment(device):
 
 def _read_settings(torch, query, settings):
     """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
-    matmul = pytorch_call("matmul", lambda: torch.backends.cuda.matmul, None)
+    matmul = torch.backends.cuda.matmul
     precision = "float32_matmul_precision"
     settings[precision] = query(precision, lambda: torch.get_float32_matmul_precision())
     settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
@@ -743,7 +743,7 @@ def allocator_settings_text(allocator):
 def _gpu_fields(torch, query, index, properties, hip_build):
     """The chosen GPU as the runtime announces it (no UUID, no serial number)."""
     free_and_total = query("mem_get_info", lambda: torch.cuda.mem_get_info(index))
-    total_bytes = query("total_memory", lambda: properties.total_memory)
+    total_bytes = getattr(properties, "total_memory", None)
     arch = "gcn_arch_name"
     return {
         "name": query("name", lambda: pytorch_text("name", properties.name)),
@@ -1627,7 +1627,6 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
 
 class PhaseFailed(Exception):
     def __init__(self, phase, error):
-        super().__init__(phase, error)
         self.phase, self.error = phase, error
 
 
@@ -2177,7 +2176,7 @@ def _measurement_failed(torch, config, failure):
     return pytorch_failure(f"phase {failure.phase} failed ({dimensions})", error, MeasurementFailed)
 
 
-def measure_to_file(config, output_path, tool, debug=False):
+def measure_to_file(config, output_path, tool, debug):
     """Refuse an unusable output first, measure, then write; PyTorch's warnings go in field_errors."""
     check_new_output(output_path)
     with CapturedWarnings(), PyTorchStderr(debug):
@@ -3152,7 +3151,7 @@ def sweep_configs(args):
     return dimension, [(value, measure_config(**{**fixed, dimension: value})) for value in sweep_values(args.values)]
 
 
-def measure_in_child(config, folder, output, timeout_s, debug=False):
+def measure_in_child(config, folder, output, timeout_s, debug):
     """Run `measure` for ``config`` in a fresh child; (exit status or None, stderr).  Unless the child succeeds,
     nothing of it stays in ``folder``.  ``debug``: the child gets --debug, and its stderr reaches the terminal."""
     arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
@@ -3202,7 +3201,7 @@ def launchable(dimension, configs, environment):
     return launched, None
 
 
-def sweep_children(dimension, configs, environment, folder, timeout_s, debug=False):
+def sweep_children(dimension, configs, environment, folder, timeout_s, debug):
     """Measure each value in turn after the fit check; returns ([(value, file)], the KitError that stopped
     it or None).  Nothing measured: the folder goes, unless another file is in it."""
     launched, stop = launchable(dimension, configs, environment)

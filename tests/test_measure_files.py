@@ -170,16 +170,16 @@ def test_measure_to_file_records_warnings_and_writes_the_json(tmp_path, monkeypa
         return {"tool": tool, "environment": {"field_errors": {}}, "v": Decimal("0.5"), "c": config}
 
     monkeypatch.setattr(mesure_memoire, "measure", lambda config, tool: {"environment": {"field_errors": {}}})
-    assert mesure_memoire.measure_to_file({}, "q.json", tool="t") == {"environment": {"field_errors": {}}}
+    assert mesure_memoire.measure_to_file({}, "q.json", tool="t", debug=False) == {"environment": {"field_errors": {}}}
     monkeypatch.setattr(mesure_memoire, "measure", measured)
-    result = mesure_memoire.measure_to_file({"k": 1}, "r.json", tool="t")
+    result = mesure_memoire.measure_to_file({"k": 1}, "r.json", tool="t", debug=False)
     assert result["environment"]["field_errors"] == {"pytorch_warnings": "UserWarning: CUDA initialization: from"}
     assert (tmp_path / "r.json").read_text(encoding="utf-8") == mesure_memoire.to_json(result)
     assert json.loads((tmp_path / "r.json").read_text())["tool"] == "t"
     monkeypatch.setattr(
         mesure_memoire, "measure", lambda config, tool: pytest.fail("measured before checking the output")
     )
-    assert kit_error_of(mesure_memoire.measure_to_file, {}, "r.json", "t") == MESSAGES["--output exists"].format(
+    assert kit_error_of(mesure_memoire.measure_to_file, {}, "r.json", "t", False) == MESSAGES["--output exists"].format(
         name="r.json"
     )
 

@@ -465,7 +465,7 @@ LONG_NAME = "a" * 300 + ".json"
 
 MEASURE_REFUSALS = [
     # options
-    ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "--seed", "18446744073709551615"),
+    ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "error: --seed: ", "18446744073709551615"),
     ([*MEASURE, "--output", "o.json", "--seed", "-1"], "--seed", "'-1'"),
     ([*MEASURE, "--output", "o.json", "--seed", "1e3"], "--seed", "'1e3'"),
     ([*MEASURE, "--output", "o.json", "--batch", "1\n"], "--batch", "'1\\n'"),

@@ -118,7 +118,7 @@ def measure_result(monkeypatch, folder, capsys, *arguments, recorder=None):
 def test_the_sustained_section_is_written_and_shown(stand_in_gpu, monkeypatch, folder, capsys):
     monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**8)  # windows of 0.1 s: about ten in the second
     recorder = ScriptedEvents([1.0] * 10**4, phase_events=6)
-    code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "1", recorder=recorder)
+    code, captured, written = ticking_measure_result(monkeypatch, folder, capsys, recorder, 10**7)
     assert code == 0, captured.err
     result = json.loads(written)
     assert result["configuration"]["sustained_seconds"] == 1

@@ -78,6 +78,17 @@ def with_children_in_this_process(monkeypatch, *doctors):
         return record
 
     monkeypatch.setattr(gpu_validation.Runner, "run", run)
+    start = gpu_validation.Sampler.start
+
+    def start_and_wait_for_its_log(sampler):
+        # Children called in this process take no time, unlike the GPU's (seconds each): the flow would judge the
+        # timing rows before the stand-in sampler, a fresh interpreter, has logged a line, and leave them not judged.
+        start(sampler)
+        deadline = time.monotonic() + 30
+        while sampler.process is not None and not sampler.path.stat().st_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(gpu_validation.Sampler, "start", start_and_wait_for_its_log)
 
 
 @pytest.fixture

@@ -132,17 +132,24 @@ def test_the_sustained_section_is_written_and_shown(stand_in_gpu, monkeypatch, f
     assert "Sustained runs (measure --sustained-s)" in capsys.readouterr().out
 
 
-def test_ctrl_c_during_the_sustained_run_writes_nothing_and_exits_130(stand_in_gpu, monkeypatch, folder, capsys):
-    class InterruptedWindow(ScriptedEvents):
-        def _record(self, name, value=None):
-            if name == "event.record" and self.phase_events < 0:  # the phases' events all read: sustaining
-                raise KeyboardInterrupt
-            if name == "Event" and self.phase_events == 0:
-                self.phase_events = -1
-            return super()._record(name, value)
+class RaisingInTheSustainedRun(ScriptedEvents):
+    """The stand-in's events, raising ``error`` at the sustained run's first event (the phases' all read)."""
 
+    def __init__(self, *args, error, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error = error
+
+    def _record(self, name, value=None):
+        if name == "event.record" and self.phase_events < 0:
+            raise self.error
+        if name == "Event" and self.phase_events == 0:
+            self.phase_events = -1
+        return super()._record(name, value)
+
+
+def test_ctrl_c_during_the_sustained_run_writes_nothing_and_exits_130(stand_in_gpu, monkeypatch, folder, capsys):
     monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**6)
-    recorder = InterruptedWindow(STEADY, phase_events=6)
+    recorder = RaisingInTheSustainedRun(STEADY, phase_events=6, error=KeyboardInterrupt())
     code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "5", recorder=recorder)
     assert (code, written) == (130, None)
     assert_one_line(captured.err, "interrupted")
@@ -344,16 +351,9 @@ def test_a_forward_longer_than_a_window_runs_alone_in_each_window():
 def test_a_pytorch_failure_in_the_sustained_run_is_named_exit_3_and_nothing_written(
     stand_in_gpu, monkeypatch, folder, capsys
 ):
-    class FailingWindow(ScriptedEvents):
-        def _record(self, name, value=None):
-            if name == "event.record" and self.phase_events < 0:  # the phases' events all read: sustaining
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            if name == "Event" and self.phase_events == 0:
-                self.phase_events = -1
-            return super()._record(name, value)
-
     monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**6)
-    recorder = FailingWindow(STEADY, phase_events=6)
+    error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    recorder = RaisingInTheSustainedRun(STEADY, phase_events=6, error=error)
     code, captured, written = measure_result(monkeypatch, folder, capsys, "--sustained-s", "5", recorder=recorder)
     assert (code, written) == (3, None)
     assert_one_line(captured.err, "phase sustained failed", "RuntimeError")

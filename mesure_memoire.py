@@ -2684,8 +2684,6 @@ PHASE_FIGURE_NOTE = (
     "PyTorch's allocator in the measuring process only. The plan: arithmetic from a fresh process, its "
     f"{BLAS_WORKSPACE_ALLOWANCE_BYTES // MIB_BYTES} MiB allowance for the BLAS workspace counted from cold_forward on"
 )
-WARM_TIME_TITLE = "Warm median, wall clock (Python's overhead and the synchronizations included)"
-FLAGGED_NOTE = "*: flagged in report's table"
 
 
 def import_pyplot():
@@ -2719,36 +2717,17 @@ def phase_bar_data(result):
     }
 
 
-def size_bar_data(rows):
-    """Per row of report: (labels, what they name, {series: bytes}, warm median ms); a label gives the
-    dimensions that differ, "*" for a flagged row."""
-    varying = [key for key in (*FIT_DIMENSIONS, "dtype") if len({row[key] for row in rows}) > 1]
-    labels = ["/".join(str(row[key]) for key in varying) for row in rows]
-    if len(set(labels)) < len(labels):
-        labels = [f"#{number} {label}".rstrip() for number, label in enumerate(labels, 1)]
-    labels = [label + (" *" if row["flags"] else "") for label, row in zip(labels, rows, strict=True)]
-    named = "/".join(varying) or "result"
-    named += f" ({FLAGGED_NOTE})" if any(row["flags"] for row in rows) else ""
-    memory = {f"peak {kind}": [row[f"peak_{kind}_bytes"] for row in rows] for kind in ("allocated", "reserved")}
-    return labels, named, memory, [row["warm_median_ms"] for row in rows]
-
-
-def _bars(axes, labels, series, unit, places):
-    """Grouped bars, one group per label, one bar per series, each labelled with its value in ``unit``."""
+def draw_phases(result):
+    """One measurement's figure: per phase, its measured peaks beside the plan's, in MiB, each bar labelled."""
+    labels, series = phase_bar_data(result)
+    figure, axes = import_pyplot().subplots(figsize=(10, 4.5), layout="constrained")
     width = 0.8 / len(series)
     for index, (name, values) in enumerate(series.items()):
         offset = (index - (len(series) - 1) / 2) * width
-        heights = [float(decimal_ratio(value, unit)) for value in values]
+        heights = [float(decimal_ratio(value, MIB_BYTES)) for value in values]
         bars = axes.bar([tick + offset for tick in range(len(values))], heights, width, label=name)
-        axes.bar_label(bars, labels=[in_units(value, unit, places) for value in values], fontsize=7)
+        axes.bar_label(bars, labels=[in_units(value, MIB_BYTES, 2) for value in values], fontsize=7)
     axes.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-
-
-def draw_phases(result):
-    """One measurement's figure: per phase, its measured peaks beside the plan's, in MiB."""
-    labels, series = phase_bar_data(result)
-    figure, axes = import_pyplot().subplots(figsize=(10, 4.5), layout="constrained")
-    _bars(axes, labels, series, MIB_BYTES, 2)
     config = result["configuration"]
     axes.set_title(
         f"Peak memory per phase: batch {config['batch']}, context {config['context']}, "
@@ -2757,20 +2736,6 @@ def draw_phases(result):
     )
     axes.set_ylabel("MiB")
     axes.legend(fontsize=8)
-    return figure
-
-
-def draw_sizes(rows):
-    """Several results' figure, from report's rows: peak memory (MiB) and warm median time (ms) per size."""
-    labels, named, memory, warm_ms = size_bar_data(rows)
-    figure, (left, right) = import_pyplot().subplots(1, 2, figsize=(11, 4.5), layout="constrained")
-    _bars(left, labels, memory, MIB_BYTES, 2)
-    _bars(right, labels, {"warm median": warm_ms}, 1, 3)
-    for axes, title, unit in ((left, "Peak memory (PyTorch's allocator)", "MiB"), (right, WARM_TIME_TITLE, "ms")):
-        axes.set_title(title, fontsize=9)
-        axes.set_xlabel(named)
-        axes.set_ylabel(unit)
-    left.legend(fontsize=8)
     return figure
 
 

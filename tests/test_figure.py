@@ -4,7 +4,6 @@ kernel shows the figure as an image.  The kit itself never requires matplotlib."
 
 import json
 import sys
-from decimal import Decimal
 
 import matplotlib
 import pytest
@@ -16,7 +15,6 @@ matplotlib.use("Agg")  # before pyplot: no screen, and the same drawing everywhe
 from matplotlib import pyplot  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "report"
-SWEEP = DATA / "readme" / "sweep-width"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
 MEASURED = ("measured peak allocated", "measured peak reserved")
 
@@ -128,16 +126,6 @@ def test_the_figures_are_laid_out_as_drawn(closes_figures):
         "ConstrainedLayoutEngine",
         [{"place": (1, 1, 0, 0), **common, "bar_widths": {round(0.8 / 3, 12)}, "legend_size": {8}}],
     )
-    rows = mesure_memoire.report([str(SWEEP / "mesures-width-256.json"), str(SWEEP / "mesures-width-512.json")])
-    sizes = _layout(mesure_memoire.draw_sizes(rows["results"]))
-    assert sizes == (
-        (11, 4.5),
-        "ConstrainedLayoutEngine",
-        [
-            {"place": (1, 2, 0, 0), **common, "bar_widths": {0.4}, "legend_size": {8}},
-            {"place": (1, 2, 1, 1), **common, "bar_widths": {0.8}, "legend_size": None},
-        ],
-    )
 
 
 def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_peak():
@@ -160,70 +148,6 @@ def test_a_phase_that_disagrees_is_labelled_so():
     result["phases"][2]["verdict"] = "disagrees"
     labels, _ = mesure_memoire.phase_bar_data(result)
     assert [label.endswith(" DISAGREES") for label in labels] == [index == 2 for index in range(len(labels))]
-
-
-def test_several_results_show_peak_memory_and_warm_time_per_size(closes_figures):
-    files = [str(SWEEP / f"mesures-width-{width}.json") for width in (256, 512, 1024)]
-    rows = mesure_memoire.report(files)["results"]
-    figure = mesure_memoire.draw_sizes(rows)
-    memory, time = figure.axes
-    for axes in (memory, time):
-        assert tick_labels(axes) == ["256", "512", "1024"]
-        assert axes.get_xlabel() == "width"
-    assert (memory.get_ylabel(), time.get_ylabel()) == ("MiB", "ms")
-    assert time.get_title() == "Warm median, wall clock (Python's overhead and the synchronizations included)"
-    assert memory.get_title() == "Peak memory (PyTorch's allocator)"
-    assert [container.get_label() for container in time.containers] == ["warm median"]
-    bars = bars_of(memory)
-    assert list(bars) == ["peak allocated", "peak reserved"]
-    assert [text for _, _, text in bars["peak allocated"]] == ["11.50", "19.01", "46.02"]
-    assert [height for _, height, _ in bars["peak reserved"]] == pytest.approx([12.0, 20.0, 48.0])
-    (warm,) = bars_of(time).values()
-    assert [(round(x), text) for x, _, text in warm] == [(0, "0.151"), (1, "0.300"), (2, "1.020")]
-    assert [height for _, height, _ in warm] == pytest.approx([0.1505, 0.3002, 1.0204])
-
-
-def _row(**changes):
-    return {
-        "batch": 2,
-        "context": 128,
-        "width": 64,
-        "dtype": "float32",
-        "peak_allocated_bytes": 2**20,
-        "peak_reserved_bytes": 2**21,
-        "warm_median_ms": Decimal("0.5"),
-        "flags": [],
-        **changes,
-    }
-
-
-FLAGGED = "(*: flagged in report's table)"
-
-
-@pytest.mark.parametrize(
-    ("rows", "labels", "named"),
-    [
-        ([_row(), _row()], ["#1", "#2"], "result"),
-        ([_row(context=16, width=64), _row(context=32, width=128)], ["16/64", "32/128"], "context/width"),
-        ([_row(batch=1), _row(batch=2, dtype="bfloat16")], ["1/float32", "2/bfloat16"], "batch/dtype"),
-        ([_row(width=256), _row(width=512), _row(width=256)], ["#1 256", "#2 512", "#3 256"], "width"),
-        ([_row(width=8), _row(width=9, flags=["not a fresh process"])], ["8", "9 *"], f"width {FLAGGED}"),
-        ([_row(flags=["x"]), _row()], ["#1 *", "#2"], f"result {FLAGGED}"),
-    ],
-    ids=[
-        "nothing differs",
-        "two dimensions differ",
-        "a dimension and the dtype differ",
-        "one sweep on two cards: numbered",
-        "a flagged row is starred",
-        "flagged and numbered",
-    ],
-)
-def test_a_size_is_labelled_by_what_differs_between_the_results(rows, labels, named):
-    found_labels, found_named, memory, warm_ms = mesure_memoire.size_bar_data(rows)
-    assert (found_labels, found_named) == (labels, named)
-    assert memory == {"peak allocated": [2**20] * len(rows), "peak reserved": [2**21] * len(rows)}
-    assert warm_ms == [Decimal("0.5")] * len(rows)
 
 
 def figure_cell_namespace(measurement):
@@ -273,10 +197,9 @@ def test_without_matplotlib_3_5_or_later_the_kit_refuses_to_draw_in_one_line(ver
     if said is None:
         assert mesure_memoire.import_pyplot() is pyplot
         return
-    for drawing, data in ((mesure_memoire.draw_phases, load(DATA / "bfloat16.json")), (mesure_memoire.draw_sizes, [])):
-        with pytest.raises(mesure_memoire.KitError) as refused:
-            drawing(data)
-        assert str(refused.value) == said
+    with pytest.raises(mesure_memoire.KitError) as refused:
+        mesure_memoire.draw_phases(load(DATA / "bfloat16.json"))
+    assert str(refused.value) == said
 
 
 def test_the_figure_cell_draws_the_measurement_of_this_kernel(closes_figures, capsys):

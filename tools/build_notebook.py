@@ -133,8 +133,7 @@ else:
         print(f"The result cannot be read back: {error}")""",
     ),
     "5": (
-        "Where matplotlib is importable: the measured peaks per phase beside the plan's. Several results (a sweep's):"
-        ' `draw_sizes(report(["a.json", "b.json"])["results"])` in a new cell.',
+        "Where matplotlib is importable: the measured peaks per phase beside the plan's.",
         "run-figure",
         """\
 if measurement is None:

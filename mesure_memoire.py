@@ -852,7 +852,6 @@ def _is_time(value):  # NaN compares false
 # The rules a field is checked by: (check, what it must be).
 COUNT_FIELD = (lambda value: _count_or_none(value) is not None, f"a whole number >= 0 of at most {MAX_DIGITS} digits")
 POSITIVE_FIELD = (lambda value: bool(_count_or_none(value)), f"a whole number > 0 of at most {MAX_DIGITS} digits")
-READING_FIELD = (lambda value: value is None or _count_or_none(value) is not None, "null or a whole number >= 0")
 NAME_FIELD = (
     lambda value: value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS,
     f"null or text of at most {MAX_NAME_CHARACTERS} characters",
@@ -873,11 +872,9 @@ PHASE_FIELDS = {
     "baseline_allocated_bytes": PhaseField(counter="memory_allocated"),
     "baseline_reserved_bytes": PhaseField(counter="memory_reserved"),
     "end_allocated_bytes": PhaseField(column="end alloc MiB", counter="memory_allocated"),
-    "end_reserved_bytes": PhaseField(READING_FIELD, counter="memory_reserved"),
+    "end_reserved_bytes": PhaseField(counter="memory_reserved"),
     "peak_allocated_bytes": PhaseField(COUNT_FIELD, "peak alloc MiB", True, "max_memory_allocated"),
     "peak_reserved_bytes": PhaseField(COUNT_FIELD, "peak reserved MiB", True, "max_memory_reserved"),
-    "baseline_device_used_bytes": PhaseField(),
-    "end_device_used_bytes": PhaseField(READING_FIELD),
     "baseline_requested_bytes": PhaseField(),
     "end_requested_bytes": PhaseField(),
     "peak_requested_bytes": PhaseField(),
@@ -1586,12 +1583,6 @@ def _requested(stats, which):
     return stats.get(f"requested_bytes.all.{which}")
 
 
-def device_used_bytes(cuda, device):
-    """Memory in use on the whole device (total - free); None where this runtime cannot tell."""
-    answer = pytorch_call("mem_get_info", lambda: cuda.mem_get_info(device), None)  # whatever it raises: unknown
-    return None if answer is None else answer[1] - answer[0]
-
-
 def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     """One phase; returns (record, output), the output kept referenced until the end readings."""
 
@@ -1603,8 +1594,7 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
         }
 
     cuda.synchronize(device)
-    record = {"phase": phase, "baseline_device_used_bytes": device_used_bytes(cuda, device)}  # outside the timing
-    record.update(counters(baseline=True))
+    record = {"phase": phase, **counters(baseline=True)}
     baseline_stats = cuda.memory_stats(device)
     cuda.reset_peak_memory_stats(device)
     stream = cuda.current_stream(device)
@@ -1615,7 +1605,6 @@ def run_phase(cuda, device, phase, work, clock=time.perf_counter_ns):
     events[1].record(stream)
     cuda.synchronize(device)
     record["nanoseconds"] = clock() - started_ns
-    record["end_device_used_bytes"] = device_used_bytes(cuda, device)
     record["device_ms"] = events[0].elapsed_time(events[1])
     record.update(counters(baseline=False))
     stats = cuda.memory_stats(device)
@@ -2090,7 +2079,6 @@ def _set_up(torch, index, on):
     return device, {
         "allocated_bytes_before_measure": allocated,
         "reserved_bytes_before_measure": reserved,
-        "device_used_bytes_before_measure": device_used_bytes(cuda, index),  # CUDA is initialised: its context counts
         "fresh_process_warning": None if allocated == 0 and reserved == 0 else FRESH_PROCESS_WARNING,
     }
 
@@ -2417,7 +2405,6 @@ def _result_row(path, result):
             "width": width,
             "parameters": result["synthetic_model"]["parameters"],
             **{name: max(line[name] for line in phases) for name in REPORTED_PEAKS},
-            **_device_wide(phases[-1]),
             "cold_forward_ms": decimal_ratio(cold["nanoseconds"], 10**6),
             "warm_repetitions": len(warm),
             **warm_spread(phases),
@@ -2481,14 +2468,6 @@ def _allocator_flag(allocator):
     return "allocator " + ", ".join(differing) + ": allocated bytes not checked" if differing else None
 
 
-def _device_wide(last_phase):
-    """The device-wide memory in use at the end and its part outside the allocator (None: impossible)."""
-    used, reserved = last_phase["end_device_used_bytes"], last_phase["end_reserved_bytes"]
-    if used is None or reserved is None:
-        return {"device_used_end_bytes": None, "outside_allocator_bytes": None}
-    return {"device_used_end_bytes": used, "outside_allocator_bytes": None if used < reserved else used - reserved}
-
-
 def forward_flop(batch, context, width):
     """FLOP of one forward of the synthetic MLP, by REPORT_FLOP_CONVENTION (an exact int)."""
     positions, hidden = batch * context, 4 * width
@@ -2518,10 +2497,6 @@ def _row_flags(result, row, first):
         flags.append("sustained run not steady")
     if row["peak_allocated_bytes"] > row["peak_reserved_bytes"]:  # allocated is part of reserved: not true
         flags.append("peak allocated above peak reserved")
-    if row["device_used_end_bytes"] is not None and row["outside_allocator_bytes"] is None:
-        flags.append("device used below reserved: impossible reading, outside allocator not shown")
-    if result["phases"][-1]["end_device_used_bytes"] is None:
-        flags.append("device readings not recorded")
     allocator_flag = _allocator_flag(result["environment"]["allocator_settings"])
     if allocator_flag:
         flags.append(allocator_flag)
@@ -2577,26 +2552,6 @@ def _cell(value):
     """Text as it is when printable, else its repr: one table line per file, always."""
     text = "none" if value is None else str(value)
     return text if text.isprintable() else repr(text)
-
-
-DEVICE_WIDE_NOTE = (
-    "Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside "
-    "PyTorch's allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any "
-    "other process on that GPU."
-)
-
-
-def device_wide_lines(rows):
-    """A table of the device-wide memory, for the results that record it; none otherwise."""
-    recorded = [row for row in rows if row.get("device_used_end_bytes") is not None]
-    if not recorded:
-        return []
-    table = [("file", "device used MiB", "outside allocator MiB")]
-    for row in recorded:
-        outside = row["outside_allocator_bytes"]
-        shown_outside = "impossible" if outside is None else in_units(outside, MIB_BYTES)
-        table.append((_cell(row["file"]), in_units(row["device_used_end_bytes"], MIB_BYTES), shown_outside))
-    return [DEVICE_WIDE_NOTE, _table(table)]
 
 
 SUSTAINED_NOTE = (
@@ -2663,7 +2618,6 @@ def format_report(data):
         *("drift", "positions/s*", "GFLOP/s*", "flags"),
     )
     lines = [_table([header, *map(_report_cells, data["results"])], left=(0, 1, 2, len(header) - 1))]
-    lines += device_wide_lines(data["results"])
     lines += sustained_lines(data["results"])
     lines += [
         "Peaks: maxima over each run's phases, PyTorch's allocator in that process only.",

@@ -688,7 +688,6 @@ MESSAGES = {
     "report: not an object": "expected an object, got {value}",
     "report: a count": "a whole number >= 0 of at most 30 digits",
     "report: a positive count": "a whole number > 0 of at most 30 digits",
-    "report: a reading": "null or a whole number >= 0",
     "report: a name": "null or text of at most 256 characters",
     "report: a time": "null or a time >= 0",
     "report: text": "null or text",

@@ -1,5 +1,5 @@
 """`mesure_memoire.py measure`: the phase protocol (its order is a promise), the result's schema and figures,
-the PyTorch release gate, the dtype probe, the device and dtype of every tensor, the device-wide memory.
+the PyTorch release gate, the dtype probe, the device and dtype of every tensor.
 
 No GPU can be had here.  The tests name their stand-ins: ``stand_in_gpu`` (conftest) for the device queries,
 and ``RecordingCudaStandIn`` for the allocator counters, while the model, the inputs and the forward passes
@@ -103,8 +103,6 @@ def test_run_phase_follows_the_protocol_order():
         "baseline_requested_bytes": 900,
         "end_requested_bytes": 900,
         "peak_requested_bytes": 1400,
-        "baseline_device_used_bytes": None,
-        "end_device_used_bytes": None,  # this stand-in has no mem_get_info
     }
 
 
@@ -200,7 +198,6 @@ def test_stand_in_result_schema_written_atomically_and_read_back(stand_in_gpu, m
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
     assert result["environment"]["settings"]["cublas_workspace_size_bytes"] == 8 * 2**20 + 128 * 2**10
     assert result["environment"]["gpu"]["allocator_backend"] == "native"
-    assert result["configuration"]["device_used_bytes_before_measure"] == 2**30
     assert result["synthetic_model"]["parameters"] == 8 * 64 * 64 + 5 * 64
     assert [p["phase"] for p in result["phases"]] == [
         "model_load",
@@ -393,7 +390,6 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
             "cuda_initialized_before_measure": False,  # asked before init
             "allocated_bytes_before_measure": 0,
             "reserved_bytes_before_measure": 0,
-            "device_used_bytes_before_measure": GIB,
             "fresh_process_warning": None,
         },
         "synthetic_model": mesure_memoire.synthetic_model(settings),
@@ -792,80 +788,3 @@ def test_a_model_too_large_for_the_host_memory_is_refused_with_both_figures(stan
     assert str(measure_refusal(config(width=8192))) == MESSAGES["host RAM too small"].format(
         needed="2.00", available="1.00"
     )
-
-
-# --- device-wide memory: mem_get_info outside the timed region (part "fit") --------------------------------
-
-
-class DeviceWideCudaStandIn(RecordingCudaStandIn):
-    """RecordingCudaStandIn with mem_get_info, because no GPU can be had here: each reading is recorded,
-    names the measured device, and the free memory drops by 1 MiB per reading (so baseline and end differ)."""
-
-    total_bytes = 80 * GIB
-
-    def __init__(self, *args, fail=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.readings, self.fail = 0, fail
-
-    def mem_get_info(self, device):
-        self._check("mem_get_info", device)
-        if self.fail is not None:
-            raise self.fail
-        self.readings += 1
-        return self._record("mem_get_info", (self.total_bytes - 2 * GIB - self.readings * MIB, self.total_bytes))
-
-
-def test_the_device_wide_readings_are_taken_outside_the_timed_region_on_the_measured_device():
-    recorder = DeviceWideCudaStandIn()
-    clock = recording_clock(recorder, 100, 350)
-
-    record, _ = mesure_memoire.run_phase(
-        recorder, "dev", "inputs", lambda: recorder.calls.append(("work", None)), clock
-    )
-    names = [name for name, _ in recorder.calls]
-    assert names[:2] == ["synchronize", "mem_get_info"]  # after the device is idle, before any other reading
-    first_clock, last_clock = names.index("clock"), len(names) - 1 - names[::-1].index("clock")
-    assert [i for i, name in enumerate(names) if name == "mem_get_info"] == [1, last_clock + 1]
-    assert names[first_clock : last_clock + 1].count("mem_get_info") == 0  # none inside the timing
-    assert ("mem_get_info", "dev") in recorder.devices
-    assert {device for _, device in recorder.devices} == {"dev"}
-    assert (record["baseline_device_used_bytes"], record["end_device_used_bytes"]) == (2 * GIB + MIB, 2 * GIB + 2 * MIB)
-    assert record["nanoseconds"] == 250
-
-
-def test_a_device_wide_reading_on_another_device_fails_and_a_runtime_error_leaves_null():
-    asked_another = DeviceWideCudaStandIn(device="dev")  # raises WrongDevice: whatever PyTorch raises leaves null
-    assert mesure_memoire.device_used_bytes(asked_another, "other") is None
-    assert asked_another.devices == [("mem_get_info", "other")]  # the device it was given, asked
-    failing = DeviceWideCudaStandIn(fail=RuntimeError("CUDA error: not supported"))
-    record, _ = mesure_memoire.run_phase(failing, "dev", "inputs", lambda: None)
-    assert record["baseline_device_used_bytes"] is record["end_device_used_bytes"] is None
-    assert record["end_allocated_bytes"] == 1000  # the phase itself is measured as usual
-    assert mesure_memoire.device_used_bytes(RecordingCudaStandIn(), "dev") is None  # no such API
-
-
-def test_the_result_records_the_device_wide_memory_once_cuda_is_initialised(stand_in_gpu, monkeypatch):
-    stand_in_gpu(count=3)
-    SetUpCalls(monkeypatch)
-    settings = config(device="cuda:2")
-    initialized = []  # CUDA's context, 10 GiB on the chosen device once torch.cuda.init has run
-    monkeypatch.setattr(torch.cuda, "init", lambda: initialized.append(True))
-
-    def mem_get_info(index):
-        return (70 * GIB, 80 * GIB) if initialized and index == 2 else (80 * GIB, 80 * GIB)
-
-    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
-    monkeypatch.setattr(
-        mesure_memoire,
-        "measure_phases",
-        lambda *args: (
-            agreeing_records(settings),
-            {"all_finite": True, "checksum_float64": 0.5, "elements": 1024},
-            NO_PER_CALL,
-            NO_TIMING,
-        ),
-    )
-    result = mesure_memoire.measure(settings, tool="a tool")
-    assert result["schema_version"] == 7
-    # Read after init, on the chosen device: before init, or on another device, it would be 0.
-    assert result["configuration"]["device_used_bytes_before_measure"] == 10 * GIB

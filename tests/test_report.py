@@ -62,8 +62,6 @@ def test_the_float32_row_matches_the_hand_computation():
         # weights 33574912 + inputs 1048576 + workspace 8388608 + hidden 4194304 + output 1048576 (cold_forward)
         "peak_allocated_bytes": 48254976,
         "peak_reserved_bytes": 24 * 2**21,
-        "device_used_end_bytes": 48 * 2**20 + 500 * 2**20,  # crafted: 48 MiB reserved, a 500 MiB context
-        "outside_allocator_bytes": 500 * 2**20,
         "cold_forward_ms": Decimal("5.4321"),
         "warm_repetitions": 4,
         "warm_min_ms": Decimal("1.12"),
@@ -301,12 +299,6 @@ float32.json   Crafted GPU  float32       2      128   1024     8393728         
       1.120           1.150        1.180  +1.7%        222609   3735.89  none
 bfloat16.json  Crafted GPU  bfloat16      4      256    512     2099712           18.00              20.00    4.100  \
       0.880           0.900        0.920  +2.2%       1137778   4775.10  none
-Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside PyTorch's \
-allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any other process on that \
-GPU.
-file           device used MiB  outside allocator MiB
-float32.json            548.00                 500.00
-bfloat16.json           584.00                 564.00
 Sustained runs (measure --sustained-s): forwards back to back, timed by CUDA events per window; steady: the last \
 half's median time per forward; x warm: against the warm repetitions' device median; GFLOP/s: a forward's FLOP over \
 the steady time (derived).
@@ -563,11 +555,6 @@ NOT_AS_WRITTEN = [
     (f"phases[{WARM}].device_ms", 10**400, "a time", mesure_memoire.quoted(10**400)),
     (f"phases[{WARM}].device_ms", [1], "a time", "a list"),
     (f"phases[{WARM}].device_ms", {"ms": 1}, "a time", "an object"),
-    (f"phases[{LAST}].end_device_used_bytes", math.nan, "a reading", "nan"),
-    (f"phases[{LAST}].end_device_used_bytes", True, "a reading", True),
-    (f"phases[{LAST}].end_device_used_bytes", -1, "a reading", -1),
-    (f"phases[{LAST}].end_device_used_bytes", 10**40, "a reading", 10**40),
-    (f"phases[{LAST}].end_reserved_bytes", "x", "a reading", "'x'"),
     ("phases[3].nanoseconds", -1, "a count", -1),
     ("phases[0].nanoseconds", ABSENT, "a count", "nothing"),
     ("phases[0].peak_allocated_bytes", -1, "a count", -1),
@@ -775,16 +762,7 @@ def test_an_unprintable_file_name_is_one_escaped_cell_in_each_table(tmp_path, mo
     (tmp_path / "a\nb.json").write_bytes((DATA / "bfloat16.json").read_bytes())
     assert mesure_memoire.main(["report", "a\nb.json"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split("  ")[0] for line in lines if "b.json" in line] == ["'a\\nb.json'"] * 3
-
-
-def test_a_file_name_starting_with_a_space_keeps_the_device_wide_table_s_columns(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "  b.json").write_bytes((DATA / "bfloat16.json").read_bytes())
-    assert mesure_memoire.main(["report", "  b.json"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    header = lines.index("file      device used MiB  outside allocator MiB")
-    assert lines[header + 1] == "  b.json           584.00                 564.00"
+    assert [line.split("  ")[0] for line in lines if "b.json" in line] == ["'a\\nb.json'"] * 2
 
 
 # --- report: what a result must hold, and the rows -------------------------------------------------------------
@@ -844,74 +822,7 @@ def test_the_files_reach_the_report_in_order(tmp_path, monkeypatch, capsys):
     assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["c", "-d", "--e"]
 
 
-# --- the device-wide memory and the part outside the allocator (part "fit") ---------------------------------
-
 MIB = 2**20
-
-
-def without_device_readings(result):
-    for line in result["phases"]:
-        line["baseline_device_used_bytes"] = line["end_device_used_bytes"] = None  # the runtime could not tell
-    return result
-
-
-def test_the_row_holds_the_device_wide_memory_and_the_part_outside_the_allocator():
-    row, old = row_of(load("bfloat16.json")), row_of(without_device_readings(load("bfloat16.json")))
-    # Crafted: a 500 MiB context, 64 MiB of kernels and handles from the first forward, 20 MiB reserved.
-    assert row["device_used_end_bytes"] == 500 * MIB + 64 * MIB + 20 * MIB == 612368384
-    assert row["outside_allocator_bytes"] == 612368384 - 20971520 == 591396864
-    assert (old["device_used_end_bytes"], old["outside_allocator_bytes"]) == (None, None)
-    assert old["flags"] == ["device readings not recorded"]
-    unchanged = ("device_used_end_bytes", "outside_allocator_bytes", "flags")
-    assert {key: value for key, value in row.items() if key not in unchanged} == {
-        key: value for key, value in old.items() if key not in unchanged
-    }
-
-
-DEVICE_WIDE_CHANGES = [
-    (lambda line: line.update(end_device_used_bytes=None), None),
-    (lambda line: line.update(end_device_used_bytes=10 * MIB), 10 * MIB),
-    (lambda line: line.update(end_device_used_bytes=20 * MIB), 20 * MIB),  # all of it reserved: 0 outside, possible
-]
-
-
-@pytest.mark.parametrize(("change", "used"), DEVICE_WIDE_CHANGES)
-def test_the_device_wide_figures_are_read_from_the_last_phase_when_they_are_counts(change, used):
-    result = load("bfloat16.json")
-    change(result["phases"][-1])
-    row = row_of(result)
-    assert row["device_used_end_bytes"] == used
-    impossible = used is not None and used < 20 * MIB  # below the recorded reserved 20 MiB: never printed
-    assert row["outside_allocator_bytes"] == (None if used is None or impossible else used - 20 * MIB)
-    flag = "device used below reserved: impossible reading, outside allocator not shown"
-    assert (flag in row["flags"]) is impossible
-    assert ("device readings not recorded" in row["flags"]) is (used is None)
-
-
-DEVICE_WIDE_TEXT = """\
-Device-wide memory in use at the end of each run (mem_get_info: total - free), and the part outside PyTorch's \
-allocator (device used - reserved): the CUDA/ROCm context, BLAS handles, kernel code, and any other process on that \
-GPU.
-file           device used MiB  outside allocator MiB
-bfloat16.json           584.00                 564.00
-"""
-
-
-def test_report_shows_the_device_wide_block_for_the_results_that_record_it(monkeypatch, capsys, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "bfloat16.json").write_bytes((DATA / "bfloat16.json").read_bytes())
-    (tmp_path / "float32.json").write_text(json.dumps(without_device_readings(load("float32.json"))))
-    assert mesure_memoire.main(["report", "float32.json", "bfloat16.json"]) == 0
-    out = capsys.readouterr().out
-    table_end = out.index("Device-wide")
-    assert out[table_end:].startswith(DEVICE_WIDE_TEXT)
-    assert out[table_end + len(DEVICE_WIDE_TEXT) :].startswith("Sustained runs (measure --sustained-s)")
-    assert [line.split()[0] for line in out[:table_end].splitlines()] == ["file", "float32.json", "bfloat16.json"]
-    assert mesure_memoire.main(["report", "float32.json"]) == 0
-    assert "Device-wide" not in capsys.readouterr().out  # no reading: no empty block
-    assert mesure_memoire.main(["report", "--json", "bfloat16.json"]) == 0
-    row = json.loads(capsys.readouterr().out)["results"][0]
-    assert (row["device_used_end_bytes"], row["outside_allocator_bytes"]) == (612368384, 591396864)
 
 
 @pytest.mark.whole_kit
@@ -941,18 +852,6 @@ def test_a_peak_allocated_above_the_peak_reserved_is_flagged(above_bytes, flagge
     (tmp_path / "r.json").write_text(json.dumps(result), encoding="utf-8")
     assert mesure_memoire.main(["report", str(tmp_path / "r.json")]) == 0
     assert ("peak allocated above peak reserved" in capsys.readouterr().out) is flagged
-
-
-def test_an_impossible_outside_figure_is_flagged_never_printed_negative(tmp_path, monkeypatch, capsys):
-    result = load("bfloat16.json")
-    result["phases"][-1]["end_device_used_bytes"] = 20 * MIB - 512  # below the 20 MiB reserved: impossible
-    (tmp_path / "odd.json").write_text(json.dumps(result), encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    assert mesure_memoire.main(["report", "odd.json"]) == 0
-    out = capsys.readouterr().out
-    assert "odd.json            20.00             impossible\n" in out
-    assert "-0.00" not in out
-    assert "device used below reserved: impossible reading, outside allocator not shown" in out
 
 
 # --- the allocator settings PyTorch parsed, beside each result ------------------------------------------------

@@ -50,7 +50,6 @@ MIB = 2**20
 TOTAL_BYTES, FREE_BYTES = 150_000_000_000, 149_000_000_000
 GPU_NAME = "Stand-in GPU"
 WORKSPACE_BYTES = 32 * MIB + 1 * MIB  # PyTorch 2.11 on Hopper: cuBLAS 32 MiB, cuBLASLt 1 MiB, both kept
-CONTEXT_BYTES = 500 * MIB  # the device-wide memory outside the allocator: the CUDA context, crafted
 CHECKSUM = {"float32": 10.0, "float16": 10.001, "bfloat16": 10.01}
 WALL_NS = 3_000_000
 DEVICE_MS = WALL_NS / 1e6 * 0.95
@@ -111,8 +110,6 @@ def crafted_result(options, doctors=(), output=""):
             "baseline_reserved_bytes": reserved,
             "end_reserved_bytes": reserved + more,
             "peak_reserved_bytes": reserved,
-            "baseline_device_used_bytes": reserved + CONTEXT_BYTES,
-            "end_device_used_bytes": reserved + more + CONTEXT_BYTES,
         }
         for kind, level in (("allocated", allocated), ("requested", requested)):
             record[f"baseline_{kind}_bytes"] = level

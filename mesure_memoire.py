@@ -923,7 +923,7 @@ RESULT_FORMAT = {
         {name: field.rule for name, field in PHASE_FIELDS.items() if field.rule},
         (_one_cold_some_warm, "one cold_forward line and at least one warm_forward line"),
     ],
-    "prediction_check": {"agrees": BOOLEAN_FIELD, "disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
+    "prediction_check": {"disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
     "output_summary": {"all_finite": BOOLEAN_FIELD},
     "sustained": NullOr(
         {
@@ -2485,8 +2485,7 @@ def _row_flags(result, row, first):
     flags = []
     if result["configuration"]["fresh_process_warning"] is not None:
         flags.append("not a fresh process")
-    # "agrees" is also false when a phase was not checked: tell a disagreement from a phase not checked.
-    if checks["disagreements"] or not (checks["agrees"] or checks["not_checked"]):
+    if checks["disagreements"]:
         flags.append("prediction disagreed")
     if checks["not_checked"]:
         flags.append("prediction not checked (each such phase's not_checked_reason says why)")
@@ -2495,8 +2494,6 @@ def _row_flags(result, row, first):
     flags += _variation_flags(row)
     if row["sustained_steady"] is False:
         flags.append("sustained run not steady")
-    if row["peak_allocated_bytes"] > row["peak_reserved_bytes"]:  # allocated is part of reserved: not true
-        flags.append("peak allocated above peak reserved")
     allocator_flag = _allocator_flag(result["environment"]["allocator_settings"])
     if allocator_flag:
         flags.append(allocator_flag)

@@ -227,13 +227,12 @@ def test_each_flag_is_raised_by_its_own_cause_only():
     base = load("bfloat16.json")
     not_fresh, disagrees, non_finite = (copy.deepcopy(base) for _ in range(3))
     not_fresh["configuration"]["fresh_process_warning"] = "PyTorch already held GPU memory"
-    disagrees["prediction_check"] = {"agrees": False, "disagreements": [{"phase": "inputs"}], "not_checked": []}
+    disagrees["prediction_check"]["disagreements"] = [{"phase": "inputs"}]
     non_finite["output_summary"]["all_finite"] = False
     empty_warning = copy.deepcopy(base)
     empty_warning["configuration"]["fresh_process_warning"] = ""  # a string, however short, is a warning
-    # measure sets agrees to false when a counter was unavailable: that is not a disagreement.
     not_checked = copy.deepcopy(base)
-    not_checked["prediction_check"] = {"agrees": False, "disagreements": [], "not_checked": ["inputs"]}
+    not_checked["prediction_check"]["not_checked"] = ["inputs"]
     both = copy.deepcopy(not_checked)
     both["prediction_check"]["disagreements"] = [{"phase": "model_load"}]
     rows = mesure_memoire.report_rows(
@@ -280,7 +279,7 @@ def test_an_environment_differing_from_the_first_row_is_flagged_by_part():
 def test_all_flags_together_in_the_text():
     result = load("bfloat16.json")
     result["configuration"]["fresh_process_warning"] = "not fresh"
-    result["prediction_check"]["agrees"] = False
+    result["prediction_check"]["disagreements"] = [{"phase": "inputs"}]
     result["output_summary"]["all_finite"] = False
     result["environment"]["torch"] = "other"
     rows = mesure_memoire.report_rows([("a.json", load("bfloat16.json")), ("b.json", result)])
@@ -561,7 +560,6 @@ NOT_AS_WRITTEN = [
     ("phases[0].peak_reserved_bytes", "1", "a count", "'1'"),
     ("phases[0].phase", "backward", "a phase", "'backward'"),
     ("prediction_check", ABSENT, "an object", "nothing"),
-    ("prediction_check.agrees", 1, "a boolean", 1),
     ("prediction_check.disagreements", 1, "a list", "1"),
     ("prediction_check.not_checked", "model_load", "a list", "'model_load'"),
     ("schema_version", 6, "this schema", 6),
@@ -840,18 +838,6 @@ def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
     else:
         assert "mesures-\\xe9.json" in completed.stdout
         assert "Carte \\xc9clair" in completed.stdout
-
-
-@pytest.mark.parametrize(("above_bytes", "flagged"), [(0, False), (1, True)])
-def test_a_peak_allocated_above_the_peak_reserved_is_flagged(above_bytes, flagged, capsys, tmp_path):
-    """Allocated is part of reserved: a file saying otherwise is not a true measurement."""
-    result = load("bfloat16.json")
-    highest = max(phase["peak_reserved_bytes"] for phase in result["phases"])
-    result["phases"][2]["peak_allocated_bytes"] = highest + above_bytes
-    assert ("peak allocated above peak reserved" in row_of(result)["flags"]) is flagged
-    (tmp_path / "r.json").write_text(json.dumps(result), encoding="utf-8")
-    assert mesure_memoire.main(["report", str(tmp_path / "r.json")]) == 0
-    assert ("peak allocated above peak reserved" in capsys.readouterr().out) is flagged
 
 
 # --- the allocator settings PyTorch parsed, beside each result ------------------------------------------------

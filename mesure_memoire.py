@@ -3061,7 +3061,7 @@ def sweep_configs(args):
     dimension = args.vary
     if dimension not in FIT_DIMENSIONS:
         raise KitError(f"--vary: expected one of {', '.join(FIT_DIMENSIONS)}, got {quoted(dimension)}")
-    if dimension in getattr(args, "_given_options", ()):
+    if dimension in args._given_options:
         raise KitError(f"--{dimension}: --vary {dimension} takes its values from --values; drop --{dimension}")
     fixed = {key: getattr(args, key) for key in MEASURE_OPTIONS}
     return dimension, [(value, measure_config(**{**fixed, dimension: value})) for value in sweep_values(args.values)]
@@ -3263,7 +3263,7 @@ FILES_HELP = (
 def build_parser():
     """The command line: one subcommand each, every option given at most once (Once)."""
     parser = ArgumentParser(prog="mesure_memoire.py", description=DESCRIPTION, epilog=EPILOG)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(metavar="COMMAND", required=True)
     for command, (summary, handler, options) in COMMAND_OPTIONS.items():
         subparser = commands.add_parser(command, help=summary, description=summary)
         subparser.set_defaults(func=handler)

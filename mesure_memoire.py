@@ -3085,66 +3085,45 @@ def measure_in_child(config, folder, output, timeout_s, debug):
     return status, err
 
 
-def child_stopped(where, status, err, plan, timeout_s):
-    """The KitError that a child's end makes the sweep stop with (exit 3: MeasurementFailed)."""
+def check_child_end(where, status, err, output, plan, timeout_s):
+    """Raise the KitError that a child's end stops the sweep with (exit 3: MeasurementFailed), unless it
+    exited 0 and wrote ``output``."""
+    if status == 0 and os.path.isfile(output):
+        return
     lines = [line for line in err.splitlines() if line.strip()]
     line = one_line(lines[-1]) if lines else "no message"
     if status is None:
-        return KitError(f"{where}: the child did not finish within {timeout_s} s and was stopped; nothing kept for it")
+        raise KitError(f"{where}: the child did not finish within {timeout_s} s and was stopped; nothing kept for it")
     if status == 3 and "out of memory" in line:  # measure exits 3 for any failed phase: only this one is a misfit
         peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
-        return MeasurementFailed(
+        raise MeasurementFailed(
             f"{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
             f"({in_units(peak)} GiB), needing {needs} bytes ({in_units(needs)} GiB) free"
         )
     if status == 0:
-        return KitError(f"{where}: the child exited 0 without writing its result")
+        raise KitError(f"{where}: the child exited 0 without writing its result")
     failure = MeasurementFailed if status == 3 else KitError
-    return failure(f"{where}: the child {'refused' if status == 2 else 'failed'} (exit status {status}): {line}")
+    raise failure(f"{where}: the child {'refused' if status == 2 else 'failed'} (exit status {status}): {line}")
 
 
-def launchable(dimension, configs, environment):
-    """([(value, config, plan)] predicted to fit, up to the first that does not; the KitError why, or None)."""
-    launched = []
+def measure_each(dimension, configs, environment, folder, timeout_s, debug, written):
+    """Measure each value in turn after its fit check, appending (value, file) to ``written``; raises the KitError
+    that stops the sweep (a value predicted not to fit, a child that did not succeed)."""
     for index, (value, config) in enumerate(configs):
+        where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
         plan = memory_plan(config)
         problem = fit_problem(plan, environment)
-        if problem:
-            larger = len(configs) - index - 1  # larger values need more: none of them is launched either
+        if problem:  # larger values need more: none of them is launched either
+            larger = len(configs) - index - 1
             also = f" (nor the {larger} larger value(s))" if larger else ""
-            return launched, KitError(f"{dimension} {value}: predicted not to fit, not launched{also}: {problem}")
-        launched.append((value, config, plan))
-    return launched, None
-
-
-def sweep_children(dimension, configs, environment, folder, timeout_s, debug):
-    """Measure each value in turn after the fit check; returns ([(value, file)], the KitError that stopped
-    it or None).  Nothing measured: the folder goes, unless another file is in it."""
-    launched, stop = launchable(dimension, configs, environment)
-    if not launched:
-        return [], stop
-    make_new_folder(folder)
-    written = []
-    try:
-        for value, config, plan in launched:
-            where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
-            try:
-                status, err = measure_in_child(config, folder, output, timeout_s, debug)
-            except KitError as error:  # it could not be started: the sweep stops there, as after a failed child
-                stop = KitError(f"{where}: {error}")
-                break
-            if status != 0 or not os.path.isfile(output):
-                stop = child_stopped(where, status, err, plan, timeout_s)
-                break
-            written.append((value, output))
-            _print(f"{where}: measured, {name_as_typed(output)}", flush=True)
-    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the child has ended, its leftovers are gone
-        kept = "" if written else remove_sweep_folder(folder)
-        if kept:
-            raise type(interrupt)(kept) from None
-        raise
-    kept = "" if written else remove_sweep_folder(folder)
-    return written, type(stop)(f"{stop}{kept}") if kept else stop
+            raise KitError(f"{where}: predicted not to fit, not launched{also}: {problem}")
+        try:
+            status, err = measure_in_child(config, folder, output, timeout_s, debug)
+        except KitError as error:  # it could not be started: the sweep stops there, as after a failed child
+            raise KitError(f"{where}: {error}") from None
+        check_child_end(where, status, err, output, plan, timeout_s)
+        written.append((value, output))
+        _print(f"{where}: measured, {name_as_typed(output)}", flush=True)
 
 
 def make_new_folder(folder):
@@ -3164,10 +3143,16 @@ def _command_sweep(args):
     warning = torch_release_warning(environment.get("torch"))  # a refusal, or a warning the results keep too
     if warning:
         say("mesure_memoire.py", warning, prefix="warning: ")
-    written, stop = sweep_children(dimension, configs, environment, folder, timeout_s, args.debug)
-    if not written:
-        raise stop
-    if stop is not None:
+    make_new_folder(folder)
+    written = []
+    try:
+        measure_each(dimension, configs, environment, folder, timeout_s, args.debug, written)
+    except (KitError, KeyboardInterrupt) as stop:  # Ctrl-C or SIGTERM: the child has ended, its leftovers are gone
+        if not written:  # nothing measured: the folder goes, unless another file is in it
+            kept = remove_sweep_folder(folder)
+            raise type(stop)(f"{stop}{kept}") if kept else stop from None
+        if not isinstance(stop, KitError):
+            raise
         _print(f"Sweep stopped: {stop}")
     _print(format_report(report([path for _, path in written])))
     _print(f"Largest {dimension} measured: {written[-1][0]}")

@@ -2304,17 +2304,9 @@ def sustained_text(sustained):
 # <<< notebook
 
 
-# >>> notebook: 4. Reading results side by side (report; throughput is derived, not measured)
+# >>> notebook: 4. Reading results side by side (report)
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
 QUOTED_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
-REPORT_FLOP_CONVENTION = (
-    "FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, "
-    "= 16*N*width**2 + 5*N*width for N = batch*context positions"
-)
-REPORT_DERIVED_NOTE = (
-    "derived, not measured: a forward's positions or FLOP divided by the warm median wall time "
-    "(which includes Python's overhead and the synchronizations)"
-)
 
 
 def _quoted_path(path):
@@ -2389,54 +2381,38 @@ def _result_row(path, result):
     config, environment, phases = result["configuration"], result["environment"], result["phases"]
     warm = [line for line in phases if line["phase"] == "warm_forward"]
     (cold,) = [line for line in phases if line["phase"] == "cold_forward"]
-    batch, context, width = (config[key] for key in ("batch", "context", "width"))
-    median_ns, flop = _median([line["nanoseconds"] for line in warm]), forward_flop(batch, context, width)
     gpu = environment["gpu"]
-    with exact_context():
-        per_second = None if median_ns == 0 else Decimal(10**9) / median_ns
-        return {
-            "file": path,
-            "schema_version": result["schema_version"],
-            "gpu": None if gpu is None else gpu["name"],
-            **{key: environment[key] for key in ("torch", "cuda_build", "hip_build")},
-            "dtype": config["dtype"],
-            "batch": batch,
-            "context": context,
-            "width": width,
-            "parameters": result["synthetic_model"]["parameters"],
-            **{name: max(line[name] for line in phases) for name in REPORTED_PEAKS},
-            "cold_forward_ms": decimal_ratio(cold["nanoseconds"], 10**6),
-            "warm_repetitions": len(warm),
-            **warm_spread(phases),
-            "warm_median_device_ms": _device_median_ms(warm),
-            "positions_per_forward": batch * context,
-            "flop_per_forward": flop,
-            "derived_positions_per_second": None if per_second is None else batch * context * per_second,
-            "derived_flop_per_second": None if per_second is None else flop * per_second,
-            **_sustained_row(result["sustained"], flop),
-        }
+    return {
+        "file": path,
+        "schema_version": result["schema_version"],
+        "gpu": None if gpu is None else gpu["name"],
+        **{key: environment[key] for key in ("torch", "cuda_build", "hip_build")},
+        **{key: config[key] for key in ("dtype", "batch", "context", "width")},
+        "parameters": result["synthetic_model"]["parameters"],
+        **{name: max(line[name] for line in phases) for name in REPORTED_PEAKS},
+        "cold_forward_ms": decimal_ratio(cold["nanoseconds"], 10**6),
+        "warm_repetitions": len(warm),
+        **warm_spread(phases),
+        "warm_median_device_ms": _device_median_ms(warm),
+        **_sustained_row(result["sustained"]),
+    }
 
 
 SUSTAINED_ROW = ("sustained_seconds", "sustained_ms_per_forward", "sustained_steady", "sustained_ratio_to_warm_median")
 
 
-def _sustained_row(sustained, flop):
-    """report's figures of a sustained run, and its derived FLOP/s; None each where the result has none."""
+def _sustained_row(sustained):
+    """report's figures of a sustained run; None each where the result has none."""
     if sustained is None:
-        return dict.fromkeys((*SUSTAINED_ROW, "derived_sustained_flop_per_second"))
+        return dict.fromkeys(SUSTAINED_ROW)
     steady_ms, ratio = (sustained[key] for key in ("steady_ms_per_forward", "ratio_to_warm_median"))
-    steady_ms = abs(Decimal(repr(steady_ms)))  # exact from the digits written; a crafted -0.0 as 0
-    with exact_context():
-        figures = (
-            sustained["sustained_seconds"],
-            steady_ms,
-            sustained["steady"],
-            None if ratio is None else abs(Decimal(repr(ratio))),
-        )
-        return {
-            **dict(zip(SUSTAINED_ROW, figures, strict=True)),
-            "derived_sustained_flop_per_second": flop * 1000 / steady_ms if steady_ms else None,
-        }
+    figures = (
+        sustained["sustained_seconds"],
+        abs(Decimal(repr(steady_ms))),  # exact from the digits written; a crafted -0.0 as 0
+        sustained["steady"],
+        None if ratio is None else abs(Decimal(repr(ratio))),
+    )
+    return dict(zip(SUSTAINED_ROW, figures, strict=True))
 
 
 # <<< notebook
@@ -2466,14 +2442,6 @@ def _allocator_flag(allocator):
         return "allocator settings not recorded: allocated bytes not checked"
     differing = allocator_differences(allocator)
     return "allocator " + ", ".join(differing) + ": allocated bytes not checked" if differing else None
-
-
-def forward_flop(batch, context, width):
-    """FLOP of one forward of the synthetic MLP, by REPORT_FLOP_CONVENTION (an exact int)."""
-    positions, hidden = batch * context, 4 * width
-    matmuls = 2 * positions * width * hidden + 2 * positions * hidden * width
-    bias_additions = positions * hidden + positions * width
-    return matmuls + bias_additions
 
 
 ENVIRONMENT_LABELS = {"gpu": "GPU", "torch": "PyTorch", "cuda_build": "CUDA build", "hip_build": "HIP build"}
@@ -2534,11 +2502,7 @@ def report_rows(named_results):
 
 def report(paths):
     """Read each result file (bounded, never modified), then compute the report's rows."""
-    return {
-        "results": report_rows((path, read_result_file(path)) for path in paths),
-        "derived_figures": REPORT_DERIVED_NOTE,
-        "flop_convention": REPORT_FLOP_CONVENTION,
-    }
+    return {"results": report_rows((path, read_result_file(path)) for path in paths)}
 
 
 # <<< notebook
@@ -2553,8 +2517,7 @@ def _cell(value):
 
 SUSTAINED_NOTE = (
     "Sustained runs (measure --sustained-s): forwards back to back, timed by CUDA events per window; steady: the "
-    "last half's median time per forward; x warm: against the warm repetitions' device median; GFLOP/s: a "
-    "forward's FLOP over the steady time (derived)."
+    "last half's median time per forward; x warm: against the warm repetitions' device median."
 )
 
 
@@ -2563,9 +2526,9 @@ def sustained_lines(rows):
     recorded = [row for row in rows if row["sustained_seconds"] is not None]
     if not recorded:
         return []
-    table = [("file", "seconds", "steady ms", "steady", "x warm", "GFLOP/s")]
+    table = [("file", "seconds", "steady ms", "steady", "x warm")]
     for row in recorded:
-        ratio, flop_per_second = row["sustained_ratio_to_warm_median"], row["derived_sustained_flop_per_second"]
+        ratio = row["sustained_ratio_to_warm_median"]
         table.append(
             (
                 _cell(row["file"]),
@@ -2573,7 +2536,6 @@ def sustained_lines(rows):
                 str(rounded(row["sustained_ms_per_forward"], 3)),
                 {True: "yes", False: "NO", None: "n/a"}[row["sustained_steady"]],
                 "n/a" if ratio is None else str(rounded(ratio, 3)),
-                "n/a" if flop_per_second is None else str(rounded(flop_per_second / 10**9, 2)),
             )
         )
     return [SUSTAINED_NOTE, _table(table)]
@@ -2584,24 +2546,15 @@ WARM_FIGURES = ("min", "median", "max")
 
 def _report_cells(row):
     """One row of report's table, as text."""
-
-    def figure(value, places):
-        return "n/a" if value is None else str(rounded(value, places))
-
-    flop_per_second = row["derived_flop_per_second"]
-    with exact_context():
-        gflop_per_second = None if flop_per_second is None else flop_per_second / 10**9
     return (
         _cell(row["file"]),
         _cell(row["gpu"]),
         row["dtype"],
         *(str(row[key]) for key in ("batch", "context", "width", "parameters")),
         *(shown_figure(name, row[name]) for name in REPORTED_PEAKS),
-        figure(row["cold_forward_ms"], 3),
-        *(figure(row[f"warm_{word}_ms"], 3) for word in WARM_FIGURES),
+        str(rounded(row["cold_forward_ms"], 3)),
+        *(str(rounded(row[f"warm_{word}_ms"], 3)) for word in WARM_FIGURES),
         "n/a" if row["warm_drift"] is None else f"{row['warm_drift']:+.1%}",
-        figure(row["derived_positions_per_second"], 0),
-        figure(gflop_per_second, 2),
         "; ".join(row["flags"]) or "none",
     )
 
@@ -2612,7 +2565,7 @@ def format_report(data):
         *REPORTED_PEAKS.values(),
         "cold ms",
         *(f"warm {word} ms" for word in WARM_FIGURES),
-        *("drift", "positions/s*", "GFLOP/s*", "flags"),
+        *("drift", "flags"),
     )
     lines = [_table([header, *map(_report_cells, data["results"])], left=(0, 1, 2, len(header) - 1))]
     lines += sustained_lines(data["results"])
@@ -2620,8 +2573,6 @@ def format_report(data):
         "Peaks: maxima over each run's phases, PyTorch's allocator in that process only.",
         "Times: wall clock; the warm figures are over the warm_forward lines, the drift their last third's median "
         "against their first third's.",
-        f"* {data['derived_figures']}.",
-        f"  {data['flop_convention']}.",
     ]
     return "\n".join(lines)
 

@@ -44,9 +44,6 @@ def row_of(result, name="r.json"):
 def test_the_float32_row_matches_the_hand_computation():
     row = row_of(load("float32.json"), "float32.json")
     # batch 2, context 128, width 1024, float32; warm lines 1.16, 1.12, 1.14, 1.18 ms; cold 5.4321 ms.
-    positions = 2 * 128
-    flop = 2 * positions * 1024 * 4096 * 2 + positions * 4096 + positions * 1024  # two matmuls, two biases
-    assert flop == 4296278016
     assert row == {
         "file": "float32.json",
         "schema_version": 7,
@@ -69,17 +66,9 @@ def test_the_float32_row_matches_the_hand_computation():
         "warm_max_ms": Decimal("1.18"),
         "warm_drift": row["warm_drift"],  # 1.18 / 1.16 - 1, the last third (one line) against the first
         "warm_median_device_ms": None,
-        "positions_per_forward": 256,
-        "flop_per_forward": 4296278016,
-        "derived_positions_per_second": row["derived_positions_per_second"],
-        "derived_flop_per_second": row["derived_flop_per_second"],
         **dict.fromkeys(mesure_memoire.SUSTAINED_ROW),  # no sustained run
-        "derived_sustained_flop_per_second": None,
         "flags": [],
     }
-    # 256 / 0.00115 s and 4296278016 / 0.00115 s, by hand
-    assert mesure_memoire.rounded(row["derived_positions_per_second"], 6) == Decimal("222608.695652")
-    assert mesure_memoire.rounded(row["derived_flop_per_second"], 3) == Decimal("3735893926956.522")
     assert isinstance(row["peak_allocated_bytes"], int)
     assert isinstance(row["warm_median_ms"], Decimal)
 
@@ -91,9 +80,6 @@ def test_the_bfloat16_row_matches_the_hand_computation():
     assert row["warm_median_ms"] == Decimal("0.9")
     assert row["warm_median_device_ms"] == Decimal("0.75")
     assert row["cold_forward_ms"] == Decimal("4.1")
-    assert row["flop_per_forward"] == 16 * 1024 * 512**2 + 5 * 1024 * 512 == 4297588736
-    assert mesure_memoire.rounded(row["derived_positions_per_second"], 4) == Decimal("1137777.7778")
-    assert mesure_memoire.rounded(row["derived_flop_per_second"], 2) == Decimal("4775098595555.56")
     assert (row["peak_allocated_bytes"], row["peak_reserved_bytes"]) == (18879488, 10 * 2**21)
     assert row["flags"] == []
     # 30 s asked; the last half of 8 windows: 0.825, 0.826, 0.824, 0.825 ms per forward, within 2 % of 0.825
@@ -103,7 +89,6 @@ def test_the_bfloat16_row_matches_the_hand_computation():
         True,
     )
     assert row["sustained_ratio_to_warm_median"] == Decimal("1.1")  # 0.825 / 0.75, as written
-    assert mesure_memoire.rounded(row["derived_sustained_flop_per_second"], 2) == Decimal("5209198467878.79")
 
 
 def test_a_sustained_run_not_steady_is_flagged_and_shown_so(tmp_path, monkeypatch, capsys):
@@ -117,7 +102,7 @@ def test_a_sustained_run_not_steady_is_flagged_and_shown_so(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(["report", "capped.json"]) == 0
     out = capsys.readouterr().out
-    assert "capped.json       30      0.825      NO   1.100  5209.20\n" in out
+    assert "capped.json       30      0.825      NO   1.100\n" in out
     assert out.count("sustained run not steady") == 1
 
 
@@ -147,18 +132,6 @@ def test_the_warm_median_is_exact(nanoseconds, device_ms, median_ms, median_devi
     assert row["warm_repetitions"] == len(nanoseconds)
 
 
-def test_a_zero_median_leaves_the_derived_figures_empty():
-    result = load("float32.json")
-    for phase in result["phases"]:
-        if phase["phase"] == "warm_forward":
-            phase["nanoseconds"] = 0
-    row = row_of(result)
-    assert row["derived_positions_per_second"] is None
-    assert row["derived_flop_per_second"] is None
-    line = mesure_memoire.format_report({"results": [row], "derived_figures": "d", "flop_convention": "f"})
-    assert line.splitlines()[1].split()[-3:] == ["n/a", "n/a", "none"]
-
-
 def test_device_median_keeps_whole_numbers_exact_and_writes_no_negative_zero():
     result = load("bfloat16.json")
     warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
@@ -178,13 +151,6 @@ def test_device_median_needs_every_warm_line_to_have_device_ms():
     assert kit_error_of(mesure_memoire.report_rows, [("r", result)]) == MESSAGES["report: not a kit result"].format(
         file="'r'", why=wrong(f"phases[{LAST}].device_ms", "a time", "nothing")
     )
-
-
-def test_forward_flop_follows_the_stated_convention():
-    assert mesure_memoire.forward_flop(1, 1, 1) == 2 * 4 + 2 * 4 + 4 + 1
-    assert mesure_memoire.forward_flop(3, 5, 7) == 16 * 15 * 49 + 5 * 15 * 7
-    assert "GELU not counted" in mesure_memoire.REPORT_FLOP_CONVENTION
-    assert "16*N*width**2 + 5*N*width" in mesure_memoire.REPORT_FLOP_CONVENTION
 
 
 # --- flags ----------------------------------------------------------------------------------------------
@@ -283,7 +249,7 @@ def test_all_flags_together_in_the_text():
     result["output_summary"]["all_finite"] = False
     result["environment"]["torch"] = "other"
     rows = mesure_memoire.report_rows([("a.json", load("bfloat16.json")), ("b.json", result)])
-    text = mesure_memoire.format_report({"results": rows, "derived_figures": "d", "flop_convention": "f"})
+    text = mesure_memoire.format_report({"results": rows})
     assert text.splitlines()[2].endswith(
         "not a fresh process; prediction disagreed; non-finite output; environment differs from row 1: PyTorch"
     )
@@ -293,23 +259,18 @@ def test_all_flags_together_in_the_text():
 
 EXPECTED_TEXT = """\
 file           GPU          dtype     batch  context  width  parameters  peak alloc MiB  peak reserved MiB  cold ms  \
-warm min ms  warm median ms  warm max ms  drift  positions/s*  GFLOP/s*  flags
+warm min ms  warm median ms  warm max ms  drift  flags
 float32.json   Crafted GPU  float32       2      128   1024     8393728           46.02              48.00    5.432  \
-      1.120           1.150        1.180  +1.7%        222609   3735.89  none
+      1.120           1.150        1.180  +1.7%  none
 bfloat16.json  Crafted GPU  bfloat16      4      256    512     2099712           18.00              20.00    4.100  \
-      0.880           0.900        0.920  +2.2%       1137778   4775.10  none
+      0.880           0.900        0.920  +2.2%  none
 Sustained runs (measure --sustained-s): forwards back to back, timed by CUDA events per window; steady: the last \
-half's median time per forward; x warm: against the warm repetitions' device median; GFLOP/s: a forward's FLOP over \
-the steady time (derived).
-file           seconds  steady ms  steady  x warm  GFLOP/s
-bfloat16.json       30      0.825     yes   1.100  5209.20
+half's median time per forward; x warm: against the warm repetitions' device median.
+file           seconds  steady ms  steady  x warm
+bfloat16.json       30      0.825     yes   1.100
 Peaks: maxima over each run's phases, PyTorch's allocator in that process only.
 Times: wall clock; the warm figures are over the warm_forward lines, the drift their last third's median \
 against their first third's.
-* derived, not measured: a forward's positions or FLOP divided by the warm median wall time (which includes \
-Python's overhead and the synchronizations).
-  FLOP per forward: 2*m*n*k per matmul plus 1 per bias addition, GELU not counted, = 16*N*width**2 + 5*N*width \
-for N = batch*context positions.
 """
 
 
@@ -328,7 +289,7 @@ def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys)
     given = ["report/bfloat16.json", str(DATA / "float32.json"), "report/bfloat16.json"]
     assert mesure_memoire.main(["report", *given, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert list(data) == ["results", "derived_figures", "flop_convention"]
+    assert list(data) == ["results"]
     assert [row["file"] for row in data["results"]] == given
     first = data["results"][1]
     for key, value in {
@@ -341,14 +302,11 @@ def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys)
         "peak_reserved_bytes": 50331648,
         "warm_median_ms": 1.15,
         "cold_forward_ms": 5.4321,
-        "flop_per_forward": 4296278016,
-        "derived_positions_per_second": 222608.695652,
         "flags": [],
     }.items():
         assert first[key] == value, key
     assert data["results"][0]["warm_median_device_ms"] == 0.75
     assert first["warm_median_device_ms"] is None
-    assert data["derived_figures"].startswith("derived, not measured")
 
 
 def test_the_command_refuses_without_a_file(capsys):
@@ -772,7 +730,7 @@ def test_a_result_without_gpu_details_is_read_with_none():
     result["environment"]["torch"] = None
     row = mesure_memoire.report_rows([("r.json", result)])[0]
     assert (row["gpu"], row["torch"], row["cuda_build"]) == (None, None, "13.0")
-    text = mesure_memoire.format_report({"results": [row], "derived_figures": "d", "flop_convention": "f"})
+    text = mesure_memoire.format_report({"results": [row]})
     assert text.splitlines()[1].split()[:2] == ["r.json", "none"]
     assert mesure_memoire.report_rows([]) == []
 

@@ -120,7 +120,7 @@ else:
     ),
     "4": (
         "Reads back the file step 3 wrote, as `mesure_memoire.py report` does: peaks are maxima over the phases, "
-        "the warm median is over the `warm_forward` lines, throughput is derived, not measured. Several results: "
+        "the warm median is over the `warm_forward` lines. Several results: "
         '`print(format_report(report(["a.json", "b.json"])))` in a new cell.',
         "run-results",
         """\

@@ -322,16 +322,8 @@ def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
 
 SWEEP_REFUSALS = [
     (
-        ["--values", "512,256"],
-        MESSAGES["--values not increasing"].format(value="'512,256'"),
-    ),
-    (
         ["--values", "256,256"],
         MESSAGES["--values not increasing"].format(value="'256,256'"),
-    ),
-    (
-        ["--values", "256,,512"],
-        MESSAGES["positive whole number"].format(option="--values", value="''"),
     ),
     (
         ["--values", "0,1"],
@@ -731,9 +723,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 SLOW_SECONDS = 0.8  # the child's chosen step: long enough for both signals to land inside it
 SIGNALS_APART_S = 0.4  # beyond the 0.25 s that Popen.communicate gives a child after a KeyboardInterrupt
-MOMENTS = [
-    (moment, sent) for sent in (signal.SIGINT, signal.SIGTERM) for moment in ("import", "phase", "write", "summary")
-]
+# Each moment once, the two signals in turn: the parent handles both alike (Terminated is a KeyboardInterrupt).
+MOMENTS = [("import", signal.SIGINT), ("phase", signal.SIGTERM), ("write", signal.SIGINT), ("summary", signal.SIGTERM)]
 
 
 @pytest.mark.parametrize(("moment", "sent"), MOMENTS, ids=[f"{m}-{s.name}" for m, s in MOMENTS])

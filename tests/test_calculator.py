@@ -43,13 +43,13 @@ def csv_rows():
         return list(csv.DictReader(stream))
 
 
-def tariff(price_cents, days=3, gpus_per_lot=1):
+def tariff(price_cents):
     return {
         "gpu": "x",
         "model": "X",
         "memory_gb": 1,
-        "gpus_per_lot": gpus_per_lot,
-        "days": days,
+        "gpus_per_lot": 1,
+        "days": 3,
         "price_cents": price_cents,
         "currency": "USD",
         "snapshot_date": "2026-09-24",
@@ -63,18 +63,12 @@ def tariff(price_cents, days=3, gpus_per_lot=1):
 def test_every_row_and_several_lot_counts(lots):
     catalog = calcul_forfaits.load_catalog()
     for row in csv_rows():
-        package = calcul_forfaits.price_package(catalog, row["gpu"], int(row["days"]), lots, accepted_results=7)
+        package = calcul_forfaits.price_package(catalog, row["gpu"], row["days"], str(lots), "7")
         lot_cents = int(row["price_cents"])
         assert package["lot_price_cents"] == lot_cents
         assert package["total_price_cents"] == lot_cents * lots
         assert package["gpus"] == int(row["gpus_per_lot"]) * lots
         assert package["cost_per_accepted_result_usd"] == half_up_cost(Fraction(lot_cents * lots, 100 * 7))
-
-
-def test_the_api_prices_one_lot_without_a_cost_by_default():
-    package = calcul_forfaits.price_package([tariff(300, gpus_per_lot=8)], "x", 3)  # as --lots 1 does
-    assert (package["lots"], package["gpus"], package["total_price_cents"]) == (1, 8, 300)
-    assert package["cost_per_accepted_result_usd"] is None
 
 
 @pytest.mark.parametrize(
@@ -100,7 +94,7 @@ def test_the_api_prices_one_lot_without_a_cost_by_default():
     ],
 )
 def test_cost_rounds_half_up_to_four_significant_digits_or_the_cent_whichever_is_finer(total_cents, accepted, expected):
-    package = calcul_forfaits.price_package([tariff(total_cents)], "x", 3, 1, accepted)
+    package = calcul_forfaits.price_package([tariff(total_cents)], "x", "3", "1", str(accepted))
     assert package["cost_per_accepted_result_usd"] == expected
     assert half_up_cost(Fraction(total_cents, 100 * accepted)) == expected
     assert package["cost_rounding"] == COST_RULE
@@ -194,22 +188,6 @@ def test_json_output_and_null_cost_without_accepted_results(capsys):
     assert status == 0, err
     assert json.loads(out)["cost_per_accepted_result_usd"] == "1216.00"
     assert json.loads(out)["accepted_results"] == 3
-
-
-def test_positive_int_takes_positive_ints_and_their_digits_only():
-    assert calcul_forfaits.positive_int("--lots", 3) == 3
-    assert calcul_forfaits.positive_int("--lots", "12") == 12
-    for bad in (0, -1, True, 2.0, "0", None):
-        with pytest.raises(calcul_forfaits.PricingError) as refused:
-            calcul_forfaits.positive_int("--lots", bad)
-        assert str(refused.value) == not_positive("--lots", repr(bad))
-
-
-def test_the_pricing_functions_refuse_a_prorated_duration():
-    catalog = calcul_forfaits.load_catalog()
-    with pytest.raises(calcul_forfaits.PricingError) as refusal:
-        calcul_forfaits.price_package(catalog, "b200", 5)
-    assert str(refusal.value) == MESSAGES["calculator: --days not a duration"].format(value=5)
 
 
 # --- the calculator's command line -----------------------------------------------------------------------

@@ -1073,10 +1073,8 @@ def validate(device, output_dir, runner):
         except (kit.KitError, OSError, KeyError, TypeError, ValueError) as error:  # a defect still leaves a verdict
             validation.row("validation completed", False, f"the validator failed: {kit.describe_error(error)}")
         return validation.finish(output_dir)
-    finally:  # SIGINT and SIGTERM held meanwhile: one landing now would leave the folder half-removed
-        held = kit.hold_signals()
+    finally:
         shutil.rmtree(work, ignore_errors=True)
-        kit.let_signals_through(held)
 
 
 def build_parser():

@@ -112,30 +112,6 @@ def test_a_nonzero_cost_never_prints_as_zero(capsys):
     assert json.loads(out)["cost_per_accepted_result_usd"] == "0." + "0" * 28 + "3000"
 
 
-def test_the_largest_valid_totals_are_rounded_exactly(tmp_path, capsys):
-    biggest_cents = "9" * 30  # the most the catalog's validation accepts
-    (tmp_path / "big.csv").write_bytes(with_cell(2, "price_cents", biggest_cents.encode()))
-    lots = "9" * 30
-    status, out, err = call(
-        capsys,
-        "--catalog",
-        tmp_path / "big.csv",
-        "--gpu",
-        GPU_LINE_2,
-        "--days",
-        "3",
-        "--lots",
-        lots,
-        "--accepted-results",
-        "7",
-        "--json",
-    )
-    assert status == 0, err
-    total = int(biggest_cents) * int(lots)
-    assert json.loads(out)["total_price_cents"] == total
-    assert json.loads(out)["cost_per_accepted_result_usd"] == half_up_cost(Fraction(total, 100 * 7))
-
-
 def test_the_readme_example_and_what_the_readme_says_of_its_prices(capsys):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "python calcul_forfaits.py --gpu b200 --days 7 --lots 2\n" in readme
@@ -760,14 +736,13 @@ BLOCKING_CATALOGS = {  # a regression would block (FIFO) or read without end (/d
 
 
 @pytest.mark.whole_kit
-@pytest.mark.parametrize("flags", [(), ("-S",)], ids=["site", "no-site"])
 @pytest.mark.parametrize("case", sorted(BLOCKING_CATALOGS))
-def test_a_catalog_that_could_block_is_refused_unread(tmp_path, case, flags):
+def test_a_catalog_that_could_block_is_refused_unread(tmp_path, case):
     argv, fragment = BLOCKING_CATALOGS[case]
     make_files(tmp_path, HOSTILE_FILES)
     before = tree_digest(tmp_path)
     completed = subprocess.run(
-        [sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
+        [sys.executable, str(ROOT / "calcul_forfaits.py"), *argv],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -902,22 +877,6 @@ def test_the_snapshot_is_a_plausible_line_up():
     for row in rows:
         per_day.setdefault(row["gpu"], []).append(Fraction(int(row["price_cents"]), int(row["days"])))
     assert all(days[0] > days[1] > days[2] for days in per_day.values())  # the CSV lists 3, 7, 30 in order
-
-
-def test_the_snapshot_answers_the_market_facts():
-    hourly = per_gpu_hour()
-    for days in (3, 7, 30):
-        assert hourly["mi300x"][days] <= Fraction(7, 10) * hourly["h100-sxm"][days]  # about 40 % below
-        assert hourly["rtx-pro-6000"][days] > hourly["a100-80gb"][days]
-        assert hourly["b300"][days] > hourly["b200"][days] > hourly["h200"][days] > hourly["h100-sxm"][days]
-    discount_30 = {gpu: 1 - rates[30] / rates[3] for gpu, rates in hourly.items()}
-    discount_7 = {gpu: 1 - rates[7] / rates[3] for gpu, rates in hourly.items()}
-    assert len({round(d, 2) for d in discount_30.values()}) >= 5  # not one discount for every model
-    assert len({round(d, 2) for d in discount_7.values()}) >= 4
-    for blackwell in ("b200", "b300", "rtx-pro-6000"):
-        for ampere in ("a100-80gb", "a40", "rtx-a6000"):
-            assert discount_30[blackwell] < discount_30[ampere]
-            assert discount_7[blackwell] < discount_7[ampere]
 
 
 DISCOUNT_GROUPS = {  # as the README states them: (7-day range, 30-day range) in % per GPU-hour, about

@@ -566,13 +566,12 @@ BLOCKING_RESULTS = {  # a regression would block (FIFO) or read without end (/de
 
 
 @pytest.mark.whole_kit
-@pytest.mark.parametrize("flags", [(), ("-S",)], ids=["site", "no-site"])
 @pytest.mark.parametrize("case", sorted(BLOCKING_RESULTS))
-def test_a_results_file_that_could_block_is_refused_unread(hostile, case, flags):
+def test_a_results_file_that_could_block_is_refused_unread(hostile, case):
     argv, fragment = BLOCKING_RESULTS[case]
     before = tree_digest(hostile)
     completed = subprocess.run(
-        [sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
+        [sys.executable, str(ROOT / "calcul_forfaits.py"), *argv],
         capture_output=True,
         text=True,
         cwd=hostile,

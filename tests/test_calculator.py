@@ -443,12 +443,10 @@ CORRUPTIONS = {
         f"pytorch_total_memory_bytes of {GPU_LINE_2}",
     ),
     "decimal cents": (with_cell(2, "price_cents", b"9400.50"), "line 2", "price_cents"),
-    "zero cents": (with_cell(2, "price_cents", b"0"), "line 2", "price_cents"),
     "inconsistent lot size": (with_cell(3, "gpus_per_lot", b"2"), "line 3", f"gpus_per_lot of {GPU_LINE_2}"),
     "inconsistent model": (with_cell(3, "model", b"Other"), "line 3", f"model of {GPU_LINE_2}"),
     "prorated duration": (with_cell(2, "days", b"5"), "line 2", "days"),
     "other currency on one row": (with_cell(5, "currency", b"EUR"), "line 5", "currency must be USD"),
-    "lower-case currency": (with_cell(2, "currency", b"usd"), "line 2", "currency must be USD"),
     "other snapshot on line 3": (
         with_cell(3, "snapshot_date", b"2026-09-25"),
         "line 3",
@@ -463,7 +461,6 @@ CORRUPTIONS = {
         "pytorch_total_memory_bytes (the last one may be left out)",
     ),
     "missing field": (replace_line(2, b",".join(GOOD.split(b"\n")[1].split(b",")[:7])), "line 2", "fields"),
-    "blank line": (replace_line(3, b""), "line 3", "fields"),
     "empty file": (b"", "", "empty file; nothing computed"),
     "header only": (HEADER + b"\n", "", "0 rows"),
     "not UTF-8": (GOOD.replace(b"NVIDIA A40", b"NVIDIA A4\xe9"), "", "not UTF-8"),
@@ -678,8 +675,6 @@ HOSTILE_FILES = {  # name -> bytes (a regular file), or a callable that makes so
     "wide-digits.csv": every_row("snapshot_date", "２０２６-09-24"),
     "newline-model.csv": GOOD.replace(b",NVIDIA H200,", b',"NVIDIA\nH200",'),
     "escape-model.csv": GOOD.replace(b",NVIDIA H200,", b",NVIDIA \x1b[2JH200,"),
-    "rlo-model.csv": GOOD.replace(b",NVIDIA H200,", ",NVIDIA \u202eH200,".encode()),
-    "nul-model.csv": GOOD.replace(b",NVIDIA H200,", b",NVIDIA \x00H200,"),
     "bom.csv": b"\xef\xbb\xbf" * 2 + GOOD,  # one byte order mark is skipped (test_results.py), not two
 }
 
@@ -706,8 +701,6 @@ HOSTILE_CATALOGS = {  # case -> (argv, fragment of the one stderr line)
     "snapshot in wide digits": (["--catalog", "wide-digits.csv", "--list"], "line 2: snapshot_date"),
     "model with a newline": (["--catalog", "newline-model.csv", "--list"], "line 20: malformed CSV"),
     "model with an escape": (["--catalog", "escape-model.csv", "--list"], "model holds a control"),
-    "model with a right-to-left override": (["--catalog", "rlo-model.csv", "--list"], "model holds a control"),
-    "model with a NUL": (["--catalog", "nul-model.csv", "--list"], "model holds a control"),
     "two byte-order marks": (["--catalog", "bom.csv", "--list"], "line 1: bad header"),
     "gpu with a newline": (["--gpu", "h200\n", "--days", "7"], "unknown GPU 'h200\\n'"),
     "gpu not UTF-8": (["--gpu", "\udcff", "--days", "7"], "unknown GPU '\\udcff'"),

@@ -194,13 +194,11 @@ INT_COLUMNS = ("memory_gb", "gpus_per_lot", "days", "price_cents")  # the catalo
 RESULTS_COLUMNS = tuple(RESULTS_RULES)
 
 
-def positive_int(option, value):
-    """Return ``value`` (an int, or a string of digits) as a positive int."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, str) and is_whole(value):
-        return int(value)
-    raise PricingError(f"{option}: expected a positive whole number, got {value!r}")
+def positive_int(option, text):
+    """A command line's ``text`` as a positive int."""
+    if not is_whole(text):
+        raise PricingError(f"{option}: expected a positive whole number, got {text!r}")
+    return int(text)
 
 
 # --- reading files: one bounded reader, one CSV grammar ------------------------------------------------
@@ -321,15 +319,8 @@ def load_catalog(path=None):
     return parse_catalog(read_bounded(path, name), name)
 
 
-def check_days(days):
-    """Refuse a duration other than the catalog's 3, 7 or 30 days (a PricingError naming --days)."""
-    if str(days) not in DURATIONS_TEXT:
-        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
-
-
 def find_tariff(catalog, gpu, days, option="--gpu"):
-    """The catalog's row for a slug (any case) and a duration of 3, 7 or 30 days."""
-    check_days(days)
+    """The catalog's row for a slug (any case) and a duration already checked: 3, 7 or 30 days."""
     slug = str(gpu).lower()
     for tariff in catalog:
         if tariff["gpu"] == slug and tariff["days"] == int(days):
@@ -393,8 +384,8 @@ def package(tariff, lots):
     }
 
 
-def price_package(catalog, gpu, days, lots=1, accepted_results=None):
-    """The whole package's price; the cost per accepted result when that count is given."""
+def price_package(catalog, gpu, days, lots, accepted_results):
+    """The whole package's price; the cost per accepted result when that count is given (the counts as typed)."""
     result = package(find_tariff(catalog, gpu, days), positive_int("--lots", lots))
     if accepted_results is not None:
         accepted_results = positive_int("--accepted-results", accepted_results)
@@ -887,8 +878,8 @@ def parse_command_line(argv):
         if OPTIONS[option][0] in ("CSV", "FILE") and given[option] == "":
             raise PricingError(f"{option}: expected a file name, got ''")
     days = given.get("--days")
-    if days is not None:
-        check_days(days)
+    if days is not None and days not in DURATIONS_TEXT:
+        raise PricingError(f"--days: expected 3, 7 or 30 (fixed durations, no proration), got {days!r}")
     if mode in ("--gpu", "--for-plan") and days is None:
         raise PricingError(f"--days is required with {mode} (3, 7 or 30)")
     return mode, given
@@ -910,7 +901,7 @@ def run(argv):
         data = cards_for_plan(catalog, parse_plan(*read_input(given["--for-plan"])), int(days))
         text = format_cards(data)
     else:
-        data = price_package(catalog, given["--gpu"], days, given.get("--lots", 1), given.get("--accepted-results"))
+        data = price_package(catalog, given["--gpu"], days, given.get("--lots", "1"), given.get("--accepted-results"))
         text = format_package(data)
     if "--json" in given:
         import json

@@ -133,23 +133,6 @@ def test_an_output_inside_the_repository_is_printed_relative_to_it(source, monke
     assert capsys.readouterr().out == f"wrote out/k.zip: {WROTE}\n"
 
 
-@pytest.mark.whole_kit
-def test_a_name_stdout_cannot_encode_is_printed_escaped(source):
-    """An ASCII-only stdout once got the archive written, then a UnicodeEncodeError traceback."""
-    environment = {**os.environ, "PYTHONIOENCODING": "ascii"}
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "build_zip.py"), "--source", str(source), "--output", "é.zip"],
-        capture_output=True,
-        text=True,
-        cwd=source,
-        env=environment,
-        timeout=60,
-    )
-    assert (completed.returncode, completed.stderr) == (0, "")
-    assert completed.stdout == f"wrote \\xe9.zip: {WROTE}\n"
-    assert zipfile.is_zipfile(source / "é.zip")
-
-
 @pytest.mark.parametrize("default", [False, True], ids=["--output", "default"])
 def test_a_failing_write_is_one_line_and_leaves_no_half_archive(source, tmp_path, monkeypatch, capsys, default):
     """A stand-in for a full disk (the data's flush to the disk fails): nothing is left, the manifest is untouched,
@@ -253,11 +236,6 @@ REFUSALS = {
         _replace("protocole-qualite.md", lambda path: None),
         "missing member(s): protocole-qualite.md",
     ),
-    "a member is a FIFO": (_replace("README.md", os.mkfifo), "README.md is not a regular file"),
-    "a member is a symlink loop": (
-        _replace("README.md", lambda path: path.symlink_to(path)),
-        "README.md: cannot be read (Too many levels of symbolic links)",
-    ),
     "the manifest links to someone's file": (
         _replace("MANIFEST.json", _link_to_theirs),
         "MANIFEST.json is a link: this tool writes over nothing but its own...",
@@ -281,11 +259,6 @@ REFUSALS = {
     "--output in a missing folder": (
         _output(name="absent/k.zip"),
         "cannot write {t}/absent/k.zip (No such file or directory)",
-    ),
-    # A folder-like or empty --output names no file: refused, never a traceback nor a file named "new".
-    "--output ends with a slash": (
-        lambda s, t: ["--output", f"{t}/new/"],
-        "--output: expected the name of a new file, got ...",
     ),
     "--output with --check": (
         lambda s, t: ["--check", "--output", str(t / "k.zip")],
@@ -341,9 +314,6 @@ STALE = {
     "two members changed": (lambda s: (make_stale(s), _write(s / "LICENSE.txt", b"MIT\n")), "LICENSE.txt, README.md"),
     "missing": (lambda s: (s / "MANIFEST.json").unlink(), "MANIFEST.json"),
     "not JSON": (lambda s: _write(s / "MANIFEST.json", b"{oops"), "MANIFEST.json"),
-    "nested 100,000 deep": (lambda s: _write(s / "MANIFEST.json", b"[" * 100000), "MANIFEST.json"),
-    "a JSON list": (lambda s: _write(s / "MANIFEST.json", b"[]"), "MANIFEST.json"),
-    "an entry without path": (lambda s: _write(s / "MANIFEST.json", b'{"members": [{}]}'), "MANIFEST.json"),
     "an extra member": (_manifest(lambda m: m["members"].append({"path": "extra.txt"})), "extra.txt"),
     "the note changed": (_manifest(lambda m: m.update(note="other")), "MANIFEST.json"),
     "the same entries, other spacing": (

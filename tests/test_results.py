@@ -293,7 +293,6 @@ REFUSALS = {
     ),
     "empty rental_id": ({}, [row(rental_id="")], "line 2: rental_id must be a non-empty text"),
     "control character in notes": ({}, [row(notes="a\x1b[31mred")], "line 2: notes holds a control"),
-    "tab in gpu_name": ({}, [row(gpu_name="A\tB")], "line 2: gpu_name holds a control"),
     "a line break inside quotes": ({}, [row(notes='"two'), 'lines"'], "line 2: malformed CSV"),
     "too few fields": ({}, [row()[: row().rindex(",")]], "line 2: expected 20 fields, found 19"),
     "a blank line between runs": ({}, [row(), "", row(run_id="r2")], "line 3: expected 20 fields, found 1"),
@@ -518,7 +517,6 @@ HOSTILE_FILES = {  # name -> bytes (a regular file), or a callable that makes so
     "runs-folder.csv": hostile_row("folder"),
     "runs-big.csv": hostile_row("m.json") * (LIMIT // 400 + 1),
     "runs-latin1.csv": hostile_row("m\xe9.json").replace("m\xe9".encode(), b"m\xe9"),
-    "runs-escape.csv": hostile_row("m.json").replace(b"exact match", b"exact\x1b]0;x\x07match"),
 }
 
 
@@ -537,7 +535,6 @@ HOSTILE_RESULTS = {  # case -> (argv, fragment of the one stderr line)
     "a folder": (["--results", "folder"], "'folder': " + MESSAGES["not a regular file"]),
     "name with a newline": (["--results", "r\n.csv"], "'r\\n.csv': cannot be read"),
     "not UTF-8": (["--results", "runs-latin1.csv"], "not UTF-8"),
-    "a field with an escape": (["--results", "runs-escape.csv"], "quality_metric holds a control"),
     "measurement a folder": (
         ["--results", "runs-folder.csv"],
         "measurement_file 'folder': " + MESSAGES["not a regular file"],
@@ -566,13 +563,12 @@ BLOCKING_RESULTS = {  # a regression would block (FIFO) or read without end (/de
 
 
 @pytest.mark.whole_kit
-@pytest.mark.parametrize("flags", [(), ("-S",)], ids=["site", "no-site"])
 @pytest.mark.parametrize("case", sorted(BLOCKING_RESULTS))
-def test_a_results_file_that_could_block_is_refused_unread(hostile, case, flags):
+def test_a_results_file_that_could_block_is_refused_unread(hostile, case):
     argv, fragment = BLOCKING_RESULTS[case]
     before = tree_digest(hostile)
     completed = subprocess.run(
-        [sys.executable, *flags, str(ROOT / "calcul_forfaits.py"), *argv],
+        [sys.executable, str(ROOT / "calcul_forfaits.py"), *argv],
         capture_output=True,
         text=True,
         cwd=hostile,

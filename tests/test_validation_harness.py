@@ -1,10 +1,10 @@
 """tools/gpu_validation.py, proven on the CPU up to the GPU boundary.
 
-No GPU can be had here.  The flow tests replace the children's commands with
-tests/data/gpu_validation/fake_child.py, a named STAND-IN for the GPU children (its results are laid
-out from the kit's own prediction, not measured).  The numerics and the Timer cross-check run on
-real PyTorch CPU ops; the refusal without a GPU runs the real kit.  The command-line contract
-(help, -OO, an option twice, stdout, Ctrl-C) is tested in test_command_line.py.
+No GPU can be had here.  The flow tests replace the children with tests/data/gpu_validation/fake_child.py, a
+named STAND-IN for the GPU children (its results are laid out from the kit's own prediction, not measured),
+called in this process except where a test needs a real one.  The numerics and the Timer cross-check run on
+real PyTorch CPU ops; the refusal without a GPU runs the real kit's environment in this process.  The
+command-line contract (help, -OO, an option twice, stdout, Ctrl-C) is tested in test_command_line.py.
 """
 
 import contextlib
@@ -12,7 +12,6 @@ import importlib.util
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -49,36 +48,26 @@ gpu_validation = load("gpu_validation", ROOT / "tools" / "gpu_validation.py")
 fake_child = load("fake_child", FAKE_CHILD)
 
 
-def with_stand_in_children(monkeypatch, *doctors):
+def with_stand_in_children(monkeypatch, *doctors, real=()):
+    """The children's commands replaced by fake_child.py, called in this process (its output captured): the flows
+    that judge figures need no real process.  The kinds in ``real`` start as real processes, for the tests of the
+    time limits and the signals; the clock sampler, beside the children, is always a real stand-in process."""
+    flags = [part for doctor in doctors for part in ("--doctor", doctor)]
+    real_execute, start = gpu_validation.execute, gpu_validation.Sampler.start
+
     def command_for(kind, arguments):
-        flags = [part for doctor in doctors for part in ("--doctor", doctor)]
         return [sys.executable, str(FAKE_CHILD), *flags, kind, *arguments]
 
-    monkeypatch.setattr(gpu_validation, "command_for", command_for)
-
-
-def with_children_in_this_process(monkeypatch, *doctors):
-    """The stand-in children called in this process (fake_child.main, its output captured): the flows that
-    judge figures need no real process.  The tests of the time limits, the budget, the signals and the
-    commands shown start real ones (with_stand_in_children); the clock sampler, beside the children, is a real
-    stand-in process here too."""
-    flags = [part for doctor in doctors for part in ("--doctor", doctor)]
-    with_stand_in_children(monkeypatch, *doctors)
-
-    def run(runner, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
-        record = dict(name=name, command=f"stand-in {kind}", outcome="exited", seconds=0.0)
-        runner.records.append(record)
+    def execute(record, command, cwd, setting, limit):
+        if command[2 + len(flags)] in real:
+            return real_execute(record, command, cwd, setting, limit)
         out, err = io.StringIO(), io.StringIO()
         with monkeypatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             patch.chdir(cwd or os.getcwd())
             if setting is not None:
                 patch.setenv(gpu_validation.ALLOCATOR_VARIABLE, setting)  # read by the stand-in only
-            status = fake_child.main([*flags, kind, *arguments])
-        record.update(exit_status=status, stdout=out.getvalue(), stderr=err.getvalue())
-        return record
-
-    monkeypatch.setattr(gpu_validation.Runner, "run", run)
-    start = gpu_validation.Sampler.start
+            status = fake_child.main(command[2:])
+        record.update(outcome="exited", exit_status=status, stdout=out.getvalue(), stderr=err.getvalue())
 
     def start_and_wait_for_its_log(sampler):
         # Children called in this process take no time, unlike the GPU's (seconds each): the flow would judge the
@@ -88,6 +77,8 @@ def with_children_in_this_process(monkeypatch, *doctors):
         while sampler.process is not None and not sampler.path.stat().st_size and time.monotonic() < deadline:
             time.sleep(0.01)
 
+    monkeypatch.setattr(gpu_validation, "command_for", command_for)
+    monkeypatch.setattr(gpu_validation, "execute", execute)
     monkeypatch.setattr(gpu_validation.Sampler, "start", start_and_wait_for_its_log)
 
 
@@ -205,7 +196,9 @@ def test_a_budget_spent_stops_the_run_with_the_verdict_and_archive_of_every_row_
 def test_sigterm_ends_the_running_child_and_leaves_the_verdict_and_archive_of_every_row_so_far(
     tmp_path, capsys, monkeypatch, scratch
 ):
-    with_stand_in_children(monkeypatch, "terminate")  # the cross-check child sends SIGTERM to the validator
+    with_stand_in_children(
+        monkeypatch, "terminate", real=("cross-check",)
+    )  # the cross-check child sends SIGTERM to the validator
     status, out, err, rows = validate(tmp_path, capsys)
     assert status == 143
     assert err == MESSAGES["validator interrupted"].format(signal="SIGTERM")
@@ -224,7 +217,7 @@ def test_a_signal_while_a_child_starts_ends_that_child_before_the_validator(
 ):
     """A Ctrl-C or SIGTERM that lands while the validator starts the vendor tool's child, between the child's fork
     and its exec (Popen has not returned): the child is killed and reaped, not left running alone."""
-    with_stand_in_children(monkeypatch, "hang-vendor")  # one left running would stay
+    with_stand_in_children(monkeypatch, "hang-vendor", real=("vendor",))  # one left running would stay
     real_popen, started = subprocess.Popen, tmp_path / "started.pid"
 
     def popen(args, **kwargs):
@@ -260,7 +253,7 @@ def test_a_child_gone_when_the_validator_ends_its_session_is_no_failure_of_the_v
 ):
     """Ctrl-C or SIGTERM (a time limit's) while a child ends: the child, reaped while Popen waits for it after the
     interrupt, leaves no session to kill; the run still ends as stopped, 130 or 143, with its verdict."""
-    with_stand_in_children(monkeypatch, f"stop-and-exit={sent}")
+    with_stand_in_children(monkeypatch, f"stop-and-exit={sent}", real=("vendor",))
     status_, out, err, rows = validate_as_from_a_terminal(tmp_path, capsys)
     assert (status_, err) == (status, MESSAGES["validator interrupted"].format(signal=said)), out
     assert rows["the run finished"] == f"FAIL  the run finished  stopped by {said}"
@@ -268,31 +261,15 @@ def test_a_child_gone_when_the_validator_ends_its_session_is_no_failure_of_the_v
     assert evidence(tmp_path)[0] == out
 
 
-def test_a_sigterm_during_the_final_clean_up_still_removes_the_working_folder(tmp_path, capsys, monkeypatch, scratch):
-    """SIGTERM while the working folder (copies of the evidence) is being removed: it is removed all the same,
-    then the validator ends with 143."""
-    with_children_in_this_process(monkeypatch)
-    real_rmtree = shutil.rmtree
-
-    def rmtree(path, *args, **kwargs):
-        if str(path).startswith(str(scratch)):
-            signal_main_thread(os.getpid(), signal.SIGTERM)  # as a time limit's SIGTERM lands while the folder goes
-        return real_rmtree(path, *args, **kwargs)
-
-    monkeypatch.setattr(shutil, "rmtree", rmtree)
-    status, out, err, _ = validate(tmp_path, capsys)
-    assert (status, err) == (143, MESSAGES["validator interrupted"].format(signal="SIGTERM"))
-    assert evidence(tmp_path)[0] == out
-    assert list(scratch.iterdir()) == []
-
-
-DOCTORED = {  # doctor -> the rows it must fail, and only those
-    "disagree": {f"{n} run 1: the kit's checks" for n in gpu_validation.CONFIGURATIONS}
+DISAGREED = (  # the rows the doctor "disagree" must fail, and only those
+    {f"{n} run 1: the kit's checks" for n in gpu_validation.CONFIGURATIONS}
     | {f"big-{d} run 2: the kit's checks" for d in gpu_validation.DTYPES}
     | {
         f"PYTORCH_CUDA_ALLOC_CONF={s}: the kit's checks"
         for s in ("roundup_power2_divisions:4", "expandable_segments:True")
-    },
+    }
+)
+DOCTORED = {  # doctor -> the rows it must fail, and only those
     "ignored-setting": {f"PYTORCH_CUDA_ALLOC_CONF={s}: the kit's checks" for s in gpu_validation.ALLOCATOR_RUNS},
     "nondeterministic": {f"big-{d}: two fresh runs, same counters and checksum" for d in gpu_validation.DTYPES},
     "far-output": {
@@ -317,7 +294,7 @@ DOCTORED = {  # doctor -> the rows it must fail, and only those
 
 @pytest.mark.parametrize("doctor", DOCTORED)
 def test_each_doctored_figure_fails_its_own_rows_and_only_those(tmp_path, capsys, monkeypatch, scratch, doctor):
-    with_children_in_this_process(monkeypatch, doctor)
+    with_stand_in_children(monkeypatch, doctor)
     status, out, err, rows = validate(tmp_path, capsys)
     assert (status, err) == (1, "")
     assert set(failed(rows)) == DOCTORED[doctor]
@@ -325,7 +302,7 @@ def test_each_doctored_figure_fails_its_own_rows_and_only_those(tmp_path, capsys
 
 
 def test_an_unknown_vendor_field_costs_only_itself(tmp_path, capsys, monkeypatch, scratch):
-    with_children_in_this_process(monkeypatch, "unsupported=clocks.sm")
+    with_stand_in_children(monkeypatch, "unsupported=clocks.sm")
     status, _, _, rows = validate(tmp_path, capsys)
     assert status == 0
     assert rows["vendor tool: the GPU PyTorch names"] == (
@@ -374,24 +351,28 @@ def test_native_settings_recorded_as_unknown_are_not_as_set(monkeypatch):
     assert not gpu_validation.check_allocator_run(result, "expandable_segments:True", {})[0][2]
 
 
-def test_the_disagreement_is_named_with_the_kit_s_own_figures(tmp_path, capsys, monkeypatch, scratch):
-    with_children_in_this_process(monkeypatch, "disagree")
-    _, _, _, rows = validate(tmp_path, capsys)
+def test_the_disagreement_fails_its_own_rows_named_with_the_kit_s_own_figures(tmp_path, capsys, monkeypatch, scratch):
+    with_stand_in_children(monkeypatch, "disagree")
+    status, out, err, rows = validate(tmp_path, capsys)
+    assert (status, err) == (1, "")
+    assert set(failed(rows)) == DISAGREED
     line = rows["small-float32 run 1: the kit's checks"]
     assert "prediction disagreed" in line
-    whole = [json.loads(line) for line in evidence(tmp_path)[1]["checks.jsonl"].splitlines()]
+    verdict, texts = evidence(tmp_path)
+    assert verdict == out
+    whole = [json.loads(line) for line in texts["checks.jsonl"].splitlines()]
     [detail] = [check["detail"] for check in whole if check["check"] == "small-float32 run 1: the kit's checks"]
     assert '"counter": "peak_requested_bytes"' in detail
     assert '"difference_bytes": 512' in detail
 
 
 def test_a_hanging_child_is_killed_and_reported_and_the_verdict_still_written(tmp_path, capsys, monkeypatch, scratch):
-    with_stand_in_children(monkeypatch, "hang")
-    status, out, _, rows = validate(tmp_path, capsys, "--timeout-seconds", "2")
+    with_stand_in_children(monkeypatch, "hang", real=("cross-check",))
+    status, out, _, rows = validate(tmp_path, capsys, "--timeout-seconds", "1")
     assert status == 1
     assert "cross-check timed out" in rows["every child that started finished in time"]
     assert rows["cross-check child ran"].startswith(
-        "FAIL  cross-check child ran  timed out, exit status None: killed after 2 s"
+        "FAIL  cross-check child ran  timed out, exit status None: killed after 1 s"
     )
     assert evidence(tmp_path)[0] == out
 
@@ -399,13 +380,22 @@ def test_a_hanging_child_is_killed_and_reported_and_the_verdict_still_written(tm
 # --- refusals: one line, exit 2, nothing written ------------------------------------------------------
 
 
-def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, scratch):
+def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, scratch):
     no_gpu_here()
+
+    def execute(record, command, cwd, setting, limit):  # the real kit's environment, called in this process
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            status = mesure_memoire.main(command[2:])
+        record.update(outcome="exited", exit_status=status, stdout=out.getvalue())
+
+    monkeypatch.setattr(gpu_validation, "execute", execute)
     status = gpu_validation.main(["--device", "cuda:0", "--output-dir", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert (status, out) == (2, "")
     assert err.count("\n") == 1
-    assert err.startswith("gpu_validation.py: error: no usable GPU for cuda:0")
+    assert err.startswith("gpu_validation.py: error: no usable GPU for cuda:0: ")
+    assert "exit status" not in err  # the kit's own reason, not a failed child
     assert list(tmp_path.iterdir()) == [scratch]
 
 

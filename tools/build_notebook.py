@@ -239,10 +239,7 @@ def build(source):
 
 def notebook_bytes(script_bytes):
     """The notebook file, byte for byte, that the script's bytes give (build_zip.py compares with it)."""
-    try:
-        source = script_bytes.decode("utf-8")
-    except UnicodeDecodeError:
-        raise KitError(f"{SCRIPT.name} is not UTF-8 text") from None
+    source = script_bytes.decode("utf-8")
     return (json.dumps(build(source), indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
 
 
@@ -267,19 +264,12 @@ def write_whole(path, data, replace):
         temporary.unlink(missing_ok=True)
 
 
-def read(path):
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise KitError(f"cannot read {path.name} ({error.strerror or type(error).__name__})") from None
-
-
 def command(argv):
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
     parser.add_argument("--check", action=Once, nargs=0, const=True, default=False, help=CHECK_HELP)
     args = parser.parse_args(argv)
-    expected = notebook_bytes(read(SCRIPT))
-    up_to_date = NOTEBOOK.exists() and read(NOTEBOOK) == expected
+    expected = notebook_bytes(SCRIPT.read_bytes())
+    up_to_date = NOTEBOOK.exists() and NOTEBOOK.read_bytes() == expected
     if args.check and not up_to_date:
         say(PROG, f"{NOTEBOOK.name} is out of date with {SCRIPT.name}: run python tools/build_notebook.py", "")
         return 1

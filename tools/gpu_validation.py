@@ -574,8 +574,6 @@ class Runner:  # children one at a time, each in its own session, within a per-c
         self.records = []
 
     def run(self, name, kind, arguments, cwd=None, timeout_seconds=None, setting=None):
-        # The one variable this tool sets, for one child: the allocator setting that child runs under.
-        env = None if setting is None else {**os.environ, ALLOCATOR_VARIABLE: setting}
         shown = shown_command(kind, arguments)
         shown = shown if setting is None else f"{ALLOCATOR_VARIABLE}={setting} {shown}"
         limit = min(timeout_seconds or self.timeout_seconds, self.deadline - time.monotonic())
@@ -585,40 +583,42 @@ class Runner:  # children one at a time, each in its own session, within a per-c
         if limit <= 0:
             raise BudgetSpent(name)
         started = time.monotonic()
-        try:  # with SIGINT and SIGTERM held until the child is in hand (it keeps them blocked: it is only ever killed)
-            process, held = kit.start_child(
-                command_for(kind, arguments),
-                cwd=cwd,
-                env=env,
-                stdin=DEVNULL,
-                stdout=PIPE,
-                stderr=PIPE,
-                start_new_session=True,
-            )
-        except OSError as error:
-            record.update(outcome="could not start", stderr=kit.describe_error(error))
-            return record
         try:
-            kit.let_signals_through(held)  # one that landed while the child started is raised here
-            stdout, stderr = process.communicate(timeout=limit)
-            record.update(
-                outcome="exited",
-                exit_status=process.returncode,
-                stdout=decoded(stdout),
-                stderr=kept_stderr(decoded(stderr)),
-            )
-        except subprocess.TimeoutExpired:
-            kill_session(process)
-            stdout, _ = process.communicate()
-            record.update(outcome="timed out", stdout=decoded(stdout), stderr=f"killed after {limit:.0f} s")
-        except BaseException:  # SIGTERM and Ctrl-C above all: no child outlives the validation
-            kill_session(process)
-            process.wait()
-            record.update(outcome="stopped", stderr="killed: the validation was stopped")
-            raise
+            execute(record, command_for(kind, arguments), cwd, setting, limit)
         finally:
             record["seconds"] = round(time.monotonic() - started, 3)
         return record
+
+
+def execute(record, command, cwd, setting, limit):
+    """Run one child in its own session, killed after ``limit`` seconds; its outcome into ``record``."""
+    # The one variable this tool sets, for one child: the allocator setting that child runs under.
+    env = None if setting is None else {**os.environ, ALLOCATOR_VARIABLE: setting}
+    try:  # with SIGINT and SIGTERM held until the child is in hand (it keeps them blocked: it is only ever killed)
+        process, held = kit.start_child(
+            command, cwd=cwd, env=env, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, start_new_session=True
+        )
+    except OSError as error:
+        record.update(outcome="could not start", stderr=kit.describe_error(error))
+        return
+    try:
+        kit.let_signals_through(held)  # one that landed while the child started is raised here
+        stdout, stderr = process.communicate(timeout=limit)
+        record.update(
+            outcome="exited",
+            exit_status=process.returncode,
+            stdout=decoded(stdout),
+            stderr=kept_stderr(decoded(stderr)),
+        )
+    except subprocess.TimeoutExpired:
+        kill_session(process)
+        stdout, _ = process.communicate()
+        record.update(outcome="timed out", stdout=decoded(stdout), stderr=f"killed after {limit:.0f} s")
+    except BaseException:  # SIGTERM and Ctrl-C above all: no child outlives the validation
+        kill_session(process)
+        process.wait()
+        record.update(outcome="stopped", stderr="killed: the validation was stopped")
+        raise
 
 
 def child_json(record):
@@ -1073,10 +1073,8 @@ def validate(device, output_dir, runner):
         except (kit.KitError, OSError, KeyError, TypeError, ValueError) as error:  # a defect still leaves a verdict
             validation.row("validation completed", False, f"the validator failed: {kit.describe_error(error)}")
         return validation.finish(output_dir)
-    finally:  # SIGINT and SIGTERM held meanwhile: one landing now would leave the folder half-removed
-        held = kit.hold_signals()
+    finally:
         shutil.rmtree(work, ignore_errors=True)
-        kit.let_signals_through(held)
 
 
 def build_parser():

@@ -1,7 +1,6 @@
 """`measure --plan`: the prediction by hand, the command without PyTorch, and the fit check it feeds."""
 
 import copy
-import importlib.util
 import itertools
 import json
 
@@ -52,6 +51,11 @@ def test_large_blocks_carry_their_slack():
     assert [
         (p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in plan(1, 16, 64, "float32")["phases"]
     ] == [(0, 0)] * 6
+
+
+def test_the_allocator_block_rule():
+    blocks = [mesure_memoire.allocated_block_bytes(n) for n in (1, 511, 512, 513, 1024, 1025, 2**20 + 1)]
+    assert blocks == [512, 512, 512, 1024, 1024, 1536, 2**20 + 512]
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -191,7 +195,6 @@ def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu,
 
 
 def test_the_readme_plan_command_and_figures_match_the_code(capsys):
-    from conftest import ROOT
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     line = next(
@@ -714,61 +717,6 @@ def test_without_requested_counters_the_allocated_ones_decide_the_verdict():
     assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
     assert [r["verdict"] for r in checked] == ["agrees", "disagrees"] + ["agrees"] * (len(checked) - 2)
     assert check["not_checked"] == []
-
-
-def measured_on_the_cpu(monkeypatch, settings):
-    """(measure()'s result as the CLI writes it, gpu_validation): the real model's live CPU tensors as counters,
-    torch.cuda's set-up calls replaced by the named stand-ins."""
-    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "tools" / "gpu_validation.py")
-    gpu_validation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_validation)
-    tracker = LiveTensorBytes("cpu")
-    real_measure_phases = mesure_memoire.measure_phases
-    for name, stand_in in [
-        ("is_initialized", lambda: False),
-        ("set_device", lambda device: None),
-        ("init", lambda: None),
-        ("memory_allocated", lambda device: 0),
-        ("memory_reserved", lambda device: 0),
-    ]:
-        monkeypatch.setattr(torch.cuda, name, stand_in)
-
-    def on_the_cpu(torch_module, cuda, device, configuration):
-        counters = LiveTensorCounters(tracker)
-        counters.device_ms = 1e-6  # the stand-in's event time must stay below the real wall time
-        with tracker:
-            return real_measure_phases(torch_module, counters, CPU, configuration)
-
-    monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
-    result = json.loads(mesure_memoire.to_json(mesure_memoire.measure(settings, tool="mesure_memoire.py")))
-    return result, gpu_validation
-
-
-def test_a_result_from_the_real_measure_code_passes_the_validators_checker(stand_in_gpu, monkeypatch, tmp_path):
-    """Integration: measure() and to_json() as the CLI runs them, then gpu_validation's checker: every row
-    passes, so the two agree on the schema.  Doctoring one counter makes a row fail."""
-    settings = config(batch=2, context=8, width=32, warmup=2, repeats=3)
-    result, gpu_validation = measured_on_the_cpu(monkeypatch, settings)
-    rows = gpu_validation.check_result(result, requested=settings)
-    assert len(rows) >= 7
-    assert [row for row in rows if not row[2]] == []
-    result["phases"][1]["peak_requested_bytes"] += 512
-    assert [row[1] for row in gpu_validation.check_result(result, requested=settings) if not row[2]]
-
-
-def test_the_validators_checker_predicts_the_per_call_workspace_the_result_records(stand_in_gpu, monkeypatch):
-    def build_model(torch_module, width):
-        fc1 = LinearWithPerCallWorkspace(width, 4 * width, MIB)
-        return torch.nn.Sequential(fc1, torch.nn.GELU(), LinearWithPerCallWorkspace(4 * width, width, 2 * MIB))
-
-    monkeypatch.setattr(mesure_memoire, "build_model", build_model)
-    settings = config(batch=2, context=8, width=32, warmup=2, repeats=3)
-    result, gpu_validation = measured_on_the_cpu(monkeypatch, settings)
-    assert result["workspace"]["per_call"]["fc2"] == {"allocated_bytes": 2 * MIB, "requested_bytes": 2 * MIB}
-    assert [row for row in gpu_validation.check_result(result, requested=settings) if not row[2]] == []
-    result["workspace"]["per_call"] = None  # checked again without it, the forwards disagree
-    failed = [row[1] for row in gpu_validation.check_result(result, requested=settings) if not row[2]]
-    assert failed == ["verdicts are check_against_plan's on the recorded counters"]
 
 
 def test_a_disagreement_names_its_repetition_and_the_closest_bound():

@@ -1228,25 +1228,26 @@ def synthetic_model(config):
     io_shape = [config["batch"], config["context"], width]
     return {
         "architecture": f"Linear({width} -> {hidden}) -> GELU -> Linear({hidden} -> {width})",
-        "width": width,
         "hidden_width": hidden,
-        "bias": True,
-        "dtype": config["dtype"],
         "execution": "eval mode, torch.inference_mode, no autocast, no gradients, no optimizer",
         "parameters": sum(math.prod(shape) for shape in shapes.values()),
         "parameter_bytes": sum(tensor["bytes"] for tensor in tensors),
         "parameter_tensors": tensors,
         "input_shape": io_shape,
-        "input_bytes": math.prod(io_shape) * element_bytes,
-        "output_shape": io_shape,
-        "output_bytes": math.prod(io_shape) * element_bytes,
+        "input_bytes": math.prod(io_shape) * element_bytes,  # and the output's: it has the input's shape
     }
 
 
+def _phase_labels(config):
+    """(phase, labels) for each phase line a measurement writes, in order (no warmup line when --warmup is 0)."""
+    warmup = [("warmup", {"passes": config["warmup"]})] if config["warmup"] else []
+    warm = [("warm_forward", {"repetition": repetition}) for repetition in range(1, config["repeats"] + 1)]
+    return [("model_load", {}), ("inputs", {}), ("cold_forward", {}), *warmup, *warm]
+
+
 def phase_names(config):
-    """The phase lines a measurement writes, in order (no warmup line when --warmup is 0)."""
-    model_load, inputs, cold_forward, warmup, warm_forward = PHASES
-    return [model_load, inputs, cold_forward] + [warmup] * bool(config["warmup"]) + [warm_forward] * config["repeats"]
+    """The phase lines a measurement writes, in order."""
+    return [name for name, _ in _phase_labels(config)]
 
 
 def build_model(torch, width):
@@ -1276,12 +1277,6 @@ CONTEXT_ALLOWANCE_BYTES = GIB_BYTES
 PLAN_SCHEMA_VERSION = 1  # the plan's JSON is read by calcul_forfaits.py --for-plan
 PREDICTED_COUNTERS = ("end_requested_bytes", "peak_requested_bytes", "end_allocated_bytes", "peak_allocated_bytes")
 REQUESTED_COUNTERS = PREDICTED_COUNTERS[:2]
-FORWARD_PHASES = PHASES[2:]  # cold_forward, warmup, warm_forward: the phases that run the matrix products
-PER_CALL_HOW = (
-    "each matrix product of the forward (fc1, fc2) run once more after the phases, alone: its peak above its end, "
-    "what its call takes and gives back (a BLAS workspace allocated per call); the forwards' predictions hold it "
-    "while that product runs"
-)
 
 
 def allocated_block_bytes(requested_bytes):
@@ -1289,11 +1284,20 @@ def allocated_block_bytes(requested_bytes):
     return max(1, -(-requested_bytes // ALLOCATOR_ROUNDING_BYTES)) * ALLOCATOR_ROUNDING_BYTES
 
 
-def _forward_pass(workspaces=()):
+def _phase_events(name, workspaces=()):
+    """The GPU tensors a phase allocates and releases, in order (``workspaces``: those taken per call, by name)."""
+    if name == "model_load":
+        # Module.to(device, dtype) converts each float32 CPU parameter on the CPU, then copies
+        # it into one new GPU tensor of the requested dtype: nothing else is allocated on the GPU.
+        return [("alloc", tensor) for tensor in ("0.weight", "0.bias", "2.weight", "2.bias")]
+    if name == "inputs":
+        return [("alloc", "inputs")]  # randn fills a new tensor in place; the generator holds no GPU memory
+
     # Sequential runs Linear, GELU, Linear: the first Linear's output is still alive while GELU
     # writes its own, and is released when GELU returns; GELU's output is released when the
     # second Linear returns.  In inference mode nothing is kept for a backward pass.  A product that
-    # takes a BLAS workspace per call (its name in ``workspaces``) holds it once its output exists.
+    # takes a BLAS workspace per call holds it once its output exists.  A warm-up pass after the first
+    # releases the previous pass's output before it starts: one pass stands for any count.
     def product(output, workspace):
         held = [("alloc", workspace), ("free", workspace)] if workspace in workspaces else []
         return [("alloc", output), *held]
@@ -1307,144 +1311,71 @@ def _forward_pass(workspaces=()):
     ]
 
 
-def _phase_events(name, workspaces=()):
-    """The GPU tensors a phase allocates and releases, in order (``workspaces``: see _forward_pass)."""
-    if name == "model_load":
-        # Module.to(device, dtype) converts each float32 CPU parameter on the CPU, then copies
-        # it into one new GPU tensor of the requested dtype: nothing else is allocated on the GPU.
-        return [("alloc", tensor) for tensor in ("0.weight", "0.bias", "2.weight", "2.bias")]
-    if name == "inputs":
-        return [("alloc", "inputs")]  # randn fills a new tensor in place; the generator holds no GPU memory
-    # A warm-up pass after the first releases the previous pass's output before it starts: it repeats the
-    # first pass's states exactly, so one pass stands for any count.
-    return _forward_pass(workspaces)
+def _held(names, tensor_bytes):
+    """The requested and allocated bytes of the live tensors ``names``, and what their large blocks may add."""
+    blocks = [allocated_block_bytes(tensor_bytes[name]) for name in names]
+    large = sum(block > ALLOCATOR_SMALL_BLOCK_BYTES for block in blocks)
+    return {
+        "requested_bytes": sum(tensor_bytes[name] for name in names),
+        "allocated_bytes": sum(blocks),
+        "allocated_slack_bytes": large * ALLOCATOR_SMALL_BLOCK_BYTES,
+    }
 
 
 def _simulate(events, tensor_bytes):
-    """End and peak of the requested and allocated bytes, relative to the phase's baseline."""
-    live = {}
-    peak = {"requested": 0, "allocated": 0, "slack": 0}
-    alive_at_peak = []
-    block = allocated_block_bytes
-
-    def slack(names):
-        large = [n for n in names if block(tensor_bytes[n]) > ALLOCATOR_SMALL_BLOCK_BYTES]
-        return len(large) * ALLOCATOR_SMALL_BLOCK_BYTES
-
+    """End and peak (the most at any moment) of the requested and allocated bytes and the large blocks' slack."""
+    live, peak = [], {}
     for action, tensor in events:
         if action == "free":
-            del live[tensor]
+            live.remove(tensor)
             continue
-        live[tensor] = tensor_bytes[tensor]
-        requested = sum(live.values())
-        if requested > peak["requested"]:
-            peak["requested"], alive_at_peak = requested, list(live)
-        peak["allocated"] = max(peak["allocated"], sum(block(b) for b in live.values()))
-        peak["slack"] = max(peak["slack"], slack(live))
-    return {
-        "end_requested_bytes": sum(live.values()),
-        "peak_requested_bytes": peak["requested"],
-        "end_allocated_bytes": sum(block(b) for b in live.values()),
-        "peak_allocated_bytes": peak["allocated"],
-        "end_allocated_slack_bytes": slack(live),
-        "peak_allocated_slack_bytes": peak["slack"],
-        "alive_at_end": list(live),
-        "alive_at_peak": alive_at_peak,
-    }
-
-
-def _phase_labels(config):
-    """(phase, labels) for each phase line, as measure writes them."""
-    labels, repetition = [], 0
-    for name in phase_names(config):
-        if name == "warmup":
-            labels.append((name, {"passes": config["warmup"]}))
-        elif name == "warm_forward":
-            repetition += 1
-            labels.append((name, {"repetition": repetition}))
-        else:
-            labels.append((name, {}))
-    return labels
-
-
-def _card_and_host_needs(peak, model):
-    """What a card must have under the fit rule, and the host memory measure builds the model in (float32)."""
-    return {
-        "context_allowance_bytes": CONTEXT_ALLOWANCE_BYTES,
-        "needs_card_memory_bytes": peak + FIT_MARGIN_BYTES + CONTEXT_ALLOWANCE_BYTES,
-        "needs_host_memory_bytes": model["parameters"] * DTYPE_BYTES["float32"],
-    }
+        live.append(tensor)  # memory only rises when a tensor is allocated
+        for key, value in _held(live, tensor_bytes).items():
+            peak[key] = max(peak.get(key, 0), value)
+    predicted = {f"end_{key}": value for key, value in _held(live, tensor_bytes).items()}
+    predicted.update({f"peak_{key}": value for key, value in peak.items()})
+    return predicted
 
 
 # <<< notebook
 
 
 # >>> notebook: 3.2 The plan: each phase's predicted memory, and its verdict on a card
-def _tensor_bytes(config, model):
-    """The bytes of each tensor the phases allocate, by name: weights, inputs, activations, output."""
-    element_bytes = DTYPE_BYTES[config["dtype"]]
-    activation_bytes = config["batch"] * config["context"] * model["hidden_width"] * element_bytes
-    tensor_bytes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
-    tensor_bytes.update(inputs=model["input_bytes"], output=model["output_bytes"])
-    tensor_bytes.update(fc1_output=activation_bytes, gelu_output=activation_bytes)
-    return tensor_bytes
-
-
-def _predicted_levels(names, tensor_bytes):
-    """For each phase of ``names``, in order: (its predicted counters above its baseline, the allocated level
-    at its baseline and at its peak, from a fresh process, the first forward's workspace allowance included)."""
-    levels, level, simulated = [], 0, {}
-    for name in names:
-        if name not in simulated:  # each phase once: every warm_forward repetition is predicted alike
-            simulated[name] = _simulate(_phase_events(name), tensor_bytes)
-        predicted = simulated[name]
-        workspace_bytes = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
-        levels.append((predicted, level, level + workspace_bytes + predicted["peak_allocated_bytes"]))
-        level += workspace_bytes
-        # Outputs are released when a phase ends: the next baseline holds weights, inputs, workspace.
-        if name in ("model_load", "inputs"):
-            level += predicted["end_allocated_bytes"]
-    return levels
-
-
 def memory_plan(config, model=None):
     """What each phase should do to the allocator, from arithmetic alone, under PyTorch's default allocator
     settings; the first forward's BLAS workspace is an allowance, measured by measure."""
     model = model or synthetic_model(config)
-    tensor_bytes = _tensor_bytes(config, model)
-    levels = _predicted_levels(phase_names(config), tensor_bytes)
-    phases = []
-    for (name, labels), (predicted, baseline, peak_level) in zip(_phase_labels(config), levels, strict=True):
-        record = {"phase": name, **labels, "relative_to": "the phase's baseline", **predicted}
-        record["predicted_baseline_allocated_bytes"] = baseline  # from a fresh process, allowance included
-        if name == "cold_forward":
-            record["blas_workspace"] = (
-                "allocated by the first matrix product and kept: measured by the run, not predicted here "
-                "(the allowance counts it in the predicted peak)"
-            )
+    # The bytes of each tensor the phases allocate, by name: weights, inputs, activations, output.
+    activation_bytes = config["batch"] * config["context"] * model["hidden_width"] * DTYPE_BYTES[config["dtype"]]
+    tensor_bytes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
+    tensor_bytes.update(inputs=model["input_bytes"], output=model["input_bytes"])
+    tensor_bytes.update(fc1_output=activation_bytes, gelu_output=activation_bytes)
+    predicted = {name: _simulate(_phase_events(name), tensor_bytes) for name in PHASES}
+    phases, level = [], 0  # level: the allocated bytes at the phase's baseline, from a fresh process
+    for name, labels in _phase_labels(config):
+        workspace_bytes = BLAS_WORKSPACE_ALLOWANCE_BYTES if name == "cold_forward" else 0
         # The level at the phase's peak, from a fresh process: what a card must hold at that moment.
-        record["predicted_peak_level_allocated_bytes"] = peak_level
-        phases.append(record)
-    highest = max(phases, key=lambda record: record["predicted_peak_level_allocated_bytes"])  # the first, on a tie
-    peak, peak_phase = highest["predicted_peak_level_allocated_bytes"], highest["phase"]
+        peak_level = level + workspace_bytes + predicted[name]["peak_allocated_bytes"]
+        phases.append({"phase": name, **labels, **predicted[name], "predicted_peak_level_allocated_bytes": peak_level})
+        level += workspace_bytes
+        # Outputs are released when a phase ends: the next baseline holds weights, inputs, workspace.
+        if name in ("model_load", "inputs"):
+            level += predicted[name]["end_allocated_bytes"]
+    # The first forward's level is the highest: the allowance counts from it on, and each later pass repeats it.
+    peak = max(record["predicted_peak_level_allocated_bytes"] for record in phases)
     return {
         "kit": KIT_NAME,
         "plan_schema_version": PLAN_SCHEMA_VERSION,
-        "what": "a prediction from arithmetic alone (no PyTorch, no GPU) of what each phase of measure "
-        "should do to PyTorch's CUDA caching allocator",
         "configuration": dict(config),
         "tensor_bytes": tensor_bytes,
-        "allocator_rounding_bytes": ALLOCATOR_ROUNDING_BYTES,
-        "large_block_slack_bytes": ALLOCATOR_SMALL_BLOCK_BYTES,
-        "allocator_settings": dict(DEFAULT_ALLOCATOR),
         "blas_workspace_allowance_bytes": BLAS_WORKSPACE_ALLOWANCE_BYTES,
-        "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
         "phases": phases,
         "predicted_peak_allocated_bytes": peak,
-        "predicted_peak_phase": peak_phase,
         "fit_margin_bytes": FIT_MARGIN_BYTES,
         "needs_free_bytes": peak + FIT_MARGIN_BYTES,
-        **_card_and_host_needs(peak, model),
+        "context_allowance_bytes": CONTEXT_ALLOWANCE_BYTES,
+        "needs_card_memory_bytes": peak + FIT_MARGIN_BYTES + CONTEXT_ALLOWANCE_BYTES,
+        "needs_host_memory_bytes": model["parameters"] * DTYPE_BYTES["float32"],  # built on the CPU in float32
         "not_included": [
             "the CUDA/ROCm context",
             "the BLAS handles and kernel code, which the allocator's counters never see",
@@ -1454,8 +1385,7 @@ def memory_plan(config, model=None):
 
 
 def format_plan(plan):
-    header = ("phase", "end req MiB", "peak req MiB", "end alloc MiB", "peak alloc MiB")
-    rows = [header]
+    rows = [("phase", "end req MiB", "peak req MiB", "end alloc MiB", "peak alloc MiB")]
     for record in plan["phases"]:
         rows.append(
             (_phase_label(record), *(in_units(record[counter], MIB_BYTES, 3) for counter in PREDICTED_COUNTERS))
@@ -1470,7 +1400,7 @@ def format_plan(plan):
         f"{in_units(plan['blas_workspace_allowance_bytes'], MIB_BYTES, 3)} MiB "
         "(the largest default of any backend; measure measures the workspace)",
         f"Predicted peak allocated: {plan['predicted_peak_allocated_bytes']} bytes = "
-        f"{in_units(plan['predicted_peak_allocated_bytes'])} GiB, in {plan['predicted_peak_phase']}",
+        f"{in_units(plan['predicted_peak_allocated_bytes'])} GiB, in cold_forward",
         f"measure needs {plan['needs_free_bytes']} bytes = {in_units(plan['needs_free_bytes'])} GiB free "
         f"(the peak plus a {in_units(plan['fit_margin_bytes'])} GiB margin); a card needs "
         f"{plan['needs_card_memory_bytes']} bytes = {in_units(plan['needs_card_memory_bytes'])} GiB "
@@ -1479,7 +1409,7 @@ def format_plan(plan):
         f"{in_units(plan['needs_host_memory_bytes'])} GiB of RAM (measure checks it).",
         "Not included: " + ", ".join(plan["not_included"]) + ".",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + [format_fit(plan)] if "fits" in plan else lines)  # with --memory-gib, its lines
 
 
 # --plan --memory-gib: the verdict on a card, and the largest size per dimension that still fits there.
@@ -1492,38 +1422,17 @@ FIT_NOTE = (
 )
 
 
-def card_memory_gib_and_bytes(memory_gib):
-    """A card's memory in GiB (a decimal in the kit's number grammar, more than 0) as whole bytes, rounded down."""
-    try:
-        gib = non_negative_decimal("--memory-gib", memory_gib)
-    except KitError:
-        gib = 0
-    if not gib:
-        raise KitError(
-            "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most "
-            f"one decimal point between digits (80, 0.5), got {quoted(memory_gib)}"
-        )
-    with exact_context():
-        return gib, int(gib * GIB_BYTES)
-
-
 def largest_that_fits(config, memory_bytes, dimension):
     """The largest value of ``dimension`` whose plan needs at most ``memory_bytes`` (None: not even 1),
-    by doubling then halving: the plan grows with each dimension."""
-    names = list(dict.fromkeys(phase_names(config)))
+    by halving the values the kit accepts: the plan grows with each dimension."""
 
-    def fits(value):
-        sized = {**config, dimension: value}
-        model = synthetic_model(sized)
-        peak = max(peak_level for _, _, peak_level in _predicted_levels(names, _tensor_bytes(sized, model)))
-        return _card_and_host_needs(peak, model)["needs_card_memory_bytes"] <= memory_bytes
+    def fits(value):  # one pass of each phase: the counts change no level
+        sized = {**config, dimension: value, "warmup": 1, "repeats": 1}
+        return memory_plan(sized)["needs_card_memory_bytes"] <= memory_bytes
 
     if not fits(1):
         return None
-    low, high = 1, 2  # low fits; high is not known to fit
-    while high <= LARGEST_ACCEPTED and fits(high):
-        low, high = high, 2 * high
-    high = min(high, LARGEST_ACCEPTED + 1)  # beyond it the kit accepts no value
+    low, high = 1, LARGEST_ACCEPTED + 1
     while high - low > 1:  # low fits, high does not (or is beyond the accepted values)
         middle = (low + high) // 2
         if fits(middle):
@@ -1533,25 +1442,31 @@ def largest_that_fits(config, memory_bytes, dimension):
     return low
 
 
-def fit_on_card(plan, memory_gib):
-    """--plan --memory-gib's fields: whether the run fits, and the largest batch, context and width that do."""
-    gib, memory_bytes = card_memory_gib_and_bytes(memory_gib)
-    config = plan["configuration"]
+def plan_with_fit(config, memory_gib=None):
+    """The plan of a measurement; with a card's memory, also whether the run fits there and the largest batch,
+    context and width that do (each alone, the others as given; null: even 1 does not)."""
+    plan = memory_plan(config)
+    if memory_gib is None:
+        return plan
+    try:  # a decimal in the kit's number grammar, more than 0
+        gib = non_negative_decimal("--memory-gib", memory_gib)
+    except KitError:
+        gib = 0
+    if not gib:
+        raise KitError(
+            "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most "
+            f"one decimal point between digits (80, 0.5), got {quoted(memory_gib)}"
+        )
+    with exact_context():
+        memory_bytes = int(gib * GIB_BYTES)  # rounded down to whole bytes
     return {
+        **plan,
         "memory_gib": gib,
         "memory_bytes": memory_bytes,
         "fits": plan["needs_card_memory_bytes"] <= memory_bytes,
         "largest": {dimension: largest_that_fits(config, memory_bytes, dimension) for dimension in FIT_DIMENSIONS},
-        "largest_is": "per dimension, the others as given: the largest whole value whose needs_card_memory_bytes fits "
-        "(null: even 1 does not)",
         "fit_note": FIT_NOTE,
     }
-
-
-def plan_with_fit(config, memory_gib=None):
-    """The plan of a measurement; with a card's memory, also fit_on_card's verdict and largest sizes."""
-    plan = memory_plan(config)
-    return plan if memory_gib is None else {**plan, **fit_on_card(plan, memory_gib)}
 
 
 def format_fit(plan):
@@ -1568,10 +1483,6 @@ def format_fit(plan):
         f"Largest that fits, each dimension alone with the others as given: {largest}.",
     ]
     return "\n".join(lines + [plan["fit_note"]] if plan["fits"] else lines)  # the note explains a fit only
-
-
-def format_plan_and_fit(plan):
-    return format_plan(plan) + ("\n" + format_fit(plan) if "fits" in plan else "")
 
 
 # <<< notebook
@@ -1634,13 +1545,11 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
         return build_model(torch, config["width"]).to(device=device, dtype=dtype).eval()
 
     def make_inputs():
-        generator = torch.Generator(device=device)
-        generator.manual_seed(config["seed"])
+        generator = torch.Generator(device=device).manual_seed(config["seed"])
         shape = (config["batch"], config["context"], config["width"])
         return torch.randn(shape, generator=generator, device=device, dtype=dtype)
 
     def warmup_passes():
-        output = None
         for _ in range(config["warmup"]):
             output = None  # release the previous pass's output before the next pass
             output = model(inputs)
@@ -1656,7 +1565,6 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
         card_before = read_card_state()  # the card's state before the warm-up, outside any timing
         if config["warmup"]:
             timed_phase("warmup", warmup_passes, passes=config["warmup"])
-        output = None
         for repetition in range(1, config["repeats"] + 1):
             output = None  # release the previous repetition's output before the next pass
             output = timed_phase("warm_forward", lambda: model(inputs), repetition=repetition)
@@ -1675,31 +1583,25 @@ def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
     return records, summary, per_call, {"sustained": sustained, "card_state": card_state}
 
 
-# A forward's BLAS workspaces are kept (per handle and stream) or taken per call, depending on the PyTorch
-# release and the backend: the kit assumes neither.  cold_forward's end shows what is kept,
-# measure_per_call_workspace what a call takes.
-def _product_transient(cuda, device, product):
-    """(product's output, the allocated bytes and the requested bytes it took and gave back within the call):
-    its peak above its end, the output alive.  Requested bytes are None where memory_stats lacks them."""
-    cuda.synchronize(device)
-    cuda.reset_peak_memory_stats(device)
-    output = product()
-    cuda.synchronize(device)
-    allocated_bytes = cuda.max_memory_allocated(device) - cuda.memory_allocated(device)
-    stats = cuda.memory_stats(device)
-    peak, current = _requested(stats, "peak"), _requested(stats, "current")
-    return output, allocated_bytes, None if peak is None or current is None else peak - current
-
-
 def measure_per_call_workspace(cuda, device, model, inputs):
-    """Each matrix product once more, alone: what its call took and gave back (a BLAS workspace
-    allocated per call, as PyTorch 2.4's cuBLASLt one is; 0 where the workspaces are kept)."""
-    fc1_output, allocated_bytes, requested_bytes = _product_transient(cuda, device, lambda: model[0](inputs))
-    taken = {"fc1": {"allocated_bytes": allocated_bytes, "requested_bytes": requested_bytes}}
-    gelu_output = model[1](fc1_output)
-    fc1_output = None
-    _, allocated_bytes, requested_bytes = _product_transient(cuda, device, lambda: model[2](gelu_output))
-    taken["fc2"] = {"allocated_bytes": allocated_bytes, "requested_bytes": requested_bytes}
+    """Each matrix product once more, alone: the allocated and requested bytes its call took and gave back, its
+    peak above its end.  A forward's BLAS workspaces are kept (per handle and stream: cold_forward's end shows
+    them) or taken per call (PyTorch 2.4's cuBLASLt one), by release and backend: the kit assumes neither.
+    Requested bytes are None where memory_stats lacks them."""
+    taken, product_input = {}, inputs
+    for product, layer in (("fc1", model[0]), ("fc2", model[2])):
+        cuda.synchronize(device)
+        cuda.reset_peak_memory_stats(device)
+        output = layer(product_input)
+        cuda.synchronize(device)
+        allocated_bytes = cuda.max_memory_allocated(device) - cuda.memory_allocated(device)
+        stats = cuda.memory_stats(device)
+        peak, current = _requested(stats, "peak"), _requested(stats, "current")
+        requested_bytes = None if peak is None or current is None else peak - current
+        taken[product] = {"allocated_bytes": allocated_bytes, "requested_bytes": requested_bytes}
+        if product == "fc1":
+            product_input = model[1](output)  # fc2 takes GELU's output
+        output = None  # released before the next product, whose peak above its end is read alone
     return taken
 
 
@@ -1717,9 +1619,9 @@ def summarize_output(torch, output):
 def counters_checked(backend, allocator):
     """(the counters a verdict checks, why the others are not, or None): requested bytes under the native
     backend (counted before rounding); allocated bytes too under the default settings only."""
+    if backend is None:
+        return (), "PyTorch's allocator backend could not be read"
     if backend != "native":
-        if backend is None:
-            return (), "PyTorch's allocator backend could not be read"
         return (), f"the {backend} backend keeps no requested-bytes figure and rounds no block as the native one"
     if allocator is None:
         return REQUESTED_COUNTERS, "allocated bytes: PyTorch's allocator settings could not be read"
@@ -1730,16 +1632,18 @@ def counters_checked(backend, allocator):
 
 
 def check_against_plan(records, plan, per_call=None, backend="native", allocator=DEFAULT_ALLOCATOR):
-    """Each phase's record with its prediction, counters checked, disagreements and verdict; returns new
-    (records, prediction_check, workspace).  ``per_call``: the forwards predicted again with it held."""
+    """Each phase's record with the counters checked, its disagreements and verdict: (records, prediction_check,
+    workspace).  The forwards are predicted with each product's ``per_call`` workspace held while it runs."""
     counters, reason = counters_checked(backend, allocator)
-    forwards = forwards_with_workspaces(plan, per_call)
-    predictions = [forwards.get(planned["phase"], planned) for planned in plan["phases"]]
-    kept = _kept_workspace(records, predictions, counters)
-    checked = [
-        _checked_record(record, predicted, kept, counters, reason)
-        for record, predicted in zip(records, predictions, strict=True)
-    ]
+    sizes = {}
+    for product, taken in (per_call or {}).items():
+        # The request where PyTorch counts requests; else the block, which the model rounds to itself.
+        size = taken["allocated_bytes"] if taken["requested_bytes"] is None else taken["requested_bytes"]
+        if size:
+            sizes[f"{product}_workspace"] = size
+    tensor_bytes = {**plan["tensor_bytes"], **sizes}
+    predicted = {name: _simulate(_phase_events(name, sizes), tensor_bytes) for name in PHASES}
+    checked = [_checked_record(record, predicted[record["phase"]], counters, reason) for record in records]
     disagreements = [disagreement for record in checked for disagreement in record["disagreements"]]
     not_checked = [_phase_label(record) for record in checked if record["verdict"] == "not checked"]
     prediction_check = {
@@ -1747,129 +1651,72 @@ def check_against_plan(records, plan, per_call=None, backend="native", allocator
         "disagreements": disagreements,
         "not_checked": not_checked,
     }
+    # What the first forward leaves beyond its predicted output: the BLAS workspaces it keeps (null: not checked).
+    cold = _above_baseline(next(record for record in records if record["phase"] == "cold_forward"), counters)
+    kept = cold.get("end_allocated_bytes")
     workspace = {
-        "measured_bytes": kept["allocated_bytes"],
-        "requested_bytes": kept["requested_bytes"],
-        "how": "cold_forward's end level above its baseline, less its predicted output: what the first forward "
-        "leaves beyond the prediction (the BLAS workspaces, mostly); null for a counter not checked",
+        "measured_bytes": None if kept is None else kept - predicted["cold_forward"]["end_allocated_bytes"],
         "allowance_bytes": plan["blas_workspace_allowance_bytes"],
         "per_call": per_call,
-        "per_call_how": PER_CALL_HOW,
     }
     return checked, prediction_check, workspace
 
 
-def _kept_workspace(records, predictions, counters):
-    """What the first forward leaves beyond its predicted output (the BLAS workspaces it keeps), as
-    {"allocated_bytes", "requested_bytes"}, each None where that counter is not checked or not measured."""
-    kept = {"allocated_bytes": None, "requested_bytes": None}
-    for record, predicted in zip(records, predictions, strict=True):
-        if record["phase"] == "cold_forward":
-            measured = _above_baseline(record)
-            for kind in kept:
-                counter = f"end_{kind}"
-                if counter in counters and counter in measured:
-                    kept[kind] = measured[counter] - predicted[counter]
-    return kept
+def _above_baseline(record, counters):
+    """The counters of one phase that PyTorch gave, above its baseline (baseline_KIND for end_KIND, peak_KIND)."""
+    baselines = {counter: record.get("baseline_" + counter.split("_", 1)[1]) for counter in counters}
+    return {counter: record[counter] - baseline for counter, baseline in baselines.items() if baseline is not None}
 
 
-def _checked_record(record, predicted, kept, counters, reason):
-    """``record`` with its prediction, the counters checked, disagreements, verdict and why any is not checked."""
-    measured = _above_baseline(record)
-    checked_counters = [counter for counter in counters if counter in measured]
-    if len(checked_counters) < len(counters):
+def _checked_record(record, predicted, counters, reason):
+    """``record`` with the counters checked, one disagreement per counter outside its range (against the closest
+    bound), its verdict, and why a counter is not checked."""
+    measured = _above_baseline(record, counters)
+    if len(measured) < len(counters):
         missing = "this PyTorch's memory_stats has no requested-bytes counters"
         reason = missing if reason is None else f"{reason}; {missing}"
-    measured = {counter: measured[counter] for counter in checked_counters}
-    low, high = _accepted_range(record["phase"], predicted, measured, kept)
-    disagreements = _disagreements(record, measured, low, high)
-    expected = {counter: predicted[counter] for counter in PREDICTED_COUNTERS}
-    checked = {
-        **record,
-        "predicted": {
-            **expected,
-            "relative_to": "the phase's baseline",
-            "end_allocated_slack_bytes": predicted["end_allocated_slack_bytes"],
-            "peak_allocated_slack_bytes": predicted["peak_allocated_slack_bytes"],
-        },
-    }
-    if record["phase"] == "cold_forward":
-        # The peaks are checked with the measured workspace added (it is allocated and kept).
-        checked["predicted"]["peaks_checked_plus_measured_workspace"] = dict(kept)
-    checked["checked_counters"] = checked_counters
-    checked["disagreements"] = disagreements
-    checked["verdict"] = "disagrees" if disagreements else "agrees" if checked_counters else "not checked"
-    checked["not_checked_reason"] = reason
-    return checked
-
-
-def forwards_with_workspaces(plan, per_call):
-    """The forward phases' predictions, as memory_plan's, with the BLAS workspace each product took per call
-    (measure_per_call_workspace's figures) held while that product runs; {} when none took one."""
-    sizes = {}
-    for product, taken in (per_call or {}).items():
-        # The request where PyTorch counts requests; else the block, which the model rounds to itself.
-        size = taken["allocated_bytes"] if taken["requested_bytes"] is None else taken["requested_bytes"]
-        if size:
-            sizes[f"{product}_workspace"] = size
-    if not sizes:
-        return {}
-    tensor_bytes = {**plan["tensor_bytes"], **sizes}
-    return {name: _simulate(_phase_events(name, sizes), tensor_bytes) for name in FORWARD_PHASES}
-
-
-def _above_baseline(record):
-    """The measured counters of one phase above its baseline (requested bytes where PyTorch has them)."""
-    measured = {}
-    for counter in PREDICTED_COUNTERS:  # end_KIND or peak_KIND, whose baseline is baseline_KIND
-        baseline = record.get("baseline_" + counter.split("_", 1)[1])
-        if baseline is not None:
-            measured[counter] = record[counter] - baseline
-    return measured
-
-
-def _accepted_range(phase, predicted, measured, kept):
-    """(low, high): the bounds each measured counter must lie within (high None: no upper bound).  The first
-    forward's are widened by the workspace it keeps (``kept``, from _kept_workspace)."""
-    low = {counter: predicted[counter] for counter in measured}
-    high = dict(low)
-    for moment in ("end", "peak"):
-        if f"{moment}_allocated_bytes" in measured:
-            high[f"{moment}_allocated_bytes"] += predicted[f"{moment}_allocated_slack_bytes"]
-    if phase == "cold_forward":
-        # The workspace stays allocated: it sits in the end level and, from the first
-        # product on, in the peak.  The end only has to hold at least the output.
-        for kind in ("allocated", "requested"):
-            if f"end_{kind}_bytes" in measured:
-                high[f"end_{kind}_bytes"] = None
-                low[f"peak_{kind}_bytes"] += kept[f"{kind}_bytes"]
-                high[f"peak_{kind}_bytes"] += kept[f"{kind}_bytes"]
-        if "peak_allocated_bytes" in measured:
-            low["peak_allocated_bytes"] -= predicted["end_allocated_slack_bytes"]
-    return low, high
-
-
-def _disagreements(record, measured, low, high):
-    """One entry per measured counter outside its range, with the closest bound as the prediction."""
-    found = []
-    for counter in PREDICTED_COUNTERS:
-        if counter not in measured:
+    disagreements = []
+    for counter, value in measured.items():
+        low, high = _accepted_range(counter, record["phase"], predicted, measured)
+        if low <= value and (high is None or value <= high):
             continue
-        value = measured[counter]
-        if value < low[counter] or (high[counter] is not None and value > high[counter]):
-            closest = low[counter] if value < low[counter] else high[counter]
-            found.append(
-                {
-                    "phase": record["phase"],
-                    "repetition": record.get("repetition"),
-                    "counter": counter,
-                    "predicted_bytes": closest,
-                    "measured_bytes": value,
-                    "difference_bytes": value - closest,
-                    "relative_to": "the phase's baseline",
-                }
-            )
-    return found
+        closest = low if value < low else high
+        disagreements.append(
+            {
+                "phase": record["phase"],
+                "repetition": record.get("repetition"),
+                "counter": counter,
+                "predicted_bytes": closest,
+                "measured_bytes": value,
+                "difference_bytes": value - closest,
+                "relative_to": "the phase's baseline",
+            }
+        )
+    return {
+        **record,
+        "checked_counters": list(measured),
+        "disagreements": disagreements,
+        "verdict": "disagrees" if disagreements else "agrees" if measured else "not checked",
+        "not_checked_reason": reason,
+    }
+
+
+def _accepted_range(counter, phase, predicted, measured):
+    """(low, high): the bounds a measured counter must lie within (high None: no upper bound).  A large block may
+    hold up to its slack more.  The first forward keeps its BLAS workspaces: its end only has to hold at least
+    the output, and its peak holds what its end holds beyond the output."""
+    moment, kind = counter.split("_")[:2]  # e.g. peak_allocated_bytes
+    low = high = predicted[counter]
+    if kind == "allocated":
+        high += predicted[f"{moment}_allocated_slack_bytes"]
+    if phase != "cold_forward":
+        return low, high
+    if moment == "end":
+        return low, None
+    kept = measured[f"end_{kind}_bytes"] - predicted[f"end_{kind}_bytes"]
+    if kind == "allocated":  # the output's block may hold its slack at the end, not at the peak
+        low -= predicted["end_allocated_slack_bytes"]
+    return low + kept, high + kept
 
 
 # <<< notebook
@@ -2811,7 +2658,7 @@ def _command_measure(args):
         if args.output is not None:
             raise KitError("--plan writes nothing: drop --output")
         plan = plan_with_fit(config, args.memory_gib)
-        _emit(args, plan, format_plan_and_fit)
+        _emit(args, plan, format_plan)
         if not plan.get("fits", True):
             sys.stdout.flush()  # the plan first, then the one line on stderr
             raise MeasurementFailed(f"the run does not fit a card of {plan['memory_gib']:f} GiB (exit 3)")

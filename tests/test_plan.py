@@ -1,7 +1,6 @@
 """`measure --plan`: the prediction by hand, the command without PyTorch, and the fit check it feeds."""
 
 import copy
-import importlib.util
 import itertools
 import json
 
@@ -38,91 +37,6 @@ ALLOWANCE = 256 * MIB
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
 
 
-def counters(phase):
-    return tuple(phase[name] for name in mesure_memoire.PREDICTED_COUNTERS)
-
-
-# Counted by hand.  Weights: fc1 4W x W and 4W, fc2 W x 4W and W values; input and output B x C x W;
-# each hidden activation B x C x 4W.  Allocated: each tensor rounded up to 512 bytes on its own.
-# (end requested, peak requested, end allocated, peak allocated) per phase, then the whole run's peak.
-HAND_COUNTS = [
-    # batch 1, context 16, width 64, 4 bytes: weights 65536 + 1024 + 65536 + 256 (-> 512)
-    (
-        (1, 16, 64, "float32"),
-        (132352, 132352, 132608, 132608),
-        (4096,) * 4,
-        (4096, 32768, 4096, 32768),
-        132608 + 4096 + ALLOWANCE + 32768,
-    ),
-    # 2 bytes (bfloat16, as float16): weights 32768 + 512 + 32768 + 128 (-> 512); input 2048; hidden 8192 each
-    (
-        (1, 16, 64, "bfloat16"),
-        (66176, 66176, 66560, 66560),
-        (2048,) * 4,
-        (2048, 16384, 2048, 16384),
-        66560 + 2048 + ALLOWANCE + 16384,
-    ),
-    # batch 3, context 5, width 3, 4 bytes: weights 144 + 48 + 144 + 12, each one 512-byte block;
-    # input 180 (512); hidden 720 each (1024)
-    (
-        (3, 5, 3, "float32"),
-        (348, 348, 2048, 2048),
-        (180, 180, 512, 512),
-        (180, 1440, 512, 2048),
-        2048 + 512 + ALLOWANCE + 2048,
-    ),
-    # 2 bytes: weights 72 + 24 + 72 + 6; input 90; hidden 360 each (512)
-    (
-        (3, 5, 3, "bfloat16"),
-        (174, 174, 2048, 2048),
-        (90, 90, 512, 512),
-        (90, 720, 512, 1024),
-        2048 + 512 + ALLOWANCE + 1024,
-    ),
-    # batch 8, context 1024, width 4096, 2 bytes: weights 128 MiB + 32768 + 128 MiB + 8192;
-    # input 64 MiB; hidden 256 MiB each
-    (
-        (8, 1024, 4096, "bfloat16"),
-        (268476416,) * 4,
-        (64 * MIB,) * 4,
-        (64 * MIB, 512 * MIB, 64 * MIB, 512 * MIB),
-        268476416 + 64 * MIB + ALLOWANCE + 512 * MIB,
-    ),
-    # 4 bytes: weights 256 MiB + 65536 + 256 MiB + 16384; input 128 MiB; hidden 512 MiB each
-    (
-        (8, 1024, 4096, "float32"),
-        (536952832,) * 4,
-        (128 * MIB,) * 4,
-        (128 * MIB, 1024 * MIB, 128 * MIB, 1024 * MIB),
-        536952832 + 128 * MIB + ALLOWANCE + 1024 * MIB,
-    ),
-]
-
-
-@pytest.mark.parametrize(("sizes", "model_load", "inputs", "forward", "peak"), HAND_COUNTS)
-def test_the_prediction_matches_a_hand_count(sizes, model_load, inputs, forward, peak):
-    predicted = plan(*sizes, warmup=3, repeats=2)
-    assert [p["phase"] for p in predicted["phases"]] == [
-        "model_load",
-        "inputs",
-        "cold_forward",
-        "warmup",
-        "warm_forward",
-        "warm_forward",
-    ]
-    assert counters(predicted["phases"][0]) == model_load
-    assert counters(predicted["phases"][1]) == inputs
-    # The first forward, three warm-up passes (each releasing the last output first) and each
-    # repetition: the output at the end, both hidden activations together at the peak.
-    assert {counters(phase) for phase in predicted["phases"][2:]} == {forward}
-    assert predicted["phases"][3]["passes"] == 3
-    assert [p.get("repetition") for p in predicted["phases"][4:]] == [1, 2]
-    assert predicted["phases"][2]["alive_at_peak"] == ["fc1_output", "gelu_output"]
-    assert predicted["predicted_peak_allocated_bytes"] == peak
-    assert predicted["predicted_peak_phase"] == "cold_forward"
-    assert predicted["needs_free_bytes"] == peak + 2**30
-
-
 def test_large_blocks_carry_their_slack():
     predicted = plan(8, 1024, 4096, "bfloat16")
     slack = [(p["end_allocated_slack_bytes"], p["peak_allocated_slack_bytes"]) for p in predicted["phases"]]
@@ -140,15 +54,8 @@ def test_large_blocks_carry_their_slack():
 
 
 def test_the_allocator_block_rule():
-    assert [mesure_memoire.allocated_block_bytes(n) for n in (1, 511, 512, 513, 1024, 1025, 2**20 + 1)] == [
-        512,
-        512,
-        512,
-        1024,
-        1024,
-        1536,
-        2**20 + 512,
-    ]
+    blocks = [mesure_memoire.allocated_block_bytes(n) for n in (1, 511, 512, 513, 1024, 1025, 2**20 + 1)]
+    assert blocks == [512, 512, 512, 1024, 1024, 1536, 2**20 + 512]
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -162,7 +69,6 @@ def test_plan_json_in_process_writes_nothing(tmp_path, monkeypatch, capsys):
     assert data["predicted_peak_allocated_bytes"] == 132608 + 4096 + ALLOWANCE + 32768
     assert [p["phase"] for p in data["phases"]] == mesure_memoire.phase_names({"warmup": 1, "repeats": 2})
     assert data["blas_workspace_allowance_bytes"] == ALLOWANCE
-    assert data["allocator_rounding_bytes"] == 512
     assert tree_digest(tmp_path) == before == {}
 
 
@@ -200,23 +106,10 @@ def test_plan_refusals(tmp_path, monkeypatch, capsys, arguments, message):
     assert list(tmp_path.iterdir()) == []
 
 
-NINES = "'" + "9" * 30 + "'"
 HUGE_COUNTS = [
     (
         ["--repeats", "9" * 30],
-        MESSAGES["bounded trial"].format(option="--repeats", minimum=1, maximum=1000, value=NINES),
-    ),
-    (
-        ["--warmup", "9" * 30],
-        MESSAGES["bounded trial"].format(option="--warmup", minimum=0, maximum=1000, value=NINES),
-    ),
-    (
-        ["--warmup", "1000000000"],
-        MESSAGES["bounded trial"].format(option="--warmup", minimum=0, maximum=1000, value="'1000000000'"),
-    ),
-    (
-        ["--repeats", "1001"],
-        MESSAGES["bounded trial"].format(option="--repeats", minimum=1, maximum=1000, value="'1001'"),
+        MESSAGES["bounded trial"].format(option="--repeats", minimum=1, maximum=1000, value="'" + "9" * 30 + "'"),
     ),
     (
         ["--warmup", "1001"],
@@ -225,9 +118,7 @@ HUGE_COUNTS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "mode", [["--plan"], ["--plan", "--json"], ["--output", "new.json"]], ids=["plan", "json", "output"]
-)
+@pytest.mark.parametrize("mode", [["--plan", "--json"], ["--output", "new.json"]], ids=["plan", "output"])
 @pytest.mark.parametrize(("arguments", "message"), HUGE_COUNTS, ids=plain_ids(HUGE_COUNTS))
 def test_counts_are_bounded_with_their_reason_before_any_prediction(
     tmp_path, monkeypatch, capsys, mode, arguments, message
@@ -243,25 +134,11 @@ def test_counts_are_bounded_with_their_reason_before_any_prediction(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_plan_of_1000_repetitions_lists_each_one():
-    """Each warm_forward repetition has its own line, numbered from 1."""
-    largest = mesure_memoire.memory_plan(config(warmup=1000, repeats=1000))
-    assert len(largest["phases"]) == 3 + 1 + 1000
-    assert [record["repetition"] for record in largest["phases"][4:]] == list(range(1, 1001))
-
-
-WARM_UP_COUNTS = [
-    dict(batch=2, context=128, width=256, warmup=1, repeats=1),  # activations above 1 MiB: slack too
-    dict(batch=2, context=128, width=256, warmup=3, repeats=1),
-    dict(batch=1, context=16, width=64, warmup=1000, repeats=1),
-]
-
-
-@pytest.mark.parametrize("sizes", WARM_UP_COUNTS)
-def test_any_warm_up_count_is_predicted_exactly_by_the_real_model(sizes):
-    records, check, _ = run_on_the_cpu(config(**sizes))
+def test_any_warm_up_count_is_predicted_exactly_by_the_real_model():
+    """One pass stands for any count: 1000 warm-up passes, each releasing the last output first."""
+    records, check, _ = run_on_the_cpu(config(warmup=1000, repeats=1))
     assert check == {"agrees": True, "disagreements": [], "not_checked": []}
-    assert records[3]["passes"] == sizes["warmup"]
+    assert records[3]["passes"] == 1000
 
 
 def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatch, capsys):
@@ -318,7 +195,6 @@ def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu,
 
 
 def test_the_readme_plan_command_and_figures_match_the_code(capsys):
-    from conftest import ROOT
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     line = next(
@@ -362,30 +238,9 @@ def test_the_plan_text_exactly(capsys):
 
 
 def test_the_plan_command_passes_each_option_to_its_place(capsys):
-    arguments = [
-        "measure",
-        "--device",
-        "cuda:3",
-        "--batch",
-        "2",
-        "--context",
-        "3",
-        "--width",
-        "5",
-        "--dtype",
-        "bfloat16",
-        "--warmup",
-        "7",
-        "--repeats",
-        "11",
-        "--seed",
-        "13",
-        "--plan",
-        "--json",
-    ]
+    arguments = "measure --device cuda:3 --batch 2 --context 3 --width 5 --dtype bfloat16 --warmup 7 --repeats 11"
+    arguments = [*arguments.split(), "--seed", "13", "--plan", "--json"]
     assert mesure_memoire.main(arguments) == 0
-    import json
-
     data = json.loads(capsys.readouterr().out)
     assert data["configuration"] == {
         "device": "cuda:3",
@@ -480,10 +335,7 @@ def test_the_synthetic_model_description_exactly():
     model = mesure_memoire.synthetic_model(config(batch=2, context=3, width=5, dtype="float16"))
     assert model == {
         "architecture": "Linear(5 -> 20) -> GELU -> Linear(20 -> 5)",
-        "width": 5,
         "hidden_width": 20,
-        "bias": True,
-        "dtype": "float16",
         "execution": "eval mode, torch.inference_mode, no autocast, no gradients, no optimizer",
         "parameters": 225,
         "parameter_bytes": 450,
@@ -495,19 +347,16 @@ def test_the_synthetic_model_description_exactly():
         ],
         "input_shape": [2, 3, 5],
         "input_bytes": 60,
-        "output_shape": [2, 3, 5],
-        "output_bytes": 60,
     }
 
 
 def test_the_plan_document_exactly():
     plan = mesure_memoire.memory_plan(config(batch=1, context=2, width=3, warmup=0, repeats=1))
     phases = plan.pop("phases")
+    peak = 2048 + 512 + 256 * MIB + 1024
     assert plan == {
         "kit": "iteragpu-lab-v1",
         "plan_schema_version": 1,
-        "what": "a prediction from arithmetic alone (no PyTorch, no GPU) of what each phase of measure should do to "
-        "PyTorch's CUDA caching allocator",
         "configuration": config(batch=1, context=2, width=3, warmup=0, repeats=1),
         "tensor_bytes": {
             "0.weight": 144,
@@ -519,22 +368,12 @@ def test_the_plan_document_exactly():
             "fc1_output": 96,
             "gelu_output": 96,
         },
-        "allocator_rounding_bytes": 512,
-        "large_block_slack_bytes": MIB,
         "blas_workspace_allowance_bytes": 256 * MIB,
-        "blas_workspace_allowance_is": "the largest default of any backend: the plan knows no backend",
-        "allocator_settings": {
-            "backend": "native",
-            "max_split_size_bytes": None,
-            "expandable_segments": False,
-            "roundup_power2_divisions": {},
-        },
-        "predicted_peak_allocated_bytes": 2048 + 512 + 256 * MIB + 1024,
-        "predicted_peak_phase": "cold_forward",
+        "predicted_peak_allocated_bytes": peak,
         "fit_margin_bytes": GIB,
-        "needs_free_bytes": 2048 + 512 + 256 * MIB + 1024 + GIB,
+        "needs_free_bytes": peak + GIB,
         "context_allowance_bytes": GIB,
-        "needs_card_memory_bytes": 2048 + 512 + 256 * MIB + 1024 + 2 * GIB,
+        "needs_card_memory_bytes": peak + 2 * GIB,
         "needs_host_memory_bytes": 4 * (3 * 12 + 12 + 12 * 3 + 3),
         "not_included": [
             "the CUDA/ROCm context",
@@ -542,46 +381,28 @@ def test_the_plan_document_exactly():
             "reserved memory above allocated (the allocator's segments)",
         ],
     }
-    base = {"relative_to": "the phase's baseline", "end_allocated_slack_bytes": 0, "peak_allocated_slack_bytes": 0}
+    no_slack = {"end_allocated_slack_bytes": 0, "peak_allocated_slack_bytes": 0}
     assert phases[0] == {
         "phase": "model_load",
-        **base,
+        **no_slack,
         "end_requested_bytes": 348,
         "peak_requested_bytes": 348,
         "end_allocated_bytes": 2048,
         "peak_allocated_bytes": 2048,
-        "alive_at_end": ["0.weight", "0.bias", "2.weight", "2.bias"],
-        "alive_at_peak": ["0.weight", "0.bias", "2.weight", "2.bias"],
-        "predicted_baseline_allocated_bytes": 0,
         "predicted_peak_level_allocated_bytes": 2048,
     }
-    assert phases[1]["predicted_baseline_allocated_bytes"] == 2048
-    assert phases[1]["alive_at_end"] == ["inputs"]
     assert phases[2] == {
         "phase": "cold_forward",
-        **base,
+        **no_slack,
         "end_requested_bytes": 24,
         "peak_requested_bytes": 192,
         "end_allocated_bytes": 512,
         "peak_allocated_bytes": 1024,
-        "alive_at_end": ["output"],
-        "alive_at_peak": ["fc1_output", "gelu_output"],
-        "predicted_baseline_allocated_bytes": 2560,
         "predicted_peak_level_allocated_bytes": 2560 + 256 * MIB + 1024,
-        "blas_workspace": "allocated by the first matrix product and kept: measured by the run, not "
-        "predicted here (the allowance counts it in the predicted peak)",
     }
-    # After the first forward the workspace allowance stays in the baseline; the output does not.
-    assert phases[3]["predicted_baseline_allocated_bytes"] == 2560 + 256 * MIB
-    assert "blas_workspace" not in phases[3]
+    # The level at each phase's peak: its baseline (the allowance stays from the first forward on), its own peak.
+    assert [phase["predicted_peak_level_allocated_bytes"] for phase in phases] == [2048, 2560, peak, peak]
     assert phases[3]["repetition"] == 1
-    # The level at each phase's peak: its baseline, the allowance on the first forward, its own peak.
-    assert [phase["predicted_peak_level_allocated_bytes"] for phase in phases] == [
-        2048,
-        2560,
-        2560 + 256 * MIB + 1024,
-        2560 + 256 * MIB + 1024,
-    ]
 
 
 CPU = torch.device("cpu")
@@ -681,7 +502,7 @@ CONFIGURATIONS = [
 ]
 
 
-@pytest.mark.parametrize("dtype", list(mesure_memoire.DTYPE_BYTES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("sizes", CONFIGURATIONS)
 def test_the_prediction_matches_the_live_tensors_of_the_real_model(sizes, dtype):
     records, check, workspace = run_on_the_cpu(config(dtype=dtype, **sizes))
@@ -698,7 +519,6 @@ def test_the_prediction_matches_the_live_tensors_of_the_real_model(sizes, dtype)
         }
         assert all(r["verdict"] == "agrees" for r in records if r["phase"] != "model_load")
     assert workspace["measured_bytes"] == 0  # no BLAS workspace on the CPU
-    assert workspace["requested_bytes"] == 0
     forward = next(r for r in records if r["phase"] == "cold_forward")
     element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     activation = sizes["batch"] * sizes["context"] * 4 * sizes["width"] * element
@@ -774,10 +594,6 @@ def test_a_workspace_taken_per_call_is_measured_per_product_and_predicted_while_
     checked, check, workspace = mesure_memoire.check_against_plan(copy.deepcopy(records), plan, per_call)
     assert check == {"agrees": True, "disagreements": [], "not_checked": []}
     assert workspace["per_call"] == per_call
-    cold = next(record for record in checked if record["phase"] == "cold_forward")
-    activation = 1 * 16 * 256 * 4
-    # fc2's 2 MiB beside the GELU output and the model's output: the forwards' peak, predicted exactly.
-    assert cold["predicted"]["peak_requested_bytes"] == 2 * MIB + activation + 1 * 16 * 64 * 4
     # Not measured, none is predicted: each forward's peaks disagree, and only those.
     _, check, _ = mesure_memoire.check_against_plan(copy.deepcopy(records), plan)
     forwards = {"cold_forward", "warmup", "warm_forward"}
@@ -789,15 +605,19 @@ def test_a_workspace_taken_per_call_is_measured_per_product_and_predicted_while_
     assert {d["phase"] for d in check["disagreements"]} == forwards
 
 
-@pytest.mark.parametrize(
-    ("requested", "held"), [(4 * MIB - 100, 4 * MIB - 100), (None, 4 * MIB)], ids=["requested", "no requested counters"]
-)
-def test_the_first_product_s_workspace_is_predicted_beside_its_output(requested, held):
-    """The request is held while fc1 runs; where PyTorch counts no requested bytes, the 4 MiB block taken."""
-    plan = mesure_memoire.memory_plan(config())
-    only_fc1 = {**NO_PER_CALL, "fc1": {"allocated_bytes": 4 * MIB, "requested_bytes": requested}}
-    cold = mesure_memoire.forwards_with_workspaces(plan, only_fc1)["cold_forward"]
-    assert cold["peak_requested_bytes"] == held + 1 * 16 * 256 * 4  # fc1's output, 16 KiB, beside it
+@pytest.mark.parametrize("requested", [4 * MIB - 100, None], ids=["requested", "no requested counters"])
+def test_the_first_product_s_workspace_is_predicted_beside_its_output(requested):
+    """The request is held while fc1 runs; where PyTorch counts no requested bytes, the 4 MiB block it took."""
+    records, plan = hand_made_records(config())
+    for record in records:
+        if record["phase"] not in ("model_load", "inputs"):  # fc1's 16 KiB output and its workspace at the peak
+            record["peak_allocated_bytes"] += 4 * MIB - 16384
+            record["peak_requested_bytes"] += (requested or 0) - 16384
+        if requested is None:
+            record["baseline_requested_bytes"] = None
+    per_call = {**NO_PER_CALL, "fc1": {"allocated_bytes": 4 * MIB, "requested_bytes": requested}}
+    assert mesure_memoire.check_against_plan(records, plan, per_call)[1]["agrees"] is True
+    assert mesure_memoire.check_against_plan(records, plan, NO_PER_CALL)[1]["agrees"] is False
 
 
 def test_a_per_call_workspace_hides_no_error_at_a_moment_no_product_runs(monkeypatch):
@@ -839,15 +659,10 @@ def test_a_model_that_keeps_its_activations_is_caught(monkeypatch):
 
 
 def test_a_workspace_is_measured_not_assumed():
-    records, plan = hand_made_records(config(), workspace=8 * 2**20 + 128 * 2**10)
-    checked, check, workspace = mesure_memoire.check_against_plan(records, plan)
+    records, plan = hand_made_records(config(), workspace=8 * MIB + 128 * 2**10)
+    _, check, workspace = mesure_memoire.check_against_plan(records, plan)
     assert check["agrees"] is True
-    assert workspace["measured_bytes"] == workspace["requested_bytes"] == 8 * 2**20 + 128 * 2**10
-    assert checked[2]["predicted"]["peaks_checked_plus_measured_workspace"] == {
-        "allocated_bytes": 8 * 2**20 + 128 * 2**10,
-        "requested_bytes": 8 * 2**20 + 128 * 2**10,
-    }
-    assert checked[2]["predicted"]["peak_requested_bytes"] == 32768  # the prediction itself, without it
+    assert workspace["measured_bytes"] == 8 * MIB + 128 * 2**10
     assert workspace["allowance_bytes"] == mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES
 
 
@@ -873,35 +688,8 @@ def test_each_counter_is_checked(phase, counter, change, agrees):
     assert checked[phase]["verdict"] == "disagrees"
     assert checked[phase]["disagreements"] == [disagreement]
     assert [r["verdict"] for i, r in enumerate(checked) if i != phase] == ["agrees"] * (len(checked) - 1)
-
-
-def test_each_record_gets_its_prediction_and_a_verdict_with_its_reason():
-    records, plan = hand_made_records(config(), extra={1: {"end_requested_bytes": 1}})
-    checked, _, _ = mesure_memoire.check_against_plan(records, plan)
-    inputs = plan["phases"][1]
-    assert checked[1]["predicted"] == {
-        "end_requested_bytes": inputs["end_requested_bytes"],
-        "peak_requested_bytes": inputs["peak_requested_bytes"],
-        "end_allocated_bytes": inputs["end_allocated_bytes"],
-        "peak_allocated_bytes": inputs["peak_allocated_bytes"],
-        "relative_to": "the phase's baseline",
-        "end_allocated_slack_bytes": inputs["end_allocated_slack_bytes"],
-        "peak_allocated_slack_bytes": inputs["peak_allocated_slack_bytes"],
-    }
-    assert [(r["verdict"], r["not_checked_reason"]) for r in checked[:3]] == [
-        ("agrees", None),
-        ("disagrees", None),
-        ("agrees", None),
-    ]
-    assert checked[0]["checked_counters"] == list(mesure_memoire.PREDICTED_COUNTERS)
-    for record in records:
-        record["baseline_requested_bytes"] = None
-    checked, _, _ = mesure_memoire.check_against_plan(records, plan)
-    assert (checked[0]["verdict"], checked[0]["not_checked_reason"], checked[0]["checked_counters"]) == (
-        "agrees",
-        "this PyTorch's memory_stats has no requested-bytes counters",
-        ["end_allocated_bytes", "peak_allocated_bytes"],
-    )
+    every = list(mesure_memoire.PREDICTED_COUNTERS)  # under the defaults, with requested bytes: all, no reason
+    assert {(r["checked_counters"] == every, r["not_checked_reason"]) for r in checked} == {(True, None)}
 
 
 def test_a_large_block_may_hold_up_to_one_mebibyte_more():
@@ -918,9 +706,10 @@ def test_without_requested_counters_the_allocated_ones_decide_the_verdict():
         record["baseline_requested_bytes"] = record["end_requested_bytes"] = record["peak_requested_bytes"] = None
     checked, check, workspace = mesure_memoire.check_against_plan(records, plan)
     assert {r["verdict"] for r in checked} == {"agrees"}
-    assert all("requested-bytes" in r["not_checked_reason"] for r in checked)
+    missing = "this PyTorch's memory_stats has no requested-bytes counters"
+    assert {r["not_checked_reason"] for r in checked} == {missing}
+    assert {tuple(r["checked_counters"]) for r in checked} == {("end_allocated_bytes", "peak_allocated_bytes")}
     assert check == {"agrees": True, "disagreements": [], "not_checked": []}
-    assert workspace["requested_bytes"] is None
     assert workspace["measured_bytes"] == 0
     # A counter off is still caught by the allocated ones.
     records[1]["end_allocated_bytes"] += 512
@@ -928,61 +717,6 @@ def test_without_requested_counters_the_allocated_ones_decide_the_verdict():
     assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
     assert [r["verdict"] for r in checked] == ["agrees", "disagrees"] + ["agrees"] * (len(checked) - 2)
     assert check["not_checked"] == []
-
-
-def measured_on_the_cpu(monkeypatch, settings):
-    """(measure()'s result as the CLI writes it, gpu_validation): the real model's live CPU tensors as counters,
-    torch.cuda's set-up calls replaced by the named stand-ins."""
-    spec = importlib.util.spec_from_file_location("gpu_validation", ROOT / "tools" / "gpu_validation.py")
-    gpu_validation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_validation)
-    tracker = LiveTensorBytes("cpu")
-    real_measure_phases = mesure_memoire.measure_phases
-    for name, stand_in in [
-        ("is_initialized", lambda: False),
-        ("set_device", lambda device: None),
-        ("init", lambda: None),
-        ("memory_allocated", lambda device: 0),
-        ("memory_reserved", lambda device: 0),
-    ]:
-        monkeypatch.setattr(torch.cuda, name, stand_in)
-
-    def on_the_cpu(torch_module, cuda, device, configuration):
-        counters = LiveTensorCounters(tracker)
-        counters.device_ms = 1e-6  # the stand-in's event time must stay below the real wall time
-        with tracker:
-            return real_measure_phases(torch_module, counters, CPU, configuration)
-
-    monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
-    result = json.loads(mesure_memoire.to_json(mesure_memoire.measure(settings, tool="mesure_memoire.py")))
-    return result, gpu_validation
-
-
-def test_a_result_from_the_real_measure_code_passes_the_validators_checker(stand_in_gpu, monkeypatch, tmp_path):
-    """Integration: measure() and to_json() as the CLI runs them, then gpu_validation's checker: every row
-    passes, so the two agree on the schema.  Doctoring one counter makes a row fail."""
-    settings = config(batch=2, context=8, width=32, warmup=2, repeats=3)
-    result, gpu_validation = measured_on_the_cpu(monkeypatch, settings)
-    rows = gpu_validation.check_result(result, requested=settings)
-    assert len(rows) >= 7
-    assert [row for row in rows if not row[2]] == []
-    result["phases"][1]["peak_requested_bytes"] += 512
-    assert [row[1] for row in gpu_validation.check_result(result, requested=settings) if not row[2]]
-
-
-def test_the_validators_checker_predicts_the_per_call_workspace_the_result_records(stand_in_gpu, monkeypatch):
-    def build_model(torch_module, width):
-        fc1 = LinearWithPerCallWorkspace(width, 4 * width, MIB)
-        return torch.nn.Sequential(fc1, torch.nn.GELU(), LinearWithPerCallWorkspace(4 * width, width, 2 * MIB))
-
-    monkeypatch.setattr(mesure_memoire, "build_model", build_model)
-    settings = config(batch=2, context=8, width=32, warmup=2, repeats=3)
-    result, gpu_validation = measured_on_the_cpu(monkeypatch, settings)
-    assert result["workspace"]["per_call"]["fc2"] == {"allocated_bytes": 2 * MIB, "requested_bytes": 2 * MIB}
-    assert [row for row in gpu_validation.check_result(result, requested=settings) if not row[2]] == []
-    result["workspace"]["per_call"] = None  # checked again without it, the forwards disagree
-    failed = [row[1] for row in gpu_validation.check_result(result, requested=settings) if not row[2]]
-    assert failed == ["verdicts are check_against_plan's on the recorded counters"]
 
 
 def test_a_disagreement_names_its_repetition_and_the_closest_bound():

@@ -1887,14 +1887,6 @@ def _disagreements(record, measured, low, high):
 
 
 # >>> notebook: 3.5 Result files: a new name, written whole or not at all
-def _name_limits(folder):
-    """The longest file name and path this folder's file system takes (POSIX; 255 and 4096 elsewhere)."""
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
-    except (AttributeError, ValueError, OSError):
-        return 255, 4096
-
-
 class _Temporary:
     """A new hidden file in ``folder``, named before it exists so that a signal at any moment of its creation
     leaves nothing: created inside the try whose clean-up calls ``remove()``."""
@@ -1911,13 +1903,6 @@ class _Temporary:
             self.ours = False
             raise
 
-    def link_from(self, source):
-        try:
-            os.link(source, self.path)
-        except FileExistsError:
-            self.ours = False
-            raise
-
     def remove(self):
         if self.ours:
             try:  # noqa: SIM105 -- contextlib would be imported for this one line
@@ -1927,54 +1912,43 @@ class _Temporary:
 
 
 def check_new_output(path):
-    """Refuse, before any GPU work, an output that exists or cannot be created, or a folder where a file
-    cannot be hard-linked (write_new_file's need), so that no finished measurement is lost."""
+    """Refuse, before any GPU work, an output that exists or that write_new_file could not create, so that no
+    finished measurement is lost: its steps are tried on this very name (a temporary file hard-linked to it,
+    then both removed), which proves the folder writable, the name short enough and hard links supported."""
+    import errno
+
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
     name, folder = os.path.basename(path), os.path.dirname(path) or "."
-    try:
-        if "\0" in path:
-            raise ValueError("embedded null character")
-        if not name or name in (".", ".."):
-            raise KitError(f"--output: {name_as_typed(path)} names a folder, not a new file")
-        if os.path.lexists(path):
-            raise KitError(
-                f"--output: {name_as_typed(path)} already exists; choose a new name (results are never overwritten)"
-            )
-        if not os.path.isdir(folder):
-            raise KitError(f"--output: the folder of {name_as_typed(path)} does not exist")
-        # The file is written after the measurement: a name too long for this file system is refused now.
-        name_max, path_max = _name_limits(folder)
-        too_long = f"--output: {name_as_typed(path)} is too long for this file system"
-        if len(os.fsencode(name)) > name_max:
-            raise KitError(f"{too_long} (names: {name_max} bytes)")
-        if len(os.fsencode(path)) >= path_max:  # PATH_MAX counts the terminating NUL
-            raise KitError(f"{too_long} (paths: {path_max - 1} bytes)")
-        _probe(folder, path)
-    except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
+    if not name or name in (".", ".."):
+        raise KitError(f"--output: {name_as_typed(path)} names a folder, not a new file")
+    if os.path.lexists(path):
         raise KitError(
-            f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
-        ) from None
-    return path
-
-
-def _probe(folder, path):
-    """Create a temporary file in ``folder`` and link it under a second temporary name, then remove both."""
-    temporary, linked = _Temporary(folder), _Temporary(folder)
+            f"--output: {name_as_typed(path)} already exists; choose a new name (results are never overwritten)"
+        )
+    if not os.path.isdir(folder):
+        raise KitError(f"--output: the folder of {name_as_typed(path)} does not exist")
+    temporary = _Temporary(folder)
     try:
-        os.close(temporary.open())
+        descriptor = temporary.open()
         try:
-            linked.link_from(temporary.path)
-        except FileExistsError:
-            raise
-        except OSError as error:  # EPERM, ENOTSUP ...: the write below needs a hard link
+            os.link(temporary.path, path)
+        finally:
+            if os.fstat(descriptor).st_nlink > 1:  # linked under the output's name: removed, even on Ctrl-C
+                os.unlink(path)
+            os.close(descriptor)
+    except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
+        if getattr(error, "errno", None) in (errno.EPERM, errno.ENOTSUP):  # link(2): no hard links here
             raise KitError(
                 f"--output: cannot create {name_as_typed(path)}: its folder's file system has no hard links "
                 f"({error.strerror}), which the never-overwriting write needs; nothing measured"
             ) from None
+        raise KitError(
+            f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
+        ) from None
     finally:
-        linked.remove()
         temporary.remove()
+    return path
 
 
 def to_json(data):

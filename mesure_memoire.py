@@ -2038,7 +2038,6 @@ def measure(config, tool):
     model = synthetic_model(config)
     torch, torch_version_warning = _torch_to_measure_with()
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
-    initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(torch.cuda.is_initialized()))
     index = device_index(on)
     environment = environment_of(on, index)
     plan = memory_plan(config, model)  # one plan: the fit, the check, the file
@@ -2048,7 +2047,7 @@ def measure(config, tool):
         measured = measure_phases(torch, torch.cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
-    configuration = {**config, "cuda_initialized_before_measure": initialized, **before}
+    configuration = {**config, **before}
     return _result(tool, environment, torch_version_warning, configuration, model, plan, measured)
 
 
@@ -2189,12 +2188,6 @@ def _table(rows, left=(0,)):
         ).rstrip()
         for row in rows
     )
-
-
-CUDA_INITIALIZED_NOTE = (
-    "Note: CUDA was initialized in this kernel before the measurement (by the environment cell, for instance); "
-    "the allocator held no memory, so the counters start from zero."
-)
 
 
 def result_warnings(result):

@@ -453,7 +453,6 @@ def stand_in_measurement(monkeypatch, recorder):
     import torch
 
     real_measure_phases = mesure_memoire.measure_phases
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)

@@ -145,7 +145,6 @@ def phase_failed(phase, error=SHOWN_BOOM):
 @pytest.mark.parametrize(
     ("step", "dtype", "exit_code", "message"),
     [
-        ("is_initialized", "float32", 2, set_up_failed("torch.cuda.is_initialized")),
         ("get_device_capability", "float16", 2, set_up_failed("the dtype probe")),
         ("is_bf16_supported", "bfloat16", 2, set_up_failed("the dtype probe")),
         ("set_device", "float32", 2, set_up_failed("torch.cuda.set_device")),
@@ -173,7 +172,6 @@ def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
         recorder = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, RuntimeError("bad")))
     stand_in_measurement(monkeypatch, recorder)
     if step in (
-        "is_initialized",
         "get_device_capability",
         "is_bf16_supported",
         "set_device",

@@ -939,7 +939,6 @@ def measured_on_the_cpu(monkeypatch, settings):
     tracker = LiveTensorBytes("cpu")
     real_measure_phases = mesure_memoire.measure_phases
     for name, stand_in in [
-        ("is_initialized", lambda: False),
         ("set_device", lambda device: None),
         ("init", lambda: None),
         ("memory_allocated", lambda device: 0),

@@ -1002,15 +1002,6 @@ def _device_median_ms(warm):
     return _median([abs(Decimal(repr(value))) for value in values])
 
 
-def spread_text(spread):
-    """The warm repetitions' spread and drift, one line."""
-    drift = spread["warm_drift"]
-    figures = ", ".join(f"{word} {rounded(spread[f'warm_{word}_ms'], 3)}" for word in ("min", "median", "max"))
-    return f"Warm repetitions (wall ms): {figures}; drift " + (
-        "n/a (under 3 repetitions)" if drift is None else f"{drift:+.1%} (last third's median vs first third's)"
-    )
-
-
 def _shown(value):
     """A wrong value as a message shows it: an object or a list by its kind only, anything else bounded."""
     if value is _MISSING:
@@ -2217,7 +2208,7 @@ def format_phase_table(result):
         figures = [shown_figure(name, record.get(name)) for name in columns]
         rows.append((_phase_label(record), *figures, "DISAGREES" if verdict == "disagrees" else verdict))
     lines = [_table(rows)]
-    for disagreement in (result.get("prediction_check") or {}).get("disagreements", []):
+    for disagreement in result["prediction_check"]["disagreements"]:
         label = _phase_label(disagreement)
         lines.append(
             f"DISAGREES {label}: {disagreement['counter']} above baseline measured {disagreement['measured_bytes']}, "
@@ -2225,32 +2216,15 @@ def format_phase_table(result):
         )
     reasons = dict.fromkeys(record.get("not_checked_reason") for record in result["phases"])  # in order, once each
     lines += [f"Not checked: {reason}" for reason in reasons if reason]
-    workspace = result.get("workspace")
-    if workspace and workspace.get("measured_bytes") is not None:
-        lines.append(
-            f"BLAS workspace measured: {workspace['measured_bytes']} bytes allocated by the first forward "
-            "beyond the prediction"
-        )
-    taken = {
-        product: figures["allocated_bytes"]
-        for product, figures in ((workspace or {}).get("per_call") or {}).items()
-        if figures["allocated_bytes"]
-    }
-    if taken:
-        each = ", ".join(f"{product} {allocated_bytes} bytes" for product, allocated_bytes in taken.items())
-        lines.append(f"BLAS workspace per call: {each}, taken and given back within the product (predicted so)")
-    summary = result.get("output_summary")
-    if summary:
-        checksum = summary["checksum_float64"]
-        lines.append(
-            f"Last output: {summary['elements']} elements, "
-            + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
-            + ("" if checksum is None else f", float64 checksum {checksum!r}")
-        )
-    lines.append(spread_text(warm_spread(result["phases"])))
-    card_state, sustained = result.get("card_state"), result.get("sustained")
-    if card_state:
-        lines.append(card_text("before the warm-up", card_state["before_warmup"]))
+    summary = result["output_summary"]
+    checksum = summary["checksum_float64"]
+    lines.append(
+        f"Last output: {summary['elements']} elements, "
+        + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
+        + ("" if checksum is None else f", float64 checksum {checksum!r}")
+    )
+    card_state, sustained = result["card_state"], result["sustained"]
+    lines.append(card_text("before the warm-up", card_state["before_warmup"]))
     if sustained:
         lines += [sustained_text(sustained), card_text("in the last window", card_state["last_sustained_window"])]
     return "\n".join(lines)

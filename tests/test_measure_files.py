@@ -97,6 +97,7 @@ def stand_in_measure(monkeypatch):
             "torch_version_warning": None,
             "synthetic_model": mesure_memoire.synthetic_model(config),
             "phases": phases,
+            "prediction_check": {"agrees": True, "disagreements": [], "not_checked": []},
             "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": per_call},
             "output_summary": output_summary,
             **timing,

@@ -1118,8 +1118,8 @@ def read_card(tool, uuid):
     for line in out.decode("utf-8", "replace").splitlines():
         texts = [text.strip() for text in line.split(",")]
         if len(texts) == 1 + len(CARD_FIELDS) and _uuid_key(texts[0]) == _uuid_key(uuid):
-            values = [_card_value(name, text) for name, text in zip(CARD_FIELDS, texts[1:], strict=True)]
-            return {"reading": dict(zip(CARD_FIELDS, values, strict=True)), "why_null": None}
+            reading = {name: _card_value(name, text) for name, text in zip(CARD_FIELDS, texts[1:], strict=True)}
+            return {"reading": reading, "why_null": None}
     return {"reading": None, "why_null": f"no GPU {VENDOR_TOOL} lists is the one PyTorch measured"}
 
 
@@ -1963,11 +1963,10 @@ def to_json(data):
 def write_new_file(path, text):
     """Write ``text`` to a new ``path`` whole or not at all: a temporary file, then a hard link, which fails
     if the name appeared meanwhile.  KitError when the name is taken, OSError otherwise."""
-    data = text.encode("utf-8")
     temporary = _Temporary(os.path.dirname(path) or ".")
     try:
         with os.fdopen(temporary.open(), "wb") as stream:
-            stream.write(data)
+            stream.write(text.encode("utf-8"))
             stream.flush()
             os.fsync(stream.fileno())
         try:
@@ -2223,10 +2222,10 @@ def format_phase_table(result):
         + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
         + ("" if checksum is None else f", float64 checksum {checksum!r}")
     )
-    card_state, sustained = result["card_state"], result["sustained"]
+    card_state = result["card_state"]
     lines.append(card_text("before the warm-up", card_state["before_warmup"]))
-    if sustained:
-        lines += [sustained_text(sustained), card_text("in the last window", card_state["last_sustained_window"])]
+    if result["sustained"]:
+        lines.append(card_text("in the last window", card_state["last_sustained_window"]))
     return "\n".join(lines)
 
 
@@ -2240,17 +2239,6 @@ def card_text(when, state):
     return (
         f"Card {when} ({VENDOR_TOOL}): SM clock {shown['sm_clock_mhz']} of {shown['max_sm_clock_mhz']} MHz, power "
         f"{shown['power_draw_w']} of {shown['power_limit_w']} W, {shown['temperature_c']} C, clock events: {reasons}"
-    )
-
-
-def sustained_text(sustained):
-    """The sustained run, one line."""
-    steady = {True: "steady", False: "NOT steady", None: "too few windows to tell"}[sustained["steady"]]
-    ratio = sustained["ratio_to_warm_median"]
-    return (
-        f"Sustained run, {sustained['sustained_seconds']} s asked: {len(sustained['window_ms_per_forward'])} windows "
-        f"of {sustained['forwards_per_window']} forwards; {sustained['steady_ms_per_forward']:.3f} device ms "
-        f"per forward at the end ({steady})" + ("" if ratio is None else f", {ratio:.3f} x the warm median")
     )
 
 

@@ -253,8 +253,6 @@ DISAGREES warmup: peak_allocated_bytes above baseline measured 1536, predicted 1
 DISAGREES warm_forward #2: end_requested_bytes above baseline measured 0, predicted 4 (difference -4 bytes)
 Last output: 1024 elements, all finite, float64 checksum -1.25
 Card before the warm-up (nvidia-smi): SM clock n/a of 1980 MHz, power n/a of n/a W, n/a C, clock events: n/a
-Sustained run, 60 s asked: 3 windows of 10 forwards; 0.120 device ms per forward at the end (NOT steady), \
-1.040 x the warm median
 Card in the last window (nvidia-smi): SM clock 1755 of 1980 MHz, power 699.12 of 700.0 W, 61 C, \
 clock events: sw_power_cap, hw_slowdown"""
 

@@ -120,7 +120,6 @@ def test_the_sustained_section_is_written_and_shown(stand_in_gpu, monkeypatch, f
     assert section["sustained_seconds"] == 1 and section["steady"] is True
     assert len(section["window_ms_per_forward"]) >= 3
     assert result["card_state"]["last_sustained_window"] == {"reading": None, "why_null": "no nvidia-smi on PATH"}
-    assert "Sustained run, 1 s asked: " in captured.out
     assert "Card in the last window: not read (no nvidia-smi on PATH)" in captured.out
     assert mesure_memoire.main(["report", "r.json"]) == 0
     assert "Sustained runs (measure --sustained-s)" in capsys.readouterr().out
@@ -336,7 +335,6 @@ def test_zero_device_times_and_too_few_windows_are_shown_n_a(stand_in_gpu, monke
     assert code == 0, captured.err
     section = json.loads(written)["sustained"]
     assert (section["steady"], section["ratio_to_warm_median"]) == (None, None)
-    assert "per forward at the end (too few windows to tell)\n" in captured.out
     assert mesure_memoire.main(["report", "r.json"]) == 0
     out = capsys.readouterr().out
     main_row, sustained_row = (line.split() for line in out.splitlines() if line.startswith("r.json"))

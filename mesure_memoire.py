@@ -999,15 +999,6 @@ def _device_median_ms(warm):
     return _median([abs(Decimal(repr(value))) for value in values])
 
 
-def spread_text(spread):
-    """The warm repetitions' spread and drift, one line."""
-    drift = spread["warm_drift"]
-    figures = ", ".join(f"{word} {rounded(spread[f'warm_{word}_ms'], 3)}" for word in ("min", "median", "max"))
-    return f"Warm repetitions (wall ms): {figures}; drift " + (
-        "n/a (under 3 repetitions)" if drift is None else f"{drift:+.1%} (last third's median vs first third's)"
-    )
-
-
 def _shown(value):
     """A wrong value as a message shows it: an object or a list by its kind only, anything else bounded."""
     if value is _MISSING:
@@ -1124,8 +1115,8 @@ def read_card(tool, uuid):
     for line in out.decode("utf-8", "replace").splitlines():
         texts = [text.strip() for text in line.split(",")]
         if len(texts) == 1 + len(CARD_FIELDS) and _uuid_key(texts[0]) == _uuid_key(uuid):
-            values = [_card_value(name, text) for name, text in zip(CARD_FIELDS, texts[1:], strict=True)]
-            return {"reading": dict(zip(CARD_FIELDS, values, strict=True)), "why_null": None}
+            reading = {name: _card_value(name, text) for name, text in zip(CARD_FIELDS, texts[1:], strict=True)}
+            return {"reading": reading, "why_null": None}
     return {"reading": None, "why_null": f"no GPU {VENDOR_TOOL} lists is the one PyTorch measured"}
 
 
@@ -1723,14 +1714,6 @@ def _accepted_range(counter, phase, predicted, measured):
 
 
 # >>> notebook: 3.5 Result files: a new name, written whole or not at all
-def _name_limits(folder):
-    """The longest file name and path this folder's file system takes (POSIX; 255 and 4096 elsewhere)."""
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
-    except (AttributeError, ValueError, OSError):
-        return 255, 4096
-
-
 class _Temporary:
     """A new hidden file in ``folder``, named before it exists so that a signal at any moment of its creation
     leaves nothing: created inside the try whose clean-up calls ``remove()``."""
@@ -1747,13 +1730,6 @@ class _Temporary:
             self.ours = False
             raise
 
-    def link_from(self, source):
-        try:
-            os.link(source, self.path)
-        except FileExistsError:
-            self.ours = False
-            raise
-
     def remove(self):
         if self.ours:
             try:  # noqa: SIM105 -- contextlib would be imported for this one line
@@ -1763,54 +1739,43 @@ class _Temporary:
 
 
 def check_new_output(path):
-    """Refuse, before any GPU work, an output that exists or cannot be created, or a folder where a file
-    cannot be hard-linked (write_new_file's need), so that no finished measurement is lost."""
+    """Refuse, before any GPU work, an output that exists or that write_new_file could not create, so that no
+    finished measurement is lost: its steps are tried on this very name (a temporary file hard-linked to it,
+    then both removed), which proves the folder writable, the name short enough and hard links supported."""
+    import errno
+
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
     name, folder = os.path.basename(path), os.path.dirname(path) or "."
-    try:
-        if "\0" in path:
-            raise ValueError("embedded null character")
-        if not name or name in (".", ".."):
-            raise KitError(f"--output: {name_as_typed(path)} names a folder, not a new file")
-        if os.path.lexists(path):
-            raise KitError(
-                f"--output: {name_as_typed(path)} already exists; choose a new name (results are never overwritten)"
-            )
-        if not os.path.isdir(folder):
-            raise KitError(f"--output: the folder of {name_as_typed(path)} does not exist")
-        # The file is written after the measurement: a name too long for this file system is refused now.
-        name_max, path_max = _name_limits(folder)
-        too_long = f"--output: {name_as_typed(path)} is too long for this file system"
-        if len(os.fsencode(name)) > name_max:
-            raise KitError(f"{too_long} (names: {name_max} bytes)")
-        if len(os.fsencode(path)) >= path_max:  # PATH_MAX counts the terminating NUL
-            raise KitError(f"{too_long} (paths: {path_max - 1} bytes)")
-        _probe(folder, path)
-    except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
+    if not name or name in (".", ".."):
+        raise KitError(f"--output: {name_as_typed(path)} names a folder, not a new file")
+    if os.path.lexists(path):
         raise KitError(
-            f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
-        ) from None
-    return path
-
-
-def _probe(folder, path):
-    """Create a temporary file in ``folder`` and link it under a second temporary name, then remove both."""
-    temporary, linked = _Temporary(folder), _Temporary(folder)
+            f"--output: {name_as_typed(path)} already exists; choose a new name (results are never overwritten)"
+        )
+    if not os.path.isdir(folder):
+        raise KitError(f"--output: the folder of {name_as_typed(path)} does not exist")
+    temporary = _Temporary(folder)
     try:
-        os.close(temporary.open())
+        descriptor = temporary.open()
         try:
-            linked.link_from(temporary.path)
-        except FileExistsError:
-            raise
-        except OSError as error:  # EPERM, ENOTSUP ...: the write below needs a hard link
+            os.link(temporary.path, path)
+        finally:
+            if os.fstat(descriptor).st_nlink > 1:  # linked under the output's name: removed, even on Ctrl-C
+                os.unlink(path)
+            os.close(descriptor)
+    except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
+        if getattr(error, "errno", None) in (errno.EPERM, errno.ENOTSUP):  # link(2): no hard links here
             raise KitError(
                 f"--output: cannot create {name_as_typed(path)}: its folder's file system has no hard links "
                 f"({error.strerror}), which the never-overwriting write needs; nothing measured"
             ) from None
+        raise KitError(
+            f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
+        ) from None
     finally:
-        linked.remove()
         temporary.remove()
+    return path
 
 
 def to_json(data):
@@ -1834,11 +1799,10 @@ def to_json(data):
 def write_new_file(path, text):
     """Write ``text`` to a new ``path`` whole or not at all: a temporary file, then a hard link, which fails
     if the name appeared meanwhile.  KitError when the name is taken, OSError otherwise."""
-    data = text.encode("utf-8")
     temporary = _Temporary(os.path.dirname(path) or ".")
     try:
         with os.fdopen(temporary.open(), "wb") as stream:
-            stream.write(data)
+            stream.write(text.encode("utf-8"))
             stream.flush()
             os.fsync(stream.fileno())
         try:
@@ -1900,7 +1864,6 @@ def measure(config, tool):
     model = synthetic_model(config)
     torch, torch_version_warning = _torch_to_measure_with()
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
-    initialized = pytorch_call(f"torch.cuda.is_initialized failed on {on}", lambda: bool(torch.cuda.is_initialized()))
     index = device_index(on)
     environment = environment_of(on, index)
     plan = memory_plan(config, model)  # one plan: the fit, the check, the file
@@ -1910,7 +1873,7 @@ def measure(config, tool):
         measured = measure_phases(torch, torch.cuda, device, config)
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
-    configuration = {**config, "cuda_initialized_before_measure": initialized, **before}
+    configuration = {**config, **before}
     return _result(tool, environment, torch_version_warning, configuration, model, plan, measured)
 
 
@@ -2052,12 +2015,6 @@ def _table(rows, left=(0,)):
     )
 
 
-CUDA_INITIALIZED_NOTE = (
-    "Note: CUDA was initialized in this kernel before the measurement (by the environment cell, for instance); "
-    "the allocator held no memory, so the counters start from zero."
-)
-
-
 def result_warnings(result):
     """What makes a measurement less trustworthy, one line each."""
     warnings = [result["configuration"]["fresh_process_warning"], result["torch_version_warning"]]
@@ -2085,7 +2042,7 @@ def format_phase_table(result):
         figures = [shown_figure(name, record.get(name)) for name in columns]
         rows.append((_phase_label(record), *figures, "DISAGREES" if verdict == "disagrees" else verdict))
     lines = [_table(rows)]
-    for disagreement in (result.get("prediction_check") or {}).get("disagreements", []):
+    for disagreement in result["prediction_check"]["disagreements"]:
         label = _phase_label(disagreement)
         lines.append(
             f"DISAGREES {label}: {disagreement['counter']} above baseline measured {disagreement['measured_bytes']}, "
@@ -2093,34 +2050,17 @@ def format_phase_table(result):
         )
     reasons = dict.fromkeys(record.get("not_checked_reason") for record in result["phases"])  # in order, once each
     lines += [f"Not checked: {reason}" for reason in reasons if reason]
-    workspace = result.get("workspace")
-    if workspace and workspace.get("measured_bytes") is not None:
-        lines.append(
-            f"BLAS workspace measured: {workspace['measured_bytes']} bytes allocated by the first forward "
-            "beyond the prediction"
-        )
-    taken = {
-        product: figures["allocated_bytes"]
-        for product, figures in ((workspace or {}).get("per_call") or {}).items()
-        if figures["allocated_bytes"]
-    }
-    if taken:
-        each = ", ".join(f"{product} {allocated_bytes} bytes" for product, allocated_bytes in taken.items())
-        lines.append(f"BLAS workspace per call: {each}, taken and given back within the product (predicted so)")
-    summary = result.get("output_summary")
-    if summary:
-        checksum = summary["checksum_float64"]
-        lines.append(
-            f"Last output: {summary['elements']} elements, "
-            + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
-            + ("" if checksum is None else f", float64 checksum {checksum!r}")
-        )
-    lines.append(spread_text(warm_spread(result["phases"])))
-    card_state, sustained = result.get("card_state"), result.get("sustained")
-    if card_state:
-        lines.append(card_text("before the warm-up", card_state["before_warmup"]))
-    if sustained:
-        lines += [sustained_text(sustained), card_text("in the last window", card_state["last_sustained_window"])]
+    summary = result["output_summary"]
+    checksum = summary["checksum_float64"]
+    lines.append(
+        f"Last output: {summary['elements']} elements, "
+        + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
+        + ("" if checksum is None else f", float64 checksum {checksum!r}")
+    )
+    card_state = result["card_state"]
+    lines.append(card_text("before the warm-up", card_state["before_warmup"]))
+    if result["sustained"]:
+        lines.append(card_text("in the last window", card_state["last_sustained_window"]))
     return "\n".join(lines)
 
 
@@ -2134,17 +2074,6 @@ def card_text(when, state):
     return (
         f"Card {when} ({VENDOR_TOOL}): SM clock {shown['sm_clock_mhz']} of {shown['max_sm_clock_mhz']} MHz, power "
         f"{shown['power_draw_w']} of {shown['power_limit_w']} W, {shown['temperature_c']} C, clock events: {reasons}"
-    )
-
-
-def sustained_text(sustained):
-    """The sustained run, one line."""
-    steady = {True: "steady", False: "NOT steady", None: "too few windows to tell"}[sustained["steady"]]
-    ratio = sustained["ratio_to_warm_median"]
-    return (
-        f"Sustained run, {sustained['sustained_seconds']} s asked: {len(sustained['window_ms_per_forward'])} windows "
-        f"of {sustained['forwards_per_window']} forwards; {sustained['steady_ms_per_forward']:.3f} device ms "
-        f"per forward at the end ({steady})" + ("" if ratio is None else f", {ratio:.3f} x the warm median")
     )
 
 

@@ -453,7 +453,6 @@ def stand_in_measurement(monkeypatch, recorder):
     import torch
 
     real_measure_phases = mesure_memoire.measure_phases
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
@@ -600,11 +599,7 @@ MESSAGES = {
     "--output empty": "--output: a new file name is required",
     "device out of range": "{device} is out of range: PyTorch sees {count} device(s)",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
-    "--output too long": "--output: {name} is too long for this file system (names: {limit} bytes)",
-    "--output path too long": "--output: {name} is too long for this file system (paths: {limit} bytes)",
-    "--output exists": "--output: {name} already exists; choose a new name (results are never overwritten)",
     "--output a folder": "--output: {name} names a folder, not a new file",
-    "--output no folder": "--output: the folder of {name} does not exist",
     "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
     "--output no hard links": (
         "--output: cannot create {name}: its folder's file system has no hard links ({error}), which the "

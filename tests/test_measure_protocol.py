@@ -271,7 +271,7 @@ class SetUpCalls:
     PyTorch's do, and answers fixed values."""
 
     def __init__(self, monkeypatch, allocated=0, reserved=0):
-        for name, answer in [("is_initialized", lambda: True), ("init", lambda: None)]:
+        for name, answer in [("init", lambda: None)]:
             monkeypatch.setattr(torch.cuda, name, self.answering(name, answer, with_device=False))
         for name, answer in [
             ("set_device", lambda: None),
@@ -309,7 +309,6 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     # A stand-in CUDA whose counters read 0 only where a fresh process's would: on the chosen device, once
     # set_device has made it current and init has made its context.  Anything else reads 1 byte.
     current, contexts = [], []
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: bool(contexts))
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
     monkeypatch.setattr(torch.cuda, "init", lambda: contexts.append(current[-1] if current else None))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda on: int(contexts != [on] or on != device))
@@ -340,7 +339,6 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
         "torch_version_warning": None,
         "configuration": {
             **settings,
-            "cuda_initialized_before_measure": False,  # asked before init
             "allocated_bytes_before_measure": 0,
             "reserved_bytes_before_measure": 0,
             "fresh_process_warning": None,

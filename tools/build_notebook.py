@@ -110,11 +110,8 @@ try:
 except KitError as error:
     print(f"Measurement refused: {as_notebook_message(error)}")
 else:
-    settings = measurement["configuration"]
     for warning in result_warnings(measurement):
         print(f"Warning: {warning}")
-    if settings["cuda_initialized_before_measure"] and not settings["fresh_process_warning"]:
-        print(CUDA_INITIALIZED_NOTE)
     print(format_phase_table(measurement))
     print(f"Result written to {OUTPUT}")""",
     ),

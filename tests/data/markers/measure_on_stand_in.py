@@ -28,7 +28,6 @@ def stand_in_gpu(torch):
         "mem_get_info": lambda index: (total - 2**30, total),
         "is_bf16_supported": lambda including_emulation=True: True,
         "device": lambda index: contextlib.nullcontext(),
-        "is_initialized": lambda: False,
         "set_device": lambda device: None,
         "init": lambda: None,
         "memory_allocated": lambda device: 0,

@@ -4,7 +4,6 @@ import errno
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import types
 import warnings
@@ -15,13 +14,10 @@ import torch
 
 import mesure_memoire
 from conftest import (
-    BLOCK_NUMPY,
     DEFAULT_SNAPSHOT_SETTINGS,
     GIB,
     MESSAGES,
-    MESURE_SCRIPT,
     MIB,
-    ROOT,
     SHIPPED_ROOT,
     assert_one_line,
     current_device,
@@ -143,31 +139,12 @@ def test_stand_in_gpu_fields_are_kept_and_identifiers_are_not(stand_in_gpu, caps
     assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
     human = capsys.readouterr().out
     assert "80.00 GiB" in human
+    assert "  allocator settings    PyTorch's defaults\n" in human
     assert "STANDIN" not in human
-
-
-def test_a_warning_from_a_pytorch_query_is_recorded_by_its_known_part_not_printed(stand_in_gpu, monkeypatch, capsys):
-    import warnings
-
-    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
-
-    def warns():
-        warnings.warn("CUDA initialization: driver too old (at /home/ana/my env/lib/x.so)", UserWarning, stacklevel=1)
-        return True
-
-    monkeypatch.setattr(torch.cuda, "is_available", warns)
-    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
-    captured = capsys.readouterr()
-    assert captured.err == ""
-    recorded = json.loads(captured.out)["field_errors"]
-    assert recorded == {"pytorch_warnings": "UserWarning: CUDA initialization: driver too old"}
-    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
-    assert "  PyTorch warned        pytorch_warnings: UserWarning: CUDA initialization" in capsys.readouterr().out
 
 
 def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, capsys):
     import sys
-    import warnings
 
     class Loader:  # a stand-in "torch" module whose import warns, as PyTorch does without NumPy
         def find_spec(self, name, path=None, target=None):
@@ -178,19 +155,18 @@ def test_a_warning_while_importing_pytorch_is_kept_not_printed(monkeypatch, caps
             return None
 
         def exec_module(self, module):
-            module.cuda = module.backends = module.version = None  # PyTorch's API, as far as import_torch looks
+            for name in ("cuda", "backends", "version", "__version__", "get_float32_matmul_precision"):
+                setattr(module, name, getattr(torch, name))  # the real PyTorch's API, as far as environment asks
             warnings.warn(
                 "Failed to initialize NumPy (at /opt/conda/lib/site-packages/torch/x.py)", UserWarning, stacklevel=1
             )
 
-    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setattr(sys, "meta_path", [Loader(), *sys.meta_path])
-    module, error = mesure_memoire.import_torch()
-    assert module is sys.modules["torch"]
-    assert error is None
-    assert capsys.readouterr().err == ""
-    assert mesure_memoire.PYTORCH_WARNINGS == ["UserWarning: Failed to initialize NumPy"]
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == "UserWarning: Failed to initialize NumPy"
 
 
 class FailingTorchImport:
@@ -210,18 +186,8 @@ LIST_IMPORT_ERROR = "libcudnn.so.9: cannot open shared object file; searched /op
 
 @pytest.fixture
 def torch_import_quotes_a_list(monkeypatch):
-    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setattr(sys, "meta_path", [FailingTorchImport(LIST_IMPORT_ERROR), *sys.meta_path])
-
-
-def test_an_import_error_quoting_a_path_list_is_scrubbed_in_environment_json(torch_import_quotes_a_list, capsys):
-    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["torch_error"] == MESSAGES["torch import error, scrubbed"].format(
-        type="ImportError"
-    )
-    assert "alice" not in captured.out + captured.err
 
 
 def test_an_import_error_quoting_a_path_list_is_scrubbed_in_the_refusal_of_measure(
@@ -454,19 +420,6 @@ def test_each_odd_text_is_null_and_its_field_error_names_it_and_what_was_expecte
     assert "hunter2" not in mesure_memoire.to_json(environment)
 
 
-def test_the_collector_without_pytorch(monkeypatch):
-    monkeypatch.setattr(mesure_memoire, "import_torch", lambda: (None, "ModuleNotFoundError: No module named 'torch'"))
-    environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["torch"] is None
-    assert environment["gpu"] is None
-    assert environment["gpu_available"] is False
-    assert environment["torch_error"] == "ModuleNotFoundError: No module named 'torch'"
-    assert environment["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]
-    assert environment["settings"] == dict.fromkeys(mesure_memoire.SETTINGS)
-    assert environment["device_count"] is None
-    assert environment["field_errors"] == {}
-
-
 # --- the environment's text --------------------------------------------------------------------------
 
 
@@ -495,6 +448,7 @@ def test_the_environment_text_exactly_with_a_gpu():
             "allocator_backend": None,
         },
         "settings": {"cudnn_allow_tf32": False, "preferred_blas_library": None},
+        "allocator_settings": None,
         "field_errors": {
             "pytorch_warnings": "UserWarning: w",
             "mem_get_info": "RuntimeError: x",
@@ -545,7 +499,7 @@ def test_the_environment_text_exactly_without_a_gpu():
         "gpu_available": False,
         "gpu_unavailable_reason": "PyTorch is not importable",
         "gpu": None,
-        "settings": None,
+        "settings": {},
         "field_errors": {},
         "driver_note": "N",
         "driver_commands": {},
@@ -562,47 +516,6 @@ def test_the_environment_text_exactly_without_a_gpu():
         "  GPU usable            no: PyTorch is not importable",
         "N",
     ]
-    environment["gpu"] = {
-        "name": "G",
-        "compute_capability": "8.0",
-        "gcn_arch_name": "",
-        "total_memory_bytes": 0,
-        "total_memory_gib": Decimal(0),
-        "mem_get_info_free_bytes": 0,
-        "mem_get_info_total_bytes": None,
-        "allocator_backend": "native",
-    }
-    lines = mesure_memoire.format_environment(environment).splitlines()
-    assert lines[9:14] == [
-        "  GPU name              G",
-        "  compute capability    8.0",
-        "  memory (runtime)      0 bytes = 0.00 GiB",
-        "  mem_get_info          free 0 / total none bytes",
-        "  allocator backend     native",
-    ]
-    assert lines[14] == "  allocator settings    unknown (allocated bytes not checked)"
-    environment["allocator_settings"] = dict(mesure_memoire.DEFAULT_ALLOCATOR)
-    assert (
-        mesure_memoire.format_environment(environment).splitlines()[14] == "  allocator settings    PyTorch's defaults"
-    )
-    environment["allocator_settings"].update(expandable_segments=True, max_split_size_bytes=300 * MIB)
-    assert mesure_memoire.format_environment(environment).splitlines()[14] == (
-        "  allocator settings    max_split_size_bytes 314572800, expandable_segments True"
-    )
-
-
-class NotAnOSErrorWithAnErrno(RuntimeError):
-    """A library's error that carries an ``errno`` attribute without being an OS error: its number is not one."""
-
-    errno = 13
-
-
-class OSErrorWithoutAnErrno(OSError):
-    """A library's OS error whose ``errno`` cannot be read: described all the same, never a second error."""
-
-    @property
-    def errno(self):
-        raise AttributeError("errno")
 
 
 def test_the_environment_text_says_unknown_for_a_withheld_name_and_an_unreadable_total(stand_in_gpu, capsys):
@@ -624,7 +537,6 @@ DESCRIBED = [
         RuntimeError("\n\n  CUDA error: no CUDA-capable device is detected  \nmore"),
         "RuntimeError: CUDA error: no CUDA-capable device is detected",
     ),
-    (RuntimeError("HIP error: invalid device ordinal"), "RuntimeError: HIP error: invalid device ordinal"),
     (RuntimeError("CUDA driver error: initialization error"), "RuntimeError: CUDA driver error: initialization error"),
     (
         torch.OutOfMemoryError(
@@ -660,17 +572,12 @@ DESCRIBED = [
         RuntimeError("CUDA error: unspecified launch failure at /home/ana/lib/libcuda.so"),
         "RuntimeError: CUDA error: unspecified launch failure at",
     ),
-    (
-        RuntimeError("CUDA error: invalid argument C:\\Users\\ana\\c10.dll"),
-        "RuntimeError: CUDA error: invalid argument",
-    ),
     (RuntimeError("CUDA error: see https://example.org/x"), "RuntimeError: CUDA error: see"),
     (RuntimeError("CUDA error: bad PYTORCH_NO_CUDA_MEMORY_CACHING=hunter2"), "RuntimeError: CUDA error: bad"),
     (RuntimeError("CUDA error: =hunter2"), "RuntimeError (text withheld)"),
     (RuntimeError("CUBLAS_STATUS_/home/ana"), "RuntimeError (text withheld)"),
     # Unknown text: withheld whole; only the first non-empty line is read.
     (RuntimeError("no device X"), "RuntimeError (text withheld)"),
-    (RuntimeError("TORCH_SOMETHING=hunter2"), "RuntimeError (text withheld)"),
     (RuntimeError("/home/ana/x.so: cannot open\nCUDA error: out of memory"), "RuntimeError (text withheld)"),
     (ValueError(), "ValueError"),
     (RuntimeError("  \n \n"), "RuntimeError"),
@@ -680,73 +587,17 @@ DESCRIBED = [
         f"FileNotFoundError: [Errno {errno.ENOENT}] {os.strerror(errno.ENOENT)}",
     ),
     (
-        OSError(errno.EXDEV, "link", "/home/ana/a", None, "/home/ana/b"),
-        f"OSError: [Errno {errno.EXDEV}] {os.strerror(errno.EXDEV)}",
-    ),
-    (
         PermissionError(errno.EACCES, "hunter2 at /home/ana"),
         f"PermissionError: [Errno {errno.EACCES}] {os.strerror(errno.EACCES)}",
     ),
     (OSError("no such device /dev/nvidia0"), "OSError (text withheld)"),  # no errno: PyTorch's text
-    (OSError(errno.EPERM, "hunter2"), f"PermissionError: [Errno {errno.EPERM}] {os.strerror(errno.EPERM)}"),
-    # 0 is no error's number; 2**31 - 1 is the largest C int os.strerror takes, 2**31 one it refuses.
-    (OSError(0, "hunter2 at /home/ana"), "OSError (text withheld)"),
-    (OSError(2**31 - 1, "hunter2"), f"OSError: [Errno {2**31 - 1}] {os.strerror(2**31 - 1)}"),
-    (OSError(2**31, "hunter2"), "OSError (text withheld)"),
-    (NotAnOSErrorWithAnErrno("hunter2"), "NotAnOSErrorWithAnErrno (text withheld)"),
-    (OSErrorWithoutAnErrno("hunter2"), "OSErrorWithoutAnErrno (text withheld)"),
+    (OSError(0, "hunter2 at /home/ana"), "OSError (text withheld)"),  # 0 is no error's number
 ]
 
 
 @pytest.mark.parametrize(("error", "expected"), DESCRIBED, ids=plain_ids([(repr(error),) for error, _ in DESCRIBED]))
 def test_describe_error_keeps_only_allowed_text(error, expected):
     assert mesure_memoire.describe_error(error) == expected
-
-
-def test_captured_warnings_are_kept_once_by_the_allow_list_and_joined(monkeypatch):
-    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
-    numpy = "Failed to initialize NumPy: loaded from /opt/lib/x.so"  # a known message: its text is kept
-    with mesure_memoire.CapturedWarnings():
-        warnings.simplefilter("always")
-        warnings.warn(numpy, UserWarning, stacklevel=1)
-        warnings.warn(numpy, UserWarning, stacklevel=1)
-        warnings.warn("slow", RuntimeWarning, stacklevel=1)  # an unknown one: its category only
-    kept = ["UserWarning: Failed to initialize NumPy", "RuntimeWarning: text withheld"]
-    assert kept == mesure_memoire.PYTORCH_WARNINGS
-    field_errors = {}
-    mesure_memoire.note_pytorch_warnings(field_errors)
-    assert field_errors == {"pytorch_warnings": " | ".join(kept)}
-
-
-def test_captured_warnings_let_exceptions_through_and_restore_the_filters(monkeypatch):
-    monkeypatch.setattr(mesure_memoire, "PYTORCH_WARNINGS", [])
-    before = list(warnings.filters)
-    with pytest.raises(ZeroDivisionError), mesure_memoire.CapturedWarnings():
-        warnings.simplefilter("ignore")
-        1 / 0  # noqa: B018
-    assert warnings.filters == before
-    assert mesure_memoire.PYTORCH_WARNINGS == []
-
-
-def test_pytorch_import_warnings_never_reach_stderr(tmp_path):
-    """numpy unimportable for sure, so that PyTorch warns at import (the privacy test runs the plain case)."""
-    args = ["environment", "--device", "cuda:0", "--json"]
-    completed = subprocess.run(
-        [sys.executable, "-c", BLOCK_NUMPY, MESURE_SCRIPT, *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stderr == ""
-    data = json.loads(completed.stdout)
-    warnings = data["field_errors"].get("pytorch_warnings", "")
-    assert warnings.startswith("UserWarning: Failed to initialize NumPy")
-    assert "site-packages" not in warnings
-    assert str(ROOT) not in warnings
-    assert "/__w/" not in warnings
-    assert list(tmp_path.iterdir()) == []
 
 
 # --- the allocator settings: PyTorch's parsed values only, never the environment, never raw text -------
@@ -763,7 +614,7 @@ SNAPSHOT_STAND_IN = {  # torch.cuda.memory._snapshot()'s entry as PyTorch 2.4 to
 }
 
 
-def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_in_gpu, monkeypatch):
+def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_in_gpu, monkeypatch, capsys):
     monkeypatch.setattr(
         torch.cuda.memory, "_snapshot", lambda: {"segments": [], "allocator_settings": SNAPSHOT_STAND_IN}
     )
@@ -775,6 +626,9 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
     }
     assert environment["allocator_settings"] == {"backend": "native", **expected}
     assert "secret-looking-text" not in mesure_memoire.to_json(environment)
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    shown = "max_split_size_bytes 22020096, expandable_segments True, roundup_power2_divisions {'4': 4, '8': 4}"
+    assert f"  allocator settings    {shown}\n" in capsys.readouterr().out
     unlimited = {**SNAPSHOT_STAND_IN, "max_split_size": -1}  # SIZE_MAX as the int64 PyTorch hands over
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": unlimited})
     assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"]["max_split_size_bytes"] is None
@@ -841,7 +695,7 @@ def test_a_snapshot_that_cannot_answer_leaves_the_settings_unknown(stand_in_gpu,
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", failing)
     environment = mesure_memoire.collect_environment("cuda:0")
     assert environment["allocator_settings"] is None
-    assert "allocator_settings" not in environment["field_errors"]
+    assert environment["field_errors"] == {"allocator_settings": "RuntimeError (text withheld)"}
 
 
 def test_settings_pytorch_refuses_leave_null_and_a_line_that_names_no_key(stand_in_gpu, monkeypatch, capsys):

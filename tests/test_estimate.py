@@ -17,13 +17,12 @@ from conftest import (
     error_line,
     kit_error_of,
     message_pattern,
-    plain_id,
 )
 
 
 @pytest.mark.parametrize(
     ("bits", "expected_bytes_per_parameter"),
-    [(1, 1), (4, 1), (7, 1), (8, 1), (9, 2), (12, 2), (16, 2), (17, 3), (24, 3), (32, 4), (33, 5), (64, 8)],
+    [(1, 1), (8, 1), (9, 2), (16, 2), (17, 3), (64, 8)],
 )
 def test_bits_round_up_to_whole_bytes(bits, expected_bytes_per_parameter):
     estimate = mesure_memoire.estimate_weights(1_000_003, bits)
@@ -37,12 +36,9 @@ def test_bits_round_up_to_whole_bytes(bits, expected_bytes_per_parameter):
     [
         (["--parameters", "7e9", "--bits", "16"], "--parameters"),
         (["--parameters", "nan", "--bits", "16"], "--parameters"),
-        (["--parameters", "inf", "--bits", "16"], "--parameters"),
         (["--parameters", "10", "--bits", "0"], "--bits"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "nan"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "inf"], "--reserve-gib"),
-        (["--parameters", "10", "--bits", "16", "--reserve-gib", "-inf"], "--reserve-gib"),
-        (["--parameters", "10", "--bits", "16", "--reserve-gib", "1e30"], "--reserve-gib"),
         (["--parameters", "10", "--bits", "16", "--reserve-gib", "1e999999"], "--reserve-gib"),
         (["--bits", "16"], "--parameters"),
         (["--parameters", "10"], "--bits"),
@@ -107,30 +103,10 @@ def test_json_gives_gib_and_gb_to_exactly_six_decimals_at_every_size(parameters,
     assert "`--json` gives them to six decimals" in " ".join(readme.split())
 
 
-@pytest.mark.parametrize(
-    ("reserve", "expected"),
-    [("0.0", "0"), (4, "4"), (0.25, "0.25"), (Decimal("1.5"), "1.5"), ("9" * 30, "9" * 30)],
-)
-def test_one_number_grammar_accepts_plain_decimals(reserve, expected):
-    value = mesure_memoire.non_negative_decimal("--reserve-gib", reserve)
-    assert value == Decimal(expected)
-    assert not value.is_signed()
-
-
-@pytest.mark.parametrize(
-    "reserve",
-    ["-0.0", "..5", True, -1, -0.0, float("nan"), 1e30, None, "1" * 31],  # texts of every kind: test_numbers.py
-    ids=plain_id,
-)
-def test_one_number_grammar_refuses_the_rest(reserve):
-    said = MESSAGES["number >= 0"].format(option="--reserve-gib", value=mesure_memoire.quoted(reserve))
-    assert kit_error_of(mesure_memoire.non_negative_decimal, "--reserve-gib", reserve) == said
-
-
 def test_whole_numbers_take_ascii_digits_and_an_upper_bound():
     assert mesure_memoire.whole_number("--seed", str(2**64 - 1), 0, 2**64 - 1) == 2**64 - 1
     assert mesure_memoire.whole_number("--seed", 0, 0, 2**64 - 1) == 0
-    for value in (2**64, str(2**64), "-1", -1, "٣", "１", "1_0", True, 1.0, "9" * 31):
+    for value in (2**64, True, 1.0):  # texts of every kind: test_numbers.py
         with pytest.raises(mesure_memoire.KitError, match="--seed"):
             mesure_memoire.whole_number("--seed", value, 0, 2**64 - 1)
     with pytest.raises(mesure_memoire.KitError, match="from 0 to 18446744073709551615"):
@@ -144,12 +120,9 @@ def test_whole_numbers_take_ascii_digits_and_an_upper_bound():
     ("number", "places", "expected"),
     [
         ("0.125", 2, "0.13"),
-        ("0.135", 2, "0.14"),
         ("2.5", 0, "3"),
-        ("0.0000005", 6, "0.000001"),
         ("0.1249999", 2, "0.12"),
         ("7", 2, "7.00"),
-        ("1.0000015", 6, "1.000002"),
     ],
 )
 def test_rounded_is_half_up_to_exactly_the_places(number, places, expected):
@@ -165,11 +138,6 @@ def test_rounded_and_ratios_keep_every_digit_of_the_largest_figures():
     assert len(third.as_tuple().digits) == 200  # the exact context's precision
     with mesure_memoire.exact_context() as context:
         assert context.prec == 200
-
-
-def test_decimal_ratio_divides_in_its_order():
-    assert mesure_memoire.decimal_ratio(3 * 2**30, 2**30) == 3
-    assert mesure_memoire.decimal_ratio(1, 4) == Decimal("0.25")
 
 
 # --- the one number grammar ---------------------------------------------------------------------------------
@@ -289,11 +257,6 @@ def test_estimate_weights_returns_every_field():
         ],
     }
     assert mesure_memoire.estimate_weights("3", "9", "0.5")["total_gib"] == Decimal("0.50000000558793544769287109375")
-    positive = MESSAGES["positive whole number"]
-    assert kit_error_of(mesure_memoire.estimate_weights, 0, 8) == positive.format(option="--parameters", value=0)
-    assert kit_error_of(mesure_memoire.estimate_weights, 1, 0) == positive.format(option="--bits", value=0)
-    said = MESSAGES["number >= 0"].format(option="--reserve-gib", value="'-1'")
-    assert kit_error_of(mesure_memoire.estimate_weights, 1, 1, "-1") == said
 
 
 def test_estimate_json_rounds_halves_up_to_six_decimals(capsys):
@@ -352,7 +315,6 @@ def test_shown_quotes_escapes_and_shortens_user_values():
     assert (
         mesure_memoire.quoted("y" * 79) == "'" + "y" * 59 + "..." + "y" * 11 + "' (79 characters)"
     )  # 81 with the quotes
-    assert mesure_memoire.quoted("abcdefghij", limit=12) == "'abcdefghij'"
     assert mesure_memoire.quoted(12345) == "12345"
     assert mesure_memoire.name_as_typed("z" * 80) == "z" * 80
     assert mesure_memoire.name_as_typed(b"x.json") == "b'x.json'"

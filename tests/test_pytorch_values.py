@@ -151,6 +151,13 @@ def test_a_torch_that_is_not_pytorch_is_diagnosed_in_environment(namespace_torch
     assert data["torch"] is None
     assert data["torch_error"] == MESSAGES["torch is not PyTorch"]
     assert data["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3] == f"  PyTorch               not importable ({MESSAGES['torch is not PyTorch']})"
+    assert lines[7:9] == [
+        "  device                cuda:0 (PyTorch sees no device(s))",
+        "  GPU usable            no: PyTorch is not importable",
+    ]
 
 
 # --- 3. a reading PyTorch cannot give: unknown ---------------------------------------------------------------

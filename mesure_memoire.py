@@ -536,18 +536,6 @@ def torch_release_warning(version):
     return None
 
 
-SETTINGS = (
-    "float32_matmul_precision",
-    "cuda_matmul_allow_tf32",
-    "cudnn_allow_tf32",
-    "cuda_matmul_allow_fp16_reduced_precision_reduction",
-    "cuda_matmul_allow_bf16_reduced_precision_reduction",
-    "preferred_blas_library",
-    "cublas_workspace_size_bytes",
-    "cublaslt_workspace_size_bytes",
-)
-
-
 def collect_environment(device, debug=False):
     """What this process sees; each failed query is null and a line in ``field_errors``."""
     index = device_index(device)
@@ -568,7 +556,7 @@ def environment_of(device, index):
         environment["gpu_unavailable_reason"] = "PyTorch is not importable"
         return environment
     environment["torch"] = query("torch", lambda: pytorch_text("torch", torch.__version__))
-    _read_settings(torch, query, environment["settings"])
+    environment["settings"] = _read_settings(torch, query)
     environment["cuda_build"] = query("cuda_build", lambda: pytorch_text("cuda_build", torch.version.cuda))
     environment["hip_build"] = query("hip_build", lambda: pytorch_text("hip_build", torch.version.hip))
     # None in a build without cuDNN or MIOpen
@@ -603,10 +591,7 @@ def _empty_environment(device):
     import platform
 
     return {
-        "python": {
-            "version": platform.python_version(),
-            "implementation": platform.python_implementation(),
-        },
+        "python": {"version": platform.python_version(), "implementation": platform.python_implementation()},
         "os": {"name": platform.system(), "release": platform.release(), "machine": platform.machine()},
         "torch": None,
         "torch_error": None,
@@ -618,7 +603,7 @@ def _empty_environment(device):
         "gpu_available": False,
         "gpu_unavailable_reason": None,
         "gpu": None,
-        "settings": dict.fromkeys(SETTINGS),
+        "settings": {},
         "allocator_settings": None,
         "field_errors": {},
         "driver_note": DRIVER_NOTE,
@@ -626,16 +611,18 @@ def _empty_environment(device):
     }
 
 
-def _read_settings(torch, query, settings):
-    """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
+def _read_settings(torch, query):
+    """The settings that change the figures, read from PyTorch's API (never from environment variables); the BLAS
+    workspaces' sizes are read with the GPU (environment_of)."""
     matmul = torch.backends.cuda.matmul
     precision = "float32_matmul_precision"
-    settings[precision] = query(precision, lambda: torch.get_float32_matmul_precision())
+    settings = {precision: query(precision, lambda: torch.get_float32_matmul_precision())}
     settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
     settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
     for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
     settings["preferred_blas_library"] = query("preferred_blas_library", lambda: _blas_library(torch))
+    return {**settings, "cublas_workspace_size_bytes": None, "cublaslt_workspace_size_bytes": None}
 
 
 # <<< notebook
@@ -2124,7 +2111,8 @@ def measure_to_file(config, output_path, tool, debug):
     check_new_output(output_path)
     with CapturedPyTorch(debug):
         result = measure(config, tool)
-    note_pytorch_warnings(result["environment"]["field_errors"])
+    if PYTORCH_WARNINGS:
+        note_pytorch_warnings(result["environment"]["field_errors"])
     try:
         write_new_file(output_path, to_json(result))
     except OSError as error:

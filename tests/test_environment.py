@@ -353,42 +353,21 @@ def test_the_collector_when_the_gpu_is_not_visible_or_unreadable(stand_in_gpu, m
 
 
 def test_each_failing_query_leaves_null_and_names_itself(stand_in_gpu, monkeypatch):
-    stand_in_gpu()
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("broken")
-
-    for owner, name in [
-        (torch, "get_float32_matmul_precision"),
-        (torch.backends.cuda, "preferred_blas_library"),
-        (torch.backends.cudnn, "version"),
-        (torch.cuda.memory, "get_allocator_backend"),
-        (torch.backends.cuda, "cublas_workspace_size"),
-        (torch.backends.cuda, "cublaslt_workspace_size"),
-    ]:
-        monkeypatch.setattr(owner, name, broken)
+    broken = {  # the field_errors key: the query that raises
+        "float32_matmul_precision": (torch, "get_float32_matmul_precision"),
+        "preferred_blas_library": (torch.backends.cuda, "preferred_blas_library"),
+        "cudnn_or_miopen_version": (torch.backends.cudnn, "version"),
+        "allocator_backend": (torch.cuda.memory, "get_allocator_backend"),
+        "cublas_workspace_size": (torch.backends.cuda, "cublas_workspace_size"),
+        "cublaslt_workspace_size": (torch.backends.cuda, "cublaslt_workspace_size"),
+    }
+    for owner, name in broken.values():
+        monkeypatch.setattr(owner, name, raising(RuntimeError("broken")))
     environment = mesure_memoire.collect_environment("cuda:0")
-    assert environment["field_errors"] == dict.fromkeys(
-        [
-            "float32_matmul_precision",
-            "preferred_blas_library",
-            "cudnn_or_miopen_version",
-            "allocator_backend",
-            "cublas_workspace_size",
-            "cublaslt_workspace_size",
-        ],
-        "RuntimeError (text withheld)",
-    )
+    assert environment["field_errors"] == dict.fromkeys(broken, "RuntimeError (text withheld)")
     settings = environment["settings"]
-    assert [
-        settings[key]
-        for key in (
-            "float32_matmul_precision",
-            "preferred_blas_library",
-            "cublas_workspace_size_bytes",
-            "cublaslt_workspace_size_bytes",
-        )
-    ] == [None] * 4
+    assert settings["float32_matmul_precision"] is settings["preferred_blas_library"] is None
+    assert settings["cublas_workspace_size_bytes"] is settings["cublaslt_workspace_size_bytes"] is None
     assert environment["gpu"]["allocator_backend"] is None
     assert environment["gpu_available"] is True
 

@@ -136,14 +136,10 @@ def name_as_typed(path):
     return quoted(path)
 
 
-def ascii_digits(text):
-    """True for one or more ASCII digits, nothing else (str.isdigit alone accepts any script's digits)."""
-    return text.isascii() and text.isdigit()
-
-
 def is_whole_number_text(text):
-    """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0."""
-    return ascii_digits(text) and (text == "0" or not text.startswith("0"))
+    """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0 (str.isdigit
+    alone accepts any script's digits)."""
+    return text.isascii() and text.isdigit() and (text == "0" or not text.startswith("0"))
 
 
 def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
@@ -168,7 +164,8 @@ def non_negative_decimal(option, value):
     """Return ``value`` as an exact Decimal >= 0, written as the number grammar says."""
     text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
     whole, point, fraction = text.partition(".")
-    written = is_whole_number_text(whole) and (ascii_digits(fraction) or not point)  # a second point is not a digit
+    # A second point is not a digit.
+    written = is_whole_number_text(whole) and (fraction.isascii() and fraction.isdigit() or not point)
     if not written or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
         raise KitError(
             f"{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one "
@@ -387,19 +384,15 @@ class CapturedPyTorch:
         kept = [f"{caught.category.__name__}: {kept_text(str(caught.message))}" for caught in self._caught]
         kept += [f"stderr: {kept_text(line)}" for line in self.text.splitlines() if line.strip()]
         PYTORCH_WARNINGS.extend(line for line in dict.fromkeys(kept) if line not in PYTORCH_WARNINGS)
-        if self.show:
-            self._show_whole()
+        if self.show:  # --debug: PyTorch's own text on the terminal, as it wrote it, then each failure's traceback
+            import traceback
+
+            parts = [f"--- what PyTorch wrote on stderr ---\n{self.text}"] if self.text else []
+            for failure in self.failures:
+                parts.append(f"--- {type(failure).__name__} raised in PyTorch ---\n")
+                parts.append("".join(traceback.format_exception(type(failure), failure, failure.__traceback__)))
+            _to_stderr("".join(parts))
         return False
-
-    def _show_whole(self):
-        """--debug: PyTorch's own text on the terminal, as it wrote it, then each failure with its traceback."""
-        import traceback
-
-        parts = [f"--- what PyTorch wrote on stderr ---\n{self.text}"] if self.text else []
-        for failure in self.failures:
-            parts.append(f"--- {type(failure).__name__} raised in PyTorch ---\n")
-            parts.append("".join(traceback.format_exception(type(failure), failure, failure.__traceback__)))
-        _to_stderr("".join(parts))
 
     @classmethod
     def note(cls, failure):

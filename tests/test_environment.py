@@ -296,22 +296,6 @@ def test_attributes_an_older_pytorch_lacks_are_null_not_errors(two_devices, monk
         assert environment["settings"][name] is None
 
 
-def test_the_collector_on_a_rocm_build_keeps_the_architecture(two_devices, monkeypatch):
-    two_devices.properties.gcnArchName = "gfx942:sramecc+:xnack-"
-    two_devices.properties.major, two_devices.properties.minor = 9, 4
-    monkeypatch.setattr(torch.version, "hip", "7.0.1")
-    monkeypatch.setattr(torch.version, "cuda", None)
-    monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")
-    environment = mesure_memoire.collect_environment("cuda:1")
-    assert environment["hip_build"] == "7.0.1"
-    assert environment["cuda_build"] is None
-    assert environment["gpu"]["gcn_arch_name"] == "gfx942:sramecc+:xnack-"
-    assert environment["gpu"]["compute_capability"] == "9.4"
-    assert environment["settings"]["cublas_workspace_size_bytes"] == 8 * MIB + 128 * 2**10
-    assert environment["settings"]["cublaslt_workspace_size_bytes"] is None  # no such query: left null
-    assert environment["field_errors"] == {}
-
-
 @pytest.mark.parametrize(
     ("count", "device", "reason"),
     [
@@ -391,30 +375,39 @@ def test_each_odd_text_is_null_and_its_field_error_names_it_and_what_was_expecte
 
 def test_the_environment_text_names_each_field_and_says_unknown(two_devices, monkeypatch, capsys):
     """A ROCm build's GPU, its name withheld, its total unreadable, two queries failed."""
-    two_devices.properties.gcnArchName = "gfx942"
+    two_devices.properties.gcnArchName = "gfx942:sramecc+:xnack-"
+    two_devices.properties.major, two_devices.properties.minor = 9, 4
     two_devices.properties.name = "GPU ~hunter2"
     del two_devices.properties.total_memory  # an API this PyTorch lacks: unknown
     monkeypatch.setattr(torch.version, "hip", "7.0.1")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")  # no such query: null, no line
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 3)
     monkeypatch.setattr(torch.cuda, "mem_get_info", raising(RuntimeError("x")))
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", raising(RuntimeError("y")))
     assert mesure_memoire.main(["environment", "--device", "cuda:1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[4:15] == [
-        "  CUDA build            13.0",
+        "  CUDA build            none",
         "  HIP build             7.0.1",
         "  cuDNN/MIOpen          3",
         "  device                cuda:1 (PyTorch sees 2 device(s))",
         "  GPU usable            yes",
         "  GPU name              unknown",
-        "  compute capability    9.0 (gfx942)",
+        "  compute capability    9.4 (gfx942:sramecc+:xnack-)",
         "  memory (runtime)      unknown",
         "  mem_get_info          free none / total none bytes",
         "  allocator backend     unknown",
         "  allocator settings    unknown (allocated bytes not checked)",
     ]
-    assert "  setting               cublaslt_workspace_size_bytes = 1048576" in lines
-    assert "  query failed          allocator_backend: RuntimeError (text withheld)" in lines
+    assert "  setting               cublas_workspace_size_bytes = 8519680" in lines  # device 1's
+    assert not any("cublaslt" in line for line in lines)
+    assert [line for line in lines if "query failed" in line] == [
+        "  query failed          allocator_backend: RuntimeError (text withheld)",
+        "  query failed          mem_get_info: RuntimeError (text withheld)",
+        "  query failed          name: WithheldText: PyTorch's name is not printable text of at most 100 characters "
+        "without /, \\ or ~ (withheld)",
+    ]
     assert lines[-3:] == [
         mesure_memoire.DRIVER_NOTE,
         "  NVIDIA nvidia-smi --query-gpu=name,driver_version --format=csv",
@@ -469,7 +462,6 @@ DESCRIBED = [
     (RuntimeError("CUDA error: =hunter2"), "RuntimeError (text withheld)"),
     (RuntimeError("CUBLAS_STATUS_/home/ana"), "RuntimeError (text withheld)"),
     # Unknown text: withheld whole; only the first non-empty line is read.
-    (RuntimeError("no device X"), "RuntimeError (text withheld)"),
     (RuntimeError("/home/ana/x.so: cannot open\nCUDA error: out of memory"), "RuntimeError (text withheld)"),
     (ValueError(), "ValueError"),
     (RuntimeError("  \n \n"), "RuntimeError"),

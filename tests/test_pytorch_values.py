@@ -59,7 +59,6 @@ WARNINGS = [
         "\nTesla K80 with CUDA capability sm_37 is not compatible with the current PyTorch installation.\nThe ...",
         "UserWarning: Tesla K80 with CUDA capability sm_37 is not compatible with the current PyTorch installation.",
     ),
-    (f"Found GPU0 /home/{SECRET}/x which is of compute capability (CC) 3.7.", "UserWarning: text withheld"),
     (f"TORCH_SOMETHING_NEW={SECRET} is deprecated", "UserWarning: text withheld"),
 ]
 

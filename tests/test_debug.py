@@ -62,8 +62,8 @@ def test_debug_shows_pytorch_s_message_traceback_and_stderr_on_the_terminal_only
     )
 
 
-def phase_failure(tmp_path, monkeypatch, capfd, *extra):
-    failing = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, RuntimeError(SECRET)))
+def phase_failure(tmp_path, monkeypatch, capfd, error, *extra):
+    failing = RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, error))
     stand_in_measurement(monkeypatch, failing)
     code = mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json"), *extra])
     assert code == 3
@@ -73,7 +73,7 @@ def phase_failure(tmp_path, monkeypatch, capfd, *extra):
 
 def test_a_refusal_that_withholds_pytorch_s_text_names_debug(stand_in_gpu, tmp_path, monkeypatch, capfd):
     stand_in_gpu()
-    captured = phase_failure(tmp_path, monkeypatch, capfd)
+    captured = phase_failure(tmp_path, monkeypatch, capfd, RuntimeError(SECRET))
     error = MESSAGES["withheld: --debug shows it"].format(type="RuntimeError")
     dimensions = "batch 1, context 16, width 64, dtype float32"
     assert captured.err == error_line(
@@ -92,16 +92,12 @@ def test_help_names_debug_and_warns_what_it_may_show(command, capsys):
 def test_with_debug_an_out_of_memory_failure_shows_pytorch_s_message_too(stand_in_gpu, tmp_path, monkeypatch, capfd):
     stand_in_gpu()
     error = RuntimeError(f"CUDA out of memory. Tried to allocate 2.00 GiB at {SECRET}")
-    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu"), fail_on_synchronize=(4, error)))
-    code = mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json"), "--debug"])
-    captured = capfd.readouterr()
-    assert code == 3
+    captured = phase_failure(tmp_path, monkeypatch, capfd, error, "--debug")
     assert f"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB at {SECRET}" in captured.err.splitlines()
     *shown, last = captured.err.splitlines()  # the traceback first, then the kit's one line
     assert "Traceback (most recent call last):" in shown
     assert last.startswith("mesure_memoire.py: error: out of memory in phase inputs")
     assert captured.out == ""
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_debug_shows_no_stderr_heading_when_pytorch_wrote_nothing(stand_in_gpu, capfd):

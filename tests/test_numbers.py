@@ -46,18 +46,12 @@ IDS = plain_ids(NUMBERS)
 
 @pytest.mark.parametrize(("text", "whole", "decimal"), NUMBERS, ids=IDS)
 def test_each_script_checks_the_grammar_alike(text, whole, decimal):
-    assert mesure_memoire.is_whole_number_text(text) is whole
     assert calcul_forfaits.is_whole(text, zero=True) is whole
     assert (mesure_memoire.device_index(f"cuda:{text}") == int(text)) if whole else True
     if not whole:
         said = MESSAGES["--device not cuda:N"].format(device=mesure_memoire.quoted(f"cuda:{text}"))
         assert kit_error_of(mesure_memoire.device_index, f"cuda:{text}") == said
-    assert calcul_forfaits.is_number(text) is decimal
-    if decimal:
-        assert str(mesure_memoire.non_negative_decimal("--reserve-gib", text)) == (text if "." in text else f"{text}.0")
-    else:
-        said = MESSAGES["number >= 0"].format(option="--reserve-gib", value=mesure_memoire.quoted(text))
-        assert kit_error_of(mesure_memoire.non_negative_decimal, "--reserve-gib", text) == said
+    assert calcul_forfaits.is_number(text) is decimal  # mesure_memoire.py's decimal: through main, below
 
 
 @pytest.mark.parametrize(("text", "whole", "decimal"), [case for case in NUMBERS if case[0] != "0"], ids=IDS[1:])

@@ -213,9 +213,6 @@ def test_to_json_indents_nested_containers_and_decimals():
         mesure_memoire.to_json([Decimal("Infinity")])
     data = {"a": [1, 2.5, None, True, {}, [], 'é\n"x"'], "b": {"c": {"d": []}}, "e": "", "f": [[{}]]}
     assert mesure_memoire.to_json(data) == json.dumps(data, indent=2) + "\n"
-    assert mesure_memoire.to_json({"x": Decimal("2.5"), "y": [Decimal(10) ** 25]}) == (
-        '{\n  "x": 2.500000,\n  "y": [\n    10000000000000000000000000.000000\n  ]\n}\n'
-    )
     with pytest.raises(TypeError):
         mesure_memoire.to_json({"x": object()})
     with pytest.raises(TypeError):

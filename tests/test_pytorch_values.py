@@ -84,34 +84,28 @@ def test_a_warning_is_kept_only_when_it_is_a_known_message_without_a_setting_s_v
 
 
 @pytest.mark.parametrize(
-    ("where", "value"),
+    ("where", "value", "kept"),
     [
-        ("torch", f"2.13.0+/home/ana/{SECRET}"),
-        ("torch", f"{SECRET} 2.13"),
-        ("cuda_build", f"13.0 {SECRET}"),
-        ("hip_build", f"/opt/{SECRET}/6.3"),
+        ("torch", "2.4.0a0+git1234abc", True),
+        ("torch", "2.15.0.dev20261201+cu130", True),
+        ("hip_build", "6.3.42131-fa1d09cbd", True),
+        ("torch", f"2.13.0+/home/ana/{SECRET}", False),
+        ("torch", f"{SECRET} 2.13", False),
+        ("cuda_build", f"13.0 {SECRET}", False),
+        ("hip_build", f"/opt/{SECRET}/6.3", False),
     ],
     ids=plain_id,
 )
-def test_a_version_that_is_not_one_is_null_with_a_field_error(stand_in_gpu, monkeypatch, capsys, where, value):
+def test_a_version_is_kept_as_is_or_null_with_a_field_error(stand_in_gpu, monkeypatch, capsys, where, value, kept):
     if where == "torch":
         monkeypatch.setattr(torch, "__version__", value)
     else:
         monkeypatch.setattr(torch.version, where.partition("_")[0], value)
     data = environment_json(capsys)
-    assert data[where] is None
-    assert data["field_errors"][where] == MESSAGES["withheld text"].format(name=where, expected="a version")
-    assert SECRET not in json.dumps(data)
-
-
-@pytest.mark.parametrize(
-    "version", ["2.13.0+cpu", "2.4.0a0+git1234abc", "2.8.0+rocm6.3", "2.15.0.dev20261201+cu130"], ids=plain_id
-)
-def test_real_versions_are_kept(stand_in_gpu, monkeypatch, capsys, version):
-    monkeypatch.setattr(torch, "__version__", version)
-    monkeypatch.setattr(torch.version, "hip", "6.3.42131-fa1d09cbd")
-    data = environment_json(capsys)
-    assert (data["torch"], data["hip_build"], data["cuda_build"]) == (version, "6.3.42131-fa1d09cbd", "13.0")
+    assert data[where] == (value if kept else None)
+    if not kept:
+        assert data["field_errors"][where] == MESSAGES["withheld text"].format(name=where, expected="a version")
+        assert SECRET not in json.dumps(data)
 
 
 def test_the_gpu_s_name_is_kept_as_is_and_withheld_when_not_short_printable_text_without_a_path(stand_in_gpu, capsys):
@@ -162,12 +156,9 @@ def test_a_torch_that_is_not_pytorch_is_diagnosed_in_environment(namespace_torch
 # --- 3. a reading PyTorch cannot give: unknown ---------------------------------------------------------------
 
 
-def test_mem_get_info_raising_anything_leaves_it_unknown(stand_in_gpu, monkeypatch, tmp_path, capsys):
+def test_mem_get_info_raising_anything_leaves_the_bytes_in_use_unknown(stand_in_gpu, monkeypatch, tmp_path, capsys):
     stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
     monkeypatch.setattr(torch.cuda, "mem_get_info", raising(OSError("no such device /dev/nvidia0")))
-    data = environment_json(capsys)
-    assert data["gpu"]["mem_get_info_free_bytes"] is None
-    assert data["field_errors"]["mem_get_info"] == "OSError (text withheld)"
     assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")]) == 0
     result = json.loads((tmp_path / "o.json").read_text())
     assert result["configuration"]["device_used_bytes_before_measure"] is None

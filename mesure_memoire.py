@@ -111,7 +111,6 @@ class MeasurementFailed(KitError):
     nothing_written = "nothing written"
 
 
-DEBUG_SHOWS_IT = "--debug or the notebook's DEBUG shows it"
 RUN_ON_THE_GPU_BOX = "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
 
 
@@ -137,14 +136,10 @@ def name_as_typed(path):
     return quoted(path)
 
 
-def ascii_digits(text):
-    """True for one or more ASCII digits, nothing else (str.isdigit alone accepts any script's digits)."""
-    return text.isascii() and text.isdigit()
-
-
 def is_whole_number_text(text):
-    """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0."""
-    return ascii_digits(text) and (text == "0" or not text.startswith("0"))
+    """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0 (str.isdigit
+    alone accepts any script's digits)."""
+    return text.isascii() and text.isdigit() and (text == "0" or not text.startswith("0"))
 
 
 def whole_number(option, value, minimum, maximum=10**MAX_DIGITS - 1, why=None):
@@ -169,7 +164,8 @@ def non_negative_decimal(option, value):
     """Return ``value`` as an exact Decimal >= 0, written as the number grammar says."""
     text = str(value) if isinstance(value, (str, int, float, Decimal)) and not isinstance(value, bool) else ""
     whole, point, fraction = text.partition(".")
-    written = is_whole_number_text(whole) and (ascii_digits(fraction) or not point)  # a second point is not a digit
+    # A second point is not a digit.
+    written = is_whole_number_text(whole) and (fraction.isascii() and fraction.isdigit() or not point)
     if not written or len(whole) > MAX_DIGITS or len(fraction) > MAX_DIGITS:
         raise KitError(
             f"{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one "
@@ -228,15 +224,16 @@ ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not 
 _ALLOCATOR_REFUSALS = ("cachingallocator option", "allocator config", "allocator option")
 
 
-# The texts the kit keeps of PyTorch's messages, an allow-list: PyTorch's own wording (c10's CUDA checks, torch.cuda),
-# and where a part varies, a narrow class that cannot hold a path, a URL or a setting's value (no / \\ ~ : =),
-# since any message may quote what an environment variable holds.  Only the match is kept, never the rest.
-# cudaGetErrorString's words ("no CUDA-capable device is detected"), each whole: "https:" or "libcuda.so" is none.
+# The texts the kit keeps of PyTorch's messages and warnings, an allow-list: PyTorch's own wording (c10's CUDA
+# checks, torch.cuda), and where a part varies, a narrow class that cannot hold a path, a URL or a setting's value
+# (no / \\ ~ : =), since any message may quote what an environment variable holds.  Only the match is kept, never
+# the rest.  cudaGetErrorString's words ("no CUDA-capable device is detected"), each whole: "https:" or
+# "libcuda.so" is none.
 _WORD = r"(?:CUDA|[a-z])[a-z-]*(?![^\s,;])"
 _WORDS = rf"{_WORD}(?: {_WORD})*"
 _STATUS = r"[A-Z][A-Z0-9_]{0,63}"
 _GPU_NAME = r"[A-Za-z0-9][A-Za-z0-9 .()+-]{0,99}"
-KNOWN_ERRORS = (
+KNOWN_TEXTS = (
     r"(?:CUDA|HIP) out of memory\.(?: Tried to allocate [0-9]{1,9}(?:\.[0-9]{1,2})? [KMGTP]?i?B\.)?",
     rf"(?:CUDA error: )?CUBLAS_STATUS_{_STATUS}",
     rf"cuDNN error: CUDNN_STATUS_{_STATUS}",
@@ -252,10 +249,8 @@ KNOWN_ERRORS = (
     r"embedded null (?:character|byte)",
     r"'[a-z0-9-]{1,20}' codec can't (?:en|de)code (?:character|byte) '\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})'"
     r" in position [0-9]{1,9}(?:: [a-z0-9 ()]{1,40})?",
-)
-# The warnings PyTorch 2.4 to 2.15 raises that hold no setting's value (CUDA's initialization, the GPU's
-# capability, NumPy, NVML).
-KNOWN_WARNINGS = (
+    # The warnings PyTorch 2.4 to 2.15 raises that hold no setting's value (CUDA's initialization, the GPU's
+    # capability, NumPy, NVML); c10's check_env ("Ignoring invalid value for boolean flag NAME: VALUE"): the name.
     r"CUDA initialization: (?:The NVIDIA driver on your system is too old|Found no NVIDIA driver on your system"
     rf"|{_WORDS})",
     rf"Found GPU[0-9]{{1,4}} {_GPU_NAME} which is of (?:compute|cuda) capability \(CC\) [0-9]{{1,3}}\.[0-9]{{1,3}}\.",
@@ -264,45 +259,45 @@ KNOWN_WARNINGS = (
     r"Failed to initialize NumPy",
     r"Can't initialize NVML",
     r"Can't get nvml device count",
+    r"Ignoring invalid value for boolean flag [A-Z][A-Z0-9_]{0,63}(?=:)",
 )
-# c10's check_env: "Ignoring invalid value for boolean flag NAME: VALUE..." keeps the flag's name, not its value.
-_VALUE_WARNING = r"Ignoring invalid value for boolean flag [A-Z][A-Z0-9_]{0,63}(?=:)"
 
 
-def kept_text(message, patterns):
-    """The part of ``message``'s first non-empty line that one of ``patterns`` matches from its start, else None."""
+def kept_text(message, withheld="text withheld"):
+    """The part of ``message``'s first non-empty line that KNOWN_TEXTS matches from its start, else ``withheld``."""
     import re
 
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    for pattern in patterns if lines else ():
+    for pattern in KNOWN_TEXTS if lines else ():
         found = re.match(pattern, lines[0])
         if found:
-            return found[0]
-    return None
+            return one_line(found[0])
+    return withheld
 
 
 def describe_error(exc, withheld="text withheld"):
     """An error as "Type: text", the text only what the kit allows (an OS error's number, never its file
     names; the allow-list's part), else "(text withheld)"."""
-    PyTorchStderr.note(exc)
+    CapturedPyTorch.note(exc)
     name = type(exc).__name__
-    number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
-    if isinstance(number, int) and 0 < number < 2**31:  # a C int: what os.strerror takes
+    number = exc.errno if isinstance(exc, OSError) else None
+    if isinstance(number, int) and number > 0:
         return f"{name}: [Errno {number}] {one_line(os.strerror(number))}"
     message = str(exc)
     if any(wording in message.lower() for wording in _ALLOCATOR_REFUSALS):
         return ALLOCATOR_REFUSED
     if isinstance(exc, WithheldText):
         return f"{name}: {one_line(message)}"
-    kept = kept_text(message, KNOWN_ERRORS)
+    kept = kept_text(message, None)
     if kept:
-        return f"{name}: {one_line(kept)}"
+        return f"{name}: {kept}"
     return f"{name} ({withheld})" if message.strip() else name
 
 
 def pytorch_failure(what, exc, kind=KitError):
     """The ``kind`` of the kit's failure for ``exc``, raised in PyTorch by ``what``: one line."""
-    return kind(f"{what}: {describe_error(exc, f'text withheld; {DEBUG_SHOWS_IT}')}; {kind.nothing_written}")
+    withheld = "text withheld; --debug or the notebook's DEBUG shows it"
+    return kind(f"{what}: {describe_error(exc, withheld)}; {kind.nothing_written}")
 
 
 def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
@@ -326,38 +321,10 @@ def note_pytorch_warnings(field_errors):
         field_errors[PYTORCH_WARNINGS_FIELD] = " | ".join(PYTORCH_WARNINGS)
 
 
-def kept_warning_text(message):
-    """A known warning's part, a flag's name without its value, else "text withheld"."""
-    kept = kept_text(message, KNOWN_WARNINGS)
-    if kept:
-        return one_line(kept)
-    flag = kept_text(message, (_VALUE_WARNING,))
-    return f"{flag} (value withheld)" if flag else "text withheld"
-
-
-class CapturedWarnings:
-    """Records the warnings raised inside by the allow-list, once each, in PYTORCH_WARNINGS."""
-
-    def __enter__(self):
-        import warnings
-
-        self._catcher = warnings.catch_warnings(record=True)
-        self._caught = self._catcher.__enter__()
-        return self
-
-    def __exit__(self, *exc_info):
-        self._catcher.__exit__(*exc_info)
-        for caught in self._caught:
-            line = f"{caught.category.__name__}: {kept_warning_text(str(caught.message))}"
-            if line not in PYTORCH_WARNINGS:
-                PYTORCH_WARNINGS.append(line)
-        return False
-
-
 # <<< notebook
 
 
-# >>> notebook: PyTorch's stderr: captured at the descriptor, kept by the same allow-list
+# >>> notebook: What PyTorch says: its warnings and its stderr, captured, kept by the same allow-list
 def _to_stderr(text=""):
     """Write ``text`` on sys.stderr and flush it; a closed or missing stderr is not an error."""
     import contextlib
@@ -367,16 +334,11 @@ def _to_stderr(text=""):
         sys.stderr.flush()
 
 
-def kept_stderr_line(line):
-    """What the kit keeps of a line PyTorch wrote on stderr: a known error's or warning's part, else nothing."""
-    return one_line(kept_text(line, KNOWN_ERRORS) or kept_warning_text(line))
+class CapturedPyTorch:
+    """``with CapturedPyTorch(show):`` the warnings raised inside, and descriptor 2 (where PyTorch's C++ side writes:
+    paths, settings' values) drained from a pipe, each kept by the allow-list in PYTORCH_WARNINGS, once each;
+    ``show`` (--debug): what PyTorch wrote and each failure, whole, on the terminal."""
 
-
-class PyTorchStderr:
-    """``with PyTorchStderr(show):`` descriptor 2 (where PyTorch's C++ side writes: paths, settings' values) is
-    drained from a pipe, each line kept by the allow-list; ``show`` (--debug): the text whole on the terminal."""
-
-    LIMIT_BYTES = 2**16  # what a line-by-line reading keeps; beyond it, drained and dropped
     current = None  # the capture under way, which describe_error tells of each failure
 
     def __init__(self, show):
@@ -384,8 +346,11 @@ class PyTorchStderr:
 
     def __enter__(self):
         import threading
+        import warnings
 
-        PyTorchStderr.current = self
+        CapturedPyTorch.current = self
+        self._catcher = warnings.catch_warnings(record=True)
+        self._caught = self._catcher.__enter__()
         self._saved, self._chunks = None, []
         _to_stderr()  # what the kit wrote before stays the kit's
         try:
@@ -403,37 +368,31 @@ class PyTorchStderr:
         return self
 
     def _drain(self, read_end):
-        size = 0
         while chunk := os.read(read_end, 2**16):
-            self._chunks.append(chunk[: max(0, self.LIMIT_BYTES - size)])
-            size += len(chunk)
+            self._chunks.append(chunk)
         os.close(read_end)
 
     def __exit__(self, *exc_info):
-        PyTorchStderr.current = None
+        CapturedPyTorch.current = None
+        self._catcher.__exit__(*exc_info)
         if self._saved is not None:
             _to_stderr()  # what Python wrote meanwhile went to the pipe too
             os.dup2(self._saved, 2)  # the pipe's last write end closes: the thread reads to its end
             os.close(self._saved)
             self._reader.join(timeout=1)  # a process PyTorch started may hold the pipe open: not waited for
             self.text = b"".join(self._chunks).decode("utf-8", "replace")
-        for line in filter(str.strip, self.text.splitlines()):
-            kept = f"stderr: {kept_stderr_line(line.strip())}"
-            if kept not in PYTORCH_WARNINGS:
-                PYTORCH_WARNINGS.append(kept)
-        if self.show:
-            self._show_whole()
+        kept = [f"{caught.category.__name__}: {kept_text(str(caught.message))}" for caught in self._caught]
+        kept += [f"stderr: {kept_text(line)}" for line in self.text.splitlines() if line.strip()]
+        PYTORCH_WARNINGS.extend(line for line in dict.fromkeys(kept) if line not in PYTORCH_WARNINGS)
+        if self.show:  # --debug: PyTorch's own text on the terminal, as it wrote it, then each failure's traceback
+            import traceback
+
+            parts = [f"--- what PyTorch wrote on stderr ---\n{self.text}"] if self.text else []
+            for failure in self.failures:
+                parts.append(f"--- {type(failure).__name__} raised in PyTorch ---\n")
+                parts.append("".join(traceback.format_exception(type(failure), failure, failure.__traceback__)))
+            _to_stderr("".join(parts))
         return False
-
-    def _show_whole(self):
-        """--debug: PyTorch's own text on the terminal, as it wrote it, then each failure with its traceback."""
-        import traceback
-
-        parts = [f"--- what PyTorch wrote on stderr ---\n{self.text}"] if self.text else []
-        for failure in self.failures:
-            parts.append(f"--- {type(failure).__name__} raised in PyTorch ---\n")
-            parts.append("".join(traceback.format_exception(type(failure), failure, failure.__traceback__)))
-        _to_stderr("".join(parts))
 
     @classmethod
     def note(cls, failure):
@@ -531,27 +490,26 @@ def format_estimate(estimate):
 
 
 # >>> notebook: 2. Environment diagnosis (degrades field by field, never fails whole)
-NOT_PYTORCH = "the module named torch is not PyTorch (it lacks torch.cuda, torch.backends or torch.version)"
-
-
 def import_torch():
-    """(torch, None), or (None, why): not importable, or not PyTorch (an empty torch/ folder imports)."""
+    """(torch, None), or (None, why): not importable, or not PyTorch (an empty torch/ folder imports).  Called
+    inside a CapturedPyTorch: what PyTorch warns or writes on stderr while it loads (its own paths) is kept by
+    the allow-list, not printed."""
     import contextlib
     import io
 
     try:
-        # PyTorch may warn while it loads (without NumPy, for one), with its own paths: the warnings are kept
-        # by CapturedWarnings' allow-list (collect_environment reports them), not printed.  What it prints on
-        # stdout goes nowhere: stdout carries the kit's output (environment --json's one JSON object).
-        with CapturedWarnings(), contextlib.redirect_stdout(io.StringIO()):
+        # What it prints on stdout goes nowhere: stdout carries the kit's output (environment --json's JSON).
+        with contextlib.redirect_stdout(io.StringIO()):
             import torch
 
             pytorch = all(hasattr(torch, name) for name in ("cuda", "backends", "version"))
     except Exception as exc:  # ImportError, or OSError from a missing shared library
         # Its message may quote an environment variable's value (TORCH_LOGS) or a path: not recorded.
-        PyTorchStderr.note(exc)
+        CapturedPyTorch.note(exc)
         return None, f'{type(exc).__name__} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
-    return (torch, None) if pytorch else (None, NOT_PYTORCH)
+    if not pytorch:
+        return None, "the module named torch is not PyTorch (it lacks torch.cuda, torch.backends or torch.version)"
+    return torch, None
 
 
 def torch_release_warning(version):
@@ -571,22 +529,10 @@ def torch_release_warning(version):
     return None
 
 
-SETTINGS = (
-    "float32_matmul_precision",
-    "cuda_matmul_allow_tf32",
-    "cudnn_allow_tf32",
-    "cuda_matmul_allow_fp16_reduced_precision_reduction",
-    "cuda_matmul_allow_bf16_reduced_precision_reduction",
-    "preferred_blas_library",
-    "cublas_workspace_size_bytes",
-    "cublaslt_workspace_size_bytes",
-)
-
-
 def collect_environment(device, debug=False):
     """What this process sees; each failed query is null and a line in ``field_errors``."""
     index = device_index(device)
-    with CapturedWarnings(), PyTorchStderr(debug):
+    with CapturedPyTorch(debug):
         environment = environment_of(device, index)
     note_pytorch_warnings(environment["field_errors"])
     return environment
@@ -603,7 +549,7 @@ def environment_of(device, index):
         environment["gpu_unavailable_reason"] = "PyTorch is not importable"
         return environment
     environment["torch"] = query("torch", lambda: pytorch_text("torch", torch.__version__))
-    _read_settings(torch, query, environment["settings"])
+    environment["settings"] = _read_settings(torch, query)
     environment["cuda_build"] = query("cuda_build", lambda: pytorch_text("cuda_build", torch.version.cuda))
     environment["hip_build"] = query("hip_build", lambda: pytorch_text("hip_build", torch.version.hip))
     # None in a build without cuDNN or MIOpen
@@ -627,7 +573,7 @@ def environment_of(device, index):
     environment["gpu_available"] = True
     environment["gpu"] = _gpu_fields(torch, query, index, properties, environment["hip_build"])
     backend = environment["gpu"]["allocator_backend"]
-    environment["allocator_settings"] = allocator_settings(torch, environment["field_errors"], backend)
+    environment["allocator_settings"] = query("allocator_settings", lambda: allocator_settings(torch, backend))
     for name in ("cublas_workspace_size", "cublaslt_workspace_size"):  # PyTorch >= 2.13 has them (2.11, 2.12 not)
         environment["settings"][f"{name}_bytes"] = query(name, lambda name=name: _workspace_size(torch, index, name))
     return environment
@@ -638,10 +584,7 @@ def _empty_environment(device):
     import platform
 
     return {
-        "python": {
-            "version": platform.python_version(),
-            "implementation": platform.python_implementation(),
-        },
+        "python": {"version": platform.python_version(), "implementation": platform.python_implementation()},
         "os": {"name": platform.system(), "release": platform.release(), "machine": platform.machine()},
         "torch": None,
         "torch_error": None,
@@ -653,7 +596,7 @@ def _empty_environment(device):
         "gpu_available": False,
         "gpu_unavailable_reason": None,
         "gpu": None,
-        "settings": dict.fromkeys(SETTINGS),
+        "settings": {},
         "allocator_settings": None,
         "field_errors": {},
         "driver_note": DRIVER_NOTE,
@@ -661,16 +604,18 @@ def _empty_environment(device):
     }
 
 
-def _read_settings(torch, query, settings):
-    """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
+def _read_settings(torch, query):
+    """The settings that change the figures, read from PyTorch's API (never from environment variables); the BLAS
+    workspaces' sizes are read with the GPU (environment_of)."""
     matmul = torch.backends.cuda.matmul
     precision = "float32_matmul_precision"
-    settings[precision] = query(precision, lambda: torch.get_float32_matmul_precision())
+    settings = {precision: query(precision, lambda: torch.get_float32_matmul_precision())}
     settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
     settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
     for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
     settings["preferred_blas_library"] = query("preferred_blas_library", lambda: _blas_library(torch))
+    return {**settings, "cublas_workspace_size_bytes": None, "cublaslt_workspace_size_bytes": None}
 
 
 # <<< notebook
@@ -692,28 +637,15 @@ def _blas_library(torch):
     return pytorch_text("preferred_blas_library", str(torch.backends.cuda.preferred_blas_library()).split(".")[-1])
 
 
-def allocator_settings(torch, field_errors, backend):
+def allocator_settings(torch, backend):
     """The allocator's settings as PyTorch parsed them, never as text; None where it cannot tell."""
     if backend != "native":  # the cudaMallocAsync backend refuses the snapshot
         return None
-    try:
-        parsed = _parsed_allocator_settings(torch)
-    except Exception:  # PyTorch's message may quote the settings' text: it is not kept
-        field_errors["allocator_settings"] = ALLOCATOR_REFUSED
-        return None
-    return None if parsed is None else {"backend": backend, **parsed}
-
-
-def _parsed_allocator_settings(torch):
     # torch.cuda.memory._snapshot() has them parsed (PyTorch 2.4 on), beside their text, which is not read.
-    try:
-        recorded = torch.cuda.memory._snapshot()["allocator_settings"]
-    except Exception as exc:  # a private API this build lacks or cannot answer: null
-        if describe_error(exc) == ALLOCATOR_REFUSED:
-            raise
-        return None
+    recorded = torch.cuda.memory._snapshot()["allocator_settings"]
     limit = int(recorded["max_split_size"])  # SIZE_MAX, read as int64, is -1: no limit
     return {
+        "backend": backend,
         "max_split_size_bytes": None if limit < 0 else limit,
         "expandable_segments": bool(recorded["expandable_segments"]),
         # The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size.
@@ -742,22 +674,19 @@ def allocator_settings_text(allocator):
 # >>> notebook: 2.3 The GPU's fields, checked, and the environment's text
 def _gpu_fields(torch, query, index, properties, hip_build):
     """The chosen GPU as the runtime announces it (no UUID, no serial number)."""
-    free_and_total = query("mem_get_info", lambda: torch.cuda.mem_get_info(index))
-    total_bytes = getattr(properties, "total_memory", None)
+    free_bytes, total_bytes = query("mem_get_info", lambda: torch.cuda.mem_get_info(index)) or (None, None)
+    memory_bytes = getattr(properties, "total_memory", None)
     arch = "gcn_arch_name"
     return {
         "name": query("name", lambda: pytorch_text("name", properties.name)),
         "compute_capability": query("compute_capability", lambda: f"{properties.major}.{properties.minor}"),
         arch: query(arch, lambda: pytorch_text(arch, getattr(properties, "gcnArchName", None))) if hip_build else None,
         "multi_processor_count": getattr(properties, "multi_processor_count", None),
-        "total_memory_bytes": total_bytes,
-        "total_memory_gib": None if total_bytes is None else decimal_ratio(total_bytes, GIB_BYTES),
-        "mem_get_info_free_bytes": (free_and_total or (None, None))[0],
-        "mem_get_info_total_bytes": (free_and_total or (None, None))[1],
-        "allocator_backend": query(
-            "allocator_backend",
-            lambda: torch.cuda.memory.get_allocator_backend(),
-        ),
+        "total_memory_bytes": memory_bytes,
+        "total_memory_gib": None if memory_bytes is None else decimal_ratio(memory_bytes, GIB_BYTES),
+        "mem_get_info_free_bytes": free_bytes,
+        "mem_get_info_total_bytes": total_bytes,
+        "allocator_backend": query("allocator_backend", lambda: torch.cuda.memory.get_allocator_backend()),
     }
 
 
@@ -772,11 +701,11 @@ def format_environment(environment):
     def or_missing(value, missing="none"):
         return missing if value is None else str(value)
 
+    python, system, gpu = environment["python"], environment["os"], environment["gpu"]
     lines = [
         "Environment diagnosis (this process only)",
-        f"  Python                {environment['python']['version']} ({environment['python']['implementation']})",
-        f"  OS                    {environment['os']['name']} {environment['os']['release']} "
-        f"{environment['os']['machine']}",
+        f"  Python                {python['version']} ({python['implementation']})",
+        f"  OS                    {system['name']} {system['release']} {system['machine']}",
         "  PyTorch               " + or_missing(environment["torch"], f"not importable ({environment['torch_error']})"),
         f"  CUDA build            {or_missing(environment['cuda_build'])}",
         f"  HIP build             {or_missing(environment['hip_build'])}",
@@ -784,37 +713,31 @@ def format_environment(environment):
         f"  device                {environment['device']} "
         f"(PyTorch sees {or_missing(environment['device_count'], 'no')} device(s))",
     ]
-    gpu = environment["gpu"]
     if gpu is None:
         lines.append(f"  GPU usable            no: {environment['gpu_unavailable_reason']}")
     else:
-        free, total, total_bytes = (
-            gpu["mem_get_info_free_bytes"],
-            gpu["mem_get_info_total_bytes"],
-            gpu["total_memory_bytes"],
-        )
+        memory_bytes, arch = gpu["total_memory_bytes"], gpu["gcn_arch_name"]
         lines += [
             "  GPU usable            yes",
             f"  GPU name              {or_missing(gpu['name'], 'unknown')}",
-            f"  compute capability    {gpu['compute_capability']}"
-            + (f" ({gpu['gcn_arch_name']})" if gpu["gcn_arch_name"] else ""),
+            f"  compute capability    {gpu['compute_capability']}" + (f" ({arch})" if arch else ""),
             "  memory (runtime)      "
-            + (
-                "unknown" if total_bytes is None else f"{total_bytes} bytes = {rounded(gpu['total_memory_gib'], 2)} GiB"
-            ),
-            f"  mem_get_info          free {or_missing(free)} / total {or_missing(total)} bytes",
+            + ("unknown" if memory_bytes is None else f"{memory_bytes} bytes = {in_units(memory_bytes)} GiB"),
+            f"  mem_get_info          free {or_missing(gpu['mem_get_info_free_bytes'])} "
+            f"/ total {or_missing(gpu['mem_get_info_total_bytes'])} bytes",
             f"  allocator backend     {or_missing(gpu['allocator_backend'], 'unknown')}",
-            f"  allocator settings    {allocator_settings_text(environment.get('allocator_settings'))}",
+            f"  allocator settings    {allocator_settings_text(environment['allocator_settings'])}",
         ]
-    for key, value in (environment.get("settings") or {}).items():
-        if value is not None:
-            lines.append(f"  setting               {key} = {value}")
+    lines += [
+        f"  setting               {key} = {value}"
+        for key, value in environment["settings"].items()
+        if value is not None
+    ]
     for name, error in sorted(environment["field_errors"].items()):
         label = "PyTorch warned" if name == PYTORCH_WARNINGS_FIELD else "query failed"
         lines.append(f"  {label:<21} {name}: {error}")
     lines.append(environment["driver_note"])
-    for vendor, command in environment["driver_commands"].items():
-        lines.append(f"  {vendor.upper():<6} {command}")
+    lines += [f"  {vendor.upper():<6} {command}" for vendor, command in environment["driver_commands"].items()]
     return "\n".join(lines)
 
 
@@ -1965,7 +1888,7 @@ def _measurement_failed(torch, config, failure):
     """The MeasurementFailed (exit 3) for a failed phase: out of memory named as such."""
     dimensions = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
     error = failure.error
-    PyTorchStderr.note(error)  # out of memory too: --debug shows PyTorch's message
+    CapturedPyTorch.note(error)  # out of memory too: --debug shows PyTorch's message
     if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
         return MeasurementFailed(
             f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
@@ -1977,7 +1900,7 @@ def _measurement_failed(torch, config, failure):
 def measure_to_file(config, output_path, tool, debug):
     """Refuse an unusable output first, measure, then write; PyTorch's warnings go in field_errors."""
     check_new_output(output_path)
-    with CapturedWarnings(), PyTorchStderr(debug):
+    with CapturedPyTorch(debug):
         result = measure(config, tool)
     if PYTORCH_WARNINGS:
         note_pytorch_warnings(result["environment"]["field_errors"])

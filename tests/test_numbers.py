@@ -15,18 +15,14 @@ from conftest import MESSAGES, calculator_refusal, call_calculator, error_line, 
 NUMBERS = [
     ("0", True, True),
     ("7", True, True),
-    ("10", True, True),
     ("4096", True, True),
     ("0.5", False, True),
-    ("0.0", False, True),
     ("10.25", False, True),
     ("0." + "1" * 30, False, True),  # 30 digits after the point: the bound of each side
     ("0." + "0" * 30 + "1", False, False),
     ("07", False, False),
     ("00", False, False),
-    ("0007", False, False),
     ("07.5", False, False),
-    ("00.5", False, False),
     (".5", False, False),
     ("5.", False, False),
     (".", False, False),
@@ -34,15 +30,11 @@ NUMBERS = [
     ("", False, False),
     ("+1", False, False),
     ("-1", False, False),
-    ("-0", False, False),
     ("1e3", False, False),
-    ("1E3", False, False),
     ("1_0", False, False),
     ("1,5", False, False),
     (" 1", False, False),
-    ("1 ", False, False),
     ("1\n", False, False),
-    ("0x1", False, False),
     ("٤", False, False),  # an Arabic-Indic digit
     ("１", False, False),  # a full-width digit
     ("²", False, False),  # str.isdigit() is true for a superscript
@@ -54,18 +46,12 @@ IDS = plain_ids(NUMBERS)
 
 @pytest.mark.parametrize(("text", "whole", "decimal"), NUMBERS, ids=IDS)
 def test_each_script_checks_the_grammar_alike(text, whole, decimal):
-    assert mesure_memoire.is_whole_number_text(text) is whole
     assert calcul_forfaits.is_whole(text, zero=True) is whole
     assert (mesure_memoire.device_index(f"cuda:{text}") == int(text)) if whole else True
     if not whole:
         said = MESSAGES["--device not cuda:N"].format(device=mesure_memoire.quoted(f"cuda:{text}"))
         assert kit_error_of(mesure_memoire.device_index, f"cuda:{text}") == said
-    assert calcul_forfaits.is_number(text) is decimal
-    if decimal:
-        assert str(mesure_memoire.non_negative_decimal("--reserve-gib", text)) == (text if "." in text else f"{text}.0")
-    else:
-        said = MESSAGES["number >= 0"].format(option="--reserve-gib", value=mesure_memoire.quoted(text))
-        assert kit_error_of(mesure_memoire.non_negative_decimal, "--reserve-gib", text) == said
+    assert calcul_forfaits.is_number(text) is decimal  # mesure_memoire.py's decimal: through main, below
 
 
 @pytest.mark.parametrize(("text", "whole", "decimal"), [case for case in NUMBERS if case[0] != "0"], ids=IDS[1:])

@@ -22,14 +22,9 @@ from conftest import (
     MESSAGES,
     SMALL_TRIAL,
     RecordingCudaStandIn,
-    assert_one_line,
-    assert_one_line_refusal,
-    no_gpu_here,
     plain_id,
     raising,
-    run_script,
     stand_in_measurement,
-    tree_digest,
 )
 
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
@@ -44,24 +39,13 @@ def environment_json(capsys):
     return json.loads(captured.out)
 
 
-def measure_refused(tmp_path, capsys, exit_code, *fragments):
-    """``measure`` on the stand-in refuses in one line with ``exit_code``, writing nothing."""
-    before = tree_digest(tmp_path)
-    code = mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")])
-    captured = capsys.readouterr()
-    assert code == exit_code, captured.err
-    assert captured.out == ""
-    assert tree_digest(tmp_path) == before
-    return assert_one_line(captured.err, *fragments)
-
-
 # --- 1. the warnings PyTorch raises: kept by an allow-list ------------------------------------------------
 
 WARNINGS = [
     (
         f"Ignoring invalid value for boolean flag TORCH_BLAS_PREFER_CUBLASLT: {SECRET}valid values are 0 or 1. "
         "(Triggered internally at /pytorch/c10/util/env.cpp:60.)",
-        "UserWarning: Ignoring invalid value for boolean flag TORCH_BLAS_PREFER_CUBLASLT (value withheld)",
+        "UserWarning: Ignoring invalid value for boolean flag TORCH_BLAS_PREFER_CUBLASLT",
     ),
     (
         "CUDA initialization: The NVIDIA driver on your system is too old (at /home/ana/env/lib/x.so)",
@@ -75,10 +59,7 @@ WARNINGS = [
         "\nTesla K80 with CUDA capability sm_37 is not compatible with the current PyTorch installation.\nThe ...",
         "UserWarning: Tesla K80 with CUDA capability sm_37 is not compatible with the current PyTorch installation.",
     ),
-    (f"Found GPU0 /home/{SECRET}/x which is of compute capability (CC) 3.7.", "UserWarning: text withheld"),
-    (f"CUDA initialization: {SECRET}=1", "UserWarning: text withheld"),
     (f"TORCH_SOMETHING_NEW={SECRET} is deprecated", "UserWarning: text withheld"),
-    (f"{SECRET} is not a valid value", "UserWarning: text withheld"),
 ]
 
 
@@ -93,42 +74,38 @@ def test_a_warning_is_kept_only_when_it_is_a_known_message_without_a_setting_s_v
     monkeypatch.setattr(torch.cuda, "is_available", warns)
     data = environment_json(capsys)
     assert data["field_errors"] == {"pytorch_warnings": kept}
-    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
-    assert SECRET not in capsys.readouterr().out
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0  # the same warning again: kept once
+    out = capsys.readouterr().out
+    assert f"  PyTorch warned        pytorch_warnings: {kept}\n" in out
+    assert SECRET not in out
 
 
 # --- 1. the texts PyTorch returns: versions by a grammar, the GPU's name printable, short, with no path ---
 
 
 @pytest.mark.parametrize(
-    ("where", "value"),
+    ("where", "value", "kept"),
     [
-        ("torch", f"2.13.0+/home/ana/{SECRET}"),
-        ("torch", f"{SECRET} 2.13"),
-        ("cuda_build", f"13.0 {SECRET}"),
-        ("hip_build", f"/opt/{SECRET}/6.3"),
+        ("torch", "2.4.0a0+git1234abc", True),
+        ("torch", "2.15.0.dev20261201+cu130", True),
+        ("hip_build", "6.3.42131-fa1d09cbd", True),
+        ("torch", f"2.13.0+/home/ana/{SECRET}", False),
+        ("torch", f"{SECRET} 2.13", False),
+        ("cuda_build", f"13.0 {SECRET}", False),
+        ("hip_build", f"/opt/{SECRET}/6.3", False),
     ],
     ids=plain_id,
 )
-def test_a_version_that_is_not_one_is_null_with_a_field_error(stand_in_gpu, monkeypatch, capsys, where, value):
+def test_a_version_is_kept_as_is_or_null_with_a_field_error(stand_in_gpu, monkeypatch, capsys, where, value, kept):
     if where == "torch":
         monkeypatch.setattr(torch, "__version__", value)
     else:
         monkeypatch.setattr(torch.version, where.partition("_")[0], value)
     data = environment_json(capsys)
-    assert data[where] is None
-    assert data["field_errors"][where] == MESSAGES["withheld text"].format(name=where, expected="a version")
-    assert SECRET not in json.dumps(data)
-
-
-@pytest.mark.parametrize(
-    "version", ["2.13.0+cpu", "2.4.0a0+git1234abc", "2.8.0+rocm6.3", "2.15.0.dev20261201+cu130"], ids=plain_id
-)
-def test_real_versions_are_kept(stand_in_gpu, monkeypatch, capsys, version):
-    monkeypatch.setattr(torch, "__version__", version)
-    monkeypatch.setattr(torch.version, "hip", "6.3.42131-fa1d09cbd")
-    data = environment_json(capsys)
-    assert (data["torch"], data["hip_build"], data["cuda_build"]) == (version, "6.3.42131-fa1d09cbd", "13.0")
+    assert data[where] == (value if kept else None)
+    if not kept:
+        assert data["field_errors"][where] == MESSAGES["withheld text"].format(name=where, expected="a version")
+        assert SECRET not in json.dumps(data)
 
 
 def test_the_gpu_s_name_is_kept_as_is_and_withheld_when_not_short_printable_text_without_a_path(stand_in_gpu, capsys):
@@ -167,21 +144,21 @@ def test_a_torch_that_is_not_pytorch_is_diagnosed_in_environment(namespace_torch
     assert data["torch"] is None
     assert data["torch_error"] == MESSAGES["torch is not PyTorch"]
     assert data["gpu_unavailable_reason"] == MESSAGES["PyTorch not importable"]
-
-
-def test_a_torch_that_is_not_pytorch_is_refused_by_measure(namespace_torch, tmp_path, capsys):
-    measure_refused(tmp_path, capsys, 2, MESSAGES["torch is not PyTorch"], "no file written")
+    assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3] == f"  PyTorch               not importable ({MESSAGES['torch is not PyTorch']})"
+    assert lines[7:9] == [
+        "  device                cuda:0 (PyTorch sees no device(s))",
+        "  GPU usable            no: PyTorch is not importable",
+    ]
 
 
 # --- 3. a reading PyTorch cannot give: unknown ---------------------------------------------------------------
 
 
-def test_mem_get_info_raising_anything_leaves_it_unknown(stand_in_gpu, monkeypatch, tmp_path, capsys):
+def test_mem_get_info_raising_anything_leaves_the_bytes_in_use_unknown(stand_in_gpu, monkeypatch, tmp_path, capsys):
     stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
     monkeypatch.setattr(torch.cuda, "mem_get_info", raising(OSError("no such device /dev/nvidia0")))
-    data = environment_json(capsys)
-    assert data["gpu"]["mem_get_info_free_bytes"] is None
-    assert data["field_errors"]["mem_get_info"] == "OSError (text withheld)"
     assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")]) == 0
 
 
@@ -214,10 +191,6 @@ def test_pytorch_s_stdout_at_import_stays_out_of_the_json(monkeypatch, capsys):
 # --- 6. PyTorch writing on the process's stderr (its C++ side writes on descriptor 2, past sys.stderr) ------
 
 KNOWN = "CUDA initialization: Found no NVIDIA driver on your system"
-ON_STDERR = [
-    ("CUDA initialization: Found no NVIDIA driver on your system (at /home/ana/x.so)\n", "stderr: " + KNOWN),
-    (f"\x1b[33m[W1206 torch/csrc/x.cpp:12] {SECRET}=1 at /home/ana/env/lib\x1b[0m\n", "stderr: text withheld"),
-]
 
 
 class StderrTorch(PrintingTorch):
@@ -232,36 +205,26 @@ class StderrTorch(PrintingTorch):
         os.write(2, self.text.encode("utf-8", "surrogateescape"))  # "\udcff": the byte 0xff, not UTF-8
 
 
-@pytest.mark.parametrize(("text", "kept"), ON_STDERR, ids=plain_id)
-def test_what_pytorch_writes_on_stderr_at_import_is_kept_by_the_allow_list(monkeypatch, capfd, text, kept):
+ON_STDERR = {
+    "known": ("CUDA initialization: Found no NVIDIA driver on your system (at /home/ana/x.so)\n", "stderr: " + KNOWN),
+    "unknown": (
+        f"\x1b[33m[W1206 torch/csrc/x.cpp:12] {SECRET}=1 at /home/ana/env/lib\x1b[0m\n",
+        "stderr: text withheld",
+    ),
+    "not-utf-8": ("\udcff\udcfe at /home/ana\n", "stderr: text withheld"),
+    "a-line-of-spaces": (f"   \n{KNOWN}\n", f"stderr: {KNOWN}"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ON_STDERR))
+def test_what_pytorch_writes_on_stderr_at_import_is_kept_by_the_allow_list(monkeypatch, capfd, case):
+    """Bytes that are not UTF-8 are no crash; a line of spaces is no line."""
+    text, kept = ON_STDERR[case]
     monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setattr(sys, "meta_path", [StderrTorch(text), *sys.meta_path])
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     captured = capfd.readouterr()
     assert captured.err == "", "nothing PyTorch writes reaches the terminal"
-    assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == kept
-
-
-ODD_STDERR = {
-    "not-utf-8": ("\udcff\udcfe at /home/ana\n", "stderr: text withheld"),
-    "a-line-of-spaces": (f"   \n{KNOWN}\n", f"stderr: {KNOWN}"),
-    "over-64-kib": ("x" * 70000 + f"\n{KNOWN}\n", "stderr: text withheld"),
-    "a-line-ending-at-the-bound": (
-        "x" * (2**16 - len(KNOWN) - 1) + f"\n{KNOWN}\nmore\n",
-        f"stderr: text withheld | stderr: {KNOWN}",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", sorted(ODD_STDERR))
-def test_odd_stderr_from_pytorch_is_read_whole_lines_only_and_bounded(monkeypatch, capfd, case):
-    """Bytes that are not UTF-8 are no crash; a line of spaces is no line; past 64 KiB, nothing more is kept."""
-    text, kept = ODD_STDERR[case]
-    monkeypatch.delitem(sys.modules, "torch")
-    monkeypatch.setattr(sys, "meta_path", [StderrTorch(text), *sys.meta_path])
-    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
-    captured = capfd.readouterr()
-    assert captured.err == ""
     assert json.loads(captured.out)["field_errors"]["pytorch_warnings"] == kept
 
 
@@ -284,18 +247,3 @@ def test_no_descriptor_left_for_the_capture_is_no_failure_and_no_invented_line(m
     monkeypatch.setattr(os, call, no_descriptor)  # a stand-in for the limit, met where the capture needs one
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     assert "pytorch_warnings" not in json.loads(capsys.readouterr().out)["field_errors"]
-
-
-@pytest.mark.whole_kit
-def test_pytorch_s_own_stderr_line_does_not_make_a_refusal_two_lines(tmp_path):
-    """Real PyTorch (CPU build): its C++ side refuses TORCH_CPP_LOG_LEVEL's value on stderr as it loads."""
-    no_gpu_here()
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "bogus"}
-    completed = run_script(
-        "mesure_memoire.py", "measure", "--device", "cuda:0", "--output", "x.json", cwd=tmp_path, env=env
-    )
-    assert_one_line_refusal(completed, "no usable GPU for cuda:0")
-    assert list(tmp_path.iterdir()) == []
-    completed = run_script("mesure_memoire.py", "environment", "--device", "cuda:0", "--json", cwd=tmp_path, env=env)
-    assert (completed.returncode, completed.stderr) == (0, "")
-    assert "stderr: text withheld" in json.loads(completed.stdout)["field_errors"]["pytorch_warnings"]

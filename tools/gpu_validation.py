@@ -478,9 +478,7 @@ def kept_stderr(text):
     """A child's stderr as the evidence keeps it: the kit's own lines whole, any other line (PyTorch's C++ side, a
     traceback: ANSI escapes, any path) only by the kit's allow-list for PyTorch's texts, as the kit records it."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    kept = [
-        kit.one_line(line) if line.startswith(KIT_LINE) else f"stderr: {kit.kept_stderr_line(line)}" for line in lines
-    ]
+    kept = [kit.one_line(line) if line.startswith(KIT_LINE) else f"stderr: {kit.kept_text(line)}" for line in lines]
     return "".join(f"{line}\n" for line in kept)
 
 

@@ -46,7 +46,8 @@ def stand_in_gpu(torch):
 
 
 # PyTorch imported by the kit, as measure imports it: what it says while it loads is the kit's to keep or withhold.
-torch, why_not = mesure_memoire.import_torch()
+with mesure_memoire.CapturedPyTorch("--debug" in sys.argv):
+    torch, why_not = mesure_memoire.import_torch()
 if torch is not None and not torch.cuda.is_available():
     stand_in_gpu(torch)
 sys.exit(mesure_memoire.main(["measure", *sys.argv[1:]]))

@@ -77,13 +77,7 @@ def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
     ("arguments", "message"),
     [
         (["--width", "0"], MESSAGES["positive whole number"].format(option="--width", value="'0'")),
-        (["--batch", "1.5"], MESSAGES["positive whole number"].format(option="--batch", value="'1.5'")),
-        (["--context", "-3"], MESSAGES["positive whole number"].format(option="--context", value="'-3'")),
         (["--dtype", "float64"], MESSAGES["--dtype not a kit dtype"].format(value="'float64'")),
-        (
-            ["--repeats", "0"],
-            MESSAGES["bounded trial"].format(option="--repeats", minimum=1, maximum=1000, value="'0'"),
-        ),
         (["--output", "x.json"], MESSAGES["--plan with --output"]),
     ],
     ids=plain_id,
@@ -281,59 +275,15 @@ def test_the_synthetic_model_description_exactly():
     }
 
 
-def test_the_plan_document_exactly():
+def test_the_plan_document_s_phase_levels():
+    """The plan's text (test_the_plan_text_exactly) shows its other figures; the JSON alone holds each phase's level."""
     plan = mesure_memoire.memory_plan(config(batch=1, context=2, width=3, warmup=0, repeats=1))
-    phases = plan.pop("phases")
+    assert (plan["kit"], plan["plan_schema_version"]) == ("iteragpu-lab-v1", 1)
     peak = 2048 + 512 + 256 * MIB + 1024
-    assert plan == {
-        "kit": "iteragpu-lab-v1",
-        "plan_schema_version": 1,
-        "configuration": config(batch=1, context=2, width=3, warmup=0, repeats=1),
-        "tensor_bytes": {
-            "0.weight": 144,
-            "0.bias": 48,
-            "2.weight": 144,
-            "2.bias": 12,
-            "inputs": 24,
-            "output": 24,
-            "fc1_output": 96,
-            "gelu_output": 96,
-        },
-        "blas_workspace_allowance_bytes": 256 * MIB,
-        "predicted_peak_allocated_bytes": peak,
-        "fit_margin_bytes": GIB,
-        "needs_free_bytes": peak + GIB,
-        "context_allowance_bytes": GIB,
-        "needs_card_memory_bytes": peak + 2 * GIB,
-        "needs_host_memory_bytes": 4 * (3 * 12 + 12 + 12 * 3 + 3),
-        "not_included": [
-            "the CUDA/ROCm context",
-            "the BLAS handles and kernel code, which the allocator's counters never see",
-            "reserved memory above allocated (the allocator's segments)",
-        ],
-    }
-    no_slack = {"end_allocated_slack_bytes": 0, "peak_allocated_slack_bytes": 0}
-    assert phases[0] == {
-        "phase": "model_load",
-        **no_slack,
-        "end_requested_bytes": 348,
-        "peak_requested_bytes": 348,
-        "end_allocated_bytes": 2048,
-        "peak_allocated_bytes": 2048,
-        "predicted_peak_level_allocated_bytes": 2048,
-    }
-    assert phases[2] == {
-        "phase": "cold_forward",
-        **no_slack,
-        "end_requested_bytes": 24,
-        "peak_requested_bytes": 192,
-        "end_allocated_bytes": 512,
-        "peak_allocated_bytes": 1024,
-        "predicted_peak_level_allocated_bytes": 2560 + 256 * MIB + 1024,
-    }
+    assert plan["predicted_peak_allocated_bytes"] == peak
     # The level at each phase's peak: its baseline (the allowance stays from the first forward on), its own peak.
-    assert [phase["predicted_peak_level_allocated_bytes"] for phase in phases] == [2048, 2560, peak, peak]
-    assert phases[3]["repetition"] == 1
+    assert [phase["predicted_peak_level_allocated_bytes"] for phase in plan["phases"]] == [2048, 2560, peak, peak]
+    assert plan["phases"][3]["repetition"] == 1
 
 
 CPU = torch.device("cpu")
@@ -571,29 +521,21 @@ def test_a_per_call_workspace_is_not_predicted_in_the_phases_that_run_no_product
 # --- the verdict rules, on hand-made records ------------------------------------------------------
 
 
-def test_a_workspace_is_measured_not_assumed():
-    records, plan = hand_made_records(config(), workspace=8 * MIB + 128 * 2**10)
-    _, check, workspace = mesure_memoire.check_against_plan(records, plan)
-    assert check["agrees"] is True
-    assert workspace["measured_bytes"] == 8 * MIB + 128 * 2**10
-    assert workspace["allowance_bytes"] == mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES
-
-
 @pytest.mark.parametrize(
-    ("phase", "counter", "change", "agrees"),
+    ("phase", "counter", "change"),
     [
-        (1, "end_requested_bytes", 1, False),  # requested bytes are exact
-        (1, "end_requested_bytes", -1, False),
-        (1, "end_allocated_bytes", 512, False),  # a small block has no slack
-        (2, "peak_requested_bytes", 4, False),  # a transient allocation in the first forward
-        (4, "peak_allocated_bytes", -512, False),
-        (5, "end_allocated_bytes", 1, False),
+        (1, "end_requested_bytes", 1),  # requested bytes are exact
+        (1, "end_requested_bytes", -1),
+        (1, "end_allocated_bytes", 512),  # a small block has no slack
+        (2, "peak_requested_bytes", 4),  # a transient allocation in the first forward
+        (4, "peak_allocated_bytes", -512),
+        (5, "end_allocated_bytes", 1),
     ],
 )
-def test_each_counter_is_checked(phase, counter, change, agrees):
+def test_each_counter_is_checked(phase, counter, change):
     records, plan = hand_made_records(config(), extra={phase: {counter: change}})
     checked, check, _ = mesure_memoire.check_against_plan(records, plan)
-    assert check["agrees"] is agrees
+    assert check["agrees"] is False
     (disagreement,) = check["disagreements"]
     assert disagreement["phase"] == checked[phase]["phase"]
     assert disagreement["counter"] == counter
@@ -605,12 +547,15 @@ def test_each_counter_is_checked(phase, counter, change, agrees):
     assert {(r["checked_counters"] == every, r["not_checked_reason"]) for r in checked} == {(True, None)}
 
 
-def test_a_large_block_may_hold_up_to_one_mebibyte_more():
-    settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks
-    for extra, agrees in ((2**20, True), (2 * 2**20, True), (2 * 2**20 + 1, False)):
+def test_a_large_block_may_hold_up_to_its_slack_more_and_beyond_it_the_upper_bound_is_the_closest():
+    settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks: 2 MiB of slack
+    for extra in (2**20, 2 * 2**20, 2 * 2**20 + 512):
         records, plan = hand_made_records(settings, extra={0: {"end_allocated_bytes": extra}})
         records[0]["peak_allocated_bytes"] = records[0]["end_allocated_bytes"]
-        assert mesure_memoire.check_against_plan(records, plan)[1]["agrees"] is agrees, extra
+        bound = plan["phases"][0]["end_allocated_bytes"] + 2 * 2**20
+        disagreements = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"]
+        expected = [(bound, 512)] * 2 if extra > 2 * 2**20 else []  # the end and the peak
+        assert [(d["predicted_bytes"], d["difference_bytes"]) for d in disagreements] == expected, extra
 
 
 def test_without_requested_counters_the_allocated_ones_decide_the_verdict():
@@ -624,12 +569,6 @@ def test_without_requested_counters_the_allocated_ones_decide_the_verdict():
     assert {tuple(r["checked_counters"]) for r in checked} == {("end_allocated_bytes", "peak_allocated_bytes")}
     assert check == {"agrees": True, "disagreements": [], "not_checked": []}
     assert workspace["measured_bytes"] == 0
-    # A counter off is still caught by the allocated ones.
-    records[1]["end_allocated_bytes"] += 512
-    checked, check, _ = mesure_memoire.check_against_plan(records, plan)
-    assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
-    assert [r["verdict"] for r in checked] == ["agrees", "disagrees"] + ["agrees"] * (len(checked) - 2)
-    assert check["not_checked"] == []
 
 
 def test_a_disagreement_names_its_repetition_and_the_closest_bound():
@@ -664,15 +603,6 @@ def test_a_disagreement_names_its_repetition_and_the_closest_bound():
         4096,
         -512,
     )
-
-
-def test_above_a_large_block_s_slack_the_closest_bound_is_the_upper_one():
-    settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks: 2 MiB of slack
-    records, plan = hand_made_records(settings, extra={0: {"end_allocated_bytes": 2 * 2**20 + 512}})
-    records[0]["peak_allocated_bytes"] = records[0]["end_allocated_bytes"] - 2 * 2**20 - 512
-    (disagreement,) = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"]
-    expected = plan["phases"][0]["end_allocated_bytes"]
-    assert (disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (expected + 2 * 2**20, 512)
 
 
 def test_the_first_forward_s_peaks_are_checked_with_the_measured_workspace():

@@ -83,13 +83,6 @@ def test_the_largest_may_be_one():
     assert mesure_memoire.largest_that_fits(config(), memory_bytes, "batch") == 1
 
 
-def test_the_search_finds_the_same_largest_value_whatever_the_counts():
-    many = config(warmup=1000, repeats=1000)
-    assert mesure_memoire.largest_that_fits(many, 80 * GIB, "width") == mesure_memoire.largest_that_fits(
-        config(warmup=2, repeats=2), 80 * GIB, "width"
-    )
-
-
 def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
     half = mesure_memoire.plan_with_fit(config(), "0.5")
     assert (half["memory_gib"], half["memory_bytes"]) == (mesure_memoire.Decimal("0.5"), GIB // 2)

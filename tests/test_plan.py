@@ -510,14 +510,6 @@ def test_a_per_call_workspace_hides_no_error_at_a_moment_no_product_runs(monkeyp
     assert {d["phase"] for d in check["disagreements"]} == {"cold_forward", "warmup", "warm_forward"}
 
 
-def test_a_per_call_workspace_is_not_predicted_in_the_phases_that_run_no_product(monkeypatch):
-    settings = config()
-    records, per_call = run_with_workspaces(monkeypatch, settings)
-    records[1]["peak_allocated_bytes"] += 512  # inputs
-    _, check, _ = mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(settings), per_call)
-    assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "peak_allocated_bytes")]
-
-
 # --- the verdict rules, on hand-made records ------------------------------------------------------
 
 

@@ -246,7 +246,7 @@ def fit_plan(weights, peak, batch=1, context=1):
         (1000, 2000, 1, 1, MESSAGES["shrink width"]),  # exactly half the peak: weights
         (999, 2000, 1, 1, MESSAGES["shrink context"]),
         (999, 2000, 5, 5, MESSAGES["shrink context"]),  # a tie: --context
-        (999, 2000, 6, 5, "shrink --batch (the activations dominate)"),
+        (999, 2000, 6, 5, MESSAGES["shrink batch"]),
     ],
 )
 def test_the_advice_names_what_dominates(weights, peak, batch, context, advice):

@@ -3,6 +3,7 @@
 import copy
 import itertools
 import json
+import re
 
 import pytest
 import torch
@@ -24,11 +25,13 @@ from conftest import (
     config,
     error_line,
     hand_made_records,
+    host_memory,
+    message_pattern,
     plain_id,
     plain_ids,
     plan,
+    raising,
     run_script,
-    tree_digest,
 )
 
 ALLOWANCE = 256 * MIB
@@ -61,17 +64,6 @@ def test_the_allocator_block_rule():
 # --- the command ------------------------------------------------------------------------------------
 
 
-def test_plan_json_in_process_writes_nothing(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    before = tree_digest(tmp_path)
-    assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["predicted_peak_allocated_bytes"] == 132608 + 4096 + ALLOWANCE + 32768
-    assert [p["phase"] for p in data["phases"]] == mesure_memoire.phase_names({"warmup": 1, "repeats": 2})
-    assert data["blas_workspace_allowance_bytes"] == ALLOWANCE
-    assert tree_digest(tmp_path) == before == {}
-
-
 @pytest.mark.whole_kit
 def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
     completed = run_script("mesure_memoire.py", *MEASURE_TRIAL, "--plan", "--json", python_flags=("-S",), cwd=tmp_path)
@@ -85,13 +77,7 @@ def test_plan_runs_without_pytorch_and_writes_nothing(tmp_path):
     ("arguments", "message"),
     [
         (["--width", "0"], MESSAGES["positive whole number"].format(option="--width", value="'0'")),
-        (["--batch", "1.5"], MESSAGES["positive whole number"].format(option="--batch", value="'1.5'")),
-        (["--context", "-3"], MESSAGES["positive whole number"].format(option="--context", value="'-3'")),
         (["--dtype", "float64"], MESSAGES["--dtype not a kit dtype"].format(value="'float64'")),
-        (
-            ["--repeats", "0"],
-            MESSAGES["bounded trial"].format(option="--repeats", minimum=1, maximum=1000, value="'0'"),
-        ),
         (["--output", "x.json"], MESSAGES["--plan with --output"]),
     ],
     ids=plain_id,
@@ -153,45 +139,48 @@ def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatc
 # --- the fit check (stand-in GPU) --------------------------------------------------------------------
 
 
-def fit_refusal(stand_in_gpu, monkeypatch, tmp_path, capsys, free_bytes, *arguments):
-    import torch
-
-    stand_in_gpu(total_memory=80 * 2**30)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (free_bytes, 80 * 2**30))
-    allocations = []
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: allocations.append("set_device"))
-    code = mesure_memoire.main(["measure", "--device", "cuda:0", *arguments, "--output", str(tmp_path / "o.json")])
-    err = capsys.readouterr().err
-    assert allocations == []  # refused before the kit touches the GPU
-    assert list(tmp_path.iterdir()) == []
-    return code, err
-
-
-def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu, monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("mem_get_info_works", "source"),
+    [(True, "free (mem_get_info)"), (False, "announced in total (mem_get_info failed)")],
+    ids=["free", "total"],
+)
+def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(
+    stand_in_gpu, monkeypatch, tmp_path, capsys, mem_get_info_works, source
+):
+    """At the byte: the predicted peak plus the margin fits (the host check, made to refuse, comes next), one
+    byte less is refused before the kit touches the GPU."""
     predicted = plan(8, 1024, 4096, "bfloat16")
-    needed = predicted["needs_free_bytes"]
-    code, err = fit_refusal(
-        stand_in_gpu,
-        monkeypatch,
-        tmp_path,
-        capsys,
-        needed - 1,
-        "--batch",
-        "8",
-        "--context",
-        "1024",
-        "--width",
-        "4096",
-        "--dtype",
-        "bfloat16",
+    peak, needed = predicted["predicted_peak_allocated_bytes"], predicted["needs_free_bytes"]
+    host_memory(monkeypatch, 4096, 0)
+    sizes = ["--batch", "8", "--context", "1024", "--width", "4096", "--dtype", "bfloat16"]
+    for free, refusal in ((needed, "host RAM too small"), (needed - 1, "predicted peak does not fit")):
+        stand_in_gpu(total_memory=80 * GIB if mem_get_info_works else free)
+        if mem_get_info_works:
+            monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index, free=free: (free, 80 * GIB))
+        else:
+            monkeypatch.setattr(torch.cuda, "mem_get_info", raising(RuntimeError("CUDA error: busy")))
+        monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("the GPU was touched"))
+        assert mesure_memoire.main([*MEASURE_TRIAL[:3], *sizes, "--output", str(tmp_path / "o.json")]) == 2
+        err = capsys.readouterr().err
+        assert re.fullmatch(error_line(message_pattern(refusal)), err), err
+    facts = dict(peak=peak, peak_gib="1.06", free=needed - 1, source=source, advice=MESSAGES["shrink context"])
+    assert re.fullmatch(error_line(message_pattern("predicted peak does not fit", **facts)), err), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_measure_refuses_when_neither_the_free_nor_the_total_memory_can_be_read(
+    stand_in_gpu, monkeypatch, tmp_path, capsys
+):
+    properties = stand_in_gpu()
+    del properties.total_memory  # a PyTorch whose device properties lack it
+    monkeypatch.setattr(torch.cuda, "mem_get_info", raising(RuntimeError("CUDA error: busy")))
+    assert mesure_memoire.main([*MEASURE_TRIAL, "--output", str(tmp_path / "o.json")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == error_line(
+        "the GPU's free and total memory cannot be read (mem_get_info and total_memory failed)"
     )
-    assert code == 2
-    assert len(err.splitlines()) == 1
-    peak = predicted["predicted_peak_allocated_bytes"]
-    assert f"the predicted peak, {peak} bytes" in err
-    assert f"exceeds the {needed - 1} bytes" in err
-    assert "free (mem_get_info) less a 1.00 GiB margin" in err
-    assert MESSAGES["shrink context"] in err
+    assert captured.out == ""
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_readme_plan_command_and_figures_match_the_code(capsys):
@@ -237,73 +226,7 @@ def test_the_plan_text_exactly(capsys):
     assert capsys.readouterr().out == PLAN_TEXT + "\n"
 
 
-def test_the_plan_command_passes_each_option_to_its_place(capsys):
-    arguments = "measure --device cuda:3 --batch 2 --context 3 --width 5 --dtype bfloat16 --warmup 7 --repeats 11"
-    arguments = [*arguments.split(), "--seed", "13", "--plan", "--json"]
-    assert mesure_memoire.main(arguments) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["configuration"] == {
-        "device": "cuda:3",
-        "batch": 2,
-        "context": 3,
-        "width": 5,
-        "dtype": "bfloat16",
-        "warmup": 7,
-        "repeats": 11,
-        "seed": 13,
-        "sustained_seconds": None,
-    }
-
-
 # --- the fit check -----------------------------------------------------------------------------------
-
-
-def fit_environment(free, total=80 * GIB):
-    return {"gpu": {"mem_get_info_free_bytes": free, "total_memory_bytes": total}}
-
-
-def test_the_fit_message_exactly():
-    plan = mesure_memoire.memory_plan(config(batch=8, context=1024, width=4096, dtype="bfloat16"))
-    peak = plan["predicted_peak_allocated_bytes"]
-    assert mesure_memoire.fit_problem(plan, fit_environment(peak + GIB)) is None  # exactly enough
-    does_not_fit = MESSAGES["predicted peak does not fit"]
-    assert mesure_memoire.fit_problem(plan, fit_environment(peak + GIB - 1)) == does_not_fit.format(
-        peak=peak,
-        peak_gib="1.06",
-        free=peak + GIB - 1,
-        free_gib="2.06",
-        source="free (mem_get_info)",
-        advice=MESSAGES["shrink context"],
-    )
-    assert mesure_memoire.fit_problem(plan, fit_environment(None, total=peak + GIB)) is None
-    assert mesure_memoire.fit_problem(plan, fit_environment(None, total=GIB + 2**27)) == does_not_fit.format(
-        peak=peak,
-        peak_gib="1.06",
-        free=GIB + 2**27,
-        free_gib="1.13",
-        source="announced in total (mem_get_info failed)",
-        advice=MESSAGES["shrink context"],
-    )
-
-
-def test_measure_refuses_when_neither_the_free_nor_the_total_memory_can_be_read(
-    stand_in_gpu, monkeypatch, tmp_path, capsys
-):
-    properties = stand_in_gpu()
-    del properties.total_memory  # a PyTorch whose device properties lack it
-
-    def mem_get_info(index):
-        raise RuntimeError("CUDA error: busy")
-
-    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
-    before = tree_digest(tmp_path)
-    assert mesure_memoire.main([*MEASURE_TRIAL, "--output", str(tmp_path / "o.json")]) == 2
-    captured = capsys.readouterr()
-    assert captured.err == error_line(
-        "the GPU's free and total memory cannot be read (mem_get_info and total_memory failed)"
-    )
-    assert captured.out == ""
-    assert tree_digest(tmp_path) == before
 
 
 def fit_plan(weights, peak, batch=1, context=1):
@@ -323,11 +246,13 @@ def fit_plan(weights, peak, batch=1, context=1):
         (1000, 2000, 1, 1, MESSAGES["shrink width"]),  # exactly half the peak: weights
         (999, 2000, 1, 1, MESSAGES["shrink context"]),
         (999, 2000, 5, 5, MESSAGES["shrink context"]),  # a tie: --context
-        (999, 2000, 6, 5, "shrink --batch (the activations dominate)"),
+        (999, 2000, 6, 5, MESSAGES["shrink batch"]),
     ],
 )
 def test_the_advice_names_what_dominates(weights, peak, batch, context, advice):
-    message = mesure_memoire.fit_problem(fit_plan(weights, peak, batch, context), fit_environment(GIB))
+    message = mesure_memoire.fit_problem(
+        fit_plan(weights, peak, batch, context), {"gpu": {"mem_get_info_free_bytes": GIB}}
+    )
     assert message.endswith(": " + advice)
 
 
@@ -350,59 +275,15 @@ def test_the_synthetic_model_description_exactly():
     }
 
 
-def test_the_plan_document_exactly():
+def test_the_plan_document_s_phase_levels():
+    """The plan's text (test_the_plan_text_exactly) shows its other figures; the JSON alone holds each phase's level."""
     plan = mesure_memoire.memory_plan(config(batch=1, context=2, width=3, warmup=0, repeats=1))
-    phases = plan.pop("phases")
+    assert (plan["kit"], plan["plan_schema_version"]) == ("iteragpu-lab-v1", 1)
     peak = 2048 + 512 + 256 * MIB + 1024
-    assert plan == {
-        "kit": "iteragpu-lab-v1",
-        "plan_schema_version": 1,
-        "configuration": config(batch=1, context=2, width=3, warmup=0, repeats=1),
-        "tensor_bytes": {
-            "0.weight": 144,
-            "0.bias": 48,
-            "2.weight": 144,
-            "2.bias": 12,
-            "inputs": 24,
-            "output": 24,
-            "fc1_output": 96,
-            "gelu_output": 96,
-        },
-        "blas_workspace_allowance_bytes": 256 * MIB,
-        "predicted_peak_allocated_bytes": peak,
-        "fit_margin_bytes": GIB,
-        "needs_free_bytes": peak + GIB,
-        "context_allowance_bytes": GIB,
-        "needs_card_memory_bytes": peak + 2 * GIB,
-        "needs_host_memory_bytes": 4 * (3 * 12 + 12 + 12 * 3 + 3),
-        "not_included": [
-            "the CUDA/ROCm context",
-            "the BLAS handles and kernel code, which the allocator's counters never see",
-            "reserved memory above allocated (the allocator's segments)",
-        ],
-    }
-    no_slack = {"end_allocated_slack_bytes": 0, "peak_allocated_slack_bytes": 0}
-    assert phases[0] == {
-        "phase": "model_load",
-        **no_slack,
-        "end_requested_bytes": 348,
-        "peak_requested_bytes": 348,
-        "end_allocated_bytes": 2048,
-        "peak_allocated_bytes": 2048,
-        "predicted_peak_level_allocated_bytes": 2048,
-    }
-    assert phases[2] == {
-        "phase": "cold_forward",
-        **no_slack,
-        "end_requested_bytes": 24,
-        "peak_requested_bytes": 192,
-        "end_allocated_bytes": 512,
-        "peak_allocated_bytes": 1024,
-        "predicted_peak_level_allocated_bytes": 2560 + 256 * MIB + 1024,
-    }
+    assert plan["predicted_peak_allocated_bytes"] == peak
     # The level at each phase's peak: its baseline (the allowance stays from the first forward on), its own peak.
-    assert [phase["predicted_peak_level_allocated_bytes"] for phase in phases] == [2048, 2560, peak, peak]
-    assert phases[3]["repetition"] == 1
+    assert [phase["predicted_peak_level_allocated_bytes"] for phase in plan["phases"]] == [2048, 2560, peak, peak]
+    assert plan["phases"][3]["repetition"] == 1
 
 
 CPU = torch.device("cpu")
@@ -629,58 +510,24 @@ def test_a_per_call_workspace_hides_no_error_at_a_moment_no_product_runs(monkeyp
     assert {d["phase"] for d in check["disagreements"]} == {"cold_forward", "warmup", "warm_forward"}
 
 
-def test_a_per_call_workspace_is_not_predicted_in_the_phases_that_run_no_product(monkeypatch):
-    settings = config()
-    records, per_call = run_with_workspaces(monkeypatch, settings)
-    records[1]["peak_allocated_bytes"] += 512  # inputs
-    _, check, _ = mesure_memoire.check_against_plan(records, mesure_memoire.memory_plan(settings), per_call)
-    assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "peak_allocated_bytes")]
-
-
-def test_a_model_that_keeps_its_activations_is_caught(monkeypatch):
-    """The real protocol, with a model that keeps every activation alive: the verdicts say so."""
-    real_build_model = mesure_memoire.build_model
-    kept = []
-
-    def hoarding_model(torch_module, width):
-        model = real_build_model(torch_module, width)
-        for layer in model:
-            layer.register_forward_hook(lambda module, args, output: kept.append(output))
-        return model
-
-    monkeypatch.setattr(mesure_memoire, "build_model", hoarding_model)
-    records, check, _ = run_on_the_cpu(config())
-    assert not check["agrees"]
-    assert [r["verdict"] for r in records][3:] == ["disagrees"] * 3  # warmup and both repetitions
-    assert kept
-
-
 # --- the verdict rules, on hand-made records ------------------------------------------------------
 
 
-def test_a_workspace_is_measured_not_assumed():
-    records, plan = hand_made_records(config(), workspace=8 * MIB + 128 * 2**10)
-    _, check, workspace = mesure_memoire.check_against_plan(records, plan)
-    assert check["agrees"] is True
-    assert workspace["measured_bytes"] == 8 * MIB + 128 * 2**10
-    assert workspace["allowance_bytes"] == mesure_memoire.BLAS_WORKSPACE_ALLOWANCE_BYTES
-
-
 @pytest.mark.parametrize(
-    ("phase", "counter", "change", "agrees"),
+    ("phase", "counter", "change"),
     [
-        (1, "end_requested_bytes", 1, False),  # requested bytes are exact
-        (1, "end_requested_bytes", -1, False),
-        (1, "end_allocated_bytes", 512, False),  # a small block has no slack
-        (2, "peak_requested_bytes", 4, False),  # a transient allocation in the first forward
-        (4, "peak_allocated_bytes", -512, False),
-        (5, "end_allocated_bytes", 1, False),
+        (1, "end_requested_bytes", 1),  # requested bytes are exact
+        (1, "end_requested_bytes", -1),
+        (1, "end_allocated_bytes", 512),  # a small block has no slack
+        (2, "peak_requested_bytes", 4),  # a transient allocation in the first forward
+        (4, "peak_allocated_bytes", -512),
+        (5, "end_allocated_bytes", 1),
     ],
 )
-def test_each_counter_is_checked(phase, counter, change, agrees):
+def test_each_counter_is_checked(phase, counter, change):
     records, plan = hand_made_records(config(), extra={phase: {counter: change}})
     checked, check, _ = mesure_memoire.check_against_plan(records, plan)
-    assert check["agrees"] is agrees
+    assert check["agrees"] is False
     (disagreement,) = check["disagreements"]
     assert disagreement["phase"] == checked[phase]["phase"]
     assert disagreement["counter"] == counter
@@ -692,12 +539,15 @@ def test_each_counter_is_checked(phase, counter, change, agrees):
     assert {(r["checked_counters"] == every, r["not_checked_reason"]) for r in checked} == {(True, None)}
 
 
-def test_a_large_block_may_hold_up_to_one_mebibyte_more():
-    settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks
-    for extra, agrees in ((2**20, True), (2 * 2**20, True), (2 * 2**20 + 1, False)):
+def test_a_large_block_may_hold_up_to_its_slack_more_and_beyond_it_the_upper_bound_is_the_closest():
+    settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks: 2 MiB of slack
+    for extra in (2**20, 2 * 2**20, 2 * 2**20 + 512):
         records, plan = hand_made_records(settings, extra={0: {"end_allocated_bytes": extra}})
         records[0]["peak_allocated_bytes"] = records[0]["end_allocated_bytes"]
-        assert mesure_memoire.check_against_plan(records, plan)[1]["agrees"] is agrees, extra
+        bound = plan["phases"][0]["end_allocated_bytes"] + 2 * 2**20
+        disagreements = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"]
+        expected = [(bound, 512)] * 2 if extra > 2 * 2**20 else []  # the end and the peak
+        assert [(d["predicted_bytes"], d["difference_bytes"]) for d in disagreements] == expected, extra
 
 
 def test_without_requested_counters_the_allocated_ones_decide_the_verdict():
@@ -711,12 +561,6 @@ def test_without_requested_counters_the_allocated_ones_decide_the_verdict():
     assert {tuple(r["checked_counters"]) for r in checked} == {("end_allocated_bytes", "peak_allocated_bytes")}
     assert check == {"agrees": True, "disagreements": [], "not_checked": []}
     assert workspace["measured_bytes"] == 0
-    # A counter off is still caught by the allocated ones.
-    records[1]["end_allocated_bytes"] += 512
-    checked, check, _ = mesure_memoire.check_against_plan(records, plan)
-    assert [(d["phase"], d["counter"]) for d in check["disagreements"]] == [("inputs", "end_allocated_bytes")]
-    assert [r["verdict"] for r in checked] == ["agrees", "disagrees"] + ["agrees"] * (len(checked) - 2)
-    assert check["not_checked"] == []
 
 
 def test_a_disagreement_names_its_repetition_and_the_closest_bound():
@@ -751,15 +595,6 @@ def test_a_disagreement_names_its_repetition_and_the_closest_bound():
         4096,
         -512,
     )
-
-
-def test_above_a_large_block_s_slack_the_closest_bound_is_the_upper_one():
-    settings = config(batch=2, context=128, width=1024)  # the weights are 16 MiB blocks: 2 MiB of slack
-    records, plan = hand_made_records(settings, extra={0: {"end_allocated_bytes": 2 * 2**20 + 512}})
-    records[0]["peak_allocated_bytes"] = records[0]["end_allocated_bytes"] - 2 * 2**20 - 512
-    (disagreement,) = mesure_memoire.check_against_plan(records, plan)[1]["disagreements"]
-    expected = plan["phases"][0]["end_allocated_bytes"]
-    assert (disagreement["predicted_bytes"], disagreement["difference_bytes"]) == (expected + 2 * 2**20, 512)
 
 
 def test_the_first_forward_s_peaks_are_checked_with_the_measured_workspace():

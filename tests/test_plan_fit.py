@@ -83,13 +83,6 @@ def test_the_largest_may_be_one():
     assert mesure_memoire.largest_that_fits(config(), memory_bytes, "batch") == 1
 
 
-def test_the_search_finds_the_same_largest_value_whatever_the_counts():
-    many = config(warmup=1000, repeats=1000)
-    assert mesure_memoire.largest_that_fits(many, 80 * GIB, "width") == mesure_memoire.largest_that_fits(
-        config(warmup=2, repeats=2), 80 * GIB, "width"
-    )
-
-
 def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
     half = mesure_memoire.plan_with_fit(config(), "0.5")
     assert (half["memory_gib"], half["memory_bytes"]) == (mesure_memoire.Decimal("0.5"), GIB // 2)
@@ -241,99 +234,61 @@ def test_exit_3_comes_after_the_whole_plan_on_the_terminal_s_order(tmp_path):
 
 # --- the allocator settings PyTorch parsed: allocated bytes checked under the defaults only, never a false verdict
 
-
-ROUNDUP_4 = {str(2**interval): 4 for interval in range(16)}  # every interval, 1 MiB to 32768 MiB and above
-OTHER_SETTINGS = {
-    "roundup_power2_divisions:4": {**mesure_memoire.DEFAULT_ALLOCATOR, "roundup_power2_divisions": ROUNDUP_4},
-    "expandable_segments:True": {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True},
-    "max_split_size_mb:21": {**mesure_memoire.DEFAULT_ALLOCATOR, "max_split_size_bytes": 21 * MIB},
-}
 WIDE = dict(batch=5, context=77, width=3000, dtype="float32", warmup=1, repeats=1)  # the review's sizes
 REQUESTED = ["end_requested_bytes", "peak_requested_bytes"]
+OTHER = "allocated bytes: settings other than PyTorch's defaults "
+UNREADABLE = "allocated bytes: PyTorch's allocator settings could not be read"
+NO_REQUESTED = "this PyTorch's memory_stats has no requested-bytes counters"
+ASYNC = "the cudaMallocAsync backend keeps no requested-bytes figure and rounds no block as the native one"
+SETTINGS_CASES = [
+    # backend, the settings that differ from the defaults (None: unreadable), requested counters kept, then each
+    # phase's verdict, the counters it checks and why the others are not
+    (
+        "native",
+        {"roundup_power2_divisions": {"1": 4}},
+        True,
+        "agrees",
+        REQUESTED,
+        OTHER + "(roundup_power2_divisions {'1': 4})",
+    ),
+    (
+        "native",
+        {"expandable_segments": True, "max_split_size_bytes": 21 * MIB},
+        True,
+        "agrees",
+        REQUESTED,
+        OTHER + "(max_split_size_bytes 22020096, expandable_segments True)",
+    ),
+    ("native", None, True, "agrees", REQUESTED, UNREADABLE),
+    ("native", None, False, "not checked", [], f"{UNREADABLE}; {NO_REQUESTED}"),
+    ("cudaMallocAsync", None, False, "not checked", [], ASYNC),
+    (None, None, False, "not checked", [], "PyTorch's allocator backend could not be read"),
+]
 
 
-def check(records, backend="native", allocator=mesure_memoire.DEFAULT_ALLOCATOR):
+@pytest.mark.parametrize(("backend", "differing", "requested", "verdict", "counters", "reason"), SETTINGS_CASES)
+def test_the_counters_checked_under_each_allocator_setting(backend, differing, requested, verdict, counters, reason):
+    allocator = None if differing is None else {**mesure_memoire.DEFAULT_ALLOCATOR, **differing}
     plan = mesure_memoire.memory_plan(config(**WIDE))
-    return mesure_memoire.check_against_plan(records, plan, None, backend, allocator)
-
-
-@pytest.mark.parametrize("name", OTHER_SETTINGS)
-def test_other_settings_check_requested_bytes_exactly_and_leave_allocated_bytes_not_checked(name):
-    allocator = OTHER_SETTINGS[name]
     records = hand_made_records(config(**WIDE))[0]
     for record in records:  # any rounding the setting makes: allocated bytes are not judged
         record["end_allocated_bytes"] += 3 * MIB + 7
         record["peak_allocated_bytes"] += 5 * MIB + 3
-    checked, prediction_check, workspace = check(records, allocator=allocator)
-    reason = "allocated bytes: settings other than PyTorch's defaults (" + ", ".join(
-        mesure_memoire.allocator_differences(allocator)
-    )
-    assert {r["verdict"] for r in checked} == {"agrees"}
-    assert all(r["checked_counters"] == REQUESTED for r in checked)
-    assert {r["not_checked_reason"] for r in checked} == {reason + ")"}
-    assert prediction_check == {"agrees": True, "disagreements": [], "not_checked": []}
-    assert workspace["measured_bytes"] is None
-    for index in range(len(records)):  # requested bytes stay exact: one byte off disagrees
-        changed = hand_made_records(config(**WIDE))[0]
-        changed[index]["peak_requested_bytes"] += 1
-        assert check(changed, allocator=allocator)[0][index]["verdict"] == "disagrees", index
-
-
-def test_the_reason_names_every_setting_that_differs_from_the_defaults():
-    allocator = {**mesure_memoire.DEFAULT_ALLOCATOR, "expandable_segments": True, "max_split_size_bytes": 21 * MIB}
-    checked, _, _ = check(hand_made_records(config(**WIDE))[0], allocator=allocator)
-    reason = (
-        "allocated bytes: settings other than PyTorch's defaults (max_split_size_bytes 22020096, "
-        "expandable_segments True)"
-    )
+        if not requested:  # a PyTorch whose memory_stats has no requested-bytes counters
+            record.update(baseline_requested_bytes=None, end_requested_bytes=None, peak_requested_bytes=None)
+    checked, prediction_check, workspace = mesure_memoire.check_against_plan(records, plan, None, backend, allocator)
+    assert {r["verdict"] for r in checked} == {verdict}
+    assert all(r["checked_counters"] == counters for r in checked)
     assert {r["not_checked_reason"] for r in checked} == {reason}
-
-
-def test_unreadable_settings_without_requested_counters_check_nothing_and_give_both_reasons():
-    records = hand_made_records(config(**WIDE))[0]
-    for record in records:  # a PyTorch whose memory_stats has no requested-bytes counters
-        record.update(baseline_requested_bytes=None, end_requested_bytes=None, peak_requested_bytes=None)
-    checked, prediction_check, _ = check(records, allocator=None)
-    reason = (
-        "allocated bytes: PyTorch's allocator settings could not be read; "
-        "this PyTorch's memory_stats has no requested-bytes counters"
-    )
-    assert {(r["verdict"], r["not_checked_reason"]) for r in checked} == {("not checked", reason)}
-    assert prediction_check["agrees"] is False
-
-
-def test_unreadable_settings_check_requested_bytes_only():
-    records = hand_made_records(config(**WIDE))[0]
-    records[1]["end_allocated_bytes"] += 512
-    checked, prediction_check, _ = check(records, allocator=None)
-    reason = "allocated bytes: PyTorch's allocator settings could not be read"
-    assert {(r["verdict"], r["not_checked_reason"]) for r in checked} == {("agrees", reason)}
-    records[1]["end_requested_bytes"] += 1
-    assert check(records, allocator=None)[1]["disagreements"][0]["counter"] == "end_requested_bytes"
-
-
-@pytest.mark.parametrize(
-    ("backend", "reason"),
-    [
-        (
-            "cudaMallocAsync",
-            "the cudaMallocAsync backend keeps no requested-bytes figure and rounds no block as the native one",
-        ),
-        (None, "PyTorch's allocator backend could not be read"),
-    ],
-    ids=["cudaMallocAsync", "unknown"],
-)
-def test_another_or_unknown_backend_is_not_checked_and_never_disagrees(backend, reason):
-    records = hand_made_records(config(**WIDE))[0]
-    for record in records:  # PyTorch keeps the requested-bytes counters at zero under cudaMallocAsync
-        record.update(baseline_requested_bytes=0, end_requested_bytes=0, peak_requested_bytes=0)
-    checked, prediction_check, workspace = check(records, backend=backend, allocator=None)
-    assert {(r["verdict"], r["not_checked_reason"]) for r in checked} == {("not checked", reason)}
-    assert all(r["checked_counters"] == [] for r in checked)
     assert prediction_check["disagreements"] == []
-    assert prediction_check["agrees"] is False
-    assert len(prediction_check["not_checked"]) == 5
+    assert prediction_check["agrees"] is (verdict == "agrees")
+    assert len(prediction_check["not_checked"]) == (0 if counters else len(records))
     assert workspace["measured_bytes"] is None
+    for index in range(len(records) if counters else 0):  # requested bytes stay exact: one byte off disagrees
+        records[index]["peak_requested_bytes"] += 1
+        checked = mesure_memoire.check_against_plan(records, plan, None, backend, allocator)[0]
+        assert checked[index]["verdict"] == "disagrees", index
+        records[index]["peak_requested_bytes"] -= 1
 
 
 def test_the_help_says_memory_gib_takes_the_gib_pytorch_reports_and_where_a_catalog_card_s_is(capsys):

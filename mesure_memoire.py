@@ -2016,17 +2016,6 @@ def _result_problem(path, why):
     return KitError(f"report: {_quoted_path(path)} is not a kit result: {why}")
 
 
-def _read_at_most(handle, limit):
-    chunks, size = [], 0
-    while size < limit:
-        chunk = os.read(handle, limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
 def read_result_file(path):
     """The JSON object in ``path``, a regular file of at most MAX_RESULT_BYTES (FIFOs are never read)."""
     import json
@@ -2045,7 +2034,8 @@ def read_result_file(path):
     try:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise _result_problem(path, "not a regular file")
-        data = _read_at_most(handle, MAX_RESULT_BYTES + 1)
+        with open(handle, "rb", closefd=False) as stream:  # read() reads on until the size or the end
+            data = stream.read(MAX_RESULT_BYTES + 1)
     except OSError as exc:
         raise KitError(f"report: {_quoted_path(path)} cannot be read ({type(exc).__name__})") from None
     finally:
@@ -2530,36 +2520,24 @@ def _command_measure(args):
     _print(f"Result written to {output_path if output_path.isprintable() else repr(output_path)}")
 
 
-def sweep_result_value(name):
-    """(dimension, value) for a name sweep writes, mesures-<dimension>-<value>.json; None for any other name."""
-    stem = name[len("mesures-") : -len(".json")] if name.startswith("mesures-") and name.endswith(".json") else ""
-    dimension, _, value = stem.partition("-")
-    if dimension in FIT_DIMENSIONS and value.isascii() and value.isdigit() and not value.startswith("0"):
-        return dimension, int(value)
-    return None
-
-
 def sweep_folder_files(folder):
     """The results sweep wrote in ``folder``, in the order of the values varied (1024 after 256); every
-    other entry is named on stderr and skipped.  No result, or results of two dimensions: refused."""
+    other entry is named on stderr and skipped."""
+    import re
+
     try:
         names = sorted(os.listdir(folder))
     except OSError as error:
         raise KitError(f"report: {_quoted_path(folder)} cannot be listed ({describe_error(error)})") from None
-    found = {name: sweep_result_value(name) for name in names}
-    results = sorted((key, name) for name, key in found.items() if key is not None)
+    sweep_name = rf"mesures-(?:{'|'.join(FIT_DIMENSIONS)})-([1-9][0-9]*)\.json"  # [0-9]: ASCII only, unlike \d
+    found = {name: re.fullmatch(sweep_name, name) for name in names}
+    results = sorted((int(match[1]), name) for name, match in found.items() if match)
     if not results:
         raise KitError(
             f"report: {_quoted_path(folder)} holds no result of sweep (mesures-DIMENSION-VALUE.json): "
             "pass result files, or the folder sweep wrote"
         )
-    dimensions = sorted({dimension for (dimension, _), _ in results})
-    if len(dimensions) > 1:
-        raise KitError(
-            f"report: {_quoted_path(folder)} holds results of several dimensions ({', '.join(dimensions)}): "
-            "pass the files of one"
-        )
-    for name in (name for name, key in found.items() if key is None):
+    for name in (name for name, match in found.items() if not match):
         skipped = _quoted_path(os.path.join(folder, name))
         say("mesure_memoire.py", f"report: {skipped} skipped: not a result of sweep", prefix="warning: ")
     return [os.path.join(folder, name) for _, name in results]

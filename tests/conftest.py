@@ -709,9 +709,6 @@ MESSAGES = {
         "report: {folder} holds no result of sweep (mesures-DIMENSION-VALUE.json): pass result files, or the "
         "folder sweep wrote"
     ),
-    "report: several dimensions in the folder": (
-        "report: {folder} holds results of several dimensions ({dimensions}): pass the files of one"
-    ),
     "report: skipped in the folder": "report: {file} skipped: not a result of sweep",
     "not a regular file": "not a regular file",
     "report: larger than 32 MiB": "larger than 32 MiB",

@@ -954,14 +954,3 @@ def test_a_folder_that_cannot_be_listed_is_one_line(tmp_path, monkeypatch, capsy
             folder="'sweep-width'", error="PermissionError: [Errno 13] Permission denied"
         )
     )
-
-
-def test_a_folder_of_two_dimensions_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
-    folder = sweep_folder(tmp_path, monkeypatch)
-    (folder / "mesures-batch-2.json").write_bytes((CRAFTED_SWEEP / "mesures-width-256.json").read_bytes())
-    assert mesure_memoire.main(["report", "sweep-width"]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err == error_line(
-        MESSAGES["report: several dimensions in the folder"].format(folder="'sweep-width'", dimensions="batch, width")
-    )

@@ -2492,32 +2492,27 @@ def _command_environment(args):
 
 def _command_measure(args):
     # The values arrive as typed: measure_config checks them, with the messages the notebook gets too.
-    if args.device is None and not args.plan:
-        raise KitError("--device is required (unless --plan)")
+    if args.plan and args.output is not None:
+        raise KitError("--plan writes nothing: drop --output")
+    if not args.plan and (args.json or args.memory_gib is not None):
+        raise KitError("--json and --memory-gib go with --plan; measure writes its JSON to --output")
+    if not args.plan and None in (args.device, args.output):
+        raise KitError("--device and --output are required (unless --plan, which measures nothing and writes nothing)")
     sizes = (args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed)
     config = measure_config(args.device, *sizes, args.sustained_s)
     if args.plan:
-        if args.output is not None:
-            raise KitError("--plan writes nothing: drop --output")
         plan = plan_with_fit(config, args.memory_gib)
         _emit(args, plan, format_plan)
         if not plan.get("fits", True):
             sys.stdout.flush()  # the plan first, then the one line on stderr
             raise MeasurementFailed(f"the run does not fit a card of {plan['memory_gib']:f} GiB (exit 3)")
         return
-    if args.memory_gib is not None:
-        raise KitError("--memory-gib goes with --plan")
-    if args.json:
-        raise KitError("--json goes with --plan; measure writes its JSON to --output")
-    output_path = args.output
-    if output_path is None:
-        raise KitError("--output: a new file name is required (or --plan, which measures nothing and writes nothing)")
-    result = measure_to_file(config, output_path, tool="mesure_memoire.py", debug=args.debug)
+    result = measure_to_file(config, args.output, tool="mesure_memoire.py", debug=args.debug)
     for warning in result_warnings(result):
         say("mesure_memoire.py", warning, prefix="warning: ")
     _print(format_phase_table(result))
     # As typed, however long (the user needs the whole name); repr only when it would break the line.
-    _print(f"Result written to {output_path if output_path.isprintable() else repr(output_path)}")
+    _print(f"Result written to {args.output if args.output.isprintable() else repr(args.output)}")
 
 
 def sweep_folder_files(folder):

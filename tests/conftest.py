@@ -661,13 +661,13 @@ MESSAGES = {
         "{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one decimal point "
         "between digits (at most 30 digits on each side), got {value}"
     ),
-    "--output required unless --plan": (
-        "--output: a new file name is required (or --plan, which measures nothing and writes nothing)"
+    "--device and --output required unless --plan": (
+        "--device and --output are required (unless --plan, which measures nothing and writes nothing)"
     ),
     "--plan with --output": "--plan writes nothing: drop --output",
-    "--json without --plan": "--json goes with --plan; measure writes its JSON to --output",
-    "--memory-gib without --plan": "--memory-gib goes with --plan",
-    "--device required": "--device is required (unless --plan)",
+    "--json or --memory-gib without --plan": (
+        "--json and --memory-gib go with --plan; measure writes its JSON to --output"
+    ),
     "--memory-gib not a card's memory": (
         "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most one "
         "decimal point between digits (80, 0.5), got {value}"

@@ -1669,9 +1669,7 @@ def check_new_output(path):
 
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
-    name, folder = os.path.basename(path), os.path.dirname(path) or "."
-    if not name or name in (".", ".."):
-        raise KitError(f"--output: {name_as_typed(path)} names a folder, not a new file")
+    folder = os.path.dirname(path) or "."
     if os.path.lexists(path):
         raise KitError(
             f"--output: {name_as_typed(path)} already exists; choose a new name (results are never overwritten)"
@@ -1785,7 +1783,12 @@ def fit_problem(plan, environment):
 def measure(config, tool):
     """The measurement on the GPU; returns the result (writes nothing), else KitError or MeasurementFailed."""
     model = synthetic_model(config)
-    torch, torch_version_warning = _torch_to_measure_with()
+    torch, torch_error = import_torch()
+    if torch is None:
+        raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
+    # The release is judged (a refusal, or a warning) before any query that could start CUDA.
+    version = pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None)
+    torch_version_warning = torch_release_warning(version)
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
     index = device_index(on)
     environment = environment_of(on, index)
@@ -1847,15 +1850,6 @@ FRESH_PROCESS_WARNING = (
     "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and the "
     "figures are not comparable; restart it"
 )
-
-
-def _torch_to_measure_with():
-    """(torch, a warning or None), asked before any query that could start CUDA; else a refusal."""
-    torch, torch_error = import_torch()
-    if torch is None:
-        raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
-    version = pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None)
-    return torch, torch_release_warning(version)
 
 
 def _refuse_what_cannot_run(torch, config, index, plan, environment):
@@ -2695,13 +2689,12 @@ def measure_in_child(config, folder, output, timeout_s, debug):
     nothing of it stays in ``folder``.  ``debug``: the child gets --debug, and its stderr reaches the terminal."""
     arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
     arguments += ["--debug"] if debug else []
+    status = None
     try:
         status, _, err = run_child(arguments, timeout_s)
-    except BaseException:  # Ctrl-C: the child is stopped; its partial file must not stay
-        remove_leftovers(folder, output)
-        raise
-    if status != 0:
-        remove_leftovers(folder, output)
+    finally:  # after Ctrl-C too (the child stopped): nothing of a child that did not succeed stays
+        if status != 0:
+            remove_leftovers(folder, output)
     err = err.decode("utf-8", "replace")
     if debug:
         _to_stderr(err)
@@ -2851,16 +2844,8 @@ COMMAND_OPTIONS = {
     "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, ESTIMATE_ARGUMENTS),
     "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, ENVIRONMENT_ARGUMENTS),
     "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, MEASURE_ARGUMENTS),
-    "sweep": (
-        "measure one dimension at several values, each in a fresh process, then report",
-        _command_sweep,
-        SWEEP_ARGUMENTS,
-    ),
-    "report": (
-        "compare result files side by side, one row each; reads them, writes nothing",
-        _command_report,
-        JSON_ARGUMENTS,
-    ),
+    "sweep": ("measure one dimension at several values, each in a fresh process", _command_sweep, SWEEP_ARGUMENTS),
+    "report": ("compare result files side by side, one row each; writes nothing", _command_report, JSON_ARGUMENTS),
 }
 FILES_HELP = (
     "measure result files, in the order to show, or the folder sweep wrote (its results in the order of the values); "

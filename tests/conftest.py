@@ -599,7 +599,6 @@ MESSAGES = {
     "--output empty": "--output: a new file name is required",
     "device out of range": "{device} is out of range: PyTorch sees {count} device(s)",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
-    "--output a folder": "--output: {name} names a folder, not a new file",
     "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
     "--output no hard links": (
         "--output: cannot create {name}: its folder's file system has no hard links ({error}), which the "

@@ -2701,7 +2701,7 @@ def measure_in_child(config, folder, output, timeout_s, debug):
     return status, err
 
 
-def check_child_end(where, status, err, output, plan, timeout_s):
+def check_child_end(where, status, err, output, timeout_s):
     """Raise the KitError that a child's end stops the sweep with (exit 3: MeasurementFailed), unless it
     exited 0 and wrote ``output``."""
     if status == 0 and os.path.isfile(output):
@@ -2710,12 +2710,6 @@ def check_child_end(where, status, err, output, plan, timeout_s):
     line = one_line(lines[-1]) if lines else "no message"
     if status is None:
         raise KitError(f"{where}: the child did not finish within {timeout_s} s and was stopped; nothing kept for it")
-    if status == 3 and "out of memory" in line:  # measure exits 3 for any failed phase: only this one is a misfit
-        peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
-        raise MeasurementFailed(
-            f"{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
-            f"({in_units(peak)} GiB), needing {needs} bytes ({in_units(needs)} GiB) free"
-        )
     if status == 0:
         raise KitError(f"{where}: the child exited 0 without writing its result")
     failure = MeasurementFailed if status == 3 else KitError
@@ -2727,8 +2721,7 @@ def measure_each(dimension, configs, environment, folder, timeout_s, debug, writ
     that stops the sweep (a value predicted not to fit, a child that did not succeed)."""
     for index, (value, config) in enumerate(configs):
         where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
-        plan = memory_plan(config)
-        problem = fit_problem(plan, environment)
+        problem = fit_problem(memory_plan(config), environment)
         if problem:  # larger values need more: none of them is launched either
             larger = len(configs) - index - 1
             also = f" (nor the {larger} larger value(s))" if larger else ""
@@ -2737,7 +2730,7 @@ def measure_each(dimension, configs, environment, folder, timeout_s, debug, writ
             status, err = measure_in_child(config, folder, output, timeout_s, debug)
         except KitError as error:  # it could not be started: the sweep stops there, as after a failed child
             raise KitError(f"{where}: {error}") from None
-        check_child_end(where, status, err, output, plan, timeout_s)
+        check_child_end(where, status, err, output, timeout_s)
         written.append((value, output))
         _print(f"{where}: measured, {name_as_typed(output)}", flush=True)
 

@@ -722,10 +722,6 @@ MESSAGES = {
     "sweep stopped": "Sweep stopped: {stop}",
     "sweep: predicted not to fit": "{where}: predicted not to fit, not launched{also}: {problem}",
     "sweep: nor the larger values": " (nor the {count} larger value(s))",
-    "sweep: does not fit": (
-        "{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
-        "({peak_gib} GiB), needing {needs} bytes ({needs_gib} GiB) free"
-    ),
     "sweep: the child refused": "{where}: the child refused (exit status {status}): {line}",
     "sweep: the child failed": "{where}: the child failed (exit status {status}): {line}",
     "sweep: the child wrote nothing": "{where}: the child exited 0 without writing its result",

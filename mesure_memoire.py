@@ -1583,8 +1583,7 @@ def _above_baseline(record, counters):
 
 
 def _checked_record(record, predicted, counters, reason):
-    """``record`` with the counters checked, one disagreement per counter outside its range (against the closest
-    bound), its verdict, and why a counter is not checked."""
+    """``record`` with its counters checked, a disagreement per counter out of range (the closer bound), its verdict."""
     measured = _above_baseline(record, counters)
     if len(measured) < len(counters):
         missing = "this PyTorch's memory_stats has no requested-bytes counters"
@@ -2042,12 +2041,8 @@ def read_result_file(path):
         raise _result_problem(path, "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise _result_problem(path, f"not JSON ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
-    except ValueError:  # valid JSON, but Python reads no int of more digits (sys.get_int_max_str_digits)
-        raise _result_problem(path, "a number has too many digits to read (ValueError)") from None
-    except RecursionError:  # valid JSON maybe, but deeper than Python's json reader goes: a kit result is not
-        raise _result_problem(
-            path, "nested too deep to read (RecursionError); a kit result nests a few levels"
-        ) from None
+    except (ValueError, RecursionError) as exc:  # more digits (sys.get_int_max_str_digits) or nesting than it reads
+        raise _result_problem(path, f"a number too long or a nesting too deep to read ({type(exc).__name__})") from None
 
 
 # <<< notebook
@@ -2288,8 +2283,7 @@ def import_pyplot():
 
 
 def phase_bar_data(result):
-    """Per phase of a result this kernel measured: (labels, {series: bytes}), its measured peaks beside the
-    plan's level at that phase's peak, for the same configuration.  A phase that disagrees is labelled so."""
+    """Per phase: (labels, {series: bytes}), the measured peaks beside the plan's level at that phase's peak."""
     plan = memory_plan(result["configuration"])
     labels = [
         _phase_label(record) + (" DISAGREES" if record.get("verdict") == "disagrees" else "")
@@ -2510,8 +2504,7 @@ def _command_measure(args):
 
 
 def sweep_folder_files(folder):
-    """The results sweep wrote in ``folder``, in the order of the values varied (1024 after 256); every
-    other entry is named on stderr and skipped."""
+    """The results sweep wrote in ``folder``, in the order of the values; any other entry named on stderr, skipped."""
     import re
 
     try:
@@ -2593,8 +2586,7 @@ def probe_device(device):
 
 
 def run_child(arguments, timeout_s):
-    """(exit status or None after ``timeout_s``, stdout, stderr) of a fresh child; on Ctrl-C or SIGTERM the
-    child is stopped too."""
+    """(exit status or None after ``timeout_s``, stdout, stderr) of a fresh child, stopped on Ctrl-C or SIGTERM."""
     import subprocess
 
     pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
@@ -2685,8 +2677,7 @@ def sweep_configs(args):
 
 
 def measure_in_child(config, folder, output, timeout_s, debug):
-    """Run `measure` for ``config`` in a fresh child; (exit status or None, stderr).  Unless the child succeeds,
-    nothing of it stays in ``folder``.  ``debug``: the child gets --debug, and its stderr reaches the terminal."""
+    """`measure` for ``config`` in a fresh child: (exit status or None, stderr); nothing of a failed child stays."""
     arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
     arguments += ["--debug"] if debug else []
     status = None
@@ -2702,8 +2693,7 @@ def measure_in_child(config, folder, output, timeout_s, debug):
 
 
 def check_child_end(where, status, err, output, timeout_s):
-    """Raise the KitError that a child's end stops the sweep with (exit 3: MeasurementFailed), unless it
-    exited 0 and wrote ``output``."""
+    """Raise what a child's end stops the sweep with (exit 3: MeasurementFailed) unless it wrote ``output``."""
     if status == 0 and os.path.isfile(output):
         return
     lines = [line for line in err.splitlines() if line.strip()]
@@ -2717,8 +2707,7 @@ def check_child_end(where, status, err, output, timeout_s):
 
 
 def measure_each(dimension, configs, environment, folder, timeout_s, debug, written):
-    """Measure each value in turn after its fit check, appending (value, file) to ``written``; raises the KitError
-    that stops the sweep (a value predicted not to fit, a child that did not succeed)."""
+    """Measure each value after its fit check, appending (value, file) to ``written``; raises what stops the sweep."""
     for index, (value, config) in enumerate(configs):
         where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
         problem = fit_problem(memory_plan(config), environment)

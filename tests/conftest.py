@@ -711,8 +711,7 @@ MESSAGES = {
     "report: skipped in the folder": "report: {file} skipped: not a result of sweep",
     "not a regular file": "not a regular file",
     "report: larger than 32 MiB": "larger than 32 MiB",
-    "report: too many digits": "a number has too many digits to read (ValueError)",
-    "report: nested too deep": "nested too deep to read (RecursionError); a kit result nests a few levels",
+    "report: too long or deep": "a number too long or a nesting too deep to read ({error})",
     "report: not JSON": "not JSON ({error})",
     "report: not UTF-8": "not UTF-8 text",
     "no usable GPU, no folder created": (

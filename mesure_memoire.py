@@ -1966,13 +1966,8 @@ def format_phase_table(result):
         )
     reasons = dict.fromkeys(record.get("not_checked_reason") for record in result["phases"])  # in order, once each
     lines += [f"Not checked: {reason}" for reason in reasons if reason]
-    summary = result["output_summary"]
-    checksum = summary["checksum_float64"]
-    lines.append(
-        f"Last output: {summary['elements']} elements, "
-        + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
-        + ("" if checksum is None else f", float64 checksum {checksum!r}")
-    )
+    if not result["output_summary"]["all_finite"]:
+        lines.append("Last output: NOT ALL FINITE")
     card_state = result["card_state"]
     lines.append(card_text("before the warm-up", card_state["before_warmup"]))
     if result["sustained"]:
@@ -2259,7 +2254,6 @@ def format_report(data):
 
 
 # >>> notebook: 5. A picture of the measurement (matplotlib, only where it is importable)
-MATPLOTLIB_OLDEST = (3, 5)  # subplots(layout=...) and set_xticks(ticks, labels) need 3.5
 PHASE_FIGURE_NOTE = (
     "PyTorch's allocator in the measuring process only. The plan: arithmetic from a fresh process, its "
     f"{BLAS_WORKSPACE_ALLOWANCE_BYTES // MIB_BYTES} MiB allowance for the BLAS workspace counted from cold_forward on"
@@ -2277,7 +2271,7 @@ def import_pyplot():
         raise KitError("matplotlib is not importable in this kernel (the tables stay)") from None
     version = str(getattr(matplotlib, "__version__", ""))
     found = re.match(r"([0-9]+)\.([0-9]+)", version)
-    if not found or tuple(map(int, found.groups())) < MATPLOTLIB_OLDEST:
+    if not found or tuple(map(int, found.groups())) < (3, 5):  # subplots(layout=...), set_xticks(ticks, labels)
         raise KitError(f"matplotlib {quoted(version)} cannot draw: 3.5 or later is needed (the tables stay)")
     return pyplot
 
@@ -2504,24 +2498,21 @@ def _command_measure(args):
 
 
 def sweep_folder_files(folder):
-    """The results sweep wrote in ``folder``, in the order of the values; any other entry named on stderr, skipped."""
+    """The results sweep wrote in ``folder``, in the order of the values; any other entry is skipped."""
     import re
 
     try:
-        names = sorted(os.listdir(folder))
+        names = os.listdir(folder)
     except OSError as error:
         raise KitError(f"report: {_quoted_path(folder)} cannot be listed ({describe_error(error)})") from None
     sweep_name = rf"mesures-(?:{'|'.join(FIT_DIMENSIONS)})-([1-9][0-9]*)\.json"  # [0-9]: ASCII only, unlike \d
-    found = {name: re.fullmatch(sweep_name, name) for name in names}
-    results = sorted((int(match[1]), name) for name, match in found.items() if match)
+    matches = [re.fullmatch(sweep_name, name) for name in names]
+    results = sorted((int(match[1]), match[0]) for match in matches if match)
     if not results:
         raise KitError(
             f"report: {_quoted_path(folder)} holds no result of sweep (mesures-DIMENSION-VALUE.json): "
             "pass result files, or the folder sweep wrote"
         )
-    for name in (name for name, match in found.items() if not match):
-        skipped = _quoted_path(os.path.join(folder, name))
-        say("mesure_memoire.py", f"report: {skipped} skipped: not a result of sweep", prefix="warning: ")
     return [os.path.join(folder, name) for _, name in results]
 
 
@@ -2534,7 +2525,6 @@ def _command_report(args):
 # never imports PyTorch: a CUDA context of its own would sit on the GPU beside every measurement.
 SWEEP_PROBE_TIMEOUT_S = 300  # a child `environment`: importing PyTorch and initialising CUDA
 SWEEP_STOP_GRACE_S = 10  # after Ctrl-C or a time-out, the child's time to stop (and remove its file) before a kill
-SWEEP_MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def child_command(arguments):
@@ -2727,15 +2717,13 @@ def measure_each(dimension, configs, environment, folder, timeout_s, debug, writ
 def make_new_folder(folder):
     try:
         os.mkdir(folder)
-    except FileExistsError:
-        raise KitError(f"--output-dir: {name_as_typed(folder)} appeared meanwhile; nothing measured") from None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError) as error:  # FileExistsError too: it appeared since check_new_folder
         raise KitError(f"--output-dir: cannot create {name_as_typed(folder)}: {describe_error(error)}") from None
 
 
 def _command_sweep(args):
     dimension, configs = sweep_configs(args)
-    timeout_s = whole_number("--timeout-s", args.timeout_s, 1, SWEEP_MAX_TIMEOUT_S)
+    timeout_s = whole_number("--timeout-s", args.timeout_s, 1, 7 * 24 * 3600)  # a week
     folder = check_new_folder(args.output_dir)
     environment = probe_device(args.device)
     warning = torch_release_warning(environment.get("torch"))  # a refusal, or a warning the results keep too
@@ -2768,7 +2756,6 @@ EPILOG = (
     "not starting with 0 (07 and cuda:00 are refused); a decimal is a whole number, optionally followed by . and "
     "digits (0.5, not .5 or 5.); no sign, exponent, separator or space."
 )
-JSON_HELP = "print one JSON object instead of text"
 DEBUG_HELP = (
     "show PyTorch's own messages, their tracebacks and what it wrote on stderr, on the terminal only (never in a "
     "file or JSON); they may show paths and environment values"
@@ -2786,7 +2773,7 @@ RUN_ARGUMENTS = [
     ("--repeats", "N", "2", "measured warm passes, 1 to 1000 (default 2)"),
     ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
 ]
-JSON_ARGUMENTS = [("--json", None, False, JSON_HELP)]
+JSON_ARGUMENTS = [("--json", None, False, "print one JSON object instead of text")]
 ESTIMATE_ARGUMENTS = [
     ("--parameters", "N", REQUIRED, "number of parameters, a positive integer"),
     ("--bits", "N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
@@ -2829,10 +2816,7 @@ COMMAND_OPTIONS = {
     "sweep": ("measure one dimension at several values, each in a fresh process", _command_sweep, SWEEP_ARGUMENTS),
     "report": ("compare result files side by side, one row each; writes nothing", _command_report, JSON_ARGUMENTS),
 }
-FILES_HELP = (
-    "measure result files, in the order to show, or the folder sweep wrote (its results in the order of the values); "
-    "after --, a name may start with -"
-)
+FILES_HELP = "result files in the order to show, or the folder sweep wrote; after --, a name may start with -"
 
 
 def build_parser():

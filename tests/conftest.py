@@ -708,7 +708,6 @@ MESSAGES = {
         "report: {folder} holds no result of sweep (mesures-DIMENSION-VALUE.json): pass result files, or the "
         "folder sweep wrote"
     ),
-    "report: skipped in the folder": "report: {file} skipped: not a result of sweep",
     "not a regular file": "not a regular file",
     "report: larger than 32 MiB": "larger than 32 MiB",
     "report: too long or deep": "a number too long or a nesting too deep to read ({error})",
@@ -740,7 +739,6 @@ MESSAGES = {
     "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",
     "--output-dir exists": "--output-dir: {name} already exists; the sweep writes only into a new folder",
     "--output-dir without its folder": "--output-dir: the folder that would hold {name} does not exist",
-    "--output-dir appeared meanwhile": "--output-dir: {name} appeared meanwhile; nothing measured",
     "--output-dir cannot create": "--output-dir: cannot create {name}: {error}",
     "swept dimension given": "--{dimension}: --vary {dimension} takes its values from --values; drop --{dimension}",
     "option given twice": "argument {option}: given twice",

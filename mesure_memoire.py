@@ -1583,8 +1583,7 @@ def _above_baseline(record, counters):
 
 
 def _checked_record(record, predicted, counters, reason):
-    """``record`` with the counters checked, one disagreement per counter outside its range (against the closest
-    bound), its verdict, and why a counter is not checked."""
+    """``record`` with its counters checked, a disagreement per counter out of range (the closer bound), its verdict."""
     measured = _above_baseline(record, counters)
     if len(measured) < len(counters):
         missing = "this PyTorch's memory_stats has no requested-bytes counters"
@@ -1669,9 +1668,7 @@ def check_new_output(path):
 
     if not isinstance(path, str) or not path.strip():
         raise KitError("--output: a new file name is required")
-    name, folder = os.path.basename(path), os.path.dirname(path) or "."
-    if not name or name in (".", ".."):
-        raise KitError(f"--output: {name_as_typed(path)} names a folder, not a new file")
+    folder = os.path.dirname(path) or "."
     if os.path.lexists(path):
         raise KitError(
             f"--output: {name_as_typed(path)} already exists; choose a new name (results are never overwritten)"
@@ -1785,7 +1782,12 @@ def fit_problem(plan, environment):
 def measure(config, tool):
     """The measurement on the GPU; returns the result (writes nothing), else KitError or MeasurementFailed."""
     model = synthetic_model(config)
-    torch, torch_version_warning = _torch_to_measure_with()
+    torch, torch_error = import_torch()
+    if torch is None:
+        raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
+    # The release is judged (a refusal, or a warning) before any query that could start CUDA.
+    version = pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None)
+    torch_version_warning = torch_release_warning(version)
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
     index = device_index(on)
     environment = environment_of(on, index)
@@ -1847,15 +1849,6 @@ FRESH_PROCESS_WARNING = (
     "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and the "
     "figures are not comparable; restart it"
 )
-
-
-def _torch_to_measure_with():
-    """(torch, a warning or None), asked before any query that could start CUDA; else a refusal."""
-    torch, torch_error = import_torch()
-    if torch is None:
-        raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
-    version = pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None)
-    return torch, torch_release_warning(version)
 
 
 def _refuse_what_cannot_run(torch, config, index, plan, environment):
@@ -1973,13 +1966,8 @@ def format_phase_table(result):
         )
     reasons = dict.fromkeys(record.get("not_checked_reason") for record in result["phases"])  # in order, once each
     lines += [f"Not checked: {reason}" for reason in reasons if reason]
-    summary = result["output_summary"]
-    checksum = summary["checksum_float64"]
-    lines.append(
-        f"Last output: {summary['elements']} elements, "
-        + ("all finite" if summary["all_finite"] else "NOT ALL FINITE")
-        + ("" if checksum is None else f", float64 checksum {checksum!r}")
-    )
+    if not result["output_summary"]["all_finite"]:
+        lines.append("Last output: NOT ALL FINITE")
     card_state = result["card_state"]
     lines.append(card_text("before the warm-up", card_state["before_warmup"]))
     if result["sustained"]:
@@ -2016,17 +2004,6 @@ def _result_problem(path, why):
     return KitError(f"report: {_quoted_path(path)} is not a kit result: {why}")
 
 
-def _read_at_most(handle, limit):
-    chunks, size = [], 0
-    while size < limit:
-        chunk = os.read(handle, limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
 def read_result_file(path):
     """The JSON object in ``path``, a regular file of at most MAX_RESULT_BYTES (FIFOs are never read)."""
     import json
@@ -2045,7 +2022,8 @@ def read_result_file(path):
     try:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise _result_problem(path, "not a regular file")
-        data = _read_at_most(handle, MAX_RESULT_BYTES + 1)
+        with open(handle, "rb", closefd=False) as stream:  # read() reads on until the size or the end
+            data = stream.read(MAX_RESULT_BYTES + 1)
     except OSError as exc:
         raise KitError(f"report: {_quoted_path(path)} cannot be read ({type(exc).__name__})") from None
     finally:
@@ -2058,12 +2036,8 @@ def read_result_file(path):
         raise _result_problem(path, "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise _result_problem(path, f"not JSON ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
-    except ValueError:  # valid JSON, but Python reads no int of more digits (sys.get_int_max_str_digits)
-        raise _result_problem(path, "a number has too many digits to read (ValueError)") from None
-    except RecursionError:  # valid JSON maybe, but deeper than Python's json reader goes: a kit result is not
-        raise _result_problem(
-            path, "nested too deep to read (RecursionError); a kit result nests a few levels"
-        ) from None
+    except (ValueError, RecursionError) as exc:  # more digits (sys.get_int_max_str_digits) or nesting than it reads
+        raise _result_problem(path, f"a number too long or a nesting too deep to read ({type(exc).__name__})") from None
 
 
 # <<< notebook
@@ -2280,7 +2254,6 @@ def format_report(data):
 
 
 # >>> notebook: 5. A picture of the measurement (matplotlib, only where it is importable)
-MATPLOTLIB_OLDEST = (3, 5)  # subplots(layout=...) and set_xticks(ticks, labels) need 3.5
 PHASE_FIGURE_NOTE = (
     "PyTorch's allocator in the measuring process only. The plan: arithmetic from a fresh process, its "
     f"{BLAS_WORKSPACE_ALLOWANCE_BYTES // MIB_BYTES} MiB allowance for the BLAS workspace counted from cold_forward on"
@@ -2298,14 +2271,13 @@ def import_pyplot():
         raise KitError("matplotlib is not importable in this kernel (the tables stay)") from None
     version = str(getattr(matplotlib, "__version__", ""))
     found = re.match(r"([0-9]+)\.([0-9]+)", version)
-    if not found or tuple(map(int, found.groups())) < MATPLOTLIB_OLDEST:
+    if not found or tuple(map(int, found.groups())) < (3, 5):  # subplots(layout=...), set_xticks(ticks, labels)
         raise KitError(f"matplotlib {quoted(version)} cannot draw: 3.5 or later is needed (the tables stay)")
     return pyplot
 
 
 def phase_bar_data(result):
-    """Per phase of a result this kernel measured: (labels, {series: bytes}), its measured peaks beside the
-    plan's level at that phase's peak, for the same configuration.  A phase that disagrees is labelled so."""
+    """Per phase: (labels, {series: bytes}), the measured peaks beside the plan's level at that phase's peak."""
     plan = memory_plan(result["configuration"])
     labels = [
         _phase_label(record) + (" DISAGREES" if record.get("verdict") == "disagrees" else "")
@@ -2502,66 +2474,45 @@ def _command_environment(args):
 
 def _command_measure(args):
     # The values arrive as typed: measure_config checks them, with the messages the notebook gets too.
-    if args.device is None and not args.plan:
-        raise KitError("--device is required (unless --plan)")
+    if args.plan and args.output is not None:
+        raise KitError("--plan writes nothing: drop --output")
+    if not args.plan and (args.json or args.memory_gib is not None):
+        raise KitError("--json and --memory-gib go with --plan; measure writes its JSON to --output")
+    if not args.plan and None in (args.device, args.output):
+        raise KitError("--device and --output are required (unless --plan, which measures nothing and writes nothing)")
     sizes = (args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed)
     config = measure_config(args.device, *sizes, args.sustained_s)
     if args.plan:
-        if args.output is not None:
-            raise KitError("--plan writes nothing: drop --output")
         plan = plan_with_fit(config, args.memory_gib)
         _emit(args, plan, format_plan)
         if not plan.get("fits", True):
             sys.stdout.flush()  # the plan first, then the one line on stderr
             raise MeasurementFailed(f"the run does not fit a card of {plan['memory_gib']:f} GiB (exit 3)")
         return
-    if args.memory_gib is not None:
-        raise KitError("--memory-gib goes with --plan")
-    if args.json:
-        raise KitError("--json goes with --plan; measure writes its JSON to --output")
-    output_path = args.output
-    if output_path is None:
-        raise KitError("--output: a new file name is required (or --plan, which measures nothing and writes nothing)")
-    result = measure_to_file(config, output_path, tool="mesure_memoire.py", debug=args.debug)
+    result = measure_to_file(config, args.output, tool="mesure_memoire.py", debug=args.debug)
     for warning in result_warnings(result):
         say("mesure_memoire.py", warning, prefix="warning: ")
     _print(format_phase_table(result))
     # As typed, however long (the user needs the whole name); repr only when it would break the line.
-    _print(f"Result written to {output_path if output_path.isprintable() else repr(output_path)}")
-
-
-def sweep_result_value(name):
-    """(dimension, value) for a name sweep writes, mesures-<dimension>-<value>.json; None for any other name."""
-    stem = name[len("mesures-") : -len(".json")] if name.startswith("mesures-") and name.endswith(".json") else ""
-    dimension, _, value = stem.partition("-")
-    if dimension in FIT_DIMENSIONS and value.isascii() and value.isdigit() and not value.startswith("0"):
-        return dimension, int(value)
-    return None
+    _print(f"Result written to {args.output if args.output.isprintable() else repr(args.output)}")
 
 
 def sweep_folder_files(folder):
-    """The results sweep wrote in ``folder``, in the order of the values varied (1024 after 256); every
-    other entry is named on stderr and skipped.  No result, or results of two dimensions: refused."""
+    """The results sweep wrote in ``folder``, in the order of the values; any other entry is skipped."""
+    import re
+
     try:
-        names = sorted(os.listdir(folder))
+        names = os.listdir(folder)
     except OSError as error:
         raise KitError(f"report: {_quoted_path(folder)} cannot be listed ({describe_error(error)})") from None
-    found = {name: sweep_result_value(name) for name in names}
-    results = sorted((key, name) for name, key in found.items() if key is not None)
+    sweep_name = rf"mesures-(?:{'|'.join(FIT_DIMENSIONS)})-([1-9][0-9]*)\.json"  # [0-9]: ASCII only, unlike \d
+    matches = [re.fullmatch(sweep_name, name) for name in names]
+    results = sorted((int(match[1]), match[0]) for match in matches if match)
     if not results:
         raise KitError(
             f"report: {_quoted_path(folder)} holds no result of sweep (mesures-DIMENSION-VALUE.json): "
             "pass result files, or the folder sweep wrote"
         )
-    dimensions = sorted({dimension for (dimension, _), _ in results})
-    if len(dimensions) > 1:
-        raise KitError(
-            f"report: {_quoted_path(folder)} holds results of several dimensions ({', '.join(dimensions)}): "
-            "pass the files of one"
-        )
-    for name in (name for name, key in found.items() if key is None):
-        skipped = _quoted_path(os.path.join(folder, name))
-        say("mesure_memoire.py", f"report: {skipped} skipped: not a result of sweep", prefix="warning: ")
     return [os.path.join(folder, name) for _, name in results]
 
 
@@ -2574,7 +2525,6 @@ def _command_report(args):
 # never imports PyTorch: a CUDA context of its own would sit on the GPU beside every measurement.
 SWEEP_PROBE_TIMEOUT_S = 300  # a child `environment`: importing PyTorch and initialising CUDA
 SWEEP_STOP_GRACE_S = 10  # after Ctrl-C or a time-out, the child's time to stop (and remove its file) before a kill
-SWEEP_MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def child_command(arguments):
@@ -2626,8 +2576,7 @@ def probe_device(device):
 
 
 def run_child(arguments, timeout_s):
-    """(exit status or None after ``timeout_s``, stdout, stderr) of a fresh child; on Ctrl-C or SIGTERM the
-    child is stopped too."""
+    """(exit status or None after ``timeout_s``, stdout, stderr) of a fresh child, stopped on Ctrl-C or SIGTERM."""
     import subprocess
 
     pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
@@ -2718,38 +2667,29 @@ def sweep_configs(args):
 
 
 def measure_in_child(config, folder, output, timeout_s, debug):
-    """Run `measure` for ``config`` in a fresh child; (exit status or None, stderr).  Unless the child succeeds,
-    nothing of it stays in ``folder``.  ``debug``: the child gets --debug, and its stderr reaches the terminal."""
+    """`measure` for ``config`` in a fresh child: (exit status or None, stderr); nothing of a failed child stays."""
     arguments = ["measure", *(f"--{key}={config[key]}" for key in MEASURE_OPTIONS), f"--output={output}"]
     arguments += ["--debug"] if debug else []
+    status = None
     try:
         status, _, err = run_child(arguments, timeout_s)
-    except BaseException:  # Ctrl-C: the child is stopped; its partial file must not stay
-        remove_leftovers(folder, output)
-        raise
-    if status != 0:
-        remove_leftovers(folder, output)
+    finally:  # after Ctrl-C too (the child stopped): nothing of a child that did not succeed stays
+        if status != 0:
+            remove_leftovers(folder, output)
     err = err.decode("utf-8", "replace")
     if debug:
         _to_stderr(err)
     return status, err
 
 
-def check_child_end(where, status, err, output, plan, timeout_s):
-    """Raise the KitError that a child's end stops the sweep with (exit 3: MeasurementFailed), unless it
-    exited 0 and wrote ``output``."""
+def check_child_end(where, status, err, output, timeout_s):
+    """Raise what a child's end stops the sweep with (exit 3: MeasurementFailed) unless it wrote ``output``."""
     if status == 0 and os.path.isfile(output):
         return
     lines = [line for line in err.splitlines() if line.strip()]
     line = one_line(lines[-1]) if lines else "no message"
     if status is None:
         raise KitError(f"{where}: the child did not finish within {timeout_s} s and was stopped; nothing kept for it")
-    if status == 3 and "out of memory" in line:  # measure exits 3 for any failed phase: only this one is a misfit
-        peak, needs = plan["predicted_peak_allocated_bytes"], plan["needs_free_bytes"]
-        raise MeasurementFailed(
-            f"{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
-            f"({in_units(peak)} GiB), needing {needs} bytes ({in_units(needs)} GiB) free"
-        )
     if status == 0:
         raise KitError(f"{where}: the child exited 0 without writing its result")
     failure = MeasurementFailed if status == 3 else KitError
@@ -2757,12 +2697,10 @@ def check_child_end(where, status, err, output, plan, timeout_s):
 
 
 def measure_each(dimension, configs, environment, folder, timeout_s, debug, written):
-    """Measure each value in turn after its fit check, appending (value, file) to ``written``; raises the KitError
-    that stops the sweep (a value predicted not to fit, a child that did not succeed)."""
+    """Measure each value after its fit check, appending (value, file) to ``written``; raises what stops the sweep."""
     for index, (value, config) in enumerate(configs):
         where, output = f"{dimension} {value}", os.path.join(folder, f"mesures-{dimension}-{value}.json")
-        plan = memory_plan(config)
-        problem = fit_problem(plan, environment)
+        problem = fit_problem(memory_plan(config), environment)
         if problem:  # larger values need more: none of them is launched either
             larger = len(configs) - index - 1
             also = f" (nor the {larger} larger value(s))" if larger else ""
@@ -2771,7 +2709,7 @@ def measure_each(dimension, configs, environment, folder, timeout_s, debug, writ
             status, err = measure_in_child(config, folder, output, timeout_s, debug)
         except KitError as error:  # it could not be started: the sweep stops there, as after a failed child
             raise KitError(f"{where}: {error}") from None
-        check_child_end(where, status, err, output, plan, timeout_s)
+        check_child_end(where, status, err, output, timeout_s)
         written.append((value, output))
         _print(f"{where}: measured, {name_as_typed(output)}", flush=True)
 
@@ -2779,15 +2717,13 @@ def measure_each(dimension, configs, environment, folder, timeout_s, debug, writ
 def make_new_folder(folder):
     try:
         os.mkdir(folder)
-    except FileExistsError:
-        raise KitError(f"--output-dir: {name_as_typed(folder)} appeared meanwhile; nothing measured") from None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError) as error:  # FileExistsError too: it appeared since check_new_folder
         raise KitError(f"--output-dir: cannot create {name_as_typed(folder)}: {describe_error(error)}") from None
 
 
 def _command_sweep(args):
     dimension, configs = sweep_configs(args)
-    timeout_s = whole_number("--timeout-s", args.timeout_s, 1, SWEEP_MAX_TIMEOUT_S)
+    timeout_s = whole_number("--timeout-s", args.timeout_s, 1, 7 * 24 * 3600)  # a week
     folder = check_new_folder(args.output_dir)
     environment = probe_device(args.device)
     warning = torch_release_warning(environment.get("torch"))  # a refusal, or a warning the results keep too
@@ -2820,7 +2756,6 @@ EPILOG = (
     "not starting with 0 (07 and cuda:00 are refused); a decimal is a whole number, optionally followed by . and "
     "digits (0.5, not .5 or 5.); no sign, exponent, separator or space."
 )
-JSON_HELP = "print one JSON object instead of text"
 DEBUG_HELP = (
     "show PyTorch's own messages, their tracebacks and what it wrote on stderr, on the terminal only (never in a "
     "file or JSON); they may show paths and environment values"
@@ -2838,7 +2773,7 @@ RUN_ARGUMENTS = [
     ("--repeats", "N", "2", "measured warm passes, 1 to 1000 (default 2)"),
     ("--seed", "N", "0", "seed of the weights and inputs (default 0)"),
 ]
-JSON_ARGUMENTS = [("--json", None, False, JSON_HELP)]
+JSON_ARGUMENTS = [("--json", None, False, "print one JSON object instead of text")]
 ESTIMATE_ARGUMENTS = [
     ("--parameters", "N", REQUIRED, "number of parameters, a positive integer"),
     ("--bits", "N", REQUIRED, "storage width per parameter in bits (4, 8, 16, 32 ...)"),
@@ -2878,21 +2813,10 @@ COMMAND_OPTIONS = {
     "estimate": ("weight memory from a parameter count, no GPU", _command_estimate, ESTIMATE_ARGUMENTS),
     "environment": ("diagnose Python, PyTorch and the chosen GPU", _command_environment, ENVIRONMENT_ARGUMENTS),
     "measure": ("measure the synthetic MLP phase by phase on a GPU", _command_measure, MEASURE_ARGUMENTS),
-    "sweep": (
-        "measure one dimension at several values, each in a fresh process, then report",
-        _command_sweep,
-        SWEEP_ARGUMENTS,
-    ),
-    "report": (
-        "compare result files side by side, one row each; reads them, writes nothing",
-        _command_report,
-        JSON_ARGUMENTS,
-    ),
+    "sweep": ("measure one dimension at several values, each in a fresh process", _command_sweep, SWEEP_ARGUMENTS),
+    "report": ("compare result files side by side, one row each; writes nothing", _command_report, JSON_ARGUMENTS),
 }
-FILES_HELP = (
-    "measure result files, in the order to show, or the folder sweep wrote (its results in the order of the values); "
-    "after --, a name may start with -"
-)
+FILES_HELP = "result files in the order to show, or the folder sweep wrote; after --, a name may start with -"
 
 
 def build_parser():

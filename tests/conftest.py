@@ -599,7 +599,6 @@ MESSAGES = {
     "--output empty": "--output: a new file name is required",
     "device out of range": "{device} is out of range: PyTorch sees {count} device(s)",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
-    "--output a folder": "--output: {name} names a folder, not a new file",
     "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
     "--output no hard links": (
         "--output: cannot create {name}: its folder's file system has no hard links ({error}), which the "
@@ -661,13 +660,13 @@ MESSAGES = {
         "{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one decimal point "
         "between digits (at most 30 digits on each side), got {value}"
     ),
-    "--output required unless --plan": (
-        "--output: a new file name is required (or --plan, which measures nothing and writes nothing)"
+    "--device and --output required unless --plan": (
+        "--device and --output are required (unless --plan, which measures nothing and writes nothing)"
     ),
     "--plan with --output": "--plan writes nothing: drop --output",
-    "--json without --plan": "--json goes with --plan; measure writes its JSON to --output",
-    "--memory-gib without --plan": "--memory-gib goes with --plan",
-    "--device required": "--device is required (unless --plan)",
+    "--json or --memory-gib without --plan": (
+        "--json and --memory-gib go with --plan; measure writes its JSON to --output"
+    ),
     "--memory-gib not a card's memory": (
         "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most one "
         "decimal point between digits (80, 0.5), got {value}"
@@ -709,14 +708,9 @@ MESSAGES = {
         "report: {folder} holds no result of sweep (mesures-DIMENSION-VALUE.json): pass result files, or the "
         "folder sweep wrote"
     ),
-    "report: several dimensions in the folder": (
-        "report: {folder} holds results of several dimensions ({dimensions}): pass the files of one"
-    ),
-    "report: skipped in the folder": "report: {file} skipped: not a result of sweep",
     "not a regular file": "not a regular file",
     "report: larger than 32 MiB": "larger than 32 MiB",
-    "report: too many digits": "a number has too many digits to read (ValueError)",
-    "report: nested too deep": "nested too deep to read (RecursionError); a kit result nests a few levels",
+    "report: too long or deep": "a number too long or a nesting too deep to read ({error})",
     "report: not JSON": "not JSON ({error})",
     "report: not UTF-8": "not UTF-8 text",
     "no usable GPU, no folder created": (
@@ -726,10 +720,6 @@ MESSAGES = {
     "sweep stopped": "Sweep stopped: {stop}",
     "sweep: predicted not to fit": "{where}: predicted not to fit, not launched{also}: {problem}",
     "sweep: nor the larger values": " (nor the {count} larger value(s))",
-    "sweep: does not fit": (
-        "{where} does not fit (the child's exit 3: {line}); the plan predicted a peak of {peak} bytes "
-        "({peak_gib} GiB), needing {needs} bytes ({needs_gib} GiB) free"
-    ),
     "sweep: the child refused": "{where}: the child refused (exit status {status}): {line}",
     "sweep: the child failed": "{where}: the child failed (exit status {status}): {line}",
     "sweep: the child wrote nothing": "{where}: the child exited 0 without writing its result",
@@ -749,7 +739,6 @@ MESSAGES = {
     "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",
     "--output-dir exists": "--output-dir: {name} already exists; the sweep writes only into a new folder",
     "--output-dir without its folder": "--output-dir: the folder that would hold {name} does not exist",
-    "--output-dir appeared meanwhile": "--output-dir: {name} appeared meanwhile; nothing measured",
     "--output-dir cannot create": "--output-dir: cannot create {name}: {error}",
     "swept dimension given": "--{dimension}: --vary {dimension} takes its values from --values; drop --{dimension}",
     "option given twice": "argument {option}: given twice",

@@ -239,7 +239,6 @@ warmup x3        1.000      0.250           0.00            1.25            1024
 warm_forward #2  0.001     12.346           0.00            0.00               1.00  not checked
 DISAGREES warmup: peak_allocated_bytes above baseline measured 1536, predicted 1024 (difference +512 bytes)
 DISAGREES warm_forward #2: end_requested_bytes above baseline measured 0, predicted 4 (difference -4 bytes)
-Last output: 1024 elements, all finite, float64 checksum -1.25
 Card before the warm-up (nvidia-smi): SM clock n/a of 1980 MHz, power n/a of n/a W, n/a C, clock events: n/a
 Card in the last window (nvidia-smi): SM clock 1755 of 1980 MHz, power 699.12 of 700.0 W, 61 C, \
 clock events: sw_power_cap, hw_slowdown"""
@@ -269,7 +268,7 @@ def test_the_phase_table_says_an_output_not_all_finite_and_zero_passes():
     result = dict(PHASE_TABLE_RESULT, phases=phases, output_summary=summary, sustained=None)
     lines = mesure_memoire.format_phase_table(result).splitlines()
     assert lines[1].startswith("warmup x0  ")  # zero passes is still a count, not a missing one
-    assert lines[5:] == ["Last output: 4 elements, NOT ALL FINITE", PHASE_TABLE_TEXT.splitlines()[7]]
+    assert lines[5:] == ["Last output: NOT ALL FINITE", PHASE_TABLE_TEXT.splitlines()[6]]
 
 
 def test_the_measure_command_prints_the_table_the_warning_and_the_name(monkeypatch, tmp_path, capsys):
@@ -473,8 +472,8 @@ HELP_LINES = {
         "    estimate   weight memory from a parameter count, no GPU",
         "               diagnose Python, PyTorch and the chosen GPU",
         "    measure    measure the synthetic MLP phase by phase on a GPU",
-        "    sweep      measure one dimension at several values, each in a fresh process, then report",
-        "    report     compare result files side by side, one row each; reads them, writes nothing",
+        "    sweep      measure one dimension at several values, each in a fresh process",
+        "    report     compare result files side by side, one row each; writes nothing",
         "mesure_memoire.py COMMAND --help prints a command's options.",
         "Numbers: a whole number is 0 or ASCII digits not starting with 0 (07 and cuda:00 are refused)",
     ],
@@ -507,7 +506,7 @@ HELP_LINES = {
     ],
     "sweep": [
         "usage: mesure_memoire.py sweep [-h] --device cuda:N --vary DIMENSION --values V1,V2,... --output-dir",
-        "measure one dimension at several values, each in a fresh process, then report",
+        "measure one dimension at several values, each in a fresh process",
         "  --vary DIMENSION      batch, context or width: the dimension that takes the values",
         "  --values V1,V2,...    strictly increasing whole numbers, separated by commas",
         "  --output-dir NEW_FOLDER",
@@ -516,8 +515,7 @@ HELP_LINES = {
     ],
     "report": [
         "usage: mesure_memoire.py report [-h] [--json] FILE [FILE ...]",
-        "  FILE        measure result files, in the order to show, or the folder sweep wrote (its results in the",
-        "order of the values); after --, a name may start with -",
+        "  FILE        result files in the order to show, or the folder sweep wrote; after --, a name may start with -",
         "  --json      print one JSON object instead of text",
     ],
 }

@@ -130,9 +130,9 @@ def test_any_warm_up_count_is_predicted_exactly_by_the_real_model():
 def test_output_is_required_unless_plan_and_json_needs_plan(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(MEASURE_TRIAL) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["--output required unless --plan"])
+    assert capsys.readouterr().err == error_line(MESSAGES["--device and --output required unless --plan"])
     assert mesure_memoire.main([*MEASURE_TRIAL, "--json", "--output", "x.json"]) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["--json without --plan"])
+    assert capsys.readouterr().err == error_line(MESSAGES["--json or --memory-gib without --plan"])
     assert list(tmp_path.iterdir()) == []
 
 

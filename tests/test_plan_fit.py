@@ -100,7 +100,7 @@ def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
 def test_memory_gib_goes_with_plan(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main([*MEASURE_TRIAL, "--memory-gib", "80", "--output", "x.json"]) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["--memory-gib without --plan"])
+    assert capsys.readouterr().err == error_line(MESSAGES["--json or --memory-gib without --plan"])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -193,7 +193,7 @@ def test_the_plan_needs_no_device(capsys):
     assert mesure_memoire.main([*without, "--plan"]) == 0
     assert "(the largest default of any backend; " in capsys.readouterr().out
     assert mesure_memoire.main([*without, "--output", "o.json"]) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["--device required"])
+    assert capsys.readouterr().err == error_line(MESSAGES["--device and --output required unless --plan"])
 
 
 def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monkeypatch, tmp_path, capsys):

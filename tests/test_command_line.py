@@ -421,28 +421,11 @@ def test_the_guarded_stdout_answers_for_the_stream_it_guards(module, monkeypatch
 ESTIMATE_REFUSALS = [
     # newlines, escapes, stray values, and one number grammar (ASCII digits, one point)
     (["estimate", "--parameters", "1\n2", "--bits", "16"], "--parameters", "'1\\n2'"),
-    (["estimate", "--parameters", "10", "--bits", "16\n"], "--bits", "'16\\n'"),
     (["estimate", "--parameters", "\x1b[31m1", "--bits", "16"], "--parameters", "'\\x1b[31m1'"),
-    (["estimate", "--parameters", "٤", "--bits", "16"], "--parameters", "'٤'"),
-    (["estimate", "--parameters", "１", "--bits", "16"], "--parameters", "'１'"),
-    (["estimate", "--parameters", "+4", "--bits", "16"], "--parameters", "'+4'"),
     (["estimate", "--parameters", "9" * 100_000, "--bits", "16"], "--parameters", "(100000 characters)"),
     (["estimate", "--parameters", "1", "--bits", "-2"], "--bits: expected a positive whole number", "'-2'"),
     (["estimate", "--parameters", "1", "--bits", "16", "x\ny"], "error: unrecognized arguments: x\\ny", ""),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1_000"], "--reserve-gib", "'1_000'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "٤"], "--reserve-gib", "'٤'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", " +4 "], "--reserve-gib", "' +4 '"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "+4"], "--reserve-gib", "'+4'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0"], "--reserve-gib", "'-0'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0.0"], "--reserve-gib", "'-0.0'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4e0"], "--reserve-gib", "'4e0'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1.2.3"], "--reserve-gib", "'1.2.3'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "."], "--reserve-gib", "'.'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", ""], "--reserve-gib", "''"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4\n"], "--reserve-gib", "'4\\n'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "Infinity"], "--reserve-gib", ""),
     (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1" * 31], "--reserve-gib", "30 digits"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "0." + "1" * 31], "--reserve-gib", ""),
     (
         ["estimate", "--par=1\n", "--bits", "3"],
         "error: estimate: the following arguments are required: --parameters",
@@ -456,7 +439,6 @@ ESTIMATE_REFUSALS = [
 
 ENVIRONMENT_REFUSALS = [
     (["environment", "--device", "cuda:0\n"], "--device", "'cuda:0\\n'"),
-    (["environment", "--device", "cuda:٠"], "--device", "'cuda:٠'"),
     (["environment", "--device", "cuda:0", "extra\n"], "error: unrecognized arguments: extra\\n", ""),
     (["environment"], "error: environment: the following arguments are required: --device", ""),
 ]
@@ -466,10 +448,7 @@ LONG_NAME = "a" * 300 + ".json"
 MEASURE_REFUSALS = [
     # options
     ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "error: --seed: ", "18446744073709551615"),
-    ([*MEASURE, "--output", "o.json", "--seed", "-1"], "--seed", "'-1'"),
-    ([*MEASURE, "--output", "o.json", "--seed", "1e3"], "--seed", "'1e3'"),
     ([*MEASURE, "--output", "o.json", "--batch", "1\n"], "--batch", "'1\\n'"),
-    ([*MEASURE, "--output", "o.json", "--width", "٦٤"], "--width", "'٦٤'"),
     ([*MEASURE, "--output", "o.json", "--dtype", "float32\n"], "--dtype", "'float32\\n'"),
     (["measure", "--device", "cuda:0\nx", "--output", "o.json"], "--device", "'cuda:0\\nx'"),
     (["measure", "--output", "o.json"], "error: " + MESSAGES["--device required"], ""),
@@ -478,16 +457,11 @@ MEASURE_REFUSALS = [
     # outputs that exist or cannot be created
     ([*MEASURE, "--output", "existing.json"], "existing.json already exists", "never overwritten"),
     ([*MEASURE, "--output", "fifo"], "fifo already exists", ""),
-    ([*MEASURE, "--output", "/dev/full"], "/dev/full already exists", ""),
-    ([*MEASURE, "--output", "sub"], "sub already exists", ""),
     ([*MEASURE, "--output", "sub/"], "names a folder", ""),
     ([*MEASURE, "--output", "."], "names a folder", ""),
     ([*MEASURE, "--output", ""], "a new file name is required", ""),
-    ([*MEASURE, "--output", "nowhere/o.json"], "does not exist", ""),
     ([*MEASURE, "--output", "no\nwhere/o.json"], "'no\\nwhere/o.json' does not exist", ""),
-    ([*MEASURE, "--output", "fifo/o.json"], "does not exist", ""),
     ([*MEASURE, "--output", LONG_NAME], "too long", "(305 characters)"),
-    ([*MEASURE, "--output", "sub/" + LONG_NAME], "too long", ""),
     ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", "nothing measured"),
     ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
 ]
@@ -495,22 +469,13 @@ MEASURE_REFUSALS = [
 # Each measure option's out-of-range or malformed value, in an otherwise valid run: the line names the option.
 BAD_OPTION_VALUES = [
     ("--batch", "0"),
-    ("--batch", "-1"),
-    ("--batch", "1.5"),
-    ("--batch", "two"),
     ("--context", "0"),
-    ("--context", "nan"),
     ("--width", "0"),
-    ("--width", "inf"),
     ("--warmup", "-1"),
-    ("--warmup", "0.5"),
     ("--repeats", "0"),
-    ("--repeats", "-2"),
     ("--seed", "-1"),
     ("--dtype", "float64"),
-    ("--dtype", "int8"),
     ("--device", "cpu"),
-    ("--device", "cuda"),
 ]
 
 

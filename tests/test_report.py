@@ -10,8 +10,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 from decimal import Decimal
 
 import pytest
@@ -41,56 +39,6 @@ def row_of(result, name="r.json"):
 # --- figures, checked against a hand computation ------------------------------------------------------
 
 
-def test_the_float32_row_matches_the_hand_computation():
-    row = row_of(load("float32.json"), "float32.json")
-    # batch 2, context 128, width 1024, float32; warm lines 1.16, 1.12, 1.14, 1.18 ms; cold 5.4321 ms.
-    assert row == {
-        "file": "float32.json",
-        "schema_version": 7,
-        "gpu": "Crafted GPU",
-        "torch": "2.13.0+cu130",
-        "cuda_build": "13.0",
-        "hip_build": None,
-        "dtype": "float32",
-        "batch": 2,
-        "context": 128,
-        "width": 1024,
-        "parameters": 8 * 1024 * 1024 + 5 * 1024,
-        # weights 33574912 + inputs 1048576 + workspace 8388608 + hidden 4194304 + output 1048576 (cold_forward)
-        "peak_allocated_bytes": 48254976,
-        "peak_reserved_bytes": 24 * 2**21,
-        "cold_forward_ms": Decimal("5.4321"),
-        "warm_repetitions": 4,
-        "warm_min_ms": Decimal("1.12"),
-        "warm_median_ms": Decimal("1.15"),  # (1.14 + 1.16) / 2
-        "warm_max_ms": Decimal("1.18"),
-        "warm_drift": row["warm_drift"],  # 1.18 / 1.16 - 1, the last third (one line) against the first
-        "warm_median_device_ms": None,
-        **dict.fromkeys(mesure_memoire.SUSTAINED_ROW),  # no sustained run
-        "flags": [],
-    }
-    assert isinstance(row["peak_allocated_bytes"], int)
-    assert isinstance(row["warm_median_ms"], Decimal)
-
-
-def test_the_bfloat16_row_matches_the_hand_computation():
-    row = row_of(load("bfloat16.json"))
-    # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.88, 0.92 ms; warm device 0.75, 0.5, 1.25 ms.
-    assert (row["schema_version"], row["dtype"], row["parameters"]) == (7, "bfloat16", 8 * 512 * 512 + 5 * 512)
-    assert row["warm_median_ms"] == Decimal("0.9")
-    assert row["warm_median_device_ms"] == Decimal("0.75")
-    assert row["cold_forward_ms"] == Decimal("4.1")
-    assert (row["peak_allocated_bytes"], row["peak_reserved_bytes"]) == (18879488, 10 * 2**21)
-    assert row["flags"] == []
-    # 30 s asked; the last half of 8 windows: 0.825, 0.826, 0.824, 0.825 ms per forward, within 2 % of 0.825
-    assert (row["sustained_seconds"], row["sustained_ms_per_forward"], row["sustained_steady"]) == (
-        30,
-        Decimal("0.825"),
-        True,
-    )
-    assert row["sustained_ratio_to_warm_median"] == Decimal("1.1")  # 0.825 / 0.75, as written
-
-
 def test_a_sustained_run_not_steady_is_flagged_and_shown_so(tmp_path, monkeypatch, capsys):
     result = load("bfloat16.json")
     result["sustained"].update(steady=False)
@@ -117,13 +65,12 @@ def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
 @pytest.mark.parametrize(
     ("nanoseconds", "device_ms", "median_ms", "median_device_ms"),
     [
-        ([5], [0.5], "0.000005", "0.5"),
         ([3, 1, 2], [0.3, 0.1, 0.2], "0.000002", "0.2"),  # the middle line, not the binary float's expansion
         ([4, 1, 3, 2], [0.4, 0.1, 0.3, 0.2], "0.0000025", "0.25"),  # the exact mean of the middle two
         ([5, 5, 1, 9, 9], [1, 2, 4, 0, 10**30 - 1], "0.000005", "2"),  # ints are times too, zero is one
         ([2, 10**30 - 1], [0.1, 0.2], "5" + "0" * 23 + ".0000005", "0.15"),  # beyond 28 digits
     ],
-    ids=["one", "odd", "even", "five", "30-digits"],
+    ids=["odd", "even", "five", "30-digits"],
 )
 def test_the_warm_median_is_exact(nanoseconds, device_ms, median_ms, median_device_ms):
     row = row_of(with_warm_lines(nanoseconds, device_ms))
@@ -147,21 +94,9 @@ def test_device_median_needs_every_warm_line_to_have_device_ms():
     result = load("bfloat16.json")
     result["phases"][-1]["device_ms"] = None
     assert row_of(result)["warm_median_device_ms"] is None
-    del result["phases"][-1]["device_ms"]  # measure writes it on every line: a line without it is refused
-    assert kit_error_of(mesure_memoire.report_rows, [("r", result)]) == MESSAGES["report: not a kit result"].format(
-        file="'r'", why=wrong(f"phases[{LAST}].device_ms", "a time", "nothing")
-    )
 
 
 # --- flags ----------------------------------------------------------------------------------------------
-
-
-def warm_times(result, *milliseconds):
-    """``result`` with its warm lines replaced by one per time (ms), in order."""
-    others = [line for line in result["phases"] if line["phase"] != "warm_forward"]
-    (warm, *_) = [line for line in result["phases"] if line["phase"] == "warm_forward"]
-    lines = [dict(warm, repetition=n, nanoseconds=round(ms * 10**6)) for n, ms in enumerate(milliseconds, 1)]
-    return {**result, "phases": others + lines}
 
 
 @pytest.mark.parametrize(
@@ -180,7 +115,7 @@ def warm_times(result, *milliseconds):
     ids=["at_the_limit", "drifting", "falling_as_the_clock_recovers", "one_outlier", "two_lines"],
 )
 def test_a_drift_or_a_spread_beyond_a_tenth_is_flagged(milliseconds, drift, flags):
-    row = row_of(warm_times(load("float32.json"), *milliseconds))
+    row = row_of(with_warm_lines([round(ms * 10**6) for ms in milliseconds], [0.1] * len(milliseconds)))
     assert (row["warm_min_ms"], row["warm_max_ms"]) == (
         Decimal(str(min(milliseconds))),
         Decimal(str(max(milliseconds))),
@@ -291,22 +226,33 @@ def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys)
     data = json.loads(capsys.readouterr().out)
     assert list(data) == ["results"]
     assert [row["file"] for row in data["results"]] == given
-    first = data["results"][1]
-    for key, value in {
+    # batch 2, context 128, width 1024, float32; warm lines 1.16, 1.12, 1.14, 1.18 ms; cold 5.4321 ms.
+    assert data["results"][1] == {
+        "file": given[1],
+        "schema_version": 7,
         "gpu": "Crafted GPU",
+        "torch": "2.13.0+cu130",
+        "cuda_build": "13.0",
+        "hip_build": None,
         "dtype": "float32",
         "batch": 2,
         "context": 128,
         "width": 1024,
+        "parameters": 8 * 1024 * 1024 + 5 * 1024,
+        # weights 33574912 + inputs 1048576 + workspace 8388608 + hidden 4194304 + output 1048576 (cold_forward)
         "peak_allocated_bytes": 48254976,
-        "peak_reserved_bytes": 50331648,
-        "warm_median_ms": 1.15,
+        "peak_reserved_bytes": 24 * 2**21,
         "cold_forward_ms": 5.4321,
+        "warm_repetitions": 4,
+        "warm_min_ms": 1.12,
+        "warm_median_ms": 1.15,  # (1.14 + 1.16) / 2
+        "warm_max_ms": 1.18,
+        "warm_drift": 0.017241,  # 1.18 / 1.16 - 1, the last third (one line) against the first
+        "warm_median_device_ms": None,
+        **dict.fromkeys(mesure_memoire.SUSTAINED_ROW),  # no sustained run
         "flags": [],
-    }.items():
-        assert first[key] == value, key
-    assert data["results"][0]["warm_median_device_ms"] == 0.75
-    assert first["warm_median_device_ms"] is None
+    }
+    assert data["results"][0]["warm_median_device_ms"] == 0.75  # 0.75, 0.5, 1.25 ms
 
 
 def test_the_command_refuses_without_a_file(capsys):
@@ -363,11 +309,6 @@ LAST = len(load("bfloat16.json")["phases"]) - 1  # the last phase line of the fi
 
 # Each hostile file, and why it is not a kit result.
 HOSTILE = {
-    "/dev/zero": (lambda folder: "/dev/zero", MESSAGES["not a regular file"]),
-    "empty": (
-        lambda folder: _write(folder, "e.json", b""),
-        MESSAGES["report: not JSON"].format(error="Expecting value: line 1 column 1"),
-    ),
     "not JSON": (
         lambda folder: _write(folder, "t.json", "hello"),
         MESSAGES["report: not JSON"].format(error="Expecting value: line 1 column 1"),
@@ -377,22 +318,7 @@ HOSTILE = {
         lambda folder: _write(folder, "l.json", "[]"),
         MESSAGES["report: not an object"].format(value="a list"),
     ),
-    "a JSON number": (
-        lambda folder: _write(folder, "n.json", "3"),
-        MESSAGES["report: not an object"].format(value="3"),
-    ),
-    "truncated": (
-        lambda folder: _write(folder, "cut.json", (DATA / "float32.json").read_bytes()[:1000]),
-        MESSAGES["report: not JSON"].format(error="Unterminated string starting at: line 37 column 20"),
-    ),
     "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), MESSAGES["report: nested too deep"]),
-    # Valid JSON holding one unused field nested deeper than Python's json reader goes: refused, named so.
-    "a deep unused field": (
-        lambda folder: _write(
-            folder, "du.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "[" * 100000 + "]" * 100000 + "}"
-        ),
-        MESSAGES["report: nested too deep"],
-    ),
     "a 5000-digit unused number": (
         lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "7" * 5000 + "}"),
         MESSAGES["report: too many digits"],
@@ -401,17 +327,10 @@ HOSTILE = {
 }
 
 
-def test_a_gpu_name_of_256_characters_is_read_and_a_bad_warning_named_whole(tmp_path, monkeypatch, capsys):
+def test_a_gpu_name_of_256_characters_is_read(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     name = _write(tmp_path, "g.json", _valid_with(lambda r: r["environment"]["gpu"].update(name="G" * 256)))
-    assert mesure_memoire.report([name])["results"][0]["gpu"] == "G" * 256
-    warned = _write(tmp_path, "w.json", _valid_with(lambda r: r["configuration"].update(fresh_process_warning=1)))
-    assert mesure_memoire.main(["report", warned]) == 2
-    assert capsys.readouterr().err == error_line(
-        MESSAGES["report: not a kit result"].format(
-            file="'w.json'", why=wrong("configuration.fresh_process_warning", "text", 1)
-        )
-    )
+    assert mesure_memoire.report([name])["results"][0]["gpu"] == "G" * 256  # 257: refused (NOT_AS_WRITTEN)
 
 
 @pytest.mark.parametrize("case", HOSTILE)
@@ -605,41 +524,22 @@ def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == error_line(MESSAGES["report: cannot be read"].format(file="'f'", error="OSError"))
 
 
-def test_read_result_file_opens_without_blocking(tmp_path, monkeypatch):
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_is_refused_at_once(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "ok.json").write_text("{}")
+    os.mkfifo("pipe.json")
     flags, real_open = [], os.open
     monkeypatch.setattr(os, "open", lambda path, flag, *rest: flags.append(flag) or real_open(path, flag, *rest))
-    assert mesure_memoire.read_result_file("ok.json") == {}
-    assert flags == [os.O_RDONLY | os.O_NONBLOCK]  # a FIFO cannot hang the open
-    os.mkfifo("pipe")
-    writer = real_open("pipe", os.O_RDWR)  # a writer is there: even a blocking open would return
+    writer = real_open("pipe.json", os.O_RDWR)  # a writer is there: even a blocking open would return
     try:
-        assert kit_error_of(mesure_memoire.read_result_file, "pipe") == MESSAGES["report: not a kit result"].format(
-            file="'pipe'", why=MESSAGES["not a regular file"]
-        )
+        assert mesure_memoire.main(["report", "pipe.json"]) == 2
     finally:
         os.close(writer)
-
-
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
-def test_a_fifo_is_refused_at_once_in_a_real_process(tmp_path):
-    """A subprocess, so that a regression hangs one child (killed by the timeout), not the suite."""
-    os.mkfifo(tmp_path / "pipe.json")
-    before = tree_digest(tmp_path)
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "mesure_memoire.py"), "report", "pipe.json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=30,
+    assert flags == [os.O_RDONLY | os.O_NONBLOCK]  # with no writer, a blocking open would hang
+    assert capsys.readouterr() == (
+        "",
+        error_line(MESSAGES["report: not a kit result"].format(file="'pipe.json'", why=MESSAGES["not a regular file"])),
     )
-    assert completed.returncode == 2
-    assert completed.stdout == ""
-    assert completed.stderr == error_line(
-        MESSAGES["report: not a kit result"].format(file="'pipe.json'", why=MESSAGES["not a regular file"])
-    )
-    assert tree_digest(tmp_path) == before
 
 
 @pytest.mark.whole_kit
@@ -699,12 +599,6 @@ def with_warm_lines(nanoseconds, device_ms):
     return result
 
 
-def test_the_cold_forward_is_shown_in_exact_milliseconds():
-    result = load("bfloat16.json")
-    next(phase for phase in result["phases"] if phase["phase"] == "cold_forward")["nanoseconds"] = 1234567
-    assert row_of(result)["cold_forward_ms"] == Decimal("1.234567")
-
-
 def test_an_unprintable_file_name_is_one_escaped_cell_in_each_table(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a\nb.json").write_bytes((DATA / "bfloat16.json").read_bytes())
@@ -727,26 +621,6 @@ def test_a_result_without_gpu_details_is_read_with_none():
     assert mesure_memoire.report_rows([]) == []
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda r: r.update(schema_version="9" * 10_000_000),
-        lambda r: r["phases"][-1].update(device_ms="x" * 10_000_000),
-        lambda r: r["environment"]["gpu"].update(name="G" * 10_000_000),
-    ],
-    ids=["schema_version", "device_ms", "GPU name"],
-)
-def test_a_refusal_echoes_a_bounded_excerpt_of_a_huge_value(change, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    name = _write(tmp_path, "huge.json", _valid_with(change))
-    assert mesure_memoire.main(["report", name]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert len(captured.err.splitlines()) == 1
-    assert captured.err.startswith("mesure_memoire.py: error: report: 'huge.json' is not a kit result: ")
-    assert len(captured.err) < 300, len(captured.err)
-
-
 def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond():
     whole = "d/" * 2000 + "r.json"  # 4006 characters: shown as typed
     assert kit_error_of(mesure_memoire.read_result_file, whole) == MESSAGES["report: does not exist"].format(
@@ -760,34 +634,7 @@ def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond
     assert len(message) < 4300
 
 
-def test_the_files_reach_the_report_in_order(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    for name in ("a", "b", "c", "-d", "--e"):
-        _write(tmp_path, name, (DATA / "float32.json").read_bytes())
-    assert mesure_memoire.main(["report", "a", "b", "--json"]) == 0
-    assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["a", "b"]
-    assert mesure_memoire.main(["report", "--json", "c", "--", "-d", "--e"]) == 0
-    assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["c", "-d", "--e"]
-
-
 MIB = 2**20
-
-
-@pytest.mark.whole_kit
-@pytest.mark.parametrize("json_flag", [[], ["--json"]])
-def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
-    """PYTHONIOENCODING=ascii (or a C locale) is stdout's encoding, a real one: a new process."""
-    result = load("bfloat16.json")
-    result["environment"]["gpu"]["name"] = "Carte Éclair"
-    (tmp_path / "mesures-é.json").write_text(json.dumps(result), encoding="utf-8")
-    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
-    completed = run_script("mesure_memoire.py", "report", *json_flag, "mesures-é.json", cwd=tmp_path, env=env)
-    assert (completed.returncode, completed.stderr) == (0, "")
-    if json_flag:
-        assert json.loads(completed.stdout)["results"][0]["gpu"] == "Carte Éclair"
-    else:
-        assert "mesures-\\xe9.json" in completed.stdout
-        assert "Carte \\xc9clair" in completed.stdout
 
 
 # --- the allocator settings PyTorch parsed, beside each result ------------------------------------------------

@@ -128,21 +128,6 @@ def test_the_figures_are_laid_out_as_drawn(closes_figures):
     )
 
 
-def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_peak():
-    """Hand-checked for batch 4, context 256, width 512, bfloat16: weights 4,199,424 bytes, inputs 1 MiB,
-    the first forward's two 4 MiB hidden tensors and the 256 MiB allowance."""
-    result = load(DATA / "bfloat16.json")
-    _, series = mesure_memoire.phase_bar_data(result)
-    weights, inputs, hidden = 4199424, 2**20, 4 * 2**20
-    assert series["plan's peak allocated"][:3] == [
-        weights,
-        weights + inputs,
-        weights + inputs + 256 * 2**20 + 2 * hidden,
-    ]
-    plan = mesure_memoire.memory_plan(result["configuration"])
-    assert max(series["plan's peak allocated"]) == plan["predicted_peak_allocated_bytes"] == 282072064
-
-
 def test_a_phase_that_disagrees_is_labelled_so():
     result = load(DATA / "bfloat16.json")
     result["phases"][2]["verdict"] = "disagrees"
@@ -178,11 +163,8 @@ def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_ma
     [
         ("not installed", MESSAGES["matplotlib not importable"]),
         ("3.4.3", MESSAGES["matplotlib too old"].format(version="'3.4.3'")),
-        ("2.2", MESSAGES["matplotlib too old"].format(version="'2.2'")),
-        ("", MESSAGES["matplotlib too old"].format(version="''")),
-        ("x.y", MESSAGES["matplotlib too old"].format(version="'x.y'")),
         (None, MESSAGES["matplotlib too old"].format(version="''")),
-        *((version, None) for version in ["3.5.0", "3.10.9", "3.11.2", "4.0.0rc1"]),
+        *((version, None) for version in ["3.5.0", "3.10.9", "4.0.0rc1"]),
     ],
     ids=plain_id,
 )

@@ -280,14 +280,12 @@ def _valid_with(change):
 @pytest.mark.parametrize(
     ("argv", "shown"),
     [
-        (["good.json", "absent.json"], "'absent.json'"),
         (["good.json", "bad\nname.json"], "'bad\\nname.json'"),
-        (["good.json", ""], "''"),
         (["-"], "'-'"),
         (["--", "--c"], "'--c'"),  # after two dashes, a name may start with a dash
         (["--json", "--", "-d"], "'-d'"),
     ],
-    ids=["missing", "newline-in-name", "empty-name", "dash", "after-two-dashes", "json-after-two-dashes"],
+    ids=["newline-in-name", "dash", "after-two-dashes", "json-after-two-dashes"],
 )
 def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(argv, shown, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -378,9 +376,7 @@ NOT_AS_WRITTEN = [
     ("configuration.dtype", "float64", "a dtype", "'float64'"),
     ("configuration.fresh_process_warning", ["x"], "text", "a list"),
     ("configuration.width", 10**40, "a positive count", 10**40),
-    ("environment", [], "an object", "a list"),
     ("environment.allocator_settings", "native", "allocator settings", "'native'"),
-    ("environment.allocator_settings", {"backend": "native"}, "allocator settings", "an object"),
     ("environment.allocator_settings", {**DEFAULTS, "x": 1}, "allocator settings", "an object"),
     ("environment.allocator_settings", {**DEFAULTS, "backend": "native\n\x1b[31m"}, "allocator settings", "an object"),
     ("environment.allocator_settings", {**DEFAULTS, "max_split_size_bytes": -5}, "allocator settings", "an object"),
@@ -404,14 +400,11 @@ NOT_AS_WRITTEN = [
         "an object",
     ),
     ("environment.gpu", [], "null or an object", "a list"),
-    ("environment.gpu", "H100", "null or an object", "'H100'"),
     ("environment.gpu.name", "G" * 257, "a name", mesure_memoire.quoted("G" * 257)),
     ("environment.gpu.name", 5, "a name", 5),
-    ("environment.hip_build", 7, "a name", 7),
     ("environment.torch", ABSENT, "a name", "nothing"),
     ("output_summary", None, "an object", None),
     ("output_summary.all_finite", 0, "a boolean", 0),
-    ("phases", ABSENT, "a list", "nothing"),
     ("phases", [line for line in PHASES if line["phase"] != "warm_forward"], "cold and warm lines", "a list"),
     ("phases", [*PHASES, PHASES[2]], "cold and warm lines", "a list"),
     ("phases", {}, "a list", "an object"),
@@ -419,32 +412,21 @@ NOT_AS_WRITTEN = [
     (f"phases[{LAST + 1}]", 5, "an object", 5),
     (f"phases[{LAST}].device_ms", 10**309, "a time", "1" + "0" * 59 + "..." + "0" * 12 + " (310 characters)"),
     (f"phases[{WARM}].device_ms", True, "a time", True),
-    (f"phases[{WARM}].device_ms", "1", "a time", "'1'"),
     (f"phases[{WARM}].device_ms", math.inf, "a time", "inf"),
     (f"phases[{WARM}].device_ms", math.nan, "a time", "nan"),
     (f"phases[{WARM}].device_ms", -1, "a time", -1),
-    (f"phases[{WARM}].device_ms", -0.001, "a time", "-0.001"),
     (f"phases[{WARM}].device_ms", 10**30, "a time", 10**30),
-    (f"phases[{WARM}].device_ms", 10**400, "a time", mesure_memoire.quoted(10**400)),
     ("phases[3].nanoseconds", -1, "a count", -1),
-    ("phases[0].nanoseconds", ABSENT, "a count", "nothing"),
-    ("phases[0].peak_allocated_bytes", -1, "a count", -1),
     ("phases[0].peak_reserved_bytes", "1", "a count", "'1'"),
     ("phases[0].phase", "backward", "a phase", "'backward'"),
-    ("prediction_check", ABSENT, "an object", "nothing"),
     ("prediction_check.disagreements", 1, "a list", "1"),
     ("prediction_check.not_checked", "model_load", "a list", "'model_load'"),
     ("schema_version", 6, "this schema", 6),
-    ("schema_version", 8, "this schema", 8),
-    ("schema_version", True, "this schema", True),
     ("sustained", [], "null or an object", "a list"),
     ("sustained.steady", "yes", "null or a boolean", "'yes'"),
     ("sustained.steady_ms_per_forward", None, "a steady time", "None"),
-    ("synthetic_model", None, "an object", None),
     ("synthetic_model.parameters", 10**30, "a count", 10**30),
-    ("synthetic_model.parameters", True, "a count", True),
     ("synthetic_model.parameters", 1.0, "a count", "1.0"),
-    ("synthetic_model.parameters", None, "a count", None),
 ]
 
 
@@ -506,10 +488,6 @@ def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == error_line(
         MESSAGES["report: cannot be opened"].format(file="'x\\x00y'", error="ValueError")
     )
-    (tmp_path / "sub").mkdir()
-    assert mesure_memoire.main(["report", "sub/missing/deeper.json"]) == 2
-    said = MESSAGES["report: does not exist"].format(file="'sub/missing/deeper.json'")
-    assert capsys.readouterr().err == error_line(said)
     _write(tmp_path, "f", "{}")
     assert mesure_memoire.main(["report", "f/inside.json"]) == 2
     assert capsys.readouterr().err == error_line(

@@ -4,7 +4,6 @@ The results under tests/data/report are crafted (GPU "Crafted GPU", tool "crafte
 they have the shape ``measure`` writes (RESULT_SCHEMA_VERSION) and no measured figure in them.
 """
 
-import copy
 import errno
 import json
 import math
@@ -39,21 +38,6 @@ def row_of(result, name="r.json"):
 # --- figures, checked against a hand computation ------------------------------------------------------
 
 
-def test_a_sustained_run_not_steady_is_flagged_and_shown_so(tmp_path, monkeypatch, capsys):
-    result = load("bfloat16.json")
-    result["sustained"].update(steady=False)
-    assert row_of(result)["flags"] == ["sustained run not steady"]
-    result["sustained"].update(steady=None)  # too few windows to tell: no flag
-    assert row_of(result)["flags"] == []
-    result["sustained"].update(steady=False)
-    (tmp_path / "capped.json").write_text(json.dumps(result), encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    assert mesure_memoire.main(["report", "capped.json"]) == 0
-    out = capsys.readouterr().out
-    assert "capped.json       30      0.825      NO   1.100\n" in out
-    assert out.count("sustained run not steady") == 1
-
-
 def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
     result = load("float32.json")
     result["phases"][0]["peak_allocated_bytes"] = 2**40  # model_load
@@ -79,7 +63,7 @@ def test_the_warm_median_is_exact(nanoseconds, device_ms, median_ms, median_devi
     assert row["warm_repetitions"] == len(nanoseconds)
 
 
-def test_device_median_keeps_whole_numbers_exact_and_writes_no_negative_zero():
+def test_device_median_keeps_whole_numbers_exact_writes_no_negative_zero_and_needs_every_line():
     result = load("bfloat16.json")
     warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
     for phase in warm:
@@ -88,11 +72,7 @@ def test_device_median_keeps_whole_numbers_exact_and_writes_no_negative_zero():
     for phase in warm:
         phase["device_ms"] = -0.0
     assert str(row_of(result)["warm_median_device_ms"]) == "0.0"
-
-
-def test_device_median_needs_every_warm_line_to_have_device_ms():
-    result = load("bfloat16.json")
-    result["phases"][-1]["device_ms"] = None
+    warm[-1]["device_ms"] = None  # every warm line needs one
     assert row_of(result)["warm_median_device_ms"] is None
 
 
@@ -124,39 +104,39 @@ def test_a_drift_or_a_spread_beyond_a_tenth_is_flagged(milliseconds, drift, flag
     assert row["flags"] == flags
 
 
-def test_each_flag_is_raised_by_its_own_cause_only():
-    base = load("bfloat16.json")
-    not_fresh, disagrees, non_finite = (copy.deepcopy(base) for _ in range(3))
-    not_fresh["configuration"]["fresh_process_warning"] = "PyTorch already held GPU memory"
-    disagrees["prediction_check"]["disagreements"] = [{"phase": "inputs"}]
-    non_finite["output_summary"]["all_finite"] = False
-    empty_warning = copy.deepcopy(base)
-    empty_warning["configuration"]["fresh_process_warning"] = ""  # a string, however short, is a warning
-    not_checked = copy.deepcopy(base)
-    not_checked["prediction_check"]["not_checked"] = ["inputs"]
-    both = copy.deepcopy(not_checked)
-    both["prediction_check"]["disagreements"] = [{"phase": "model_load"}]
-    rows = mesure_memoire.report_rows(
-        [
-            ("a", base),
-            ("b", not_fresh),
-            ("c", disagrees),
-            ("d", non_finite),
-            ("e", empty_warning),
-            ("f", not_checked),
-            ("g", both),
-        ]
-    )
-    unchecked = "prediction not checked (each such phase's not_checked_reason says why)"
-    assert [row["flags"] for row in rows] == [
-        [],
-        ["not a fresh process"],
-        ["prediction disagreed"],
-        ["non-finite output"],
-        ["not a fresh process"],
-        [unchecked],
-        ["prediction disagreed", unchecked],
-    ]
+UNCHECKED = "prediction not checked (each such phase's not_checked_reason says why)"
+# Each change of bfloat16.json and the one flag it raises (None: none), in the order of the flags in a row.
+FLAG_CAUSES = [
+    (("configuration", "fresh_process_warning", "PyTorch already held GPU memory"), "not a fresh process"),
+    (("configuration", "fresh_process_warning", ""), "not a fresh process"),  # a string, however short
+    (("prediction_check", "disagreements", [{"phase": "inputs"}]), "prediction disagreed"),
+    (
+        ("prediction_check", "not_checked", ["inputs"]),
+        "prediction not checked (each such phase's not_checked_reason says why)",
+    ),
+    (("output_summary", "all_finite", False), "non-finite output"),
+    (("sustained", "steady", None), None),  # too few windows to tell
+    (("sustained", "steady", False), "sustained run not steady"),
+    (("environment", "torch", "other"), "environment differs from row 1: PyTorch"),
+]
+
+
+def test_each_flag_is_raised_by_its_own_cause_only_and_all_are_shown_together(tmp_path, monkeypatch, capsys):
+    changed, every = [], load("bfloat16.json")
+    for (part, field, value), _ in FLAG_CAUSES:
+        changed.append(load("bfloat16.json"))
+        for result in (changed[-1], every):
+            result[part][field] = value
+    rows = mesure_memoire.report_rows([("base", load("bfloat16.json"))] + [("changed", r) for r in changed])
+    assert [row["flags"] for row in rows] == [[]] + [[flag] if flag else [] for _, flag in FLAG_CAUSES]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.json").write_bytes((DATA / "bfloat16.json").read_bytes())
+    (tmp_path / "b.json").write_text(json.dumps(every), encoding="utf-8")
+    assert mesure_memoire.main(["report", "a.json", "b.json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    flags = [flag for _, flag in FLAG_CAUSES if flag]
+    assert lines[2].endswith("; ".join(dict.fromkeys(flags)))
+    assert lines[6].split() == ["b.json", "30", "0.825", "NO", "1.100"]
 
 
 def test_an_environment_differing_from_the_first_row_is_flagged_by_part():
@@ -175,19 +155,6 @@ def test_an_environment_differing_from_the_first_row_is_flagged_by_part():
     ]
     rows = mesure_memoire.report_rows([("2", gpu), ("1", first)])
     assert [row["flags"] for row in rows] == [[], ["environment differs from row 1: GPU"]]
-
-
-def test_all_flags_together_in_the_text():
-    result = load("bfloat16.json")
-    result["configuration"]["fresh_process_warning"] = "not fresh"
-    result["prediction_check"]["disagreements"] = [{"phase": "inputs"}]
-    result["output_summary"]["all_finite"] = False
-    result["environment"]["torch"] = "other"
-    rows = mesure_memoire.report_rows([("a.json", load("bfloat16.json")), ("b.json", result)])
-    text = mesure_memoire.format_report({"results": rows})
-    assert text.splitlines()[2].endswith(
-        "not a fresh process; prediction disagreed; non-finite output; environment differs from row 1: PyTorch"
-    )
 
 
 # --- the command line: text and JSON from the same rows -------------------------------------------------

@@ -166,17 +166,9 @@ def test_without_matplotlib_3_5_or_later_the_kit_refuses_to_draw_in_one_line(ver
     assert str(refused.value) == said
 
 
-def test_the_figure_cell_draws_the_measurement_of_this_kernel(closes_figures, capsys):
-    measurement = load(DATA / "bfloat16.json")
-    namespace, run_figure = figure_cell_namespace(measurement)
-    exec(run_figure, namespace)
-    assert capsys.readouterr().out == ""
-    assert namespace["figure"] is pyplot.gcf()
-    assert bars_of(namespace["figure"].axes[0]) == bars_of(mesure_memoire.draw_phases(measurement).axes[0])
-
-
 def test_a_real_kernel_shows_the_figure_as_an_image(executed_notebook):
-    """After Run All in a real ipykernel, a crafted measurement in place of step 3's, then the figure cell."""
+    """After Run All in a real ipykernel, a crafted measurement in place of step 3's, then the figure cell: it
+    draws that measurement (without one it says there is nothing to draw)."""
     folder, cells, _ = executed_notebook
     (shown,) = cells["figure-again"].outputs
     assert shown.output_type == "display_data"

@@ -238,12 +238,6 @@ def _write(folder, name, content):
     return name
 
 
-def _valid_with(change):
-    result = load("bfloat16.json")
-    change(result)
-    return json.dumps(result)
-
-
 @pytest.mark.parametrize(
     ("argv", "shown"),
     [
@@ -269,7 +263,7 @@ def wrong(field, what, value):
     return MESSAGES["report: wrong field"].format(field=field, what=MESSAGES[f"report: {what}"], value=value)
 
 
-LAST = len(load("bfloat16.json")["phases"]) - 1  # the last phase line of the file _valid_with changes
+LAST = len(load("bfloat16.json")["phases"]) - 1  # the last phase line of the file with_field changes
 
 
 # Each hostile file, and why it is not a kit result.
@@ -285,7 +279,7 @@ HOSTILE = {
     ),
     "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), MESSAGES["report: nested too deep"]),
     "a 5000-digit unused number": (
-        lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "7" * 5000 + "}"),
+        lambda folder: _write(folder, "dn.json", with_field("unused", 7)[:-1] + "7" * 4999 + "}"),
         MESSAGES["report: too many digits"],
     ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), wrong("kit", "this kit", "'other'")),
@@ -390,7 +384,6 @@ NOT_AS_WRITTEN = [
     ("phases[0].peak_reserved_bytes", "1", "a count", "'1'"),
     ("phases[0].phase", "backward", "a phase", "'backward'"),
     ("prediction_check.disagreements", 1, "a list", "1"),
-    ("prediction_check.not_checked", "model_load", "a list", "'model_load'"),
     ("schema_version", 6, "this schema", 6),
     ("sustained", [], "null or an object", "a list"),
     ("sustained.steady", "yes", "null or a boolean", "'yes'"),
@@ -559,7 +552,6 @@ def test_a_result_without_gpu_details_is_read_with_none():
     assert (row["gpu"], row["torch"], row["cuda_build"]) == (None, None, "13.0")
     text = mesure_memoire.format_report({"results": [row]})
     assert text.splitlines()[1].split()[:2] == ["r.json", "none"]
-    assert mesure_memoire.report_rows([]) == []
 
 
 def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond():
@@ -581,7 +573,7 @@ MIB = 2**20
 # --- the allocator settings PyTorch parsed, beside each result ------------------------------------------------
 
 
-def test_the_settings_that_differ_from_pytorchs_defaults_are_flagged(monkeypatch, capsys):
+def test_the_settings_that_differ_from_pytorchs_defaults_are_flagged():
     row, old = row_of(load("allocator.json")), row_of(load("bfloat16.json"))
     assert row["flags"] == ["allocator expandable_segments True: allocated bytes not checked"]
     assert old["flags"] == []
@@ -599,6 +591,3 @@ def test_the_settings_that_differ_from_pytorchs_defaults_are_flagged(monkeypatch
     assert row_of(result)["flags"] == []
     result["environment"]["allocator_settings"] = None
     assert row_of(result)["flags"] == ["allocator settings not recorded: allocated bytes not checked"]
-    monkeypatch.chdir(DATA)
-    assert mesure_memoire.main(["report", "allocator.json"]) == 0
-    assert "allocator expandable_segments True: allocated bytes not checked" in capsys.readouterr().out

@@ -138,19 +138,6 @@ def test_an_ascii_only_stdout_gets_the_folder_s_non_ascii_name_escaped(stand_in,
     assert out.endswith("Largest width measured: 256\n")
 
 
-def test_a_value_predicted_not_to_fit_is_not_launched_nor_any_larger(stand_in, capsys):
-    stand_in({"1024": "write", "8192": "write", "16384": "write"})
-    assert mesure_memoire.main([*SWEEP, "--values", "1024,8192,16384"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert stand_in.calls() == [PROBE, measure_call(1024)]
-    problem = mesure_memoire.fit_problem(sweep_plan(8192), environment())
-    assert out[1].startswith("Sweep stopped: width 8192: ")
-    for fact in ("not launched", "1 larger value", problem):
-        assert fact in out[1], fact
-    assert out[-1] == "Largest width measured: 1024"
-    assert os.listdir("out") == ["mesures-width-1024.json"]
-
-
 def test_when_the_first_value_is_predicted_not_to_fit_nothing_runs_and_no_folder_stays(stand_in, capsys):
     stand_in({"8192": "write"})
     assert mesure_memoire.main([*SWEEP, "--values", "8192"]) == 2
@@ -394,18 +381,24 @@ def test_a_folder_that_cannot_be_made_when_the_first_child_starts_is_one_line(
 
 def test_sweep_launches_the_largest_width_the_plan_gives_for_that_card_and_not_one_more(stand_in, capsys):
     """One fit rule: on a card of the plan's memory whose free memory is that less the context allowance
-    (the stand-in child environment), sweep launches --plan --memory-gib's largest width, not the next."""
+    (the stand-in child environment), sweep launches --plan --memory-gib's largest width, not the next, nor any
+    larger."""
     run = ["--batch", "2", "--context", "128", "--warmup", "3", "--repeats", "5"]
     assert mesure_memoire.main(["measure", *run, "--width", "1024", "--plan", "--memory-gib", "3.5", "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)
     largest, total = fit["largest"]["width"], fit["memory_bytes"]
     env = environment(free=total - fit["context_allowance_bytes"])
     env["gpu"]["total_memory_bytes"] = total
-    stand_in({str(largest): "write", str(largest + 1): "write"}, env=env)
-    assert mesure_memoire.main([*SWEEP, "--values", f"{largest},{largest + 1}"]) == 0
+    stand_in({str(width): "write" for width in (largest, largest + 1, largest + 2)}, env=env)
+    assert mesure_memoire.main([*SWEEP, "--values", f"{largest},{largest + 1},{largest + 2}"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert stand_in.calls() == [PROBE, measure_call(largest)]
-    assert out[1].startswith(f"Sweep stopped: width {largest + 1}: predicted not to fit, not launched: ")
+    problem = mesure_memoire.fit_problem(sweep_plan(largest + 1), env)
+    assert out[1].startswith(f"Sweep stopped: width {largest + 1}: ")
+    for fact in ("not launched", "1 larger value", problem):
+        assert fact in out[1], fact
+    assert out[-1] == f"Largest width measured: {largest}"
+    assert os.listdir("out") == [f"mesures-width-{largest}.json"]
 
 
 # --- a stray file, a folder removed, signals sent twice, the interpreter's flags (issue 42) -----------------------

@@ -75,11 +75,10 @@ def _misuses(name):
     _, _, valid, option, value = PROGRAMS[name]
     given = _option(option, value)
     return [
-        ("unknown option", [*valid, *given, "--no-such-option"], "--no-such-option"),
         ("typo", [*valid, option + "x", *given[1:]], option),  # unknown as typed, or a required option missing
         ("abbreviation", [*valid, option[:-1], *given[1:]], option[:-1]),
         ("given twice", [*valid, *given, *given], f"{option}: given twice"),
-        ("newline in an argument", [*valid, *given, "--no\nsuch"], "--no\\nsuch"),  # escaped: one line
+        ("unknown, with a newline", [*valid, *given, "--no\nsuch"], "--no\\nsuch"),  # escaped: one line
     ]
 
 
@@ -416,7 +415,6 @@ ESTIMATE_REFUSALS = [
 
 ENVIRONMENT_REFUSALS = [
     (["environment", "--device", "cuda:0\n"], "--device", "'cuda:0\\n'"),
-    (["environment", "--device", "cuda:0", "extra\n"], "error: unrecognized arguments: extra\\n", ""),
     (["environment"], "error: environment: the following arguments are required: --device", ""),
 ]
 
@@ -430,7 +428,6 @@ MEASURE_REFUSALS = [
     (["measure", "--device", "cuda:0\nx", "--output", "o.json"], "--device", "'cuda:0\\nx'"),
     (["measure", "--output", "o.json"], "error: " + MESSAGES["--device required"], ""),
     (["measure", "--device", "--plan"], "error: measure: argument --device: expected one argument", ""),
-    ([*MEASURE, "--plan=x"], "error: measure: argument --plan: ignored explicit argument 'x'", ""),
     # outputs that exist or cannot be created
     ([*MEASURE, "--output", "existing.json"], "existing.json already exists", "never overwritten"),
     ([*MEASURE, "--output", "fifo"], "fifo already exists", ""),

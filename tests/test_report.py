@@ -244,9 +244,8 @@ def _write(folder, name, content):
         (["good.json", "bad\nname.json"], "'bad\\nname.json'"),
         (["-"], "'-'"),
         (["--", "--c"], "'--c'"),  # after two dashes, a name may start with a dash
-        (["--json", "--", "-d"], "'-d'"),
     ],
-    ids=["newline-in-name", "dash", "after-two-dashes", "json-after-two-dashes"],
+    ids=["newline-in-name", "dash", "after-two-dashes"],
 )
 def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(argv, shown, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -704,46 +704,18 @@ MESSAGES = {
     "report: cannot be opened": "report: {file} cannot be opened ({error})",
     "report: cannot be read": "report: {file} cannot be read ({error})",
     "report: FILE missing": "report: the following arguments are required: FILE",
-    "report: no sweep result in the folder": (
-        "report: {folder} holds no result of sweep (mesures-DIMENSION-VALUE.json): pass result files, or the "
-        "folder sweep wrote"
-    ),
     "not a regular file": "not a regular file",
     "report: larger than 32 MiB": "larger than 32 MiB",
     "report: too long or deep": "a number too long or a nesting too deep to read ({error})",
     "report: not JSON": "not JSON ({error})",
     "report: not UTF-8": "not UTF-8 text",
-    "no usable GPU, no folder created": (
-        "no usable GPU for {device}: {reason}; nothing measured, no folder created: run this on the GPU box, with a "
-        "CUDA or ROCm build of PyTorch (measure --plan works here)"
-    ),
-    "sweep stopped": "Sweep stopped: {stop}",
-    "sweep: predicted not to fit": "{where}: predicted not to fit, not launched{also}: {problem}",
-    "sweep: nor the larger values": " (nor the {count} larger value(s))",
-    "sweep: the child refused": "{where}: the child refused (exit status {status}): {line}",
-    "sweep: the child failed": "{where}: the child failed (exit status {status}): {line}",
-    "sweep: the child wrote nothing": "{where}: the child exited 0 without writing its result",
-    "sweep: the probe failed": "the child reading {device} failed (exit status {status}); nothing measured",
-    "sweep: the child timed out": (
-        "{where}: the child did not finish within {seconds} s and was stopped; nothing kept for it"
-    ),
     "tool: the kit missing": "{prog}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)"
     "\n",
-    "report: folder cannot be listed": "report: {folder} cannot be listed ({error})",
-    "sweep: folder kept": "{stop}; {name} kept: it holds {strays}, which the sweep did not write",
     "validator interrupted": (
         "gpu_validation.py: interrupted ({signal}): the running child killed; "
         "the verdict and archive of the checks decided written\n"
     ),
-    "sweep: the probe timed out": "the child reading {device} did not answer within {seconds} s; nothing measured",
-    "--output-dir not a folder name": "--output-dir: expected the name of a new folder, got {value}",
-    "--output-dir exists": "--output-dir: {name} already exists; the sweep writes only into a new folder",
-    "--output-dir without its folder": "--output-dir: the folder that would hold {name} does not exist",
-    "--output-dir cannot create": "--output-dir: cannot create {name}: {error}",
-    "swept dimension given": "--{dimension}: --vary {dimension} takes its values from --values; drop --{dimension}",
     "option given twice": "argument {option}: given twice",
-    "--values not increasing": "--values: expected strictly increasing whole numbers separated by commas, got {value}",
-    "--vary not a dimension": "--vary: expected one of batch, context, width, got {value}",
     "calculator: nothing computed": "{what}: {reason}; nothing computed",
     "calculator: larger than": "larger than {limit} bytes",
     "calculator: cannot be read": "cannot be read ({error})",

@@ -75,11 +75,10 @@ def _misuses(name):
     _, _, valid, option, value = PROGRAMS[name]
     given = _option(option, value)
     return [
-        ("unknown option", [*valid, *given, "--no-such-option"], "--no-such-option"),
         ("typo", [*valid, option + "x", *given[1:]], option),  # unknown as typed, or a required option missing
         ("abbreviation", [*valid, option[:-1], *given[1:]], option[:-1]),
         ("given twice", [*valid, *given, *given], f"{option}: given twice"),
-        ("newline in an argument", [*valid, *given, "--no\nsuch"], "--no\\nsuch"),  # escaped: one line
+        ("unknown, with a newline", [*valid, *given, "--no\nsuch"], "--no\\nsuch"),  # escaped: one line
     ]
 
 
@@ -231,16 +230,6 @@ def _run_with_stdout(name, stdout, preexec_fn=None):
 
 @pytest.mark.whole_kit
 @pytest.mark.parametrize("name", PROGRAMS)
-def test_a_full_stdout_is_one_line_and_exit_1(name):
-    with open("/dev/full", "w") as full:
-        completed = _run_with_stdout(name, full)
-    assert completed.returncode == 1
-    said = MESSAGES["cannot write the output"].format(error="OSError: [Errno 28] No space left on device")
-    assert completed.stderr == error_line(said, prog=name)
-
-
-@pytest.mark.whole_kit
-@pytest.mark.parametrize("name", PROGRAMS)
 def test_a_closed_pipe_is_silent_and_exit_1(name):
     read_end, write_end = os.pipe()
     os.close(read_end)  # nobody reads: the first write fails with EPIPE
@@ -322,19 +311,6 @@ def test_a_full_stderr_keeps_the_exit_status(name, how, status):
             timeout=120,
         )
     assert completed.returncode == status
-
-
-@pytest.mark.whole_kit
-@pytest.mark.parametrize("name", ["build_zip.py", "build_notebook.py"])
-def test_check_with_stdout_closed_exits_0_on_an_up_to_date_tree(name):
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / PROGRAMS[name][0]), "--check"],
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: os.close(1),
-        timeout=120,
-    )
-    assert (completed.returncode, completed.stderr) == (0, "")
 
 
 @pytest.mark.whole_kit
@@ -421,28 +397,11 @@ def test_the_guarded_stdout_answers_for_the_stream_it_guards(module, monkeypatch
 ESTIMATE_REFUSALS = [
     # newlines, escapes, stray values, and one number grammar (ASCII digits, one point)
     (["estimate", "--parameters", "1\n2", "--bits", "16"], "--parameters", "'1\\n2'"),
-    (["estimate", "--parameters", "10", "--bits", "16\n"], "--bits", "'16\\n'"),
     (["estimate", "--parameters", "\x1b[31m1", "--bits", "16"], "--parameters", "'\\x1b[31m1'"),
-    (["estimate", "--parameters", "٤", "--bits", "16"], "--parameters", "'٤'"),
-    (["estimate", "--parameters", "１", "--bits", "16"], "--parameters", "'１'"),
-    (["estimate", "--parameters", "+4", "--bits", "16"], "--parameters", "'+4'"),
     (["estimate", "--parameters", "9" * 100_000, "--bits", "16"], "--parameters", "(100000 characters)"),
     (["estimate", "--parameters", "1", "--bits", "-2"], "--bits: expected a positive whole number", "'-2'"),
     (["estimate", "--parameters", "1", "--bits", "16", "x\ny"], "error: unrecognized arguments: x\\ny", ""),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1_000"], "--reserve-gib", "'1_000'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "٤"], "--reserve-gib", "'٤'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", " +4 "], "--reserve-gib", "' +4 '"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "+4"], "--reserve-gib", "'+4'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0"], "--reserve-gib", "'-0'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "-0.0"], "--reserve-gib", "'-0.0'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4e0"], "--reserve-gib", "'4e0'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1.2.3"], "--reserve-gib", "'1.2.3'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "."], "--reserve-gib", "'.'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", ""], "--reserve-gib", "''"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "4\n"], "--reserve-gib", "'4\\n'"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "Infinity"], "--reserve-gib", ""),
     (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "1" * 31], "--reserve-gib", "30 digits"),
-    (["estimate", "--parameters", "1", "--bits", "16", "--reserve-gib", "0." + "1" * 31], "--reserve-gib", ""),
     (
         ["estimate", "--par=1\n", "--bits", "3"],
         "error: estimate: the following arguments are required: --parameters",
@@ -456,8 +415,6 @@ ESTIMATE_REFUSALS = [
 
 ENVIRONMENT_REFUSALS = [
     (["environment", "--device", "cuda:0\n"], "--device", "'cuda:0\\n'"),
-    (["environment", "--device", "cuda:٠"], "--device", "'cuda:٠'"),
-    (["environment", "--device", "cuda:0", "extra\n"], "error: unrecognized arguments: extra\\n", ""),
     (["environment"], "error: environment: the following arguments are required: --device", ""),
 ]
 
@@ -466,26 +423,19 @@ LONG_NAME = "a" * 300 + ".json"
 MEASURE_REFUSALS = [
     # options
     ([*MEASURE, "--output", "o.json", "--seed", str(2**64)], "error: --seed: ", "18446744073709551615"),
-    ([*MEASURE, "--output", "o.json", "--seed", "-1"], "--seed", "'-1'"),
-    ([*MEASURE, "--output", "o.json", "--seed", "1e3"], "--seed", "'1e3'"),
     ([*MEASURE, "--output", "o.json", "--batch", "1\n"], "--batch", "'1\\n'"),
-    ([*MEASURE, "--output", "o.json", "--width", "٦٤"], "--width", "'٦٤'"),
     ([*MEASURE, "--output", "o.json", "--dtype", "float32\n"], "--dtype", "'float32\\n'"),
     (["measure", "--device", "cuda:0\nx", "--output", "o.json"], "--device", "'cuda:0\\nx'"),
     (["measure", "--output", "o.json"], "error: " + MESSAGES["--device and --output required unless --plan"], ""),
     (["measure", "--device", "--plan"], "error: measure: argument --device: expected one argument", ""),
-    ([*MEASURE, "--plan=x"], "error: measure: argument --plan: ignored explicit argument 'x'", ""),
     # outputs that exist or cannot be created
     ([*MEASURE, "--output", "existing.json"], "existing.json already exists", "never overwritten"),
     ([*MEASURE, "--output", "fifo"], "fifo already exists", ""),
     ([*MEASURE, "--output", "/dev/full"], "/dev/full already exists", ""),
     ([*MEASURE, "--output", "sub"], "sub already exists", ""),
     ([*MEASURE, "--output", ""], "a new file name is required", ""),
-    ([*MEASURE, "--output", "nowhere/o.json"], "does not exist", ""),
     ([*MEASURE, "--output", "no\nwhere/o.json"], "'no\\nwhere/o.json' does not exist", ""),
-    ([*MEASURE, "--output", "fifo/o.json"], "does not exist", ""),
     ([*MEASURE, "--output", LONG_NAME], "too long", "(305 characters)"),
-    ([*MEASURE, "--output", "sub/" + LONG_NAME], "too long", ""),
     ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", "nothing measured"),
     ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
 ]
@@ -493,22 +443,13 @@ MEASURE_REFUSALS = [
 # Each measure option's out-of-range or malformed value, in an otherwise valid run: the line names the option.
 BAD_OPTION_VALUES = [
     ("--batch", "0"),
-    ("--batch", "-1"),
-    ("--batch", "1.5"),
-    ("--batch", "two"),
     ("--context", "0"),
-    ("--context", "nan"),
     ("--width", "0"),
-    ("--width", "inf"),
     ("--warmup", "-1"),
-    ("--warmup", "0.5"),
     ("--repeats", "0"),
-    ("--repeats", "-2"),
     ("--seed", "-1"),
     ("--dtype", "float64"),
-    ("--dtype", "int8"),
     ("--device", "cpu"),
-    ("--device", "cuda"),
 ]
 
 

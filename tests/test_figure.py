@@ -98,49 +98,16 @@ def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(closes_
     ]
 
 
-def _layout(figure):
-    """What a reader of the figure sees besides the bars' heights and values."""
-    panels = []
-    for axes in figure.axes:
-        ticks = axes.get_xticklabels()
-        legend = axes.get_legend()
-        panels.append(
-            {
-                "place": axes.get_subplotspec().get_geometry(),  # (rows, columns, first cell, last cell)
-                "title_size": axes.title.get_fontsize(),
-                "tick_rotation": {label.get_rotation() for label in ticks},
-                "tick_alignment": {label.get_horizontalalignment() for label in ticks},
-                "value_size": {text.get_fontsize() for text in axes.texts},
-                "bar_widths": {round(bar.get_width(), 12) for container in axes.containers for bar in container},
-                "legend_size": None if legend is None else {text.get_fontsize() for text in legend.get_texts()},
-            }
-        )
-    return tuple(figure.get_size_inches()), type(figure.get_layout_engine()).__name__, panels
-
-
-def test_the_figures_are_laid_out_as_drawn(closes_figures):
-    common = {"title_size": 9, "tick_rotation": {30}, "tick_alignment": {"right"}, "value_size": {7}}
-    phases = _layout(mesure_memoire.draw_phases(load(DATA / "bfloat16.json")))
-    assert phases == (
-        (10, 4.5),
-        "ConstrainedLayoutEngine",
-        [{"place": (1, 1, 0, 0), **common, "bar_widths": {round(0.8 / 3, 12)}, "legend_size": {8}}],
-    )
-
-
-def test_the_plans_bars_are_the_plans_levels_and_its_highest_is_the_predicted_peak():
-    """Hand-checked for batch 4, context 256, width 512, bfloat16: weights 4,199,424 bytes, inputs 1 MiB,
-    the first forward's two 4 MiB hidden tensors and the 256 MiB allowance."""
-    result = load(DATA / "bfloat16.json")
-    _, series = mesure_memoire.phase_bar_data(result)
-    weights, inputs, hidden = 4199424, 2**20, 4 * 2**20
-    assert series["plan's peak allocated"][:3] == [
-        weights,
-        weights + inputs,
-        weights + inputs + 256 * 2**20 + 2 * hidden,
-    ]
-    plan = mesure_memoire.memory_plan(result["configuration"])
-    assert max(series["plan's peak allocated"]) == plan["predicted_peak_allocated_bytes"] == 282072064
+def test_the_figure_is_laid_out_as_drawn(closes_figures):
+    figure = mesure_memoire.draw_phases(load(DATA / "bfloat16.json"))
+    (axes,) = figure.axes
+    assert tuple(figure.get_size_inches()) == (10, 4.5)
+    assert type(figure.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
+    assert axes.title.get_fontsize() == 9
+    assert {(tick.get_rotation(), tick.get_horizontalalignment()) for tick in axes.get_xticklabels()} == {(30, "right")}
+    assert {text.get_fontsize() for text in axes.texts} == {7}  # the values on the bars
+    assert {round(bar.get_width(), 12) for container in axes.containers for bar in container} == {round(0.8 / 3, 12)}
+    assert {text.get_fontsize() for text in axes.get_legend().get_texts()} == {8}
 
 
 def test_a_phase_that_disagrees_is_labelled_so():
@@ -178,11 +145,8 @@ def test_the_figure_cell_says_in_one_line_when_there_is_nothing_to_draw_or_no_ma
     [
         ("not installed", MESSAGES["matplotlib not importable"]),
         ("3.4.3", MESSAGES["matplotlib too old"].format(version="'3.4.3'")),
-        ("2.2", MESSAGES["matplotlib too old"].format(version="'2.2'")),
-        ("", MESSAGES["matplotlib too old"].format(version="''")),
-        ("x.y", MESSAGES["matplotlib too old"].format(version="'x.y'")),
         (None, MESSAGES["matplotlib too old"].format(version="''")),
-        *((version, None) for version in ["3.5.0", "3.10.9", "3.11.2", "4.0.0rc1"]),
+        *((version, None) for version in ["3.5.0", "3.10.9", "4.0.0rc1"]),
     ],
     ids=plain_id,
 )
@@ -202,17 +166,9 @@ def test_without_matplotlib_3_5_or_later_the_kit_refuses_to_draw_in_one_line(ver
     assert str(refused.value) == said
 
 
-def test_the_figure_cell_draws_the_measurement_of_this_kernel(closes_figures, capsys):
-    measurement = load(DATA / "bfloat16.json")
-    namespace, run_figure = figure_cell_namespace(measurement)
-    exec(run_figure, namespace)
-    assert capsys.readouterr().out == ""
-    assert namespace["figure"] is pyplot.gcf()
-    assert bars_of(namespace["figure"].axes[0]) == bars_of(mesure_memoire.draw_phases(measurement).axes[0])
-
-
 def test_a_real_kernel_shows_the_figure_as_an_image(executed_notebook):
-    """After Run All in a real ipykernel, a crafted measurement in place of step 3's, then the figure cell."""
+    """After Run All in a real ipykernel, a crafted measurement in place of step 3's, then the figure cell: it
+    draws that measurement (without one it says there is nothing to draw)."""
     folder, cells, _ = executed_notebook
     (shown,) = cells["figure-again"].outputs
     assert shown.output_type == "display_data"

@@ -4,14 +4,11 @@ The results under tests/data/report are crafted (GPU "Crafted GPU", tool "crafte
 they have the shape ``measure`` writes (RESULT_SCHEMA_VERSION) and no measured figure in them.
 """
 
-import copy
 import errno
 import json
 import math
 import os
 import re
-import subprocess
-import sys
 from decimal import Decimal
 
 import pytest
@@ -41,71 +38,6 @@ def row_of(result, name="r.json"):
 # --- figures, checked against a hand computation ------------------------------------------------------
 
 
-def test_the_float32_row_matches_the_hand_computation():
-    row = row_of(load("float32.json"), "float32.json")
-    # batch 2, context 128, width 1024, float32; warm lines 1.16, 1.12, 1.14, 1.18 ms; cold 5.4321 ms.
-    assert row == {
-        "file": "float32.json",
-        "schema_version": 7,
-        "gpu": "Crafted GPU",
-        "torch": "2.13.0+cu130",
-        "cuda_build": "13.0",
-        "hip_build": None,
-        "dtype": "float32",
-        "batch": 2,
-        "context": 128,
-        "width": 1024,
-        "parameters": 8 * 1024 * 1024 + 5 * 1024,
-        # weights 33574912 + inputs 1048576 + workspace 8388608 + hidden 4194304 + output 1048576 (cold_forward)
-        "peak_allocated_bytes": 48254976,
-        "peak_reserved_bytes": 24 * 2**21,
-        "cold_forward_ms": Decimal("5.4321"),
-        "warm_repetitions": 4,
-        "warm_min_ms": Decimal("1.12"),
-        "warm_median_ms": Decimal("1.15"),  # (1.14 + 1.16) / 2
-        "warm_max_ms": Decimal("1.18"),
-        "warm_drift": row["warm_drift"],  # 1.18 / 1.16 - 1, the last third (one line) against the first
-        "warm_median_device_ms": None,
-        **dict.fromkeys(mesure_memoire.SUSTAINED_ROW),  # no sustained run
-        "flags": [],
-    }
-    assert isinstance(row["peak_allocated_bytes"], int)
-    assert isinstance(row["warm_median_ms"], Decimal)
-
-
-def test_the_bfloat16_row_matches_the_hand_computation():
-    row = row_of(load("bfloat16.json"))
-    # batch 4, context 256, width 512, bfloat16; warm wall 0.9, 0.88, 0.92 ms; warm device 0.75, 0.5, 1.25 ms.
-    assert (row["schema_version"], row["dtype"], row["parameters"]) == (7, "bfloat16", 8 * 512 * 512 + 5 * 512)
-    assert row["warm_median_ms"] == Decimal("0.9")
-    assert row["warm_median_device_ms"] == Decimal("0.75")
-    assert row["cold_forward_ms"] == Decimal("4.1")
-    assert (row["peak_allocated_bytes"], row["peak_reserved_bytes"]) == (18879488, 10 * 2**21)
-    assert row["flags"] == []
-    # 30 s asked; the last half of 8 windows: 0.825, 0.826, 0.824, 0.825 ms per forward, within 2 % of 0.825
-    assert (row["sustained_seconds"], row["sustained_ms_per_forward"], row["sustained_steady"]) == (
-        30,
-        Decimal("0.825"),
-        True,
-    )
-    assert row["sustained_ratio_to_warm_median"] == Decimal("1.1")  # 0.825 / 0.75, as written
-
-
-def test_a_sustained_run_not_steady_is_flagged_and_shown_so(tmp_path, monkeypatch, capsys):
-    result = load("bfloat16.json")
-    result["sustained"].update(steady=False)
-    assert row_of(result)["flags"] == ["sustained run not steady"]
-    result["sustained"].update(steady=None)  # too few windows to tell: no flag
-    assert row_of(result)["flags"] == []
-    result["sustained"].update(steady=False)
-    (tmp_path / "capped.json").write_text(json.dumps(result), encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    assert mesure_memoire.main(["report", "capped.json"]) == 0
-    out = capsys.readouterr().out
-    assert "capped.json       30      0.825      NO   1.100\n" in out
-    assert out.count("sustained run not steady") == 1
-
-
 def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
     result = load("float32.json")
     result["phases"][0]["peak_allocated_bytes"] = 2**40  # model_load
@@ -117,13 +49,12 @@ def test_the_peaks_are_maxima_over_every_phase_not_one_phase():
 @pytest.mark.parametrize(
     ("nanoseconds", "device_ms", "median_ms", "median_device_ms"),
     [
-        ([5], [0.5], "0.000005", "0.5"),
         ([3, 1, 2], [0.3, 0.1, 0.2], "0.000002", "0.2"),  # the middle line, not the binary float's expansion
         ([4, 1, 3, 2], [0.4, 0.1, 0.3, 0.2], "0.0000025", "0.25"),  # the exact mean of the middle two
         ([5, 5, 1, 9, 9], [1, 2, 4, 0, 10**30 - 1], "0.000005", "2"),  # ints are times too, zero is one
         ([2, 10**30 - 1], [0.1, 0.2], "5" + "0" * 23 + ".0000005", "0.15"),  # beyond 28 digits
     ],
-    ids=["one", "odd", "even", "five", "30-digits"],
+    ids=["odd", "even", "five", "30-digits"],
 )
 def test_the_warm_median_is_exact(nanoseconds, device_ms, median_ms, median_device_ms):
     row = row_of(with_warm_lines(nanoseconds, device_ms))
@@ -132,7 +63,7 @@ def test_the_warm_median_is_exact(nanoseconds, device_ms, median_ms, median_devi
     assert row["warm_repetitions"] == len(nanoseconds)
 
 
-def test_device_median_keeps_whole_numbers_exact_and_writes_no_negative_zero():
+def test_device_median_keeps_whole_numbers_exact_writes_no_negative_zero_and_needs_every_line():
     result = load("bfloat16.json")
     warm = [phase for phase in result["phases"] if phase["phase"] == "warm_forward"]
     for phase in warm:
@@ -141,27 +72,11 @@ def test_device_median_keeps_whole_numbers_exact_and_writes_no_negative_zero():
     for phase in warm:
         phase["device_ms"] = -0.0
     assert str(row_of(result)["warm_median_device_ms"]) == "0.0"
-
-
-def test_device_median_needs_every_warm_line_to_have_device_ms():
-    result = load("bfloat16.json")
-    result["phases"][-1]["device_ms"] = None
+    warm[-1]["device_ms"] = None  # every warm line needs one
     assert row_of(result)["warm_median_device_ms"] is None
-    del result["phases"][-1]["device_ms"]  # measure writes it on every line: a line without it is refused
-    assert kit_error_of(mesure_memoire.report_rows, [("r", result)]) == MESSAGES["report: not a kit result"].format(
-        file="'r'", why=wrong(f"phases[{LAST}].device_ms", "a time", "nothing")
-    )
 
 
 # --- flags ----------------------------------------------------------------------------------------------
-
-
-def warm_times(result, *milliseconds):
-    """``result`` with its warm lines replaced by one per time (ms), in order."""
-    others = [line for line in result["phases"] if line["phase"] != "warm_forward"]
-    (warm, *_) = [line for line in result["phases"] if line["phase"] == "warm_forward"]
-    lines = [dict(warm, repetition=n, nanoseconds=round(ms * 10**6)) for n, ms in enumerate(milliseconds, 1)]
-    return {**result, "phases": others + lines}
 
 
 @pytest.mark.parametrize(
@@ -180,7 +95,7 @@ def warm_times(result, *milliseconds):
     ids=["at_the_limit", "drifting", "falling_as_the_clock_recovers", "one_outlier", "two_lines"],
 )
 def test_a_drift_or_a_spread_beyond_a_tenth_is_flagged(milliseconds, drift, flags):
-    row = row_of(warm_times(load("float32.json"), *milliseconds))
+    row = row_of(with_warm_lines([round(ms * 10**6) for ms in milliseconds], [0.1] * len(milliseconds)))
     assert (row["warm_min_ms"], row["warm_max_ms"]) == (
         Decimal(str(min(milliseconds))),
         Decimal(str(max(milliseconds))),
@@ -189,39 +104,39 @@ def test_a_drift_or_a_spread_beyond_a_tenth_is_flagged(milliseconds, drift, flag
     assert row["flags"] == flags
 
 
-def test_each_flag_is_raised_by_its_own_cause_only():
-    base = load("bfloat16.json")
-    not_fresh, disagrees, non_finite = (copy.deepcopy(base) for _ in range(3))
-    not_fresh["configuration"]["fresh_process_warning"] = "PyTorch already held GPU memory"
-    disagrees["prediction_check"]["disagreements"] = [{"phase": "inputs"}]
-    non_finite["output_summary"]["all_finite"] = False
-    empty_warning = copy.deepcopy(base)
-    empty_warning["configuration"]["fresh_process_warning"] = ""  # a string, however short, is a warning
-    not_checked = copy.deepcopy(base)
-    not_checked["prediction_check"]["not_checked"] = ["inputs"]
-    both = copy.deepcopy(not_checked)
-    both["prediction_check"]["disagreements"] = [{"phase": "model_load"}]
-    rows = mesure_memoire.report_rows(
-        [
-            ("a", base),
-            ("b", not_fresh),
-            ("c", disagrees),
-            ("d", non_finite),
-            ("e", empty_warning),
-            ("f", not_checked),
-            ("g", both),
-        ]
-    )
-    unchecked = "prediction not checked (each such phase's not_checked_reason says why)"
-    assert [row["flags"] for row in rows] == [
-        [],
-        ["not a fresh process"],
-        ["prediction disagreed"],
-        ["non-finite output"],
-        ["not a fresh process"],
-        [unchecked],
-        ["prediction disagreed", unchecked],
-    ]
+UNCHECKED = "prediction not checked (each such phase's not_checked_reason says why)"
+# Each change of bfloat16.json and the one flag it raises (None: none), in the order of the flags in a row.
+FLAG_CAUSES = [
+    (("configuration", "fresh_process_warning", "PyTorch already held GPU memory"), "not a fresh process"),
+    (("configuration", "fresh_process_warning", ""), "not a fresh process"),  # a string, however short
+    (("prediction_check", "disagreements", [{"phase": "inputs"}]), "prediction disagreed"),
+    (
+        ("prediction_check", "not_checked", ["inputs"]),
+        "prediction not checked (each such phase's not_checked_reason says why)",
+    ),
+    (("output_summary", "all_finite", False), "non-finite output"),
+    (("sustained", "steady", None), None),  # too few windows to tell
+    (("sustained", "steady", False), "sustained run not steady"),
+    (("environment", "torch", "other"), "environment differs from row 1: PyTorch"),
+]
+
+
+def test_each_flag_is_raised_by_its_own_cause_only_and_all_are_shown_together(tmp_path, monkeypatch, capsys):
+    changed, every = [], load("bfloat16.json")
+    for (part, field, value), _ in FLAG_CAUSES:
+        changed.append(load("bfloat16.json"))
+        for result in (changed[-1], every):
+            result[part][field] = value
+    rows = mesure_memoire.report_rows([("base", load("bfloat16.json"))] + [("changed", r) for r in changed])
+    assert [row["flags"] for row in rows] == [[]] + [[flag] if flag else [] for _, flag in FLAG_CAUSES]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.json").write_bytes((DATA / "bfloat16.json").read_bytes())
+    (tmp_path / "b.json").write_text(json.dumps(every), encoding="utf-8")
+    assert mesure_memoire.main(["report", "a.json", "b.json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    flags = [flag for _, flag in FLAG_CAUSES if flag]
+    assert lines[2].endswith("; ".join(dict.fromkeys(flags)))
+    assert lines[6].split() == ["b.json", "30", "0.825", "NO", "1.100"]
 
 
 def test_an_environment_differing_from_the_first_row_is_flagged_by_part():
@@ -240,19 +155,6 @@ def test_an_environment_differing_from_the_first_row_is_flagged_by_part():
     ]
     rows = mesure_memoire.report_rows([("2", gpu), ("1", first)])
     assert [row["flags"] for row in rows] == [[], ["environment differs from row 1: GPU"]]
-
-
-def test_all_flags_together_in_the_text():
-    result = load("bfloat16.json")
-    result["configuration"]["fresh_process_warning"] = "not fresh"
-    result["prediction_check"]["disagreements"] = [{"phase": "inputs"}]
-    result["output_summary"]["all_finite"] = False
-    result["environment"]["torch"] = "other"
-    rows = mesure_memoire.report_rows([("a.json", load("bfloat16.json")), ("b.json", result)])
-    text = mesure_memoire.format_report({"results": rows})
-    assert text.splitlines()[2].endswith(
-        "not a fresh process; prediction disagreed; non-finite output; environment differs from row 1: PyTorch"
-    )
 
 
 # --- the command line: text and JSON from the same rows -------------------------------------------------
@@ -291,22 +193,33 @@ def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys)
     data = json.loads(capsys.readouterr().out)
     assert list(data) == ["results"]
     assert [row["file"] for row in data["results"]] == given
-    first = data["results"][1]
-    for key, value in {
+    # batch 2, context 128, width 1024, float32; warm lines 1.16, 1.12, 1.14, 1.18 ms; cold 5.4321 ms.
+    assert data["results"][1] == {
+        "file": given[1],
+        "schema_version": 7,
         "gpu": "Crafted GPU",
+        "torch": "2.13.0+cu130",
+        "cuda_build": "13.0",
+        "hip_build": None,
         "dtype": "float32",
         "batch": 2,
         "context": 128,
         "width": 1024,
+        "parameters": 8 * 1024 * 1024 + 5 * 1024,
+        # weights 33574912 + inputs 1048576 + workspace 8388608 + hidden 4194304 + output 1048576 (cold_forward)
         "peak_allocated_bytes": 48254976,
-        "peak_reserved_bytes": 50331648,
-        "warm_median_ms": 1.15,
+        "peak_reserved_bytes": 24 * 2**21,
         "cold_forward_ms": 5.4321,
+        "warm_repetitions": 4,
+        "warm_min_ms": 1.12,
+        "warm_median_ms": 1.15,  # (1.14 + 1.16) / 2
+        "warm_max_ms": 1.18,
+        "warm_drift": 0.017241,  # 1.18 / 1.16 - 1, the last third (one line) against the first
+        "warm_median_device_ms": None,
+        **dict.fromkeys(mesure_memoire.SUSTAINED_ROW),  # no sustained run
         "flags": [],
-    }.items():
-        assert first[key] == value, key
-    assert data["results"][0]["warm_median_device_ms"] == 0.75
-    assert first["warm_median_device_ms"] is None
+    }
+    assert data["results"][0]["warm_median_device_ms"] == 0.75  # 0.75, 0.5, 1.25 ms
 
 
 def test_the_command_refuses_without_a_file(capsys):
@@ -325,23 +238,14 @@ def _write(folder, name, content):
     return name
 
 
-def _valid_with(change):
-    result = load("bfloat16.json")
-    change(result)
-    return json.dumps(result)
-
-
 @pytest.mark.parametrize(
     ("argv", "shown"),
     [
-        (["good.json", "absent.json"], "'absent.json'"),
         (["good.json", "bad\nname.json"], "'bad\\nname.json'"),
-        (["good.json", ""], "''"),
         (["-"], "'-'"),
         (["--", "--c"], "'--c'"),  # after two dashes, a name may start with a dash
-        (["--json", "--", "-d"], "'-d'"),
     ],
-    ids=["missing", "newline-in-name", "empty-name", "dash", "after-two-dashes", "json-after-two-dashes"],
+    ids=["newline-in-name", "dash", "after-two-dashes"],
 )
 def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(argv, shown, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -358,16 +262,11 @@ def wrong(field, what, value):
     return MESSAGES["report: wrong field"].format(field=field, what=MESSAGES[f"report: {what}"], value=value)
 
 
-LAST = len(load("bfloat16.json")["phases"]) - 1  # the last phase line of the file _valid_with changes
+LAST = len(load("bfloat16.json")["phases"]) - 1  # the last phase line of the file with_field changes
 
 
 # Each hostile file, and why it is not a kit result.
 HOSTILE = {
-    "/dev/zero": (lambda folder: "/dev/zero", MESSAGES["not a regular file"]),
-    "empty": (
-        lambda folder: _write(folder, "e.json", b""),
-        MESSAGES["report: not JSON"].format(error="Expecting value: line 1 column 1"),
-    ),
     "not JSON": (
         lambda folder: _write(folder, "t.json", "hello"),
         MESSAGES["report: not JSON"].format(error="Expecting value: line 1 column 1"),
@@ -377,37 +276,25 @@ HOSTILE = {
         lambda folder: _write(folder, "l.json", "[]"),
         MESSAGES["report: not an object"].format(value="a list"),
     ),
-    "a JSON number": (
-        lambda folder: _write(folder, "n.json", "3"),
-        MESSAGES["report: not an object"].format(value="3"),
-    ),
-    "truncated": (
-        lambda folder: _write(folder, "cut.json", (DATA / "float32.json").read_bytes()[:1000]),
-        MESSAGES["report: not JSON"].format(error="Unterminated string starting at: line 37 column 20"),
-    ),
     "nested too deep": (
         lambda folder: _write(folder, "deep.json", "[" * 200000),
         MESSAGES["report: too long or deep"].format(error="RecursionError"),
     ),
     "a 5000-digit unused number": (
-        lambda folder: _write(folder, "dn.json", _valid_with(lambda r: None)[:-1] + ', "unused": ' + "7" * 5000 + "}"),
+        lambda folder: _write(folder, "dn.json", with_field("unused", 7)[:-1] + "7" * 4999 + "}"),
         MESSAGES["report: too long or deep"].format(error="ValueError"),
     ),
     "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), wrong("kit", "this kit", "'other'")),
 }
 
 
-def test_a_gpu_name_of_256_characters_is_read_and_a_bad_warning_named_whole(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    name = _write(tmp_path, "g.json", _valid_with(lambda r: r["environment"]["gpu"].update(name="G" * 256)))
-    assert mesure_memoire.report([name])["results"][0]["gpu"] == "G" * 256
-    warned = _write(tmp_path, "w.json", _valid_with(lambda r: r["configuration"].update(fresh_process_warning=1)))
-    assert mesure_memoire.main(["report", warned]) == 2
-    assert capsys.readouterr().err == error_line(
-        MESSAGES["report: not a kit result"].format(
-            file="'w.json'", why=wrong("configuration.fresh_process_warning", "text", 1)
-        )
-    )
+def test_the_largest_name_and_count_and_a_zero_count_are_read():
+    """One more than each bound is refused (NOT_AS_WRITTEN: a name of 257 characters, a count of 10**30)."""
+    result = load("bfloat16.json")
+    result["environment"]["gpu"]["name"] = "G" * 256
+    for count in (0, 10**30 - 1):
+        result["synthetic_model"]["parameters"] = count
+        assert (row_of(result)["gpu"], row_of(result)["parameters"]) == ("G" * 256, count)
 
 
 @pytest.mark.parametrize("case", HOSTILE)
@@ -455,9 +342,7 @@ NOT_AS_WRITTEN = [
     ("configuration.dtype", "float64", "a dtype", "'float64'"),
     ("configuration.fresh_process_warning", ["x"], "text", "a list"),
     ("configuration.width", 10**40, "a positive count", 10**40),
-    ("environment", [], "an object", "a list"),
     ("environment.allocator_settings", "native", "allocator settings", "'native'"),
-    ("environment.allocator_settings", {"backend": "native"}, "allocator settings", "an object"),
     ("environment.allocator_settings", {**DEFAULTS, "x": 1}, "allocator settings", "an object"),
     ("environment.allocator_settings", {**DEFAULTS, "backend": "native\n\x1b[31m"}, "allocator settings", "an object"),
     ("environment.allocator_settings", {**DEFAULTS, "max_split_size_bytes": -5}, "allocator settings", "an object"),
@@ -481,14 +366,11 @@ NOT_AS_WRITTEN = [
         "an object",
     ),
     ("environment.gpu", [], "null or an object", "a list"),
-    ("environment.gpu", "H100", "null or an object", "'H100'"),
     ("environment.gpu.name", "G" * 257, "a name", mesure_memoire.quoted("G" * 257)),
     ("environment.gpu.name", 5, "a name", 5),
-    ("environment.hip_build", 7, "a name", 7),
     ("environment.torch", ABSENT, "a name", "nothing"),
     ("output_summary", None, "an object", None),
     ("output_summary.all_finite", 0, "a boolean", 0),
-    ("phases", ABSENT, "a list", "nothing"),
     ("phases", [line for line in PHASES if line["phase"] != "warm_forward"], "cold and warm lines", "a list"),
     ("phases", [*PHASES, PHASES[2]], "cold and warm lines", "a list"),
     ("phases", {}, "a list", "an object"),
@@ -496,32 +378,20 @@ NOT_AS_WRITTEN = [
     (f"phases[{LAST + 1}]", 5, "an object", 5),
     (f"phases[{LAST}].device_ms", 10**309, "a time", "1" + "0" * 59 + "..." + "0" * 12 + " (310 characters)"),
     (f"phases[{WARM}].device_ms", True, "a time", True),
-    (f"phases[{WARM}].device_ms", "1", "a time", "'1'"),
     (f"phases[{WARM}].device_ms", math.inf, "a time", "inf"),
     (f"phases[{WARM}].device_ms", math.nan, "a time", "nan"),
     (f"phases[{WARM}].device_ms", -1, "a time", -1),
-    (f"phases[{WARM}].device_ms", -0.001, "a time", "-0.001"),
     (f"phases[{WARM}].device_ms", 10**30, "a time", 10**30),
-    (f"phases[{WARM}].device_ms", 10**400, "a time", mesure_memoire.quoted(10**400)),
     ("phases[3].nanoseconds", -1, "a count", -1),
-    ("phases[0].nanoseconds", ABSENT, "a count", "nothing"),
-    ("phases[0].peak_allocated_bytes", -1, "a count", -1),
     ("phases[0].peak_reserved_bytes", "1", "a count", "'1'"),
     ("phases[0].phase", "backward", "a phase", "'backward'"),
-    ("prediction_check", ABSENT, "an object", "nothing"),
     ("prediction_check.disagreements", 1, "a list", "1"),
-    ("prediction_check.not_checked", "model_load", "a list", "'model_load'"),
     ("schema_version", 6, "this schema", 6),
-    ("schema_version", 8, "this schema", 8),
-    ("schema_version", True, "this schema", True),
     ("sustained", [], "null or an object", "a list"),
     ("sustained.steady", "yes", "null or a boolean", "'yes'"),
     ("sustained.steady_ms_per_forward", None, "a steady time", "None"),
-    ("synthetic_model", None, "an object", None),
     ("synthetic_model.parameters", 10**30, "a count", 10**30),
-    ("synthetic_model.parameters", True, "a count", True),
     ("synthetic_model.parameters", 1.0, "a count", "1.0"),
-    ("synthetic_model.parameters", None, "a count", None),
 ]
 
 
@@ -563,10 +433,6 @@ def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == error_line(
         MESSAGES["report: cannot be opened"].format(file="'x\\x00y'", error="ValueError")
     )
-    (tmp_path / "sub").mkdir()
-    assert mesure_memoire.main(["report", "sub/missing/deeper.json"]) == 2
-    said = MESSAGES["report: does not exist"].format(file="'sub/missing/deeper.json'")
-    assert capsys.readouterr().err == error_line(said)
     _write(tmp_path, "f", "{}")
     assert mesure_memoire.main(["report", "f/inside.json"]) == 2
     assert capsys.readouterr().err == error_line(
@@ -581,41 +447,22 @@ def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == error_line(MESSAGES["report: cannot be read"].format(file="'f'", error="OSError"))
 
 
-def test_read_result_file_opens_without_blocking(tmp_path, monkeypatch):
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_is_refused_at_once(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "ok.json").write_text("{}")
+    os.mkfifo("pipe.json")
     flags, real_open = [], os.open
     monkeypatch.setattr(os, "open", lambda path, flag, *rest: flags.append(flag) or real_open(path, flag, *rest))
-    assert mesure_memoire.read_result_file("ok.json") == {}
-    assert flags == [os.O_RDONLY | os.O_NONBLOCK]  # a FIFO cannot hang the open
-    os.mkfifo("pipe")
-    writer = real_open("pipe", os.O_RDWR)  # a writer is there: even a blocking open would return
+    writer = real_open("pipe.json", os.O_RDWR)  # a writer is there: even a blocking open would return
     try:
-        assert kit_error_of(mesure_memoire.read_result_file, "pipe") == MESSAGES["report: not a kit result"].format(
-            file="'pipe'", why=MESSAGES["not a regular file"]
-        )
+        assert mesure_memoire.main(["report", "pipe.json"]) == 2
     finally:
         os.close(writer)
-
-
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
-def test_a_fifo_is_refused_at_once_in_a_real_process(tmp_path):
-    """A subprocess, so that a regression hangs one child (killed by the timeout), not the suite."""
-    os.mkfifo(tmp_path / "pipe.json")
-    before = tree_digest(tmp_path)
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "mesure_memoire.py"), "report", "pipe.json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=30,
+    assert flags == [os.O_RDONLY | os.O_NONBLOCK]  # with no writer, a blocking open would hang
+    assert capsys.readouterr() == (
+        "",
+        error_line(MESSAGES["report: not a kit result"].format(file="'pipe.json'", why=MESSAGES["not a regular file"])),
     )
-    assert completed.returncode == 2
-    assert completed.stdout == ""
-    assert completed.stderr == error_line(
-        MESSAGES["report: not a kit result"].format(file="'pipe.json'", why=MESSAGES["not a regular file"])
-    )
-    assert tree_digest(tmp_path) == before
 
 
 @pytest.mark.whole_kit
@@ -647,13 +494,6 @@ def test_the_quick_start_s_report_reads_the_file_its_measure_writes(tmp_path, mo
 # --- reading result files -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [0, 10**30 - 1], ids=["zero", "30-digits"])
-def test_a_count_of_at_most_30_digits_is_read(value):
-    result = load("bfloat16.json")
-    result["synthetic_model"]["parameters"] = value
-    assert row_of(result)["parameters"] == value
-
-
 def with_warm_lines(nanoseconds, device_ms):
     """bfloat16.json with one warm_forward line per figure (nanoseconds, device ms)."""
     result = load("bfloat16.json")
@@ -665,12 +505,6 @@ def with_warm_lines(nanoseconds, device_ms):
     ]
     result["phases"] = others + lines
     return result
-
-
-def test_the_cold_forward_is_shown_in_exact_milliseconds():
-    result = load("bfloat16.json")
-    next(phase for phase in result["phases"] if phase["phase"] == "cold_forward")["nanoseconds"] = 1234567
-    assert row_of(result)["cold_forward_ms"] == Decimal("1.234567")
 
 
 def test_an_unprintable_file_name_is_one_escaped_cell_in_each_table(tmp_path, monkeypatch, capsys):
@@ -692,27 +526,6 @@ def test_a_result_without_gpu_details_is_read_with_none():
     assert (row["gpu"], row["torch"], row["cuda_build"]) == (None, None, "13.0")
     text = mesure_memoire.format_report({"results": [row]})
     assert text.splitlines()[1].split()[:2] == ["r.json", "none"]
-    assert mesure_memoire.report_rows([]) == []
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda r: r.update(schema_version="9" * 10_000_000),
-        lambda r: r["phases"][-1].update(device_ms="x" * 10_000_000),
-        lambda r: r["environment"]["gpu"].update(name="G" * 10_000_000),
-    ],
-    ids=["schema_version", "device_ms", "GPU name"],
-)
-def test_a_refusal_echoes_a_bounded_excerpt_of_a_huge_value(change, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    name = _write(tmp_path, "huge.json", _valid_with(change))
-    assert mesure_memoire.main(["report", name]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert len(captured.err.splitlines()) == 1
-    assert captured.err.startswith("mesure_memoire.py: error: report: 'huge.json' is not a kit result: ")
-    assert len(captured.err) < 300, len(captured.err)
 
 
 def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond():
@@ -728,40 +541,13 @@ def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond
     assert len(message) < 4300
 
 
-def test_the_files_reach_the_report_in_order(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    for name in ("a", "b", "c", "-d", "--e"):
-        _write(tmp_path, name, (DATA / "float32.json").read_bytes())
-    assert mesure_memoire.main(["report", "a", "b", "--json"]) == 0
-    assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["a", "b"]
-    assert mesure_memoire.main(["report", "--json", "c", "--", "-d", "--e"]) == 0
-    assert [row["file"] for row in json.loads(capsys.readouterr().out)["results"]] == ["c", "-d", "--e"]
-
-
 MIB = 2**20
-
-
-@pytest.mark.whole_kit
-@pytest.mark.parametrize("json_flag", [[], ["--json"]])
-def test_an_ascii_only_stdout_gets_non_ascii_names_escaped(tmp_path, json_flag):
-    """PYTHONIOENCODING=ascii (or a C locale) is stdout's encoding, a real one: a new process."""
-    result = load("bfloat16.json")
-    result["environment"]["gpu"]["name"] = "Carte Éclair"
-    (tmp_path / "mesures-é.json").write_text(json.dumps(result), encoding="utf-8")
-    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
-    completed = run_script("mesure_memoire.py", "report", *json_flag, "mesures-é.json", cwd=tmp_path, env=env)
-    assert (completed.returncode, completed.stderr) == (0, "")
-    if json_flag:
-        assert json.loads(completed.stdout)["results"][0]["gpu"] == "Carte Éclair"
-    else:
-        assert "mesures-\\xe9.json" in completed.stdout
-        assert "Carte \\xc9clair" in completed.stdout
 
 
 # --- the allocator settings PyTorch parsed, beside each result ------------------------------------------------
 
 
-def test_the_settings_that_differ_from_pytorchs_defaults_are_flagged(monkeypatch, capsys):
+def test_the_settings_that_differ_from_pytorchs_defaults_are_flagged():
     row, old = row_of(load("allocator.json")), row_of(load("bfloat16.json"))
     assert row["flags"] == ["allocator expandable_segments True: allocated bytes not checked"]
     assert old["flags"] == []
@@ -779,6 +565,3 @@ def test_the_settings_that_differ_from_pytorchs_defaults_are_flagged(monkeypatch
     assert row_of(result)["flags"] == []
     result["environment"]["allocator_settings"] = None
     assert row_of(result)["flags"] == ["allocator settings not recorded: allocated bytes not checked"]
-    monkeypatch.chdir(DATA)
-    assert mesure_memoire.main(["report", "allocator.json"]) == 0
-    assert "allocator expandable_segments True: allocated bytes not checked" in capsys.readouterr().out

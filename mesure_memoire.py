@@ -1,11 +1,5 @@
 """IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase
-GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (README.md's quick start shows more).
-
-Usage::
-
-    python3 mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 --dtype float32 \\
-        --warmup 1 --repeats 2 --output mesures-petit-essai.json
-    python3 mesure_memoire.py report mesures-petit-essai.json
+GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (README.md's quick start shows its use).
 
 ``estimate``, ``measure --plan`` and ``report`` need only Python >= 3.10 and its standard library.  ``environment`` and
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
@@ -512,21 +506,16 @@ def import_torch():
     return torch, None
 
 
-def torch_release_warning(version):
-    """Refuse a PyTorch older than OLDEST_TORCH; a warning line when ``version`` does not start with
-    MAJOR.MINOR.  Only the leading digits count ("2.4.0a0+git…" is 2.4)."""
+def refuse_old_torch(version):
+    """Refuse a PyTorch older than OLDEST_TORCH; only the leading digits count ("2.4.0a0+git…" is 2.4)."""
     import re
 
     found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
-    oldest = ".".join(map(str, OLDEST_TORCH))
-    if found is None:
-        return f"PyTorch's version {quoted(version)} is not MAJOR.MINOR...: measured as if it were {oldest} or later"
-    if tuple(map(int, found.groups())) < OLDEST_TORCH:
+    if found and tuple(map(int, found.groups())) < OLDEST_TORCH:
         raise KitError(
-            f"PyTorch {oldest} or later is needed to measure; this is PyTorch {quoted(version)}: "
-            "nothing measured, nothing written"
+            f"PyTorch {'.'.join(map(str, OLDEST_TORCH))} or later is needed to measure; this is PyTorch "
+            f"{quoted(version)}: nothing measured, nothing written"
         )
-    return None
 
 
 def collect_environment(device, debug=False):
@@ -1785,7 +1774,7 @@ def fit_problem(plan, environment):
 def measure(config, tool):
     """The measurement on the GPU; returns the result (writes nothing), else KitError or MeasurementFailed."""
     model = synthetic_model(config)
-    torch, torch_version_warning = _torch_to_measure_with()
+    torch = _torch_to_measure_with()
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
     index = device_index(on)
     environment = environment_of(on, index)
@@ -1797,7 +1786,7 @@ def measure(config, tool):
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
     configuration = {**config, **before}
-    return _result(tool, environment, torch_version_warning, configuration, model, plan, measured)
+    return _result(tool, environment, configuration, model, plan, measured)
 
 
 def _set_up(torch, index, on):
@@ -1816,7 +1805,7 @@ def _set_up(torch, index, on):
     }
 
 
-def _result(tool, environment, torch_version_warning, configuration, model, plan, measured):
+def _result(tool, environment, configuration, model, plan, measured):
     """The result file's content: the measured phases checked against the plan."""
     from datetime import datetime, timezone
 
@@ -1830,7 +1819,6 @@ def _result(tool, environment, torch_version_warning, configuration, model, plan
         "tool": tool,
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "environment": environment,
-        "torch_version_warning": torch_version_warning,
         "configuration": configuration,
         "synthetic_model": model,
         "phases": phases,
@@ -1850,12 +1838,12 @@ FRESH_PROCESS_WARNING = (
 
 
 def _torch_to_measure_with():
-    """(torch, a warning or None), asked before any query that could start CUDA; else a refusal."""
+    """torch, its release checked before any query that could start CUDA; else a refusal."""
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
-    version = pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None)
-    return torch, torch_release_warning(version)
+    refuse_old_torch(pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None))
+    return torch
 
 
 def _refuse_what_cannot_run(torch, config, index, plan, environment):
@@ -1940,8 +1928,8 @@ def _table(rows, left=(0,)):
 
 def result_warnings(result):
     """What makes a measurement less trustworthy, one line each."""
-    warnings = [result["configuration"]["fresh_process_warning"], result["torch_version_warning"]]
-    return [warning for warning in [*warnings, _workspace_warning(result["workspace"])] if warning]
+    warnings = [result["configuration"]["fresh_process_warning"], _workspace_warning(result["workspace"])]
+    return [warning for warning in warnings if warning]
 
 
 def _workspace_warning(workspace):
@@ -2790,9 +2778,7 @@ def _command_sweep(args):
     timeout_s = whole_number("--timeout-s", args.timeout_s, 1, SWEEP_MAX_TIMEOUT_S)
     folder = check_new_folder(args.output_dir)
     environment = probe_device(args.device)
-    warning = torch_release_warning(environment.get("torch"))  # a refusal, or a warning the results keep too
-    if warning:
-        say("mesure_memoire.py", warning, prefix="warning: ")
+    refuse_old_torch(environment.get("torch"))
     make_new_folder(folder)
     written = []
     try:

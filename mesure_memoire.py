@@ -921,18 +921,9 @@ def _shown(value):
 # <<< notebook
 
 
-# >>> notebook: Child processes: SIGINT and SIGTERM held while one starts (sweep's, the vendor tool's)
-def hold_signals():
-    """Block SIGINT and SIGTERM until let_signals_through(the mask returned); None on Windows."""
-    import signal
-
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
+# >>> notebook: Child processes: SIGINT and SIGTERM held while one starts (sweep's)
 def let_signals_through(held):
-    """The mask hold_signals() found, back: a signal that landed meanwhile is raised now."""
+    """The mask start_child found, back: a signal that landed meanwhile is raised now (None: Windows)."""
     import signal
 
     if held is not None:
@@ -942,9 +933,12 @@ def let_signals_through(held):
 def start_child(command, **options):
     """(Popen(command, **options), the mask to let through), SIGINT and SIGTERM held until Popen returns: one
     landing between fork and exec would leave the child without its parent's clean-up."""
+    import signal
     import subprocess
 
-    held = hold_signals()
+    held = None
+    if hasattr(signal, "pthread_sigmask"):  # not on Windows
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return subprocess.Popen(command, **options), held
     except BaseException:
@@ -1009,22 +1003,15 @@ def read_card(tool, uuid):
 
     query = ",".join(("uuid", *CARD_FIELDS.values()))
     command = [tool, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
-    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
-    try:
-        process, held = start_child(command, **pipes)
+    try:  # run() kills the tool on a timeout or a Ctrl-C
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=VENDOR_TIMEOUT_S)
     except OSError as error:
         return {"reading": None, "why_null": f"{VENDOR_TOOL} could not start: {describe_error(error)}"}
-    try:
-        let_signals_through(held)
-        out, _ = process.communicate(timeout=VENDOR_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"reading": None, "why_null": f"{VENDOR_TOOL} did not answer within {VENDOR_TIMEOUT_S} s"}
-    finally:
-        process.kill()
-        process.wait()
-    if process.returncode:
-        return {"reading": None, "why_null": f"{VENDOR_TOOL} exited with status {process.returncode}"}
-    for line in out.decode("utf-8", "replace").splitlines():
+    if done.returncode:
+        return {"reading": None, "why_null": f"{VENDOR_TOOL} exited with status {done.returncode}"}
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
         texts = [text.strip() for text in line.split(",")]
         if len(texts) == 1 + len(CARD_FIELDS) and _uuid_key(texts[0]) == _uuid_key(uuid):
             reading = {name: _card_value(name, text) for name, text in zip(CARD_FIELDS, texts[1:], strict=True)}
@@ -1146,11 +1133,6 @@ def _phase_labels(config):
     warmup = [("warmup", {"passes": config["warmup"]})] if config["warmup"] else []
     warm = [("warm_forward", {"repetition": repetition}) for repetition in range(1, config["repeats"] + 1)]
     return [("model_load", {}), ("inputs", {}), ("cold_forward", {}), *warmup, *warm]
-
-
-def phase_names(config):
-    """The phase lines a measurement writes, in order."""
-    return [name for name, _ in _phase_labels(config)]
 
 
 def build_model(torch, width):

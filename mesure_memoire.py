@@ -768,7 +768,6 @@ NAME_FIELD = (
     lambda value: value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS,
     f"null or text of at most {MAX_NAME_CHARACTERS} characters",
 )
-BOOLEAN_FIELD = (lambda value: isinstance(value, bool), "true or false")
 LIST_FIELD = (lambda value: isinstance(value, list), "a list")
 # A phase line as measure writes it, field by field in order: the rule report checks it by (None: report does
 # not read it); its column in the phase table (None: not shown); whether report shows its maximum over the
@@ -836,7 +835,7 @@ RESULT_FORMAT = {
         (_one_cold_some_warm, "one cold_forward line and at least one warm_forward line"),
     ],
     "prediction_check": {"disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
-    "output_summary": {"all_finite": BOOLEAN_FIELD},
+    "output_summary": {"all_finite": (lambda value: isinstance(value, bool), "true or false")},
     "sustained": NullOr(
         {
             "sustained_seconds": POSITIVE_FIELD,
@@ -1299,7 +1298,6 @@ def format_plan(plan):
 
 # --plan --memory-gib: the verdict on a card, and the largest size per dimension that still fits there.
 FIT_DIMENSIONS = ("batch", "context", "width")
-LARGEST_ACCEPTED = 10**MAX_DIGITS - 1  # the largest whole number an option accepts
 FIT_NOTE = (
     "Fits: measure and sweep accept the run on an otherwise empty card of this memory whose free memory is "
     "its total less a context of at most the allowance, under PyTorch's default allocator settings; the plan "
@@ -1317,7 +1315,7 @@ def largest_that_fits(config, memory_bytes, dimension):
 
     if not fits(1):
         return None
-    low, high = 1, LARGEST_ACCEPTED + 1
+    low, high = 1, 10**MAX_DIGITS  # the first value no option accepts
     while high - low > 1:  # low fits, high does not (or is beyond the accepted values)
         middle = (low + high) // 2
         if fits(middle):

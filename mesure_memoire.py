@@ -70,13 +70,11 @@ NOT_INCLUDED_IN_ESTIMATE = (
     "libraries",
     "the CUDA/ROCm context",
 )
-DRIVER_NOTE = (
-    "The CUDA/HIP runtime built into PyTorch is not the driver: record the driver separately with the vendor tool."
+DRIVER_NOTE = (  # the environment's last lines
+    "The CUDA/HIP runtime built into PyTorch is not the driver: record the driver separately with the vendor tool.\n"
+    "  NVIDIA nvidia-smi --query-gpu=name,driver_version --format=csv\n"
+    "  AMD    amd-smi version"
 )
-DRIVER_COMMANDS = {
-    "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
-    "amd": "amd-smi version",
-}
 # One number grammar for every option, calcul_forfaits.py's too (EPILOG states it).
 MAX_DIGITS = 30  # bounds every product the kit computes
 MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
@@ -453,7 +451,6 @@ def estimate_weights(parameters, bits, reserve_gib=0):
         "weight_gib": weight_gib,
         "weight_gb": decimal_ratio(weight_bytes, GB_BYTES),
         "reserve_gib": reserve,
-        "reserve_is": "a hypothesis chosen by the user, not a measured reserve",
         "total_gib": total_gib,
         "not_included": list(NOT_INCLUDED_IN_ESTIMATE),
     }
@@ -588,8 +585,6 @@ def _empty_environment(device):
         "settings": {},
         "allocator_settings": None,
         "field_errors": {},
-        "driver_note": DRIVER_NOTE,
-        "driver_commands": dict(DRIVER_COMMANDS),
     }
 
 
@@ -600,7 +595,6 @@ def _read_settings(torch, query):
     precision = "float32_matmul_precision"
     settings = {precision: query(precision, lambda: torch.get_float32_matmul_precision())}
     settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
-    settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
     for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
     settings["preferred_blas_library"] = query("preferred_blas_library", lambda: _blas_library(torch))
@@ -664,15 +658,13 @@ def allocator_settings_text(allocator):
 def _gpu_fields(torch, query, index, properties, hip_build):
     """The chosen GPU as the runtime announces it (no UUID, no serial number)."""
     free_bytes, total_bytes = query("mem_get_info", lambda: torch.cuda.mem_get_info(index)) or (None, None)
-    memory_bytes = getattr(properties, "total_memory", None)
     arch = "gcn_arch_name"
     return {
         "name": query("name", lambda: pytorch_text("name", properties.name)),
         "compute_capability": query("compute_capability", lambda: f"{properties.major}.{properties.minor}"),
         arch: query(arch, lambda: pytorch_text(arch, getattr(properties, "gcnArchName", None))) if hip_build else None,
-        "multi_processor_count": getattr(properties, "multi_processor_count", None),
-        "total_memory_bytes": memory_bytes,
-        "total_memory_gib": None if memory_bytes is None else decimal_ratio(memory_bytes, GIB_BYTES),
+        "multi_processor_count": properties.multi_processor_count,
+        "total_memory_bytes": properties.total_memory,
         "mem_get_info_free_bytes": free_bytes,
         "mem_get_info_total_bytes": total_bytes,
         "allocator_backend": query("allocator_backend", lambda: torch.cuda.memory.get_allocator_backend()),
@@ -710,8 +702,7 @@ def format_environment(environment):
             "  GPU usable            yes",
             f"  GPU name              {or_missing(gpu['name'], 'unknown')}",
             f"  compute capability    {gpu['compute_capability']}" + (f" ({arch})" if arch else ""),
-            "  memory (runtime)      "
-            + ("unknown" if memory_bytes is None else f"{memory_bytes} bytes = {in_units(memory_bytes)} GiB"),
+            f"  memory (runtime)      {memory_bytes} bytes = {in_units(memory_bytes)} GiB",
             f"  mem_get_info          free {or_missing(gpu['mem_get_info_free_bytes'])} "
             f"/ total {or_missing(gpu['mem_get_info_total_bytes'])} bytes",
             f"  allocator backend     {or_missing(gpu['allocator_backend'], 'unknown')}",
@@ -725,8 +716,7 @@ def format_environment(environment):
     for name, error in sorted(environment["field_errors"].items()):
         label = "PyTorch warned" if name == PYTORCH_WARNINGS_FIELD else "query failed"
         lines.append(f"  {label:<21} {name}: {error}")
-    lines.append(environment["driver_note"])
-    lines += [f"  {vendor.upper():<6} {command}" for vendor, command in environment["driver_commands"].items()]
+    lines.append(DRIVER_NOTE)
     return "\n".join(lines)
 
 

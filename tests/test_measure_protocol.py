@@ -657,7 +657,6 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
     assert environment["field_errors"] == {
         "torch": MESSAGES["withheld text"].format(name="torch", expected="a version"),  # not text
         "cuda_matmul_allow_tf32": "RuntimeError (text withheld)",
-        "cudnn_allow_tf32": "RuntimeError (text withheld)",
         "cuda_matmul_allow_fp16_reduced_precision_reduction": "RuntimeError (text withheld)",
         "cuda_matmul_allow_bf16_reduced_precision_reduction": "RuntimeError (text withheld)",
         "cuda_build": "RuntimeError (text withheld)",
@@ -672,7 +671,6 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
     assert environment["gpu_unavailable_reason"] == MESSAGES["no CUDA or ROCm build"]
     for key in (
         "cuda_matmul_allow_tf32",
-        "cudnn_allow_tf32",
         "cuda_matmul_allow_fp16_reduced_precision_reduction",
         "cuda_matmul_allow_bf16_reduced_precision_reduction",
     ):

@@ -383,7 +383,9 @@ HOSTILE = {
     ),
     "truncated": (
         lambda folder: _write(folder, "cut.json", (DATA / "float32.json").read_bytes()[:1000]),
-        MESSAGES["report: not JSON"].format(error="Unterminated string starting at: line 37 column 20"),
+        MESSAGES["report: not JSON"].format(
+            error="Expecting property name enclosed in double quotes: line 38 column 4"
+        ),
     ),
     "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), MESSAGES["report: nested too deep"]),
     # Valid JSON holding one unused field nested deeper than Python's json reader goes: refused, named so.

@@ -207,7 +207,7 @@ def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
 # <<< notebook
 
 
-# >>> notebook: PyTorch's answers: its failures, its texts kept by an allow-list
+# >>> notebook: PyTorch's answers: its failures and its texts, each kept by an allow-list or checked by one table
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 
 
@@ -265,6 +265,38 @@ def kept_text(message, withheld="text withheld"):
         if found:
             return one_line(found[0])
     return withheld
+
+
+# The texts PyTorch returns that the kit keeps, each with the form PyTorch 2.4 to 2.15 and their builds give it:
+# any other (a path, a sentence, not text) is withheld, null with a line, and the run measured all the same.  Its
+# numbers and flags are kept as it gives them: they can hold no path or setting's value.
+_VERSION = r"[0-9]{1,9}(?:\.[0-9A-Za-z]{1,20}){0,5}(?:[+-][0-9A-Za-z][0-9A-Za-z.+_-]{0,63})?"  # 2.4.0a0+git1234abc
+PYTORCH_TEXTS = {
+    "torch": (_VERSION, "a version"),
+    "cuda_build": (_VERSION, "a version"),
+    "hip_build": (_VERSION, "a version"),
+    # No GPU's name holds a path's character; were one there, where the path ends could not be told: withheld whole.
+    "name": (r"[^/\\~]{1,100}", "printable text of at most 100 characters without /, \\ or ~"),
+    "gcn_arch_name": (r"gfx[0-9a-z]{1,8}(?::[a-z0-9+-]{1,20}){0,4}", "an architecture's name"),  # gfx942:sramecc+
+    "preferred_blas_library": (r"[A-Za-z]{1,20}", "a library's name"),
+}
+
+
+class WithheldText(ValueError):
+    def __init__(self, name, expected):
+        super().__init__(f"PyTorch's {name} is not {expected} (withheld)")
+
+
+def pytorch_text(name, value):
+    """PyTorch's text ``name`` as plain text when it has PYTORCH_TEXTS' form; None where PyTorch gives none."""
+    import re
+
+    pattern, expected = PYTORCH_TEXTS[name]
+    if value is None:
+        return None
+    if isinstance(value, str) and value.isprintable() and re.fullmatch(pattern, value):
+        return str(value)  # torch.__version__ is a str subclass
+    raise WithheldText(name, expected)
 
 
 def describe_error(exc, withheld="text withheld"):
@@ -396,42 +428,6 @@ class CapturedPyTorch:
 # <<< notebook
 
 
-# >>> notebook: PyTorch's texts: each checked where it enters, against one table
-# The texts PyTorch returns that the kit keeps, each with the form PyTorch 2.4 to 2.15 and their builds give it:
-# any other (a path, a sentence, not text) is withheld, null with a line, and the run measured all the same.  Its
-# numbers and flags are kept as it gives them: they can hold no path or setting's value.
-_VERSION = r"[0-9]{1,9}(?:\.[0-9A-Za-z]{1,20}){0,5}(?:[+-][0-9A-Za-z][0-9A-Za-z.+_-]{0,63})?"  # 2.4.0a0+git1234abc
-PYTORCH_TEXTS = {
-    "torch": (_VERSION, "a version"),
-    "cuda_build": (_VERSION, "a version"),
-    "hip_build": (_VERSION, "a version"),
-    # No GPU's name holds a path's character; were one there, where the path ends could not be told: withheld whole.
-    "name": (r"[^/\\~]{1,100}", "printable text of at most 100 characters without /, \\ or ~"),
-    "gcn_arch_name": (r"gfx[0-9a-z]{1,8}(?::[a-z0-9+-]{1,20}){0,4}", "an architecture's name"),  # gfx942:sramecc+
-    "preferred_blas_library": (r"[A-Za-z]{1,20}", "a library's name"),
-}
-
-
-class WithheldText(ValueError):
-    def __init__(self, name, expected):
-        super().__init__(f"PyTorch's {name} is not {expected} (withheld)")
-
-
-def pytorch_text(name, value):
-    """PyTorch's text ``name`` as plain text when it has PYTORCH_TEXTS' form; None where PyTorch gives none."""
-    import re
-
-    pattern, expected = PYTORCH_TEXTS[name]
-    if value is None:
-        return None
-    if isinstance(value, str) and value.isprintable() and re.fullmatch(pattern, value):
-        return str(value)  # torch.__version__ is a str subclass
-    raise WithheldText(name, expected)
-
-
-# <<< notebook
-
-
 # >>> notebook: 1. Weight-memory estimate (arithmetic only, no GPU)
 def estimate_weights(parameters, bits, reserve_gib=0):
     """Weight bytes of ``parameters`` values on ``bits`` bits each (rounded up to whole bytes), plus a reserve."""
@@ -483,8 +479,7 @@ def format_estimate(estimate):
 # >>> notebook: 2. Environment diagnosis (degrades field by field, never fails whole)
 def import_torch():
     """(torch, None), or (None, why): not importable, or not PyTorch (an empty torch/ folder imports).  Called
-    inside a CapturedPyTorch: what PyTorch warns or writes on stderr while it loads (its own paths) is kept by
-    the allow-list, not printed."""
+    inside a CapturedPyTorch, which keeps what PyTorch writes while it loads (its own paths) from the terminal."""
     import contextlib
     import io
 
@@ -589,8 +584,7 @@ def _empty_environment(device):
 
 
 def _read_settings(torch, query):
-    """The settings that change the figures, read from PyTorch's API (never from environment variables); the BLAS
-    workspaces' sizes are read with the GPU (environment_of)."""
+    """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
     matmul = torch.backends.cuda.matmul
     precision = "float32_matmul_precision"
     settings = {precision: query(precision, lambda: torch.get_float32_matmul_precision())}
@@ -631,7 +625,6 @@ def allocator_settings(torch, backend):
         "backend": backend,
         "max_split_size_bytes": None if limit < 0 else limit,
         "expandable_segments": bool(recorded["expandable_segments"]),
-        # The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size.
         "roundup_power2_divisions": {
             str(2**index): int(count)
             for index, count in enumerate(recorded["roundup_power2_divisions"].values())
@@ -981,10 +974,6 @@ def _card_value(name, text):
     return int(text) if text.isdigit() else None
 
 
-def _uuid_key(uuid):
-    return str(uuid).strip().lower().removeprefix("gpu-")
-
-
 def read_card(tool, uuid):
     """The card's state from the vendor tool, as {"reading": {field: value}, "why_null": None}, or a null reading
     and why.  The GPU is matched by its UUID, which is neither kept nor shown."""
@@ -1002,7 +991,7 @@ def read_card(tool, uuid):
         return {"reading": None, "why_null": f"{VENDOR_TOOL} exited with status {done.returncode}"}
     for line in done.stdout.decode("utf-8", "replace").splitlines():
         texts = [text.strip() for text in line.split(",")]
-        if len(texts) == 1 + len(CARD_FIELDS) and _uuid_key(texts[0]) == _uuid_key(uuid):
+        if len(texts) == 1 + len(CARD_FIELDS) and texts[0].removeprefix("GPU-") == str(uuid):
             reading = {name: _card_value(name, text) for name, text in zip(CARD_FIELDS, texts[1:], strict=True)}
             return {"reading": reading, "why_null": None}
     return {"reading": None, "why_null": f"no GPU {VENDOR_TOOL} lists is the one PyTorch measured"}
@@ -1216,10 +1205,8 @@ def _simulate(events, tensor_bytes):
 
 # >>> notebook: 3.2 The plan: each phase's predicted memory, and its verdict on a card
 def memory_plan(config, model=None):
-    """What each phase should do to the allocator, from arithmetic alone, under PyTorch's default allocator
-    settings; the first forward's BLAS workspace is an allowance, measured by measure."""
+    """Each phase's predicted allocator counters, from arithmetic alone, under PyTorch's default allocator settings."""
     model = model or synthetic_model(config)
-    # The bytes of each tensor the phases allocate, by name: weights, inputs, activations, output.
     activation_bytes = config["batch"] * config["context"] * model["hidden_width"] * DTYPE_BYTES[config["dtype"]]
     tensor_bytes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
     tensor_bytes.update(inputs=model["input_bytes"], output=model["input_bytes"])
@@ -1316,8 +1303,7 @@ def largest_that_fits(config, memory_bytes, dimension):
 
 
 def plan_with_fit(config, memory_gib=None):
-    """The plan of a measurement; with a card's memory, also whether the run fits there and the largest batch,
-    context and width that do (each alone, the others as given; null: even 1 does not)."""
+    """The plan of a measurement; with a card's memory, also whether it fits there and the largest sizes that do."""
     plan = memory_plan(config)
     if memory_gib is None:
         return plan
@@ -1723,8 +1709,6 @@ def fit_problem(plan, environment):
     free, source = gpu["mem_get_info_free_bytes"], "free (mem_get_info)"
     if free is None:  # mem_get_info failed: only the announced total is known
         free, source = gpu["total_memory_bytes"], "announced in total (mem_get_info failed)"
-    if free is None:  # neither could be read: the fit cannot be told
-        return "the GPU's free and total memory cannot be read (mem_get_info and total_memory failed)"
     if plan["needs_free_bytes"] <= free:  # the plan's figure: the predicted peak plus the margin
         return None
     peak = plan["predicted_peak_allocated_bytes"]

@@ -5,7 +5,7 @@ GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (READM
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
 failures print one line on stderr and exit 2 (3 when the GPU runs out of memory).
 
-What only some commands need (PyTorch, matplotlib, and json, re, datetime, platform, stat, warnings, signal and
+What only some commands need (PyTorch, matplotlib, and json, datetime, platform, stat, warnings, signal and
 subprocess from the standard library) is imported in the function that uses it, once, here said for all: the
 estimate starts quickly, and nothing but a measurement or a diagnosis loads PyTorch.
 
@@ -46,10 +46,12 @@ if sys.version_info < (3, 10):  # noqa: UP036 -- the check is the point
 
 import argparse  # noqa: E402, I001 -- after the version check; the command line only
 
-# >>> notebook: Imports (standard library only; PyTorch, matplotlib, json and re imported where used: start-up)
+# >>> notebook: Imports (standard library only; PyTorch, matplotlib and json imported where used: start-up)
 import collections
+import functools
 import math
 import os
+import re  # argparse imports it anyway
 import time
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 # <<< notebook
@@ -177,8 +179,6 @@ def device_index(device):
 def as_notebook_message(error):
     """A refusal as the notebook shows it: the option it starts with (``--reserve-gib``) named as the
     notebook's parameter (``RESERVE_GIB``), which is what its user typed."""
-    import re
-
     return re.sub(r"^--([a-z]+(?:-[a-z]+)*)(?=:| \S+:)", lambda found: found[1].replace("-", "_").upper(), str(error))
 
 
@@ -257,8 +257,6 @@ KNOWN_TEXTS = (
 
 def kept_text(message, withheld="text withheld"):
     """The part of ``message``'s first non-empty line that KNOWN_TEXTS matches from its start, else ``withheld``."""
-    import re
-
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     for pattern in KNOWN_TEXTS if lines else ():
         found = re.match(pattern, lines[0])
@@ -289,8 +287,6 @@ class WithheldText(ValueError):
 
 def pytorch_text(name, value):
     """PyTorch's text ``name`` as plain text when it has PYTORCH_TEXTS' form; None where PyTorch gives none."""
-    import re
-
     pattern, expected = PYTORCH_TEXTS[name]
     if value is None:
         return None
@@ -500,8 +496,6 @@ def import_torch():
 
 def refuse_old_torch(version):
     """Refuse a PyTorch older than OLDEST_TORCH; only the leading digits count ("2.4.0a0+git…" is 2.4)."""
-    import re
-
     found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
     if found and tuple(map(int, found.groups())) < OLDEST_TORCH:
         raise KitError(
@@ -521,8 +515,6 @@ def collect_environment(device, debug=False):
 
 def environment_of(device, index):
     """collect_environment's, for a device already read (``index``: its N)."""
-    import functools
-
     environment = _empty_environment(device)
     query = functools.partial(pytorch_call, failure=None, field_errors=environment["field_errors"])
     torch, environment["torch_error"] = import_torch()
@@ -962,8 +954,6 @@ CLOCK_EVENT_REASONS = (
 
 def _card_value(name, text):
     """One field of the vendor tool's line: a number (the reasons as their names), None for [N/A] or odd text."""
-    import re
-
     if name == "clock_event_reasons":
         bits = int(text, 16) if re.fullmatch(r"0x[0-9A-Fa-f]{1,16}", text) else None
         return None if bits is None else [reason for bit, reason in enumerate(CLOCK_EVENT_REASONS) if bits >> bit & 1]
@@ -2231,8 +2221,6 @@ PHASE_FIGURE_NOTE = (
 
 def import_pyplot():
     """matplotlib's pyplot; a KitError where it is not importable or too old: the kit never requires it."""
-    import re
-
     try:
         import matplotlib
         from matplotlib import pyplot

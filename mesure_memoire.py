@@ -46,7 +46,7 @@ if sys.version_info < (3, 10):  # noqa: UP036 -- the check is the point
 
 import argparse  # noqa: E402, I001 -- after the version check; the command line only
 
-# >>> notebook: Imports (standard library only; PyTorch, matplotlib and json imported where used: start-up)
+# >>> notebook: Imports (PyTorch, matplotlib and json only where used: start-up), constants and the error type
 import collections
 import functools
 import math
@@ -54,9 +54,7 @@ import os
 import re  # argparse imports it anyway
 import time
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
-# <<< notebook
 
-# >>> notebook: Constants and the error type
 KIT_NAME = "iteragpu-lab-v1"
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
@@ -131,8 +129,7 @@ def name_as_typed(path):
 
 
 def is_whole_number_text(text):
-    """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0 (str.isdigit
-    alone accepts any script's digits)."""
+    """True for "0" or ASCII digits not starting with 0, as the grammar writes a whole number (not str.isdigit's)."""
     return text.isascii() and text.isdigit() and (text == "0" or not text.startswith("0"))
 
 
@@ -236,7 +233,6 @@ KNOWN_TEXTS = (
     r"Found no NVIDIA driver on your system",
     r"The NVIDIA driver on your system is too old",
     r"invalid device ordinal",
-    r"Cannot re-initialize CUDA in forked subprocess",
     # Python's, for a file name the kit was given (which its refusal names already): no path in them.
     r"embedded null (?:character|byte)",
     r"'[a-z0-9-]{1,20}' codec can't (?:en|de)code (?:character|byte) '\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})'"
@@ -296,8 +292,7 @@ def pytorch_text(name, value):
 
 
 def describe_error(exc, withheld="text withheld"):
-    """An error as "Type: text", the text only what the kit allows (an OS error's number, never its file
-    names; the allow-list's part), else "(text withheld)"."""
+    """An error as "Type: text", its text only what the kit allows (never an OS error's file names), else withheld."""
     CapturedPyTorch.note(exc)
     name = type(exc).__name__
     number = exc.errno if isinstance(exc, OSError) else None
@@ -590,7 +585,7 @@ def _read_settings(torch, query):
 # <<< notebook
 
 
-# >>> notebook: 2.2 The allocator settings PyTorch parsed
+# >>> notebook: 2.2 The GPU's fields and allocator settings PyTorch gives, checked, and the environment's text
 # roundup_power2_divisions has one count per power-of-two interval from 1 MiB: each interval's MiB
 ALLOCATOR_INTERVAL_KEYS = tuple(str(2**index) for index in range(16))
 DEFAULT_ALLOCATOR = {
@@ -636,10 +631,6 @@ def allocator_settings_text(allocator):
     return ", ".join(allocator_differences(allocator)) or "PyTorch's defaults"
 
 
-# <<< notebook
-
-
-# >>> notebook: 2.3 The GPU's fields, checked, and the environment's text
 def _gpu_fields(torch, query, index, properties, hip_build):
     """The chosen GPU as the runtime announces it (no UUID, no serial number)."""
     free_bytes, total_bytes = query("mem_get_info", lambda: torch.cuda.mem_get_info(index)) or (None, None)
@@ -957,11 +948,9 @@ def _card_value(name, text):
     if name == "clock_event_reasons":
         bits = int(text, 16) if re.fullmatch(r"0x[0-9A-Fa-f]{1,16}", text) else None
         return None if bits is None else [reason for bit, reason in enumerate(CLOCK_EVENT_REASONS) if bits >> bit & 1]
-    if not re.fullmatch(r"[0-9]{1,9}(?:\.[0-9]{1,6})?", text):
-        return None
-    if name.endswith("_w"):
-        return float(text)
-    return int(text) if text.isdigit() else None
+    if name.endswith("_w"):  # watts, to two decimals; the others whole numbers
+        return float(text) if re.fullmatch(r"[0-9]{1,9}(?:\.[0-9]{1,6})?", text) else None
+    return int(text) if re.fullmatch(r"[0-9]{1,9}", text) else None
 
 
 def read_card(tool, uuid):

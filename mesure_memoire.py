@@ -1,17 +1,11 @@
 """IteraGPU Lab v1: weight-memory estimate, environment diagnosis and phase-by-phase
-GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (README.md's quick start shows more).
-
-Usage::
-
-    python3 mesure_memoire.py measure --device cuda:0 --batch 1 --context 16 --width 64 --dtype float32 \\
-        --warmup 1 --repeats 2 --output mesures-petit-essai.json
-    python3 mesure_memoire.py report mesures-petit-essai.json
+GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (README.md's quick start shows its use).
 
 ``estimate``, ``measure --plan`` and ``report`` need only Python >= 3.10 and its standard library.  ``environment`` and
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
 failures print one line on stderr and exit 2 (3 when the GPU runs out of memory).
 
-What only some commands need (PyTorch, matplotlib, and json, re, datetime, platform, stat, warnings, signal and
+What only some commands need (PyTorch, matplotlib, and json, datetime, platform, stat, warnings, signal and
 subprocess from the standard library) is imported in the function that uses it, once, here said for all: the
 estimate starts quickly, and nothing but a measurement or a diagnosis loads PyTorch.
 
@@ -52,15 +46,15 @@ if sys.version_info < (3, 10):  # noqa: UP036 -- the check is the point
 
 import argparse  # noqa: E402, I001 -- after the version check; the command line only
 
-# >>> notebook: Imports (standard library only; PyTorch, matplotlib, json and re imported where used: start-up)
+# >>> notebook: Imports (PyTorch, matplotlib and json only where used: start-up), constants and the error type
 import collections
+import functools
 import math
 import os
+import re  # argparse imports it anyway
 import time
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
-# <<< notebook
 
-# >>> notebook: Constants and the error type
 KIT_NAME = "iteragpu-lab-v1"
 GIB_BYTES = 2**30  # binary gibibyte
 GB_BYTES = 10**9  # decimal gigabyte
@@ -76,13 +70,11 @@ NOT_INCLUDED_IN_ESTIMATE = (
     "libraries",
     "the CUDA/ROCm context",
 )
-DRIVER_NOTE = (
-    "The CUDA/HIP runtime built into PyTorch is not the driver: record the driver separately with the vendor tool."
+DRIVER_NOTE = (  # the environment's last lines
+    "The CUDA/HIP runtime built into PyTorch is not the driver: record the driver separately with the vendor tool.\n"
+    "  NVIDIA nvidia-smi --query-gpu=name,driver_version --format=csv\n"
+    "  AMD    amd-smi version"
 )
-DRIVER_COMMANDS = {
-    "nvidia": "nvidia-smi --query-gpu=name,driver_version --format=csv",
-    "amd": "amd-smi version",
-}
 # One number grammar for every option, calcul_forfaits.py's too (EPILOG states it).
 MAX_DIGITS = 30  # bounds every product the kit computes
 MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed accepts
@@ -137,8 +129,7 @@ def name_as_typed(path):
 
 
 def is_whole_number_text(text):
-    """True for a whole number as the grammar writes one: "0", or ASCII digits not starting with 0 (str.isdigit
-    alone accepts any script's digits)."""
+    """True for "0" or ASCII digits not starting with 0, as the grammar writes a whole number (not str.isdigit's)."""
     return text.isascii() and text.isdigit() and (text == "0" or not text.startswith("0"))
 
 
@@ -185,8 +176,6 @@ def device_index(device):
 def as_notebook_message(error):
     """A refusal as the notebook shows it: the option it starts with (``--reserve-gib``) named as the
     notebook's parameter (``RESERVE_GIB``), which is what its user typed."""
-    import re
-
     return re.sub(r"^--([a-z]+(?:-[a-z]+)*)(?=:| \S+:)", lambda found: found[1].replace("-", "_").upper(), str(error))
 
 
@@ -215,7 +204,7 @@ def in_units(value_bytes, unit_bytes=GIB_BYTES, places=2):
 # <<< notebook
 
 
-# >>> notebook: PyTorch's answers: its failures, its texts kept by an allow-list
+# >>> notebook: PyTorch's answers: its failures and its texts, each kept by an allow-list or checked by one table
 ALLOCATOR_REFUSED = "PyTorch refused its allocator settings (its message is not kept: it may echo them)"
 
 
@@ -244,7 +233,6 @@ KNOWN_TEXTS = (
     r"Found no NVIDIA driver on your system",
     r"The NVIDIA driver on your system is too old",
     r"invalid device ordinal",
-    r"Cannot re-initialize CUDA in forked subprocess",
     # Python's, for a file name the kit was given (which its refusal names already): no path in them.
     r"embedded null (?:character|byte)",
     r"'[a-z0-9-]{1,20}' codec can't (?:en|de)code (?:character|byte) '\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})'"
@@ -265,8 +253,6 @@ KNOWN_TEXTS = (
 
 def kept_text(message, withheld="text withheld"):
     """The part of ``message``'s first non-empty line that KNOWN_TEXTS matches from its start, else ``withheld``."""
-    import re
-
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     for pattern in KNOWN_TEXTS if lines else ():
         found = re.match(pattern, lines[0])
@@ -275,9 +261,38 @@ def kept_text(message, withheld="text withheld"):
     return withheld
 
 
+# The texts PyTorch returns that the kit keeps, each with the form PyTorch 2.4 to 2.15 and their builds give it:
+# any other (a path, a sentence, not text) is withheld, null with a line, and the run measured all the same.  Its
+# numbers and flags are kept as it gives them: they can hold no path or setting's value.
+_VERSION = r"[0-9]{1,9}(?:\.[0-9A-Za-z]{1,20}){0,5}(?:[+-][0-9A-Za-z][0-9A-Za-z.+_-]{0,63})?"  # 2.4.0a0+git1234abc
+PYTORCH_TEXTS = {
+    "torch": (_VERSION, "a version"),
+    "cuda_build": (_VERSION, "a version"),
+    "hip_build": (_VERSION, "a version"),
+    # No GPU's name holds a path's character; were one there, where the path ends could not be told: withheld whole.
+    "name": (r"[^/\\~]{1,100}", "printable text of at most 100 characters without /, \\ or ~"),
+    "gcn_arch_name": (r"gfx[0-9a-z]{1,8}(?::[a-z0-9+-]{1,20}){0,4}", "an architecture's name"),  # gfx942:sramecc+
+    "preferred_blas_library": (r"[A-Za-z]{1,20}", "a library's name"),
+}
+
+
+class WithheldText(ValueError):
+    def __init__(self, name, expected):
+        super().__init__(f"PyTorch's {name} is not {expected} (withheld)")
+
+
+def pytorch_text(name, value):
+    """PyTorch's text ``name`` as plain text when it has PYTORCH_TEXTS' form; None where PyTorch gives none."""
+    pattern, expected = PYTORCH_TEXTS[name]
+    if value is None:
+        return None
+    if isinstance(value, str) and value.isprintable() and re.fullmatch(pattern, value):
+        return str(value)  # torch.__version__ is a str subclass
+    raise WithheldText(name, expected)
+
+
 def describe_error(exc, withheld="text withheld"):
-    """An error as "Type: text", the text only what the kit allows (an OS error's number, never its file
-    names; the allow-list's part), else "(text withheld)"."""
+    """An error as "Type: text", its text only what the kit allows (never an OS error's file names), else withheld."""
     CapturedPyTorch.note(exc)
     name = type(exc).__name__
     number = exc.errno if isinstance(exc, OSError) else None
@@ -404,42 +419,6 @@ class CapturedPyTorch:
 # <<< notebook
 
 
-# >>> notebook: PyTorch's texts: each checked where it enters, against one table
-# The texts PyTorch returns that the kit keeps, each with the form PyTorch 2.4 to 2.15 and their builds give it:
-# any other (a path, a sentence, not text) is withheld, null with a line, and the run measured all the same.  Its
-# numbers and flags are kept as it gives them: they can hold no path or setting's value.
-_VERSION = r"[0-9]{1,9}(?:\.[0-9A-Za-z]{1,20}){0,5}(?:[+-][0-9A-Za-z][0-9A-Za-z.+_-]{0,63})?"  # 2.4.0a0+git1234abc
-PYTORCH_TEXTS = {
-    "torch": (_VERSION, "a version"),
-    "cuda_build": (_VERSION, "a version"),
-    "hip_build": (_VERSION, "a version"),
-    # No GPU's name holds a path's character; were one there, where the path ends could not be told: withheld whole.
-    "name": (r"[^/\\~]{1,100}", "printable text of at most 100 characters without /, \\ or ~"),
-    "gcn_arch_name": (r"gfx[0-9a-z]{1,8}(?::[a-z0-9+-]{1,20}){0,4}", "an architecture's name"),  # gfx942:sramecc+
-    "preferred_blas_library": (r"[A-Za-z]{1,20}", "a library's name"),
-}
-
-
-class WithheldText(ValueError):
-    def __init__(self, name, expected):
-        super().__init__(f"PyTorch's {name} is not {expected} (withheld)")
-
-
-def pytorch_text(name, value):
-    """PyTorch's text ``name`` as plain text when it has PYTORCH_TEXTS' form; None where PyTorch gives none."""
-    import re
-
-    pattern, expected = PYTORCH_TEXTS[name]
-    if value is None:
-        return None
-    if isinstance(value, str) and value.isprintable() and re.fullmatch(pattern, value):
-        return str(value)  # torch.__version__ is a str subclass
-    raise WithheldText(name, expected)
-
-
-# <<< notebook
-
-
 # >>> notebook: 1. Weight-memory estimate (arithmetic only, no GPU)
 def estimate_weights(parameters, bits, reserve_gib=0):
     """Weight bytes of ``parameters`` values on ``bits`` bits each (rounded up to whole bytes), plus a reserve."""
@@ -459,7 +438,6 @@ def estimate_weights(parameters, bits, reserve_gib=0):
         "weight_gib": weight_gib,
         "weight_gb": decimal_ratio(weight_bytes, GB_BYTES),
         "reserve_gib": reserve,
-        "reserve_is": "a hypothesis chosen by the user, not a measured reserve",
         "total_gib": total_gib,
         "not_included": list(NOT_INCLUDED_IN_ESTIMATE),
     }
@@ -492,8 +470,7 @@ def format_estimate(estimate):
 # >>> notebook: 2. Environment diagnosis (degrades field by field, never fails whole)
 def import_torch():
     """(torch, None), or (None, why): not importable, or not PyTorch (an empty torch/ folder imports).  Called
-    inside a CapturedPyTorch: what PyTorch warns or writes on stderr while it loads (its own paths) is kept by
-    the allow-list, not printed."""
+    inside a CapturedPyTorch, which keeps what PyTorch writes while it loads (its own paths) from the terminal."""
     import contextlib
     import io
 
@@ -512,21 +489,14 @@ def import_torch():
     return torch, None
 
 
-def torch_release_warning(version):
-    """Refuse a PyTorch older than OLDEST_TORCH; a warning line when ``version`` does not start with
-    MAJOR.MINOR.  Only the leading digits count ("2.4.0a0+git…" is 2.4)."""
-    import re
-
+def refuse_old_torch(version):
+    """Refuse a PyTorch older than OLDEST_TORCH; only the leading digits count ("2.4.0a0+git…" is 2.4)."""
     found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
-    oldest = ".".join(map(str, OLDEST_TORCH))
-    if found is None:
-        return f"PyTorch's version {quoted(version)} is not MAJOR.MINOR...: measured as if it were {oldest} or later"
-    if tuple(map(int, found.groups())) < OLDEST_TORCH:
+    if found and tuple(map(int, found.groups())) < OLDEST_TORCH:
         raise KitError(
-            f"PyTorch {oldest} or later is needed to measure; this is PyTorch {quoted(version)}: "
-            "nothing measured, nothing written"
+            f"PyTorch {'.'.join(map(str, OLDEST_TORCH))} or later is needed to measure; this is PyTorch "
+            f"{quoted(version)}: nothing measured, nothing written"
         )
-    return None
 
 
 def collect_environment(device, debug=False):
@@ -540,8 +510,6 @@ def collect_environment(device, debug=False):
 
 def environment_of(device, index):
     """collect_environment's, for a device already read (``index``: its N)."""
-    import functools
-
     environment = _empty_environment(device)
     query = functools.partial(pytorch_call, failure=None, field_errors=environment["field_errors"])
     torch, environment["torch_error"] = import_torch()
@@ -599,19 +567,15 @@ def _empty_environment(device):
         "settings": {},
         "allocator_settings": None,
         "field_errors": {},
-        "driver_note": DRIVER_NOTE,
-        "driver_commands": dict(DRIVER_COMMANDS),
     }
 
 
 def _read_settings(torch, query):
-    """The settings that change the figures, read from PyTorch's API (never from environment variables); the BLAS
-    workspaces' sizes are read with the GPU (environment_of)."""
+    """The settings that change the figures, read from PyTorch's API (never from environment variables)."""
     matmul = torch.backends.cuda.matmul
     precision = "float32_matmul_precision"
     settings = {precision: query(precision, lambda: torch.get_float32_matmul_precision())}
     settings["cuda_matmul_allow_tf32"] = query("cuda_matmul_allow_tf32", lambda: bool(matmul.allow_tf32))
-    settings["cudnn_allow_tf32"] = query("cudnn_allow_tf32", lambda: bool(torch.backends.cudnn.allow_tf32))
     for flag in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         settings[f"cuda_matmul_{flag}"] = query(f"cuda_matmul_{flag}", lambda flag=flag: bool(getattr(matmul, flag)))
     settings["preferred_blas_library"] = query("preferred_blas_library", lambda: _blas_library(torch))
@@ -621,7 +585,7 @@ def _read_settings(torch, query):
 # <<< notebook
 
 
-# >>> notebook: 2.2 The allocator settings PyTorch parsed
+# >>> notebook: 2.2 The GPU's fields and allocator settings PyTorch gives, checked, and the environment's text
 # roundup_power2_divisions has one count per power-of-two interval from 1 MiB: each interval's MiB
 ALLOCATOR_INTERVAL_KEYS = tuple(str(2**index) for index in range(16))
 DEFAULT_ALLOCATOR = {
@@ -648,7 +612,6 @@ def allocator_settings(torch, backend):
         "backend": backend,
         "max_split_size_bytes": None if limit < 0 else limit,
         "expandable_segments": bool(recorded["expandable_segments"]),
-        # The per-interval divisions (1 MiB, 2 MiB, ... 32768 MiB and above) that change a block's size.
         "roundup_power2_divisions": {
             str(2**index): int(count)
             for index, count in enumerate(recorded["roundup_power2_divisions"].values())
@@ -668,22 +631,16 @@ def allocator_settings_text(allocator):
     return ", ".join(allocator_differences(allocator)) or "PyTorch's defaults"
 
 
-# <<< notebook
-
-
-# >>> notebook: 2.3 The GPU's fields, checked, and the environment's text
 def _gpu_fields(torch, query, index, properties, hip_build):
     """The chosen GPU as the runtime announces it (no UUID, no serial number)."""
     free_bytes, total_bytes = query("mem_get_info", lambda: torch.cuda.mem_get_info(index)) or (None, None)
-    memory_bytes = getattr(properties, "total_memory", None)
     arch = "gcn_arch_name"
     return {
         "name": query("name", lambda: pytorch_text("name", properties.name)),
         "compute_capability": query("compute_capability", lambda: f"{properties.major}.{properties.minor}"),
         arch: query(arch, lambda: pytorch_text(arch, getattr(properties, "gcnArchName", None))) if hip_build else None,
-        "multi_processor_count": getattr(properties, "multi_processor_count", None),
-        "total_memory_bytes": memory_bytes,
-        "total_memory_gib": None if memory_bytes is None else decimal_ratio(memory_bytes, GIB_BYTES),
+        "multi_processor_count": properties.multi_processor_count,
+        "total_memory_bytes": properties.total_memory,
         "mem_get_info_free_bytes": free_bytes,
         "mem_get_info_total_bytes": total_bytes,
         "allocator_backend": query("allocator_backend", lambda: torch.cuda.memory.get_allocator_backend()),
@@ -721,8 +678,7 @@ def format_environment(environment):
             "  GPU usable            yes",
             f"  GPU name              {or_missing(gpu['name'], 'unknown')}",
             f"  compute capability    {gpu['compute_capability']}" + (f" ({arch})" if arch else ""),
-            "  memory (runtime)      "
-            + ("unknown" if memory_bytes is None else f"{memory_bytes} bytes = {in_units(memory_bytes)} GiB"),
+            f"  memory (runtime)      {memory_bytes} bytes = {in_units(memory_bytes)} GiB",
             f"  mem_get_info          free {or_missing(gpu['mem_get_info_free_bytes'])} "
             f"/ total {or_missing(gpu['mem_get_info_total_bytes'])} bytes",
             f"  allocator backend     {or_missing(gpu['allocator_backend'], 'unknown')}",
@@ -736,8 +692,7 @@ def format_environment(environment):
     for name, error in sorted(environment["field_errors"].items()):
         label = "PyTorch warned" if name == PYTORCH_WARNINGS_FIELD else "query failed"
         lines.append(f"  {label:<21} {name}: {error}")
-    lines.append(environment["driver_note"])
-    lines += [f"  {vendor.upper():<6} {command}" for vendor, command in environment["driver_commands"].items()]
+    lines.append(DRIVER_NOTE)
     return "\n".join(lines)
 
 
@@ -779,7 +734,6 @@ NAME_FIELD = (
     lambda value: value is None or isinstance(value, str) and len(value) <= MAX_NAME_CHARACTERS,
     f"null or text of at most {MAX_NAME_CHARACTERS} characters",
 )
-BOOLEAN_FIELD = (lambda value: isinstance(value, bool), "true or false")
 LIST_FIELD = (lambda value: isinstance(value, list), "a list")
 # A phase line as measure writes it, field by field in order: the rule report checks it by (None: report does
 # not read it); its column in the phase table (None: not shown); whether report shows its maximum over the
@@ -847,7 +801,7 @@ RESULT_FORMAT = {
         (_one_cold_some_warm, "one cold_forward line and at least one warm_forward line"),
     ],
     "prediction_check": {"disagreements": LIST_FIELD, "not_checked": LIST_FIELD},
-    "output_summary": {"all_finite": BOOLEAN_FIELD},
+    "output_summary": {"all_finite": (lambda value: isinstance(value, bool), "true or false")},
     "sustained": NullOr(
         {
             "sustained_seconds": POSITIVE_FIELD,
@@ -932,18 +886,9 @@ def _shown(value):
 # <<< notebook
 
 
-# >>> notebook: Child processes: SIGINT and SIGTERM held while one starts (sweep's, the vendor tool's)
-def hold_signals():
-    """Block SIGINT and SIGTERM until let_signals_through(the mask returned); None on Windows."""
-    import signal
-
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
+# >>> notebook: Child processes: SIGINT and SIGTERM held while one starts (sweep's)
 def let_signals_through(held):
-    """The mask hold_signals() found, back: a signal that landed meanwhile is raised now."""
+    """The mask start_child found, back: a signal that landed meanwhile is raised now (None: Windows)."""
     import signal
 
     if held is not None:
@@ -953,9 +898,12 @@ def let_signals_through(held):
 def start_child(command, **options):
     """(Popen(command, **options), the mask to let through), SIGINT and SIGTERM held until Popen returns: one
     landing between fork and exec would leave the child without its parent's clean-up."""
+    import signal
     import subprocess
 
-    held = hold_signals()
+    held = None
+    if hasattr(signal, "pthread_sigmask"):  # not on Windows
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         return subprocess.Popen(command, **options), held
     except BaseException:
@@ -997,20 +945,12 @@ CLOCK_EVENT_REASONS = (
 
 def _card_value(name, text):
     """One field of the vendor tool's line: a number (the reasons as their names), None for [N/A] or odd text."""
-    import re
-
     if name == "clock_event_reasons":
         bits = int(text, 16) if re.fullmatch(r"0x[0-9A-Fa-f]{1,16}", text) else None
         return None if bits is None else [reason for bit, reason in enumerate(CLOCK_EVENT_REASONS) if bits >> bit & 1]
-    if not re.fullmatch(r"[0-9]{1,9}(?:\.[0-9]{1,6})?", text):
-        return None
-    if name.endswith("_w"):
-        return float(text)
-    return int(text) if text.isdigit() else None
-
-
-def _uuid_key(uuid):
-    return str(uuid).strip().lower().removeprefix("gpu-")
+    if name.endswith("_w"):  # watts, to two decimals; the others whole numbers
+        return float(text) if re.fullmatch(r"[0-9]{1,9}(?:\.[0-9]{1,6})?", text) else None
+    return int(text) if re.fullmatch(r"[0-9]{1,9}", text) else None
 
 
 def read_card(tool, uuid):
@@ -1020,24 +960,17 @@ def read_card(tool, uuid):
 
     query = ",".join(("uuid", *CARD_FIELDS.values()))
     command = [tool, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
-    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
-    try:
-        process, held = start_child(command, **pipes)
+    try:  # run() kills the tool on a timeout or a Ctrl-C
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=VENDOR_TIMEOUT_S)
     except OSError as error:
         return {"reading": None, "why_null": f"{VENDOR_TOOL} could not start: {describe_error(error)}"}
-    try:
-        let_signals_through(held)
-        out, _ = process.communicate(timeout=VENDOR_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"reading": None, "why_null": f"{VENDOR_TOOL} did not answer within {VENDOR_TIMEOUT_S} s"}
-    finally:
-        process.kill()
-        process.wait()
-    if process.returncode:
-        return {"reading": None, "why_null": f"{VENDOR_TOOL} exited with status {process.returncode}"}
-    for line in out.decode("utf-8", "replace").splitlines():
+    if done.returncode:
+        return {"reading": None, "why_null": f"{VENDOR_TOOL} exited with status {done.returncode}"}
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
         texts = [text.strip() for text in line.split(",")]
-        if len(texts) == 1 + len(CARD_FIELDS) and _uuid_key(texts[0]) == _uuid_key(uuid):
+        if len(texts) == 1 + len(CARD_FIELDS) and texts[0].removeprefix("GPU-") == str(uuid):
             reading = {name: _card_value(name, text) for name, text in zip(CARD_FIELDS, texts[1:], strict=True)}
             return {"reading": reading, "why_null": None}
     return {"reading": None, "why_null": f"no GPU {VENDOR_TOOL} lists is the one PyTorch measured"}
@@ -1159,11 +1092,6 @@ def _phase_labels(config):
     return [("model_load", {}), ("inputs", {}), ("cold_forward", {}), *warmup, *warm]
 
 
-def phase_names(config):
-    """The phase lines a measurement writes, in order."""
-    return [name for name, _ in _phase_labels(config)]
-
-
 def build_model(torch, width):
     """The synthetic MLP, built and initialized on the CPU in float32 (PyTorch's default)."""
     return torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
@@ -1256,10 +1184,8 @@ def _simulate(events, tensor_bytes):
 
 # >>> notebook: 3.2 The plan: each phase's predicted memory, and its verdict on a card
 def memory_plan(config, model=None):
-    """What each phase should do to the allocator, from arithmetic alone, under PyTorch's default allocator
-    settings; the first forward's BLAS workspace is an allowance, measured by measure."""
+    """Each phase's predicted allocator counters, from arithmetic alone, under PyTorch's default allocator settings."""
     model = model or synthetic_model(config)
-    # The bytes of each tensor the phases allocate, by name: weights, inputs, activations, output.
     activation_bytes = config["batch"] * config["context"] * model["hidden_width"] * DTYPE_BYTES[config["dtype"]]
     tensor_bytes = {tensor["name"]: tensor["bytes"] for tensor in model["parameter_tensors"]}
     tensor_bytes.update(inputs=model["input_bytes"], output=model["input_bytes"])
@@ -1328,7 +1254,6 @@ def format_plan(plan):
 
 # --plan --memory-gib: the verdict on a card, and the largest size per dimension that still fits there.
 FIT_DIMENSIONS = ("batch", "context", "width")
-LARGEST_ACCEPTED = 10**MAX_DIGITS - 1  # the largest whole number an option accepts
 FIT_NOTE = (
     "Fits: measure and sweep accept the run on an otherwise empty card of this memory whose free memory is "
     "its total less a context of at most the allowance, under PyTorch's default allocator settings; the plan "
@@ -1346,7 +1271,7 @@ def largest_that_fits(config, memory_bytes, dimension):
 
     if not fits(1):
         return None
-    low, high = 1, LARGEST_ACCEPTED + 1
+    low, high = 1, 10**MAX_DIGITS  # the first value no option accepts
     while high - low > 1:  # low fits, high does not (or is beyond the accepted values)
         middle = (low + high) // 2
         if fits(middle):
@@ -1357,8 +1282,7 @@ def largest_that_fits(config, memory_bytes, dimension):
 
 
 def plan_with_fit(config, memory_gib=None):
-    """The plan of a measurement; with a card's memory, also whether the run fits there and the largest batch,
-    context and width that do (each alone, the others as given; null: even 1 does not)."""
+    """The plan of a measurement; with a card's memory, also whether it fits there and the largest sizes that do."""
     plan = memory_plan(config)
     if memory_gib is None:
         return plan
@@ -1761,8 +1685,6 @@ def fit_problem(plan, environment):
     free, source = gpu["mem_get_info_free_bytes"], "free (mem_get_info)"
     if free is None:  # mem_get_info failed: only the announced total is known
         free, source = gpu["total_memory_bytes"], "announced in total (mem_get_info failed)"
-    if free is None:  # neither could be read: the fit cannot be told
-        return "the GPU's free and total memory cannot be read (mem_get_info and total_memory failed)"
     if plan["needs_free_bytes"] <= free:  # the plan's figure: the predicted peak plus the margin
         return None
     peak = plan["predicted_peak_allocated_bytes"]
@@ -1785,9 +1707,8 @@ def measure(config, tool):
     torch, torch_error = import_torch()
     if torch is None:
         raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
-    # The release is judged (a refusal, or a warning) before any query that could start CUDA.
-    version = pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None)
-    torch_version_warning = torch_release_warning(version)
+    # The release is judged before any query that could start CUDA.
+    refuse_old_torch(pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None))
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
     index = device_index(on)
     environment = environment_of(on, index)
@@ -1799,7 +1720,7 @@ def measure(config, tool):
     except PhaseFailed as failure:
         raise _measurement_failed(torch, config, failure) from None
     configuration = {**config, **before}
-    return _result(tool, environment, torch_version_warning, configuration, model, plan, measured)
+    return _result(tool, environment, configuration, model, plan, measured)
 
 
 def _set_up(torch, index, on):
@@ -1818,7 +1739,7 @@ def _set_up(torch, index, on):
     }
 
 
-def _result(tool, environment, torch_version_warning, configuration, model, plan, measured):
+def _result(tool, environment, configuration, model, plan, measured):
     """The result file's content: the measured phases checked against the plan."""
     from datetime import datetime, timezone
 
@@ -1832,7 +1753,6 @@ def _result(tool, environment, torch_version_warning, configuration, model, plan
         "tool": tool,
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "environment": environment,
-        "torch_version_warning": torch_version_warning,
         "configuration": configuration,
         "synthetic_model": model,
         "phases": phases,
@@ -1933,8 +1853,8 @@ def _table(rows, left=(0,)):
 
 def result_warnings(result):
     """What makes a measurement less trustworthy, one line each."""
-    warnings = [result["configuration"]["fresh_process_warning"], result["torch_version_warning"]]
-    return [warning for warning in [*warnings, _workspace_warning(result["workspace"])] if warning]
+    warnings = [result["configuration"]["fresh_process_warning"], _workspace_warning(result["workspace"])]
+    return [warning for warning in warnings if warning]
 
 
 def _workspace_warning(workspace):
@@ -2262,8 +2182,6 @@ PHASE_FIGURE_NOTE = (
 
 def import_pyplot():
     """matplotlib's pyplot; a KitError where it is not importable or too old: the kit never requires it."""
-    import re
-
     try:
         import matplotlib
         from matplotlib import pyplot
@@ -2726,9 +2644,7 @@ def _command_sweep(args):
     timeout_s = whole_number("--timeout-s", args.timeout_s, 1, 7 * 24 * 3600)  # a week
     folder = check_new_folder(args.output_dir)
     environment = probe_device(args.device)
-    warning = torch_release_warning(environment.get("torch"))  # a refusal, or a warning the results keep too
-    if warning:
-        say("mesure_memoire.py", warning, prefix="warning: ")
+    refuse_old_torch(environment.get("torch"))
     make_new_folder(folder)
     written = []
     try:

@@ -610,9 +610,6 @@ MESSAGES = {
         "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
         "the figures are not comparable; restart it"
     ),
-    "unreadable PyTorch version": (
-        "PyTorch's version {version} is not MAJOR.MINOR...: measured as if it were 2.4 or later"
-    ),
     "PyTorch too old": (
         "PyTorch 2.4 or later is needed to measure; this is PyTorch {version}: nothing measured, nothing written"
     ),

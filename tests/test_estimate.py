@@ -244,7 +244,6 @@ def test_the_options_reach_the_estimate_with_its_default_reserve(capsys):
     assert mesure_memoire.main(["estimate", "--bits", "4", "--parameters=7", "--json"]) == 0
     estimate = json.loads(capsys.readouterr().out)
     assert (estimate["parameters"], estimate["bits"], estimate["reserve_gib"]) == (7, 4, 0)
-    assert estimate["reserve_is"] == "a hypothesis chosen by the user, not a measured reserve"
     assert estimate["not_included"] == list(mesure_memoire.NOT_INCLUDED_IN_ESTIMATE)  # the text: the README's test
     assert mesure_memoire.main(["estimate", "--parameters", "7", "--bits", "4", "--reserve-gib", "0.5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["reserve_gib"] == 0.5

@@ -93,7 +93,6 @@ def stand_in_measure(monkeypatch):
             "tool": tool,
             "environment": {"field_errors": {}, "gpu": {"total_memory_gib": Decimal(80)}},
             "configuration": {**config, "fresh_process_warning": None},
-            "torch_version_warning": None,
             "synthetic_model": mesure_memoire.synthetic_model(config),
             "phases": phases,
             "prediction_check": {"agrees": True, "disagreements": [], "not_checked": []},

@@ -162,7 +162,7 @@ def test_stand_in_result_written_atomically_and_read_back(stand_in_gpu, monkeypa
     # Its fields and configuration: test_measure_names_the_device_in_every_call_and_returns_the_whole_result.
     assert result["tool"] == "mesure_memoire.py"
     assert result["environment"]["gpu"]["name"] == "Stand-in GPU"
-    assert [p["phase"] for p in result["phases"]] == mesure_memoire.phase_names(config())
+    assert [p["phase"] for p in result["phases"]] == [*mesure_memoire.PHASES, "warm_forward"]
     # The stand-in's fixed counters cannot match a prediction: every phase disagrees, visibly.
     assert {record["verdict"] for record in result["phases"]} == {"disagrees"}
     disagreements = result["prediction_check"]["disagreements"]
@@ -297,7 +297,6 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
         "schema_version": 7,
         "tool": "a tool",
         **NO_TIMING,
-        "torch_version_warning": None,
         "configuration": {
             **settings,
             "allocated_bytes_before_measure": 0,
@@ -365,25 +364,23 @@ def test_measure_checks_the_counters_the_settings_pytorch_parsed_allow(
 
 
 @pytest.mark.parametrize(
-    ("version", "warning"),
+    "version",
     [
-        ("2.4.1", None),
-        ("2.4.0a0+git1234567", None),  # a vendor build (NVIDIA's containers read like this)
-        ("2.10.0", None),  # two digits: 2.10 is newer than 2.4, as numbers
-        ("3.0", None),
-        ("nightly", MESSAGES["unreadable PyTorch version"].format(version="'nightly'")),
-        ("v2.4.1", MESSAGES["unreadable PyTorch version"].format(version="'v2.4.1'")),
-        (None, MESSAGES["unreadable PyTorch version"].format(version="None")),  # the version query failed
+        "2.4.1",
+        "2.4.0a0+git1234567",  # a vendor build (NVIDIA's containers read like this)
+        "2.10.0",  # two digits: 2.10 is newer than 2.4, as numbers
+        "3.0",
+        None,  # the version query failed, or the version was withheld: field_errors says which
     ],
     ids=plain_id,
 )
-def test_a_pytorch_release_is_read_from_its_leading_digits(version, warning):
-    assert mesure_memoire.torch_release_warning(version) == warning
+def test_a_pytorch_release_is_read_from_its_leading_digits(version):
+    assert mesure_memoire.refuse_old_torch(version) is None
 
 
 @pytest.mark.parametrize("version", ["2.3.0a0+81ea7a4", "1.13.1+cu117"])
 def test_a_pytorch_below_2_4_is_refused_naming_both_versions(version):
-    assert kit_error_of(mesure_memoire.torch_release_warning, version) == MESSAGES["PyTorch too old"].format(
+    assert kit_error_of(mesure_memoire.refuse_old_torch, version) == MESSAGES["PyTorch too old"].format(
         version=repr(version)
     )
 
@@ -399,26 +396,13 @@ def test_measure_refuses_an_old_pytorch_before_any_gpu_work(stand_in_gpu, monkey
     assert captured.err == error_line(MESSAGES["PyTorch too old"].format(version="'2.3.1'"))
 
 
-def test_an_unreadable_pytorch_version_is_measured_with_a_warning_in_the_result(stand_in_gpu, monkeypatch):
-    stand_in_gpu()
-    SetUpCalls(monkeypatch)
-    monkeypatch.setattr(torch, "__version__", "custom-build")
-    monkeypatch.setattr(
-        mesure_memoire, "measure_phases", lambda *args: (hand_made_records(config())[0], {}, NO_PER_CALL, NO_TIMING)
-    )
-    result = mesure_memoire.measure(config(), tool="t")
-    # not a version: withheld (it could hold a path), so the warning cannot quote it
-    assert result["torch_version_warning"] == MESSAGES["unreadable PyTorch version"].format(version="None")
-    assert mesure_memoire.result_warnings(result) == [result["torch_version_warning"]]
-
-
 def workspace(kept_bytes, fc1_bytes, fc2_bytes):
     taken = {"fc1": {"allocated_bytes": fc1_bytes}, "fc2": {"allocated_bytes": fc2_bytes}}
     return {"measured_bytes": kept_bytes, "allowance_bytes": 256 * MIB, "per_call": taken}
 
 
 def test_workspaces_beyond_the_plan_s_allowance_are_a_warning():
-    result = {"configuration": {"fresh_process_warning": None}, "torch_version_warning": None}
+    result = {"configuration": {"fresh_process_warning": None}}
     assert mesure_memoire.result_warnings({**result, "workspace": workspace(255 * MIB, MIB, 0)}) == []
     assert mesure_memoire.result_warnings({**result, "workspace": workspace(0, 0, 256 * MIB + 1)}) == [
         MESSAGES["BLAS workspaces beyond the allowance"].format(kept=0, per_call=268435457, allowance=268435456)
@@ -614,7 +598,6 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
     assert environment["field_errors"] == {
         "torch": MESSAGES["withheld text"].format(name="torch", expected="a version"),  # not text
         "cuda_matmul_allow_tf32": "RuntimeError (text withheld)",
-        "cudnn_allow_tf32": "RuntimeError (text withheld)",
         "cuda_matmul_allow_fp16_reduced_precision_reduction": "RuntimeError (text withheld)",
         "cuda_matmul_allow_bf16_reduced_precision_reduction": "RuntimeError (text withheld)",
         "cuda_build": "RuntimeError (text withheld)",
@@ -629,7 +612,6 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
     assert environment["gpu_unavailable_reason"] == MESSAGES["no CUDA or ROCm build"]
     for key in (
         "cuda_matmul_allow_tf32",
-        "cudnn_allow_tf32",
         "cuda_matmul_allow_fp16_reduced_precision_reduction",
         "cuda_matmul_allow_bf16_reduced_precision_reduction",
     ):

@@ -276,13 +276,13 @@ def test_the_results_cell_prints_report_for_the_file_it_wrote(tmp_path, monkeypa
     def stand_in_measure_to_file(config, output, tool, debug):
         assert (config["batch"], config["width"], tool, debug) == (1, 64, "mesure-memoire.ipynb", False)
         (tmp_path / output).write_text(json.dumps(crafted), encoding="utf-8")
-        return {**crafted, "torch_version_warning": "an unreadable version"}
+        return {**crafted, "configuration": {**crafted["configuration"], "fresh_process_warning": "not fresh"}}
 
     namespace["measure_to_file"] = stand_in_measure_to_file
     exec(compile(cells["run-measure"], "<notebook>", "exec"), namespace)
     measured = capsys.readouterr().out
     table = mesure_memoire.format_phase_table(crafted)
-    assert measured == f"Warning: an unreadable version\n{table}\nResult written to mesures-notebook.json\n"
+    assert measured == f"Warning: not fresh\n{table}\nResult written to mesures-notebook.json\n"
     exec(compile(cells["run-results"], "<notebook>", "exec"), namespace)
     shown = capsys.readouterr().out
     assert shown == mesure_memoire.format_report(mesure_memoire.report(["mesures-notebook.json"])) + "\n"

@@ -168,21 +168,6 @@ def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_measure_refuses_when_neither_the_free_nor_the_total_memory_can_be_read(
-    stand_in_gpu, monkeypatch, tmp_path, capsys
-):
-    properties = stand_in_gpu()
-    del properties.total_memory  # a PyTorch whose device properties lack it
-    monkeypatch.setattr(torch.cuda, "mem_get_info", raising(RuntimeError("CUDA error: busy")))
-    assert mesure_memoire.main([*MEASURE_TRIAL, "--output", str(tmp_path / "o.json")]) == 2
-    captured = capsys.readouterr()
-    assert captured.err == error_line(
-        "the GPU's free and total memory cannot be read (mem_get_info and total_memory failed)"
-    )
-    assert captured.out == ""
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_the_readme_plan_command_and_figures_match_the_code(capsys):
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -387,7 +372,6 @@ CONFIGURATIONS = [
 @pytest.mark.parametrize("sizes", CONFIGURATIONS)
 def test_the_prediction_matches_the_live_tensors_of_the_real_model(sizes, dtype):
     records, check, workspace = run_on_the_cpu(config(dtype=dtype, **sizes))
-    assert [r["phase"] for r in records] == mesure_memoire.phase_names(config(**sizes))
     if dtype == "float32":
         # On the CPU the float32 build is the model itself, so model_load is checked too.
         assert check == {"agrees": True, "disagreements": [], "not_checked": []}

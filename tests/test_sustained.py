@@ -9,7 +9,6 @@ arithmetic, its order of calls and what it writes, nothing about a real card.
 
 import json
 import sys
-import time
 import types
 from decimal import Decimal
 
@@ -275,23 +274,6 @@ def test_a_tool_that_cannot_start_is_null_and_why(tmp_path, monkeypatch):
     assert set(state) == {"reading", "why_null"} and state["reading"] is None
     assert state["why_null"].startswith("nvidia-smi could not start: ")
     assert "No such file or directory" in state["why_null"]
-
-
-def test_ctrl_c_is_still_heard_after_the_card_is_read(tmp_path, monkeypatch):
-    import os
-    import signal
-
-    vendor_tool(tmp_path, monkeypatch, printing(f"{UUID}, {FIELDS}"))
-    read()
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    if signal.SIGINT in blocked:  # leave the test process as it was before failing
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
-        signal.signal(signal.SIGINT, previous)
-    with pytest.raises(KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(1)
-    assert signal.SIGINT not in blocked
 
 
 def test_a_window_exactly_two_percent_off_is_steady_and_a_last_half_of_three_is_judged():

@@ -202,13 +202,6 @@ def test_a_child_that_ignores_the_interrupt_is_killed(stand_in, capsys, monkeypa
     assert os.listdir(".") == []
 
 
-def test_a_pytorch_version_that_cannot_be_read_is_said_and_the_sweep_goes_on(stand_in, capsys):
-    stand_in({"256": "write"}, env={**environment(), "torch": "custom-build"})
-    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 0
-    assert_one_line(capsys.readouterr().err, "warning: PyTorch's version 'custom-build'", "measured as if")
-    assert stand_in.calls() == [PROBE, measure_call(256)]
-
-
 @pytest.mark.whole_kit
 def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
     no_gpu_here()

@@ -648,7 +648,8 @@ def check_result(result, requested=None):
         got = {key: config.get(key) for key in CONFIG_KEYS}
         rows.append(("structure", "configuration as requested", got == {k: requested[k] for k in CONFIG_KEYS}, ""))
     names = [phase.get("phase") for phase in phases]
-    rows.append(("structure", "phase lines", names == kit.phase_names(config), f"{len(names)} lines"))
+    planned = [line["phase"] for line in kit.memory_plan(config)["phases"]]
+    rows.append(("structure", "phase lines", names == planned, f"{len(names)} lines"))
     check = result.get("prediction_check") if isinstance(result.get("prediction_check"), dict) else {}
     listed = "; ".join(kit.one_line(json.dumps(d)) for d in check.get("disagreements") or [])
     rows.append(("prediction", "prediction_check agrees", check.get("agrees") is True, listed))

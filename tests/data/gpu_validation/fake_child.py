@@ -129,7 +129,6 @@ def crafted_result(options, doctors=(), output=""):
         "schema_version": mesure_memoire.RESULT_SCHEMA_VERSION,
         "tool": "mesure_memoire.py",
         "environment": environment(backend, allocator),
-        "torch_version_warning": None,
         "created_utc": "2026-12-04T00:00:00Z",
         "configuration": {**config, "fresh_process_warning": None},
         "synthetic_model": mesure_memoire.synthetic_model(config),

@@ -18,7 +18,9 @@ def stand_in_gpu(torch):
     from conftest import RecordingCudaStandIn
 
     total = 80 * 2**30
-    properties = types.SimpleNamespace(name="Stand-in GPU", major=9, minor=0, total_memory=total)
+    properties = types.SimpleNamespace(
+        name="Stand-in GPU", major=9, minor=0, total_memory=total, multi_processor_count=132
+    )
     cuda = torch.cuda
     answers = {
         "is_available": lambda: True,

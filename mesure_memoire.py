@@ -701,7 +701,7 @@ def format_environment(environment):
 
 # >>> notebook: The result's format, declared once: measure writes it, report checks it, the tables show it
 # The result's format: report reads this version only (a change of what measure writes changes it).
-RESULT_SCHEMA_VERSION = 7
+RESULT_SCHEMA_VERSION = 8
 MAX_NAME_CHARACTERS = 256  # a GPU name, a PyTorch or build version: CUDA's device names are shorter
 
 

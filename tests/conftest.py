@@ -689,7 +689,7 @@ MESSAGES = {
     "report: an object": "an object",
     "report: null or an object": "null or an object",
     "report: this kit": "'iteragpu-lab-v1'",
-    "report: this schema": "7, this kit's (measure again with this kit)",
+    "report: this schema": "8, this kit's (measure again with this kit)",
     "report: a dtype": "one of float32, float16, bfloat16",
     "report: a phase": "one of model_load, inputs, cold_forward, warmup, warm_forward",
     "report: cold and warm lines": "one cold_forward line and at least one warm_forward line",

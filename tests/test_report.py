@@ -196,7 +196,7 @@ def test_json_output_holds_the_same_rows_with_file_as_given(monkeypatch, capsys)
     # batch 2, context 128, width 1024, float32; warm lines 1.16, 1.12, 1.14, 1.18 ms; cold 5.4321 ms.
     assert data["results"][1] == {
         "file": given[1],
-        "schema_version": 7,
+        "schema_version": 8,
         "gpu": "Crafted GPU",
         "torch": "2.13.0+cu130",
         "cuda_build": "13.0",
@@ -386,7 +386,7 @@ NOT_AS_WRITTEN = [
     ("phases[0].peak_reserved_bytes", "1", "a count", "'1'"),
     ("phases[0].phase", "backward", "a phase", "'backward'"),
     ("prediction_check.disagreements", 1, "a list", "1"),
-    ("schema_version", 6, "this schema", 6),
+    ("schema_version", 7, "this schema", 7),
     ("sustained", [], "null or an object", "a list"),
     ("sustained.steady", "yes", "null or a boolean", "'yes'"),
     ("sustained.steady_ms_per_forward", None, "a steady time", "None"),

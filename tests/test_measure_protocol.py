@@ -294,7 +294,7 @@ def test_measure_names_the_device_in_every_call_and_returns_the_whole_result(
     assert result["environment"]["gpu_available"] is True
     assert {key: result[key] for key in result if key not in ("created_utc", "environment", "phases")} == {
         "kit": "iteragpu-lab-v1",
-        "schema_version": 7,
+        "schema_version": 8,
         "tool": "a tool",
         **NO_TIMING,
         "configuration": {

@@ -609,7 +609,7 @@ def parse_plan(data, name):
 
 
 def holds_run(needs_card_memory_bytes, card_memory_bytes):
-    """The fit rule of mesure_memoire.py's fit_on_card (--plan --memory-gib), copied: a card holds the run when
+    """mesure_memoire.py's holds_run (--plan --memory-gib), copied: a card holds the run when
     its memory covers the plan's needs, which already count the margin and the context allowance.  One rule:
     tests/test_for_plan.py holds both scripts to the same verdict on every catalog card."""
     return needs_card_memory_bytes <= card_memory_bytes
@@ -961,7 +961,7 @@ class GuardedStdout:
         return self._call("write", text)
 
     def flush(self):
-        if self.stream is not None:  # descriptor 1 closed: only a write fails (--check writes nothing)
+        if self.stream is not None:  # descriptor 1 closed: only a write fails (a command may print nothing)
             self._call("flush")
 
     def __getattr__(self, name):

@@ -3,7 +3,7 @@ GPU measurement of a small synthetic ``Linear -> GELU -> Linear`` network (READM
 
 ``estimate``, ``measure --plan`` and ``report`` need only Python >= 3.10 and its standard library.  ``environment`` and
 ``measure`` import PyTorch lazily; ``measure`` never falls back to the CPU.  Expected
-failures print one line on stderr and exit 2 (3 when the GPU runs out of memory).
+failures print one line on stderr, with the exit status of README.md's table.
 
 What only some commands need (PyTorch, matplotlib, and json, datetime, platform, stat, warnings, signal and
 subprocess from the standard library) is imported in the function that uses it, once, here said for all: the
@@ -61,6 +61,8 @@ GB_BYTES = 10**9  # decimal gigabyte
 MIB_BYTES = 2**20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PHASES = ("model_load", "inputs", "cold_forward", "warmup", "warm_forward")
+# The weights as torch.nn.Sequential names them (index 1 is the GELU, which has no weights).
+WEIGHT_TENSORS = ("0.weight", "0.bias", "2.weight", "2.bias")
 NOT_INCLUDED_IN_ESTIMATE = (
     "activations",
     "KV cache",
@@ -953,13 +955,13 @@ def _card_value(name, text):
     return int(text) if re.fullmatch(r"[0-9]{1,9}", text) else None
 
 
-def read_card(tool, uuid):
+def read_card(tool_path, uuid):
     """The card's state from the vendor tool, as {"reading": {field: value}, "why_null": None}, or a null reading
     and why.  The GPU is matched by its UUID, which is neither kept nor shown."""
     import subprocess
 
     query = ",".join(("uuid", *CARD_FIELDS.values()))
-    command = [tool, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
+    command = [tool_path, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
     try:  # run() kills the tool on a timeout or a Ctrl-C
         done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=VENDOR_TIMEOUT_S)
     except OSError as error:
@@ -980,13 +982,13 @@ def card_reader(cuda, index):
     """A function that reads the card's state (read_card), or says why it cannot."""
     import shutil
 
-    tool = shutil.which(VENDOR_TOOL)
-    if tool is None:
+    tool_path = shutil.which(VENDOR_TOOL)
+    if tool_path is None:
         return lambda: {"reading": None, "why_null": f"no {VENDOR_TOOL} on PATH"}
     uuid = pytorch_call("uuid", lambda: cuda.get_device_properties(index).uuid, failure=None)
     if uuid is None:
         return lambda: {"reading": None, "why_null": "PyTorch gave no UUID to match the card by"}
-    return lambda: read_card(tool, uuid)
+    return lambda: read_card(tool_path, uuid)
 
 
 def sustained_run(cuda, device, forward, records, seconds, read_card_state, clock=time.perf_counter_ns):
@@ -1067,8 +1069,7 @@ def synthetic_model(config):
     """Shapes and bytes of the synthetic MLP and its tensors, computed without PyTorch."""
     width, hidden = config["width"], 4 * config["width"]
     element_bytes = DTYPE_BYTES[config["dtype"]]
-    # Names as torch.nn.Sequential gives them (index 1 is the GELU, which has no weights).
-    shapes = {"0.weight": [hidden, width], "0.bias": [hidden], "2.weight": [width, hidden], "2.bias": [width]}
+    shapes = dict(zip(WEIGHT_TENSORS, ([hidden, width], [hidden], [width, hidden], [width]), strict=True))
     tensors = [
         {"name": name, "shape": shape, "bytes": math.prod(shape) * element_bytes} for name, shape in shapes.items()
     ]
@@ -1131,7 +1132,7 @@ def _phase_events(name, workspaces=()):
     if name == "model_load":
         # Module.to(device, dtype) converts each float32 CPU parameter on the CPU, then copies
         # it into one new GPU tensor of the requested dtype: nothing else is allocated on the GPU.
-        return [("alloc", tensor) for tensor in ("0.weight", "0.bias", "2.weight", "2.bias")]
+        return [("alloc", tensor) for tensor in WEIGHT_TENSORS]
     if name == "inputs":
         return [("alloc", "inputs")]  # randn fills a new tensor in place; the generator holds no GPU memory
 
@@ -1261,13 +1262,19 @@ FIT_NOTE = (
 )
 
 
+def holds_run(needs_card_memory_bytes, card_memory_bytes):
+    """The fit rule (--plan --memory-gib, and calcul_forfaits.py's copy): a card holds the run when its memory
+    covers what the plan says a card needs."""
+    return needs_card_memory_bytes <= card_memory_bytes
+
+
 def largest_that_fits(config, memory_bytes, dimension):
     """The largest value of ``dimension`` whose plan needs at most ``memory_bytes`` (None: not even 1),
     by halving the values the kit accepts: the plan grows with each dimension."""
 
     def fits(value):  # one pass of each phase: the counts change no level
         sized = {**config, dimension: value, "warmup": 1, "repeats": 1}
-        return memory_plan(sized)["needs_card_memory_bytes"] <= memory_bytes
+        return holds_run(memory_plan(sized)["needs_card_memory_bytes"], memory_bytes)
 
     if not fits(1):
         return None
@@ -1301,7 +1308,7 @@ def plan_with_fit(config, memory_gib=None):
         **plan,
         "memory_gib": gib,
         "memory_bytes": memory_bytes,
-        "fits": plan["needs_card_memory_bytes"] <= memory_bytes,
+        "fits": holds_run(plan["needs_card_memory_bytes"], memory_bytes),
         "largest": {dimension: largest_that_fits(config, memory_bytes, dimension) for dimension in FIT_DIMENSIONS},
         "fit_note": FIT_NOTE,
     }
@@ -1369,7 +1376,8 @@ class PhaseFailed(Exception):
 
 
 def measure_phases(torch, cuda, device, config, clock=time.perf_counter_ns):
-    """Run the phases in order; returns (records, output summary, per-call workspace, sustained run)."""
+    """Run the phases in order; returns (records, output summary, per-call workspace, timing: the sustained run
+    and the card's state)."""
     dtype = getattr(torch, config["dtype"])
     records = []
     read_card_state = card_reader(cuda, device_index(config["device"]))
@@ -1689,7 +1697,7 @@ def fit_problem(plan, environment):
         return None
     peak = plan["predicted_peak_allocated_bytes"]
     config, tensors = plan["configuration"], plan["tensor_bytes"]
-    weight_bytes = sum(tensors[name] for name in ("0.weight", "0.bias", "2.weight", "2.bias"))
+    weight_bytes = sum(tensors[name] for name in WEIGHT_TENSORS)
     if weight_bytes >= peak - weight_bytes:
         advice = "shrink --width (the weights dominate)"
     else:
@@ -2281,7 +2289,7 @@ class GuardedStdout:
         return self._call("write", text)
 
     def flush(self):
-        if self.stream is not None:  # descriptor 1 closed: only a write fails (--check writes nothing)
+        if self.stream is not None:  # descriptor 1 closed: only a write fails (a command may print nothing)
             self._call("flush")
 
     def __getattr__(self, name):
@@ -2398,8 +2406,8 @@ def _command_measure(args):
         raise KitError("--json and --memory-gib go with --plan; measure writes its JSON to --output")
     if not args.plan and None in (args.device, args.output):
         raise KitError("--device and --output are required (unless --plan, which measures nothing and writes nothing)")
-    sizes = (args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed)
-    config = measure_config(args.device, *sizes, args.sustained_s)
+    run_options = (args.batch, args.context, args.width, args.dtype, args.warmup, args.repeats, args.seed)
+    config = measure_config(args.device, *run_options, args.sustained_s)
     if args.plan:
         plan = plan_with_fit(config, args.memory_gib)
         _emit(args, plan, format_plan)
@@ -2417,8 +2425,6 @@ def _command_measure(args):
 
 def sweep_folder_files(folder):
     """The results sweep wrote in ``folder``, in the order of the values; any other entry is skipped."""
-    import re
-
     try:
         names = os.listdir(folder)
     except OSError as error:

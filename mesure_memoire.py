@@ -1568,12 +1568,16 @@ def _accepted_range(counter, phase, predicted, measured):
 
 
 # >>> notebook: 3.5 Result files: a new name, written whole or not at all
+PARTIAL_FILE = (".partial-", ".tmp")  # a temporary file's name: this prefix, 16 hex digits, this suffix
+
+
 class _Temporary:
     """A new hidden file in ``folder``, named before it exists so that a signal at any moment of its creation
     leaves nothing: created inside the try whose clean-up calls ``remove()``."""
 
     def __init__(self, folder):
-        self.path = os.path.join(folder, f".partial-{os.urandom(8).hex()}.tmp")
+        prefix, suffix = PARTIAL_FILE
+        self.path = os.path.join(folder, f"{prefix}{os.urandom(8).hex()}{suffix}")
         self.ours = True
 
     def open(self):
@@ -2553,7 +2557,7 @@ def remove_leftovers(folder, output):
         return
     for name in names:
         path = os.path.join(folder, name)
-        if path == output or (name.startswith(".partial-") and name.endswith(".tmp")):
+        if path == output or (name.startswith(PARTIAL_FILE[0]) and name.endswith(PARTIAL_FILE[1])):
             try:  # noqa: SIM105 -- contextlib would be imported for this one line
                 os.unlink(path)
             except OSError:  # gone already, or not removable: named by remove_sweep_folder

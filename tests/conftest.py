@@ -66,15 +66,6 @@ def left_running(pid):
     return True
 
 
-def imported_modules(*args, cwd):
-    """The modules ``python -X importtime ARGS`` imports (a new process: start-up is what is tested)."""
-    completed = subprocess.run(
-        [sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=60
-    )
-    assert completed.returncode == 0, completed.stderr
-    return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
-
-
 def private_texts(sentinel, folder):
     """What no output of the kit may hold: a sentinel set in the environment, the host's and the user's
     names, and the paths of the kit, of ``folder`` (its working folder), of the home folder and of Python."""
@@ -385,13 +376,10 @@ def kit_error_of(function, *args):
     return str(caught.value)
 
 
-MINE = b'{"mine": true}\n'
-
-
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
     """The working folder: an existing result, a FIFO, a subfolder; the cwd of in-process cases."""
-    (tmp_path / "existing.json").write_bytes(MINE)
+    (tmp_path / "existing.json").write_bytes(b'{"mine": true}\n')
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "kept.txt").write_text("kept\n")
     os.mkfifo(tmp_path / "fifo")
@@ -466,25 +454,6 @@ def stand_in_measurement(monkeypatch, recorder):
     monkeypatch.setattr(mesure_memoire, "measure_phases", on_the_cpu)
 
 
-BLOCK_NUMPY = (
-    "import runpy, sys; sys.modules['numpy'] = None; sys.argv = sys.argv[1:]; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
-)
-
-
-def assert_refused_before_any_work(folder, capsys, monkeypatch, argv, *fragments):
-    """``main(argv)`` refuses in one line, exit 2, before measure() could run: nothing printed, no file changed."""
-
-    def no_gpu_work(config, tool):
-        raise AssertionError("measure() ran: the refusal came too late")
-
-    monkeypatch.setattr(mesure_memoire, "measure", no_gpu_work)
-    code, captured = run_in_process(capsys, folder, argv)
-    assert code == 2
-    assert captured.out == ""
-    return assert_one_line(captured.err, "mesure_memoire.py: error: ", *fragments)
-
-
 def host_memory(monkeypatch, page_bytes, pages):
     """The host's RAM as os.sysconf tells it: pages of a page size (other names asked of the real one)."""
     real, answers = os.sysconf, {"SC_PAGE_SIZE": page_bytes, "SC_PHYS_PAGES": pages}
@@ -544,11 +513,6 @@ def calculator_refusal(capsys, *args):
     return err
 
 
-COST_RULE = (
-    "total price / accepted results, rounded half-up to four significant digits or to the cent, whichever is finer"
-)
-
-
 def half_up_cost(fraction):
     """An independent rounding of a positive cost in USD, with fractions: half-up to four significant digits or
     to the cent, whichever is finer ("0.0002392" for 452.00 USD / 1,890,000; "18.53"; "3648.00")."""
@@ -564,16 +528,6 @@ def half_up_cost(fraction):
 
 # What measure_phases measures after the phases on a GPU whose BLAS workspaces are kept: no per-call workspace.
 NO_PER_CALL = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product in ("fc1", "fc2")}
-# measure_phases' time beyond the phases: no sustained run asked, no vendor tool on PATH.
-NO_TIMING = {
-    "sustained": None,
-    "card_state": {
-        "before_warmup": {"reading": None, "why_null": "no nvidia-smi on PATH"},
-        "last_sustained_window": None,
-    },
-}
-
-
 # --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
 # (a change of wording is one edit here, with the code and the README).
 MESSAGES = {
@@ -752,11 +706,6 @@ MESSAGES = {
 def error_line(message, prog="mesure_memoire.py"):
     """A refusal as the program prints it on stderr: its name, "error", the message, one line."""
     return f"{prog}: error: {message}\n"
-
-
-def warning_line(message, prog="mesure_memoire.py"):
-    """A warning as the program prints it on stderr: its name, "warning", the message, one line."""
-    return f"{prog}: warning: {message}\n"
 
 
 def message_pattern(key, **values):

@@ -19,7 +19,6 @@ import pytest
 
 import calcul_forfaits
 from conftest import (
-    COST_RULE,
     MESSAGES,
     ROOT,
     SHIPPED_ROOT,
@@ -28,7 +27,6 @@ from conftest import (
     calculator_refusal,
     error_line,
     half_up_cost,
-    imported_modules,
     plain_id,
     run_script,
     tree_digest,
@@ -36,6 +34,9 @@ from conftest import (
 from conftest import call_calculator as call
 
 CSV_PATH = ROOT / "tarifs-forfaits.csv"
+COST_RULE = (
+    "total price / accepted results, rounded half-up to four significant digits or to the cent, whichever is finer"
+)
 
 
 def csv_rows():
@@ -954,6 +955,15 @@ def test_the_protocol_holds_each_required_element():
 
 
 # --- start-up, and every Python --------------------------------------------------------------------
+
+
+def imported_modules(*args, cwd):
+    """The modules ``python -X importtime ARGS`` imports (a new process: start-up is what is tested)."""
+    completed = subprocess.run(
+        [sys.executable, "-X", "importtime", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
+    assert completed.returncode == 0, completed.stderr
+    return {line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines() if line.count("|") == 2}
 
 
 @pytest.mark.whole_kit

@@ -28,10 +28,10 @@ from conftest import (
     ROOT,
     SMALL_TRIAL,
     assert_one_line,
-    assert_refused_before_any_work,
     code_cells_as_script,
     error_line,
     plain_ids,
+    run_in_process,
     run_script,
     signal_main_thread,
 )
@@ -476,4 +476,12 @@ HOSTILE_IDS = (
 
 @pytest.mark.parametrize(("argv", "first", "second"), HOSTILE_VALUES, ids=HOSTILE_IDS)
 def test_hostile_values_are_refused_in_one_line_and_change_nothing(folder, capsys, monkeypatch, argv, first, second):
-    assert_refused_before_any_work(folder, capsys, monkeypatch, argv, first, second)
+    """``main(argv)`` refuses in one line, exit 2, before measure() could run: nothing printed, no file changed."""
+
+    def no_gpu_work(config, tool):
+        raise AssertionError("measure() ran: the refusal came too late")
+
+    monkeypatch.setattr(mesure_memoire, "measure", no_gpu_work)
+    code, captured = run_in_process(capsys, folder, argv)
+    assert (code, captured.out) == (2, "")
+    assert_one_line(captured.err, "mesure_memoire.py: error: ", first, second)

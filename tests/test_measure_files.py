@@ -16,11 +16,11 @@ import mesure_memoire
 from conftest import (
     MEASURE,
     MESSAGES,
-    MIB,
     RecordingCudaStandIn,
     error_line,
     kit_error_of,
     run_in_process,
+    stand_in_measurement,
 )
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
@@ -77,31 +77,17 @@ def test_measure_to_file_records_warnings_and_writes_the_json(tmp_path, monkeypa
 
 
 @pytest.fixture
-def stand_in_measure(monkeypatch):
-    """Replaces measure(), because no GPU can be had here: the real CPU model runs its phases with
-    RecordingCudaStandIn counters; the result has measure()'s keys.  Proves nothing about GPUs."""
-    calls = []
+def stand_in_measure(stand_in_gpu, monkeypatch):
+    """measure() on the stand-ins, because no GPU can be had here (``stand_in_gpu``, and the real CPU model's
+    phases with RecordingCudaStandIn counters); returns the configurations measure() was called with."""
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
+    calls, real_measure = [], mesure_memoire.measure
 
-    def fake_measure(config, tool):
+    def recorded(config, tool):
         calls.append(config)
-        cpu = torch.device("cpu")
-        phases, output_summary, per_call, timing = mesure_memoire.measure_phases(
-            torch, RecordingCudaStandIn(device=cpu), cpu, config
-        )
-        return {
-            "kit": mesure_memoire.KIT_NAME,
-            "tool": tool,
-            "environment": {"field_errors": {}, "gpu": {"total_memory_gib": Decimal(80)}},
-            "configuration": {**config, "fresh_process_warning": None},
-            "synthetic_model": mesure_memoire.synthetic_model(config),
-            "phases": phases,
-            "prediction_check": {"agrees": True, "disagreements": [], "not_checked": []},
-            "workspace": {"measured_bytes": 0, "allowance_bytes": 256 * MIB, "per_call": per_call},
-            "output_summary": output_summary,
-            **timing,
-        }
+        return real_measure(config, tool)
 
-    monkeypatch.setattr(mesure_memoire, "measure", fake_measure)
+    monkeypatch.setattr(mesure_memoire, "measure", recorded)
     return calls
 
 

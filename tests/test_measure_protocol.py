@@ -24,7 +24,6 @@ from conftest import (
     MESSAGES,
     MIB,
     NO_PER_CALL,
-    NO_TIMING,
     SMALL_TRIAL,
     RecordingCudaStandIn,
     config,
@@ -42,6 +41,14 @@ from conftest import (
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
+# measure_phases' time beyond the phases: no sustained run asked, no vendor tool on PATH.
+NO_TIMING = {
+    "sustained": None,
+    "card_state": {
+        "before_warmup": {"reading": None, "why_null": "no nvidia-smi on PATH"},
+        "last_sustained_window": None,
+    },
+}
 
 
 # --- the protocol ------------------------------------------------------------------------------------

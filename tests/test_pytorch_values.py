@@ -23,6 +23,7 @@ from conftest import (
     SMALL_TRIAL,
     RecordingCudaStandIn,
     plain_id,
+    plan,
     raising,
     stand_in_measurement,
 )
@@ -156,10 +157,28 @@ def test_a_torch_that_is_not_pytorch_is_diagnosed_in_environment(namespace_torch
 # --- 3. a reading PyTorch cannot give: unknown ---------------------------------------------------------------
 
 
-def test_mem_get_info_raising_anything_leaves_the_bytes_in_use_unknown(stand_in_gpu, monkeypatch, tmp_path, capsys):
+def test_mem_get_info_raising_anything_leaves_the_free_bytes_unknown_and_the_fit_check_uses_the_total(
+    stand_in_gpu, monkeypatch, tmp_path, capsys
+):
+    """The fit check then compares with the announced total, at the byte: the run fits it; one byte less, refused."""
     stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", raising(OSError("no such device /dev/nvidia0")))
-    assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")]) == 0
+    needed = plan(1, 16, 64, "float32")["needs_free_bytes"]  # SMALL_TRIAL's
+    codes = []
+    for total in (needed, needed - 1):
+        stand_in_gpu(total_memory=total)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", raising(OSError("no such device /dev/nvidia0")))
+        codes.append(mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / f"{total}.json")]))
+    assert codes == [0, 2]
+    said = capsys.readouterr().err
+    assert f"exceeds the {needed - 1} bytes (1.25 GiB) announced in total (mem_get_info failed) less a" in said
+    assert [path.name for path in tmp_path.iterdir()] == [f"{needed}.json"]
+    written = (tmp_path / f"{needed}.json").read_text(encoding="utf-8")
+    environment = json.loads(written)["environment"]
+    gpu = environment["gpu"]
+    assert gpu["total_memory_bytes"] == needed
+    assert gpu["mem_get_info_free_bytes"] is None and gpu["mem_get_info_total_bytes"] is None
+    assert environment["field_errors"] == {"mem_get_info": "OSError (text withheld)"}
+    assert "nvidia0" not in written
 
 
 # --- 5. PyTorch printing on stdout while it loads --------------------------------------------------------------

@@ -4,7 +4,8 @@ value and whether it is steady, and the vendor tool's readings beside them.
 No GPU can be had here: the CUDA events are the stand-in's (RecordingCudaStandIn, replaying a scripted series of
 window times), the forwards are the real model's on the CPU, and ``nvidia-smi`` is a stand-in script put on PATH
 (canned lines as the real tool prints them with --format=csv,noheader,nounits).  They prove the kit's
-arithmetic, its order of calls and what it writes, nothing about a real card.
+arithmetic, its order of calls and what it writes, nothing about a real card.  The run that fills every section
+of a result is also the one the crafted results under tests/data/report are checked against.
 """
 
 import json
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import mesure_memoire
-from conftest import SMALL_TRIAL, RecordingCudaStandIn, assert_one_line, stand_in_measurement
+from conftest import ROOT, SMALL_TRIAL, RecordingCudaStandIn, assert_one_line, stand_in_measurement
 
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
 
@@ -336,3 +337,56 @@ def test_the_ratio_is_to_the_warm_repetitions_alone():
     recorder.phase_ms = [5.0, 5.0, 5.0, 5.0, 0.25, 0.25]
     _, _, _, timing = mesure_memoire.measure_phases(torch, recorder, CPU, settings, clock=ticking_clock())
     assert timing["sustained"]["ratio_to_warm_median"] == Decimal("0.1") / Decimal("0.25")
+
+
+# --- the crafted results (tests/data/report): the fields measure writes ------------------------------------------
+
+
+def key_paths(value, path=""):
+    """Each field's path in ``value`` (".phases[].verdict": a list's items together, whatever their number); a null
+    or an empty list ends in "*" (it may hold any fields)."""
+    if isinstance(value, dict):
+        paths = set()
+        for key, item in value.items():
+            paths |= {f"{path}.{key}"} | key_paths(item, f"{path}.{key}")
+        return paths
+    if isinstance(value, list) and value:
+        return set().union(*(key_paths(item, f"{path}[]") for item in value))
+    return {path + "*"} if value is None or value == [] else set()
+
+
+def uncovered(paths, other):
+    """The fields of ``paths`` that ``other`` neither holds nor leaves open (a null or an empty list above them)."""
+    open_stems = [path[:-1] for path in other if path.endswith("*")]
+    return {
+        path
+        for path in paths
+        if not path.endswith("*")
+        and path not in other
+        and not any(path.startswith((stem + ".", stem + "[]")) for stem in open_stems)
+    }
+
+
+def test_the_crafted_results_hold_exactly_the_fields_measure_writes(
+    stand_in_gpu, tmp_path, monkeypatch, folder, capsys
+):
+    """Report, sweep, figure and notebook tests read crafted results: each must hold the fields a result of this
+    kit holds, no more, no fewer (a format change that leaves one behind fails here).  Compared with a result
+    measure writes with every section filled: a sustained run, the card read before and during it."""
+    vendor_tool(tmp_path, monkeypatch, printing(f"{UUID}, {FIELDS}"))
+    monkeypatch.setattr(mesure_memoire, "WINDOW_NS", 10**8)
+    recorder = ScriptedEvents([1.0] * 10**4, phase_events=6)
+    code, captured, written = ticking_measure_result(monkeypatch, folder, capsys, recorder, 10**7)
+    assert code == 0, captured.err
+    result = json.loads(written)
+    assert result["sustained"] and all(state["reading"] for state in result["card_state"].values())
+    measured = key_paths(result)
+    report_data = ROOT / "tests" / "data" / "report"
+    crafted = sorted(report_data.rglob("*.json"))
+    wrong = []
+    for path in crafted:
+        fields = key_paths(json.loads(path.read_text(encoding="utf-8")))
+        differences = uncovered(fields, measured) | uncovered(measured, fields)
+        if differences:
+            wrong.append(f"{path.relative_to(report_data)}: {' '.join(sorted(differences))}")
+    assert crafted and not wrong, "\n".join(wrong)

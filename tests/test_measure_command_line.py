@@ -38,6 +38,7 @@ from conftest import (
     error_line,
     message_pattern,
     no_gpu_here,
+    refused,
     run_in_process,
     run_script,
     sigint_as_from_a_terminal,
@@ -45,7 +46,7 @@ from conftest import (
     tree_digest,
 )
 
-NO_GPU = error_line(message_pattern("no usable GPU, nothing measured", device="cuda:0"))
+NO_GPU = error_line(refused(message_pattern("no usable GPU, run it on the GPU box", device="cuda:0")))
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
@@ -70,8 +71,8 @@ def test_stand_in_a_device_out_of_range_is_refused(stand_in_gpu, tmp_path, capsy
     stand_in_gpu(count=1)
     assert mesure_memoire.main(["measure", "--device", "cuda:1", "--output", str(tmp_path / "o.json")]) == 2
     reason = MESSAGES["device out of range"].format(device="cuda:1", count=1)
-    said = MESSAGES["no usable GPU, nothing measured"].format(device="cuda:1", reason=reason)
-    assert capsys.readouterr().err == error_line(said)
+    said = MESSAGES["no usable GPU, run it on the GPU box"].format(device="cuda:1", reason=reason)
+    assert capsys.readouterr().err == error_line(refused(said))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -101,7 +102,7 @@ DIMENSIONS = "batch 1, context 16, width 64, dtype float32"
 
 
 def set_up_failed(step):
-    return MESSAGES["set-up step failed"].format(step=step, device="cuda:0", error=SHOWN_BOOM)
+    return refused(MESSAGES["set-up step failed"].format(step=step, device="cuda:0", error=SHOWN_BOOM))
 
 
 def phase_failed(phase, error=SHOWN_BOOM):
@@ -121,7 +122,7 @@ WITHHELD = MESSAGES["withheld: --debug shows it"].format(type="RuntimeError")
         ("torch.cuda", "init", "float32", 2, set_up_failed("torch.cuda.init")),
         ("torch.cuda", "memory_allocated", "float32", 2, set_up_failed("torch.cuda.memory_allocated")),
         ("torch.cuda", "memory_reserved", "float32", 2, set_up_failed("torch.cuda.memory_reserved")),
-        ("torch", "manual_seed", "float32", 2, MESSAGES["seeding failed"].format(error=SHOWN_BOOM)),
+        ("torch", "manual_seed", "float32", 2, refused(MESSAGES["seeding failed"].format(error=SHOWN_BOOM))),
         ("stand-in", "synchronize", "float32", 3, phase_failed("inputs", WITHHELD)),  # an error not allow-listed
         ("stand-in", "Event", "float32", 3, phase_failed("model_load")),
         ("kit", "summarize_output", "float32", 3, phase_failed("output_summary")),
@@ -344,7 +345,7 @@ def test_a_read_only_folder_for_real(folder, capsys):
     finally:
         (folder / "sub").chmod(stat.S_IRWXU)
     assert code == 2
-    assert re.fullmatch(error_line(message_pattern("--output cannot create", name="sub/o.json")), captured.err)
+    assert re.fullmatch(error_line(refused(message_pattern("--output cannot create", name="sub/o.json"))), captured.err)
 
 
 # measure() stood in for (no GPU here): it blocks, or the write blocks once its partial file exists.

@@ -95,17 +95,23 @@ class KitError(Exception):
     """An expected failure: one line for the user, and the exit status to use."""
 
     exit_code = 2
-    nothing_written = "nothing measured, no file written"  # what a refused measurement leaves: its line's ending
+
+
+class Refused(KitError):
+    """A measurement or sweep refused before its GPU work: the one place that its line ends by saying so."""
+
+    def __init__(self, message):
+        super().__init__(f"{message}; nothing measured, nothing written")
 
 
 class MeasurementFailed(KitError):
     """The GPU work itself failed (out of memory, most often): nothing is written."""
 
     exit_code = 3
-    nothing_written = "nothing written"
 
 
 RUN_ON_THE_GPU_BOX = "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
+SHOWN_BY_DEBUG = "text withheld; --debug or the notebook's DEBUG shows it"  # PyTorch's text, in a failure's line
 
 
 # <<< notebook
@@ -311,10 +317,9 @@ def describe_error(exc, withheld="text withheld"):
     return f"{name} ({withheld})" if message.strip() else name
 
 
-def pytorch_failure(what, exc, kind=KitError):
-    """The ``kind`` of the kit's failure for ``exc``, raised in PyTorch by ``what``: one line."""
-    withheld = "text withheld; --debug or the notebook's DEBUG shows it"
-    return kind(f"{what}: {describe_error(exc, withheld)}; {kind.nothing_written}")
+def pytorch_failure(what, exc):
+    """The refusal for ``exc``, raised in PyTorch by ``what`` before the measurement: one line."""
+    return Refused(f"{what}: {describe_error(exc, SHOWN_BY_DEBUG)}")
 
 
 def pytorch_call(what, function, failure=pytorch_failure, field_errors=None):
@@ -495,9 +500,9 @@ def refuse_old_torch(version):
     """Refuse a PyTorch older than OLDEST_TORCH; only the leading digits count ("2.4.0a0+git…" is 2.4)."""
     found = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", version) if isinstance(version, str) else None
     if found and tuple(map(int, found.groups())) < OLDEST_TORCH:
-        raise KitError(
+        raise Refused(
             f"PyTorch {'.'.join(map(str, OLDEST_TORCH))} or later is needed to measure; this is PyTorch "
-            f"{quoted(version)}: nothing measured, nothing written"
+            f"{quoted(version)}"
         )
 
 
@@ -1622,13 +1627,11 @@ def check_new_output(path):
             os.close(descriptor)
     except (OSError, ValueError) as error:  # ValueError: a NUL character, or a name the OS cannot encode
         if getattr(error, "errno", None) in (errno.EPERM, errno.ENOTSUP):  # link(2): no hard links here
-            raise KitError(
+            raise Refused(
                 f"--output: cannot create {name_as_typed(path)}: its folder's file system has no hard links "
-                f"({error.strerror}), which the never-overwriting write needs; nothing measured"
+                f"({error.strerror}), which the never-overwriting write needs"
             ) from None
-        raise KitError(
-            f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}; nothing measured"
-        ) from None
+        raise Refused(f"--output: cannot create {name_as_typed(path)}: {describe_error(error)}") from None
     finally:
         temporary.remove()
     return path
@@ -1714,11 +1717,11 @@ def fit_problem(plan, environment):
 
 
 def measure(config, tool):
-    """The measurement on the GPU; returns the result (writes nothing), else KitError or MeasurementFailed."""
+    """The measurement on the GPU; returns the result (writes nothing), else Refused or MeasurementFailed."""
     model = synthetic_model(config)
     torch, torch_error = import_torch()
     if torch is None:
-        raise KitError(f"PyTorch is not importable ({torch_error}); {KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}")
+        raise Refused(f"PyTorch is not importable ({torch_error}): {RUN_ON_THE_GPU_BOX}")
     # The release is judged before any query that could start CUDA.
     refuse_old_torch(pytorch_call("torch", lambda: pytorch_text("torch", torch.__version__), None))
     on = config["device"]  # a set-up step's failure is a refusal (exit 2) naming the step and the device
@@ -1786,40 +1789,40 @@ FRESH_PROCESS_WARNING = (
 def _refuse_what_cannot_run(torch, config, index, plan, environment):
     """Refuse, before any GPU allocation, what cannot run or is predicted not to fit."""
     if ALLOCATOR_REFUSED in environment["field_errors"].values():
-        raise KitError(f"{ALLOCATOR_REFUSED}; {KitError.nothing_written}")
+        raise Refused(ALLOCATOR_REFUSED)
     if not environment["gpu_available"]:
-        raise KitError(
-            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback, "
-            f"{KitError.nothing_written}: {RUN_ON_THE_GPU_BOX}"
+        raise Refused(
+            f"no usable GPU for {config['device']}: {environment['gpu_unavailable_reason']}; no CPU fallback: "
+            f"{RUN_ON_THE_GPU_BOX}"
         )
     problem = pytorch_call(
         f"the dtype probe failed on {config['device']}", lambda: _dtype_problem(torch, index, config["dtype"])
     )
     if problem:
-        raise KitError(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
+        raise Refused(f"--dtype {config['dtype']}: {problem} ({environment['gpu']['name']})")
     problem = fit_problem(plan, environment)
     if problem:
-        raise KitError(problem)
+        raise Refused(problem)
     host_bytes = _host_memory_bytes()
     cpu_build_bytes = plan["needs_host_memory_bytes"]
     if host_bytes is not None and cpu_build_bytes > host_bytes:
-        raise KitError(
+        raise Refused(
             f"building the model on the CPU needs {in_units(cpu_build_bytes)} GiB, more than this "
             f"machine's {in_units(host_bytes)} GiB of RAM: shrink --width"
         )
 
 
 def _measurement_failed(torch, config, failure):
-    """The MeasurementFailed (exit 3) for a failed phase: out of memory named as such."""
+    """The MeasurementFailed (exit 3) for a failed phase: out of memory named as such; nothing written."""
     dimensions = ", ".join(f"{key} {config[key]}" for key in ("batch", "context", "width", "dtype"))
     error = failure.error
     CapturedPyTorch.note(error)  # out of memory too: --debug shows PyTorch's message
     if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
-        return MeasurementFailed(
-            f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}: "
-            "nothing written; shrink one dimension and retry in a new process"
-        )
-    return pytorch_failure(f"phase {failure.phase} failed ({dimensions})", error, MeasurementFailed)
+        failed = f"out of memory in phase {failure.phase} ({dimensions}) on {config['device']}"
+        failed += ": shrink one dimension and retry in a new process"
+    else:
+        failed = f"phase {failure.phase} failed ({dimensions}): {describe_error(error, SHOWN_BY_DEBUG)}"
+    return MeasurementFailed(f"{failed}; nothing written")
 
 
 def measure_to_file(config, output_path, tool, debug):
@@ -2488,18 +2491,15 @@ def probe_device(device):
 
     status, out, _ = run_child(["environment", "--device", device, "--json"], SWEEP_PROBE_TIMEOUT_S)
     if status is None:
-        raise KitError(f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s; nothing measured")
+        raise Refused(f"the child reading {device} did not answer within {SWEEP_PROBE_TIMEOUT_S} s")
     try:
         environment = json.loads(out.decode("utf-8")) if status == 0 else None
     except ValueError:  # not UTF-8, not JSON
         environment = None
     if not isinstance(environment, dict) or not isinstance(environment.get("gpu"), (dict, type(None))):
-        raise KitError(f"the child reading {device} failed (exit status {status}); nothing measured")
+        raise Refused(f"the child reading {device} failed (exit status {status})")
     if not environment.get("gpu_available") or not environment.get("gpu"):
-        raise KitError(
-            f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}; nothing measured, "
-            f"no folder created: {RUN_ON_THE_GPU_BOX}"
-        )
+        raise Refused(f"no usable GPU for {device}: {environment.get('gpu_unavailable_reason')}: {RUN_ON_THE_GPU_BOX}")
     return environment
 
 

@@ -553,10 +553,10 @@ MESSAGES = {
     "--output empty": "--output: a new file name is required",
     "device out of range": "{device} is out of range: PyTorch sees {count} device(s)",
     "estimate: --bits missing": "estimate: the following arguments are required: --bits",
-    "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
+    "--output cannot create": "--output: cannot create {name}: {error}",
     "--output no hard links": (
         "--output: cannot create {name}: its folder's file system has no hard links ({error}), which the "
-        "never-overwriting write needs; nothing measured"
+        "never-overwriting write needs"
     ),
     "--output appeared meanwhile": "--output: {name} appeared meanwhile; nothing overwritten",
     "--output cannot write": "--output: cannot write {name}: {error}; nothing written",
@@ -564,9 +564,7 @@ MESSAGES = {
         "PyTorch already held GPU memory in this process before the measurement: this is not a fresh process and "
         "the figures are not comparable; restart it"
     ),
-    "PyTorch too old": (
-        "PyTorch 2.4 or later is needed to measure; this is PyTorch {version}: nothing measured, nothing written"
-    ),
+    "PyTorch too old": "PyTorch 2.4 or later is needed to measure; this is PyTorch {version}",
     "BLAS workspaces beyond the allowance": (
         "the BLAS workspaces measured ({kept} bytes kept, {per_call} per call) exceed the plan's {allowance}-byte "
         "allowance: --plan and its fit rule understate this run"
@@ -575,13 +573,13 @@ MESSAGES = {
     "run it on the GPU box": (
         "run this on the GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
     ),
-    "PyTorch not importable, nothing measured": (
-        "PyTorch is not importable ({error}); nothing measured, no file written: run this on the GPU box, with a "
-        "CUDA or ROCm build of PyTorch (measure --plan works here)"
+    "PyTorch not importable, run it on the GPU box": (
+        "PyTorch is not importable ({error}): run this on the GPU box, with a CUDA or ROCm build of PyTorch "
+        "(measure --plan works here)"
     ),
-    "no usable GPU, nothing measured": (
-        "no usable GPU for {device}: {reason}; no CPU fallback, nothing measured, no file written: run this on the "
-        "GPU box, with a CUDA or ROCm build of PyTorch (measure --plan works here)"
+    "no usable GPU, run it on the GPU box": (
+        "no usable GPU for {device}: {reason}; no CPU fallback: run this on the GPU box, with a CUDA or ROCm build "
+        "of PyTorch (measure --plan works here)"
     ),
     "dtype not supported": "--dtype {dtype}: {problem} ({gpu})",
     "bfloat16 not native": "bfloat16 is not supported natively by this GPU",
@@ -590,13 +588,13 @@ MESSAGES = {
         "building the model on the CPU needs {needed} GiB, more than this machine's {available} GiB of RAM: "
         "shrink --width"
     ),
-    "set-up step failed": "{step} failed on {device}: {error}; nothing measured, no file written",
+    "set-up step failed": "{step} failed on {device}: {error}",
     "phase out of memory": (
-        "out of memory in phase {phase} ({dimensions}) on {device}: nothing written; shrink one dimension and "
-        "retry in a new process"
+        "out of memory in phase {phase} ({dimensions}) on {device}: shrink one dimension and retry in a new "
+        "process; nothing written"
     ),
     "phase failed": "phase {phase} failed ({dimensions}): {error}; nothing written",
-    "seeding failed": "seeding failed: {error}; nothing measured, no file written",
+    "seeding failed": "seeding failed: {error}",
     "--device not cuda:N": "--device: expected cuda:N (for example cuda:0), got {device}",
     "positive whole number": (
         "{option}: expected a positive whole number of at most 30 ASCII digits, no leading zero, got {value}"
@@ -695,7 +693,6 @@ MESSAGES = {
     "withheld text": "WithheldText: PyTorch's {name} is not {expected} (withheld)",
     "GPU properties unreadable": "the properties of {device} cannot be read",
     "allocator settings refused": "PyTorch refused its allocator settings (its message is not kept: it may echo them)",
-    "allocator settings refused, nothing measured": "{refused}; nothing measured, no file written",
     "bounded trial": (
         "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
         "(a measurement is a short, bounded trial), got {value}"
@@ -706,6 +703,14 @@ MESSAGES = {
 def error_line(message, prog="mesure_memoire.py"):
     """A refusal as the program prints it on stderr: its name, "error", the message, one line."""
     return f"{prog}: error: {message}\n"
+
+
+NOTHING_MEASURED = "nothing measured, nothing written"
+
+
+def refused(message):
+    """A refusal of measure or sweep before its GPU work, as its line says it: the message, then NOTHING_MEASURED."""
+    return f"{message}; {NOTHING_MEASURED}"
 
 
 def message_pattern(key, **values):

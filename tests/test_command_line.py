@@ -25,6 +25,7 @@ import mesure_memoire
 from conftest import (
     MEASURE,
     MESSAGES,
+    NOTHING_MEASURED,
     ROOT,
     SMALL_TRIAL,
     assert_one_line,
@@ -436,7 +437,7 @@ MEASURE_REFUSALS = [
     ([*MEASURE, "--output", ""], "a new file name is required", ""),
     ([*MEASURE, "--output", "no\nwhere/o.json"], "'no\\nwhere/o.json' does not exist", ""),
     ([*MEASURE, "--output", LONG_NAME], "too long", "(305 characters)"),
-    ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", "nothing measured"),
+    ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", NOTHING_MEASURED),
     ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
 ]
 

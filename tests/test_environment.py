@@ -25,6 +25,7 @@ from conftest import (
     plain_ids,
     private_texts,
     raising,
+    refused,
     run_script,
 )
 
@@ -178,7 +179,7 @@ def test_an_import_error_quoting_a_path_list_is_scrubbed_in_the_refusal_of_measu
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "new.json"]) == 2
     captured = capsys.readouterr()
     scrubbed = MESSAGES["torch import error, scrubbed"].format(type="ImportError")
-    said = MESSAGES["PyTorch not importable, nothing measured"].format(error=scrubbed)
+    said = refused(MESSAGES["PyTorch not importable, run it on the GPU box"].format(error=scrubbed))
     assert captured.err == error_line(said)
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "new.json", "--debug"]) == 2
     *shown, last = capsys.readouterr().err.splitlines()
@@ -195,7 +196,7 @@ def test_a_name_the_file_system_cannot_encode_keeps_its_character_in_the_refusal
         "UnicodeEncodeError: 'utf-8' codec can't encode character '\\ud800' in position 0: surrogates not allowed"
     )
     said = MESSAGES["--output cannot create"].format(name="'\\ud800.json'", error=python_says)
-    assert capsys.readouterr().err == error_line(said)
+    assert capsys.readouterr().err == error_line(refused(said))
 
 
 # --- the device probes (stand-ins record the device index of every query) -----------------------------
@@ -536,11 +537,10 @@ def test_a_refusal_of_the_settings_in_any_query_echoes_no_key(stand_in_gpu, monk
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json"]) == 0
     out = capsys.readouterr().out
     assert "secret_key_42" not in out
-    refused = MESSAGES["allocator settings refused"]
-    assert refused in json.loads(out)["field_errors"].values()
+    settings_refused = MESSAGES["allocator settings refused"]
+    assert settings_refused in json.loads(out)["field_errors"].values()
     assert mesure_memoire.main(["measure", "--device", "cuda:0", "--output", "never.json"]) == 2
-    err = capsys.readouterr().err
-    assert err == error_line(MESSAGES["allocator settings refused, nothing measured"].format(refused=refused))
+    assert capsys.readouterr().err == error_line(refused(settings_refused))
 
 
 @pytest.mark.parametrize(

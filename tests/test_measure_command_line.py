@@ -36,6 +36,7 @@ from conftest import (
     error_line,
     message_pattern,
     no_gpu_here,
+    refused,
     run_in_process,
     run_script,
     sigint_as_from_a_terminal,
@@ -43,7 +44,7 @@ from conftest import (
     tree_digest,
 )
 
-NO_GPU = error_line(message_pattern("no usable GPU, nothing measured", device="cuda:0"))
+NO_GPU = error_line(refused(message_pattern("no usable GPU, run it on the GPU box", device="cuda:0")))
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
 pytestmark = pytest.mark.usefixtures("no_earlier_warnings")
@@ -68,8 +69,8 @@ def test_stand_in_a_device_out_of_range_is_refused(stand_in_gpu, tmp_path, capsy
     stand_in_gpu(count=1)
     assert mesure_memoire.main(["measure", "--device", "cuda:1", "--output", str(tmp_path / "o.json")]) == 2
     reason = MESSAGES["device out of range"].format(device="cuda:1", count=1)
-    said = MESSAGES["no usable GPU, nothing measured"].format(device="cuda:1", reason=reason)
-    assert capsys.readouterr().err == error_line(said)
+    said = MESSAGES["no usable GPU, run it on the GPU box"].format(device="cuda:1", reason=reason)
+    assert capsys.readouterr().err == error_line(refused(said))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -99,7 +100,7 @@ DIMENSIONS = "batch 1, context 16, width 64, dtype float32"
 
 
 def set_up_failed(step):
-    return MESSAGES["set-up step failed"].format(step=step, device="cuda:0", error=SHOWN_BOOM)
+    return refused(MESSAGES["set-up step failed"].format(step=step, device="cuda:0", error=SHOWN_BOOM))
 
 
 def phase_failed(phase, error=SHOWN_BOOM):
@@ -119,7 +120,7 @@ WITHHELD = MESSAGES["withheld: --debug shows it"].format(type="RuntimeError")
         ("torch.cuda", "init", "float32", 2, set_up_failed("torch.cuda.init")),
         ("torch.cuda", "memory_allocated", "float32", 2, set_up_failed("torch.cuda.memory_allocated")),
         ("torch.cuda", "memory_reserved", "float32", 2, set_up_failed("torch.cuda.memory_reserved")),
-        ("torch", "manual_seed", "float32", 2, MESSAGES["seeding failed"].format(error=SHOWN_BOOM)),
+        ("torch", "manual_seed", "float32", 2, refused(MESSAGES["seeding failed"].format(error=SHOWN_BOOM))),
         ("stand-in", "synchronize", "float32", 3, phase_failed("inputs", WITHHELD)),  # an error not allow-listed
         ("stand-in", "Event", "float32", 3, phase_failed("model_load")),
         ("kit", "summarize_output", "float32", 3, phase_failed("output_summary")),

@@ -19,6 +19,7 @@ from conftest import (
     RecordingCudaStandIn,
     error_line,
     kit_error_of,
+    refused,
     run_in_process,
     stand_in_measurement,
 )
@@ -100,7 +101,7 @@ def test_a_folder_without_hard_links_is_refused_before_measuring(folder, capsys,
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])  # no temporary left
     assert (code, captured.out) == (2, "")
     said = os.strerror(error)
-    assert captured.err == error_line(MESSAGES["--output no hard links"].format(name="o.json", error=said))
+    assert captured.err == error_line(refused(MESSAGES["--output no hard links"].format(name="o.json", error=said)))
     assert stand_in_measure == [], "nothing measured"
 
 
@@ -191,5 +192,5 @@ def test_a_temporary_name_already_taken_is_refused_and_that_file_kept(folder, ca
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])  # every file kept as it was
     assert code == 2
     said = MESSAGES["--output cannot create"].format(name="o.json", error="FileExistsError: [Errno 17] File exists")
-    assert captured.err == error_line(said)
+    assert captured.err == error_line(refused(said))
     assert stand_in_measure == [], "nothing measured"

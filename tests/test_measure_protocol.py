@@ -35,6 +35,7 @@ from conftest import (
     plain_id,
     plain_ids,
     raising,
+    refused,
     run_in_process,
     stand_in_measurement,
 )
@@ -226,9 +227,8 @@ def test_the_dtype_probe_asks_the_chosen_device(stand_in_gpu, monkeypatch, dtype
     if expected is None:
         assert measures(monkeypatch, settings)["configuration"]["dtype"] == dtype
     else:
-        assert str(measure_refusal(settings)) == MESSAGES["dtype not supported"].format(
-            dtype=dtype, problem=expected, gpu="Stand-in GPU"
-        )
+        said = MESSAGES["dtype not supported"].format(dtype=dtype, problem=expected, gpu="Stand-in GPU")
+        assert str(measure_refusal(settings)) == refused(said)
 
 
 # --- measure(): every refusal's words, the devices it names, the result it returns ---------------------
@@ -387,9 +387,8 @@ def test_a_pytorch_release_is_read_from_its_leading_digits(version):
 
 @pytest.mark.parametrize("version", ["2.3.0a0+81ea7a4", "1.13.1+cu117"])
 def test_a_pytorch_below_2_4_is_refused_naming_both_versions(version):
-    assert kit_error_of(mesure_memoire.refuse_old_torch, version) == MESSAGES["PyTorch too old"].format(
-        version=repr(version)
-    )
+    said = MESSAGES["PyTorch too old"].format(version=repr(version))
+    assert kit_error_of(mesure_memoire.refuse_old_torch, version) == refused(said)
 
 
 def test_measure_refuses_an_old_pytorch_before_any_gpu_work(stand_in_gpu, monkeypatch, folder, capsys):
@@ -400,7 +399,7 @@ def test_measure_refuses_an_old_pytorch_before_any_gpu_work(stand_in_gpu, monkey
     monkeypatch.setattr(mesure_memoire, "collect_environment", lambda device: pytest.fail("the GPU was queried"))
     code, captured = run_in_process(capsys, folder, [*MEASURE, "--output", "o.json"])
     assert code == 2
-    assert captured.err == error_line(MESSAGES["PyTorch too old"].format(version="'2.3.1'"))
+    assert captured.err == error_line(refused(MESSAGES["PyTorch too old"].format(version="'2.3.1'")))
 
 
 def workspace(kept_bytes, fc1_bytes, fc2_bytes):
@@ -433,9 +432,8 @@ def test_measure_refuses_a_model_too_large_for_the_host_memory_with_both_figures
     stand_in_gpu()
     host_memory(monkeypatch, 4096, GIB // 4096)
     # 8 * 8192**2 + 5 * 8192 parameters, built in float32 first: 2147647488 bytes.
-    assert str(measure_refusal(config(width=8192))) == MESSAGES["host RAM too small"].format(
-        needed="2.00", available="1.00"
-    )
+    said = MESSAGES["host RAM too small"].format(needed="2.00", available="1.00")
+    assert str(measure_refusal(config(width=8192))) == refused(said)
     host_memory(monkeypatch, 256, 517)  # 8 * 64 * 64 * 4 + 5 * 64 * 4 = 132352 bytes: 517 pages, exactly enough
     assert measures(monkeypatch, config())["tool"] == "t"
     for error in (ValueError, OSError, AttributeError):  # unknown: not checked

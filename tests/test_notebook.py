@@ -15,7 +15,7 @@ import pytest
 
 import build_notebook
 import mesure_memoire
-from conftest import MESSAGES, ROOT, code_cells_as_script, tree_digest
+from conftest import MESSAGES, NOTHING_MEASURED, ROOT, code_cells_as_script, tree_digest
 
 REPORT_DATA = ROOT / "tests" / "data" / "report"
 NOTEBOOK = ROOT / "mesure-memoire.ipynb"
@@ -305,8 +305,7 @@ def test_run_all_completes_without_error_and_without_a_gpu_measures_nothing_and_
     assert "GPU usable            no" in stdout_of(cells["run-environment"])
     measured = stdout_of(cells["run-measure"])
     assert measured.startswith("Measurement refused: no usable GPU for cuda:0")
-    assert measured.count("nothing measured") == 1, measured
-    assert measured.count("no file written") == 1, measured
+    assert measured.count(NOTHING_MEASURED) == 1, measured
     assert stdout_of(cells["run-results"]) == "Nothing to show: this kernel wrote no measurement.\n"
     assert stdout_of(cells["run-figure"]) == MESSAGES["figure: nothing to draw"]
     assert sorted(p.name for p in folder.iterdir()) == [NOTEBOOK.name]

@@ -30,6 +30,7 @@ from conftest import (
     plain_id,
     plain_ids,
     plan,
+    refused,
     run_script,
 )
 
@@ -150,10 +151,10 @@ def test_the_fit_check_uses_the_predicted_peak_and_the_free_memory(stand_in_gpu,
         monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("the GPU was touched"))
         assert mesure_memoire.main([*MEASURE_TRIAL[:3], *sizes, "--output", str(tmp_path / "o.json")]) == 2
         err = capsys.readouterr().err
-        assert re.fullmatch(error_line(message_pattern(refusal)), err), err
+        assert re.fullmatch(error_line(refused(message_pattern(refusal))), err), err
     source = "free (mem_get_info)"
     facts = dict(peak=peak, peak_gib="1.06", free=needed - 1, source=source, advice=MESSAGES["shrink context"])
-    assert re.fullmatch(error_line(message_pattern("predicted peak does not fit", **facts)), err), err
+    assert re.fullmatch(error_line(refused(message_pattern("predicted peak does not fit", **facts))), err), err
     assert list(tmp_path.iterdir()) == []
 
 

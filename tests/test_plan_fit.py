@@ -22,6 +22,7 @@ from conftest import (
     host_memory,
     message_pattern,
     plan,
+    refused,
 )
 
 # PyTorch warnings recorded by earlier tests would show in field_errors: each test starts from none.
@@ -157,7 +158,7 @@ def test_measure_accepts_every_largest_size_on_that_card_with_its_context(
             argv = ["measure", "--device", "cuda:0", *(item for pair in run.items() for item in pair)]
             assert mesure_memoire.main([*argv, "--output", "o.json"]) == 2
             err = capsys.readouterr().err
-            assert re.fullmatch(error_line(message_pattern(refusal)), err), (dimension, value, err)
+            assert re.fullmatch(error_line(refused(message_pattern(refusal))), err), (dimension, value, err)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -203,7 +204,7 @@ def test_the_plan_states_the_host_memory_that_measure_checks(stand_in_gpu, monke
     host_memory(monkeypatch, 1, 132351)  # one byte less than the plan states
     assert mesure_memoire.main([*MEASURE_TRIAL, "--output", "o.json"]) == 2
     said = MESSAGES["host RAM too small"].format(needed="0.00", available="0.00")
-    assert capsys.readouterr().err == error_line(said)
+    assert capsys.readouterr().err == error_line(refused(said))
 
 
 @pytest.mark.whole_kit

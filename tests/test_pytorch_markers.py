@@ -22,6 +22,7 @@ from conftest import (
     assert_one_line_refusal,
     code_cells_as_script,
     private_texts,
+    refused,
 )
 
 MARKER = "zq7hunter2"
@@ -125,5 +126,6 @@ def test_a_marker_that_stops_pytorch_s_import_ends_in_a_one_line_refusal(tmp_pat
     arguments = [sys.executable, MESURE_SCRIPT, "measure", "--device", "cuda:0", "--output", "x.json"]
     completed = run(arguments, tmp_path, marked(name, "TORCH_CPP_LOG_LEVEL"))
     error = MESSAGES["torch import error, scrubbed"].format(type="ValueError")
-    assert_one_line_refusal(completed, MESSAGES["PyTorch not importable, nothing measured"].format(error=error))
+    said = refused(MESSAGES["PyTorch not importable, run it on the GPU box"].format(error=error))
+    assert_one_line_refusal(completed, said)
     assert list(tmp_path.iterdir()) == []

@@ -17,6 +17,7 @@ from conftest import (
     GIB,
     MESSAGES,
     MESURE_SCRIPT,
+    NOTHING_MEASURED,
     ROOT,
     assert_one_line,
     assert_one_line_refusal,
@@ -212,7 +213,7 @@ def test_without_a_gpu_the_real_probe_refuses_and_no_folder_stays(tmp_path):
         cwd=tmp_path,
         timeout=120,
     )
-    assert_one_line_refusal(completed, "no usable GPU for cuda:0", "no folder created", "run this on the GPU box")
+    assert_one_line_refusal(completed, "no usable GPU for cuda:0", "run this on the GPU box", NOTHING_MEASURED)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -274,6 +275,7 @@ def test_the_readme_sweep_stops_at_the_first_exit_3_and_reports_what_it_wrote(st
     assert [call[5] for call in stand_in.calls()[1:]] == ["--width=256", "--width=512", "--width=1024", "--width=2048"]
     progress = "".join(f"width {w}: measured, sweep-width/mesures-width-{w}.json\n" for w in (256, 512, 1024))
     assert out.startswith(progress + "Sweep stopped: width 2048: the child failed (exit status 3): ")
+    assert NOTHING_MEASURED not in out  # it measured three widths
     assert sorted(os.listdir("sweep-width")) == sorted(os.listdir(crafted))
     # The section's second command reads the folder again: the same table as the sweep's end.
     report = section.split("```console\n")[2].split("\n```", 1)[0]
@@ -324,11 +326,11 @@ NO_GPU = "torch.cuda.is_available() is False (stand-in)"
 @pytest.mark.parametrize(
     ("probe", "env", "said"),
     [
-        ({"exit": 1}, None, ["reading cuda:0 failed (exit status 1)", "nothing measured"]),
+        ({"exit": 1}, None, ["reading cuda:0 failed (exit status 1)", NOTHING_MEASURED]),
         ({"stdout": "not JSON"}, None, ["reading cuda:0 failed (exit status 0)"]),
         ({"stdout": '{"gpu": 1}'}, None, ["reading cuda:0 failed (exit status 0)"]),
-        ({}, {**environment(), "gpu": None}, ["no usable GPU for cuda:0: None", "no folder created"]),
-        ({}, environment(available=False), [f"no usable GPU for cuda:0: {NO_GPU};", "run this on the GPU box"]),
+        ({}, {**environment(), "gpu": None}, ["no usable GPU for cuda:0: None", NOTHING_MEASURED]),
+        ({}, environment(available=False), [f"no usable GPU for cuda:0: {NO_GPU}: run this on the GPU box"]),
         ({}, {**environment(), "torch": "2.3.1+cu121"}, ["PyTorch 2.4 or later", "PyTorch '2.3.1+cu121'"]),
     ],
     ids=["exit-1-with-an-environment", "not-JSON", "gpu-not-an-object", "available-but-no-gpu", "no-GPU", "torch-2.3"],
@@ -345,7 +347,7 @@ def test_a_probe_that_hangs_is_stopped_and_said(stand_in, capsys, monkeypatch):
     monkeypatch.setattr(mesure_memoire, "SWEEP_PROBE_TIMEOUT_S", 1)
     stand_in({"256": "write"}, probe={"hang": True})
     assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 2
-    assert_one_line(capsys.readouterr().err, "reading cuda:0 did not answer within 1 s", "nothing measured")
+    assert_one_line(capsys.readouterr().err, "reading cuda:0 did not answer within 1 s", NOTHING_MEASURED)
     assert os.listdir(".") == []
 
 

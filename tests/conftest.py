@@ -673,39 +673,7 @@ MESSAGES = {
         "the predicted peak, {peak} bytes ({peak_gib} GiB), exceeds the {free} bytes ({free_gib} GiB) {source} "
         "less a 1.00 GiB margin: {advice}"
     ),
-    "report: not a kit result": "report: {file} is not a kit result: {why}",
-    # The one description of a result's format (RESULT_FORMAT): the first wrong field, what it must be.
-    "report: wrong field": "{field}: expected {what}, got {value}",
-    "report: not an object": "expected an object, got {value}",
-    "report: a count": "a whole number >= 0 of at most 30 digits",
-    "report: a positive count": "a whole number > 0 of at most 30 digits",
-    "report: a name": "null or text of at most 256 characters",
-    "report: a time": "null or a time >= 0",
-    "report: text": "null or text",
-    "report: a boolean": "true or false",
-    "report: null or a boolean": "null, true or false",
-    "report: a steady time": "a time >= 0",
-    "report: a list": "a list",
-    "report: an object": "an object",
-    "report: null or an object": "null or an object",
-    "report: this kit": "'iteragpu-lab-v1'",
-    "report: this schema": "8, this kit's (measure again with this kit)",
-    "report: a dtype": "one of float32, float16, bfloat16",
-    "report: a phase": "one of model_load, inputs, cold_forward, warmup, warm_forward",
-    "report: cold and warm lines": "one cold_forward line and at least one warm_forward line",
-    "report: allocator settings": "null or the allocator settings measure writes",
-    "report: does not exist": (
-        "report: {file} does not exist: check its name, or run measure on the GPU box first (its --output names "
-        "the file)"
-    ),
-    "report: cannot be opened": "report: {file} cannot be opened ({error})",
-    "report: cannot be read": "report: {file} cannot be read ({error})",
-    "report: FILE missing": "report: the following arguments are required: FILE",
     "not a regular file": "not a regular file",
-    "report: larger than 32 MiB": "larger than 32 MiB",
-    "report: too long or deep": "a number too long or a nesting too deep to read ({error})",
-    "report: not JSON": "not JSON ({error})",
-    "report: not UTF-8": "not UTF-8 text",
     "tool: the kit missing": "{prog}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)"
     "\n",
     "validator interrupted": (

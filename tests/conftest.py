@@ -588,12 +588,6 @@ MESSAGES = {
     "matplotlib too old": "matplotlib {version} cannot draw: 3.5 or later is needed (the tables stay)",
     "no figure": "No figure: {why}",
     "--dtype not a kit dtype": "--dtype: expected one of float32, float16, bfloat16, got {value}",
-    "calculator: not allowed with": "{option}: not allowed with {mode}",
-    "calculator: file name empty": "{option}: expected a file name, got ''",
-    "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required; see --help",
-    "calculator: --days required": "--days is required with {mode} (3, 7 or 30)",
-    "calculator: unknown GPU": "{option}: unknown GPU {gpu}; {closest}see --list for every slug",
-    "calculator: --gpu without value": "argument --gpu: expected one argument",
     "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
     "interrupted, no partial file": "mesure_memoire.py: interrupted ({signal}); no partial file left behind\n",
     "--output empty": "--output: a new file name is required",
@@ -673,29 +667,12 @@ MESSAGES = {
         "the predicted peak, {peak} bytes ({peak_gib} GiB), exceeds the {free} bytes ({free_gib} GiB) {source} "
         "less a 1.00 GiB margin: {advice}"
     ),
-    "not a regular file": "not a regular file",
     "tool: the kit missing": "{prog}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)"
     "\n",
     "validator interrupted": (
         "gpu_validation.py: interrupted ({signal}): the running child killed; "
         "the verdict and archive of the checks decided written\n"
     ),
-    "option given twice": "argument {option}: given twice",
-    "calculator: nothing computed": "{what}: {reason}; nothing computed",
-    "calculator: larger than": "larger than {limit} bytes",
-    "calculator: cannot be read": "cannot be read ({error})",
-    "calculator: not a plan": "not a plan: expected the JSON of mesure_memoire.py measure --plan --json",
-    "calculator: plan encoding": "not a plan: neither UTF-8 nor UTF-16 with a byte order mark",
-    "calculator: invalid plan": "a plan with a missing or invalid configuration or needs figure",
-    "calculator: unknown plan schema": "plan_schema_version {version} is not one this calculator reads (1)",
-    "calculator: closest": "closest: {slugs}; ",
-    "calculator: no run recorded": "no run recorded yet (header only): add one row per real run",
-    "calculator: outside the folder": "resolves outside the results file's folder (through a link)",
-    "calculator: measurement files too large": (
-        "the distinct measurement files named so far total more than {bound} bytes, the most --results hashes "
-        "(a bound on its time)"
-    ),
-    "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
     "calculator: not a positive whole number": "{option}: expected a positive whole number, got {value}",
     "torch import error, scrubbed": (
         '{type} at import; --debug (or python -c "import torch") shows PyTorch\'s message'

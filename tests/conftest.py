@@ -592,7 +592,6 @@ MESSAGES = {
     "interrupted, no partial file": "mesure_memoire.py: interrupted ({signal}); no partial file left behind\n",
     "--output empty": "--output: a new file name is required",
     "device out of range": "{device} is out of range: PyTorch sees {count} device(s)",
-    "estimate: --bits missing": "estimate: the following arguments are required: --bits",
     "--output cannot create": "--output: cannot create {name}: {error}; nothing measured",
     "--output no hard links": (
         "--output: cannot create {name}: its folder's file system has no hard links ({error}), which the "
@@ -641,16 +640,6 @@ MESSAGES = {
     "positive whole number": (
         "{option}: expected a positive whole number of at most 30 ASCII digits, no leading zero, got {value}"
     ),
-    "whole number at least": (
-        "{option}: expected a whole number >= {minimum} of at most 30 ASCII digits, no leading zero, got {value}"
-    ),
-    "whole number in range": (
-        "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero, got {value}"
-    ),
-    "number >= 0": (
-        "{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one decimal point "
-        "between digits (at most 30 digits on each side), got {value}"
-    ),
     "--device and --output required unless --plan": (
         "--device and --output are required (unless --plan, which measures nothing and writes nothing)"
     ),
@@ -673,7 +662,6 @@ MESSAGES = {
         "gpu_validation.py: interrupted ({signal}): the running child killed; "
         "the verdict and archive of the checks decided written\n"
     ),
-    "calculator: not a positive whole number": "{option}: expected a positive whole number, got {value}",
     "torch import error, scrubbed": (
         '{type} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
     ),

@@ -577,9 +577,6 @@ NO_TIMING = {
 # --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
 # (a change of wording is one edit here, with the code and the README).
 MESSAGES = {
-    "shrink context": "shrink --context (the activations dominate)",
-    "shrink batch": "shrink --batch (the activations dominate)",
-    "shrink width": "shrink --width (the weights dominate)",
     "no CUDA or ROCm build": "this PyTorch build has no CUDA or ROCm support",
     "no GPU visible": "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)",
     "cannot write the output": "cannot write the output: {error}",
@@ -587,7 +584,6 @@ MESSAGES = {
     "matplotlib not importable": "matplotlib is not importable in this kernel (the tables stay)",
     "matplotlib too old": "matplotlib {version} cannot draw: 3.5 or later is needed (the tables stay)",
     "no figure": "No figure: {why}",
-    "--dtype not a kit dtype": "--dtype: expected one of float32, float16, bfloat16, got {value}",
     "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
     "interrupted, no partial file": "mesure_memoire.py: interrupted ({signal}); no partial file left behind\n",
     "--output empty": "--output: a new file name is required",
@@ -637,24 +633,8 @@ MESSAGES = {
     "phase failed": "phase {phase} failed ({dimensions}): {error}; nothing written",
     "seeding failed": "seeding failed: {error}; nothing measured, no file written",
     "--device not cuda:N": "--device: expected cuda:N (for example cuda:0), got {device}",
-    "positive whole number": (
-        "{option}: expected a positive whole number of at most 30 ASCII digits, no leading zero, got {value}"
-    ),
     "--device and --output required unless --plan": (
         "--device and --output are required (unless --plan, which measures nothing and writes nothing)"
-    ),
-    "--plan with --output": "--plan writes nothing: drop --output",
-    "--json or --memory-gib without --plan": (
-        "--json and --memory-gib go with --plan; measure writes its JSON to --output"
-    ),
-    "--memory-gib not a card's memory": (
-        "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most one "
-        "decimal point between digits (80, 0.5), got {value}"
-    ),
-    "does not fit the card": "the run does not fit a card of {gib} GiB (exit 3)",
-    "predicted peak does not fit": (
-        "the predicted peak, {peak} bytes ({peak_gib} GiB), exceeds the {free} bytes ({free_gib} GiB) {source} "
-        "less a 1.00 GiB margin: {advice}"
     ),
     "tool: the kit missing": "{prog}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)"
     "\n",
@@ -675,10 +655,6 @@ MESSAGES = {
     "GPU properties unreadable": "the properties of {device} cannot be read",
     "allocator settings refused": "PyTorch refused its allocator settings (its message is not kept: it may echo them)",
     "allocator settings refused, nothing measured": "{refused}; nothing measured, no file written",
-    "bounded trial": (
-        "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
-        "(a measurement is a short, bounded trial), got {value}"
-    ),
 }
 
 

@@ -531,9 +531,6 @@ NO_PER_CALL = {product: {"allocated_bytes": 0, "requested_bytes": 0} for product
 # --- the user-visible messages that several tests compare whole: each one's words in this one table ---------
 # (a change of wording is one edit here, with the code and the README).
 MESSAGES = {
-    "shrink context": "shrink --context (the activations dominate)",
-    "shrink batch": "shrink --batch (the activations dominate)",
-    "shrink width": "shrink --width (the weights dominate)",
     "no CUDA or ROCm build": "this PyTorch build has no CUDA or ROCm support",
     "no GPU visible": "torch.cuda.is_available() is False (no GPU visible, or driver/runtime problem)",
     "cannot write the output": "cannot write the output: {error}",
@@ -541,18 +538,10 @@ MESSAGES = {
     "matplotlib not importable": "matplotlib is not importable in this kernel (the tables stay)",
     "matplotlib too old": "matplotlib {version} cannot draw: 3.5 or later is needed (the tables stay)",
     "no figure": "No figure: {why}",
-    "--dtype not a kit dtype": "--dtype: expected one of float32, float16, bfloat16, got {value}",
-    "calculator: not allowed with": "{option}: not allowed with {mode}",
-    "calculator: file name empty": "{option}: expected a file name, got ''",
-    "calculator: no mode": "one of --gpu, --list, --results or --for-plan is required; see --help",
-    "calculator: --days required": "--days is required with {mode} (3, 7 or 30)",
-    "calculator: unknown GPU": "{option}: unknown GPU {gpu}; {closest}see --list for every slug",
-    "calculator: --gpu without value": "argument --gpu: expected one argument",
     "figure: nothing to draw": "Nothing to draw: this kernel wrote no measurement.\n",
     "interrupted, no partial file": "mesure_memoire.py: interrupted ({signal}); no partial file left behind\n",
     "--output empty": "--output: a new file name is required",
     "device out of range": "{device} is out of range: PyTorch sees {count} device(s)",
-    "estimate: --bits missing": "estimate: the following arguments are required: --bits",
     "--output cannot create": "--output: cannot create {name}: {error}",
     "--output no hard links": (
         "--output: cannot create {name}: its folder's file system has no hard links ({error}), which the "
@@ -596,91 +585,15 @@ MESSAGES = {
     "phase failed": "phase {phase} failed ({dimensions}): {error}; nothing written",
     "seeding failed": "seeding failed: {error}",
     "--device not cuda:N": "--device: expected cuda:N (for example cuda:0), got {device}",
-    "positive whole number": (
-        "{option}: expected a positive whole number of at most 30 ASCII digits, no leading zero, got {value}"
-    ),
-    "whole number at least": (
-        "{option}: expected a whole number >= {minimum} of at most 30 ASCII digits, no leading zero, got {value}"
-    ),
-    "whole number in range": (
-        "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero, got {value}"
-    ),
-    "number >= 0": (
-        "{option}: expected a number >= 0 written with ASCII digits, no leading zero, and at most one decimal point "
-        "between digits (at most 30 digits on each side), got {value}"
-    ),
     "--device and --output required unless --plan": (
         "--device and --output are required (unless --plan, which measures nothing and writes nothing)"
     ),
-    "--plan with --output": "--plan writes nothing: drop --output",
-    "--json or --memory-gib without --plan": (
-        "--json and --memory-gib go with --plan; measure writes its JSON to --output"
-    ),
-    "--memory-gib not a card's memory": (
-        "--memory-gib: expected a card's memory in GiB, more than 0, written with ASCII digits and at most one "
-        "decimal point between digits (80, 0.5), got {value}"
-    ),
-    "does not fit the card": "the run does not fit a card of {gib} GiB (exit 3)",
-    "predicted peak does not fit": (
-        "the predicted peak, {peak} bytes ({peak_gib} GiB), exceeds the {free} bytes ({free_gib} GiB) {source} "
-        "less a 1.00 GiB margin: {advice}"
-    ),
-    "report: not a kit result": "report: {file} is not a kit result: {why}",
-    # The one description of a result's format (RESULT_FORMAT): the first wrong field, what it must be.
-    "report: wrong field": "{field}: expected {what}, got {value}",
-    "report: not an object": "expected an object, got {value}",
-    "report: a count": "a whole number >= 0 of at most 30 digits",
-    "report: a positive count": "a whole number > 0 of at most 30 digits",
-    "report: a name": "null or text of at most 256 characters",
-    "report: a time": "null or a time >= 0",
-    "report: text": "null or text",
-    "report: a boolean": "true or false",
-    "report: null or a boolean": "null, true or false",
-    "report: a steady time": "a time >= 0",
-    "report: a list": "a list",
-    "report: an object": "an object",
-    "report: null or an object": "null or an object",
-    "report: this kit": "'iteragpu-lab-v1'",
-    "report: this schema": "8, this kit's (measure again with this kit)",
-    "report: a dtype": "one of float32, float16, bfloat16",
-    "report: a phase": "one of model_load, inputs, cold_forward, warmup, warm_forward",
-    "report: cold and warm lines": "one cold_forward line and at least one warm_forward line",
-    "report: allocator settings": "null or the allocator settings measure writes",
-    "report: does not exist": (
-        "report: {file} does not exist: check its name, or run measure on the GPU box first (its --output names "
-        "the file)"
-    ),
-    "report: cannot be opened": "report: {file} cannot be opened ({error})",
-    "report: cannot be read": "report: {file} cannot be read ({error})",
-    "report: FILE missing": "report: the following arguments are required: FILE",
-    "not a regular file": "not a regular file",
-    "report: larger than 32 MiB": "larger than 32 MiB",
-    "report: too long or deep": "a number too long or a nesting too deep to read ({error})",
-    "report: not JSON": "not JSON ({error})",
-    "report: not UTF-8": "not UTF-8 text",
     "tool: the kit missing": "{prog}: error: mesure_memoire.py is missing from the kit's folder (the tool imports it)"
     "\n",
     "validator interrupted": (
         "gpu_validation.py: interrupted ({signal}): the running child killed; "
         "the verdict and archive of the checks decided written\n"
     ),
-    "option given twice": "argument {option}: given twice",
-    "calculator: nothing computed": "{what}: {reason}; nothing computed",
-    "calculator: larger than": "larger than {limit} bytes",
-    "calculator: cannot be read": "cannot be read ({error})",
-    "calculator: not a plan": "not a plan: expected the JSON of mesure_memoire.py measure --plan --json",
-    "calculator: plan encoding": "not a plan: neither UTF-8 nor UTF-16 with a byte order mark",
-    "calculator: invalid plan": "a plan with a missing or invalid configuration or needs figure",
-    "calculator: unknown plan schema": "plan_schema_version {version} is not one this calculator reads (1)",
-    "calculator: closest": "closest: {slugs}; ",
-    "calculator: no run recorded": "no run recorded yet (header only): add one row per real run",
-    "calculator: outside the folder": "resolves outside the results file's folder (through a link)",
-    "calculator: measurement files too large": (
-        "the distinct measurement files named so far total more than {bound} bytes, the most --results hashes "
-        "(a bound on its time)"
-    ),
-    "calculator: --days not a duration": "--days: expected 3, 7 or 30 (fixed durations, no proration), got {value}",
-    "calculator: not a positive whole number": "{option}: expected a positive whole number, got {value}",
     "torch import error, scrubbed": (
         '{type} at import; --debug (or python -c "import torch") shows PyTorch\'s message'
     ),
@@ -693,10 +606,6 @@ MESSAGES = {
     "withheld text": "WithheldText: PyTorch's {name} is not {expected} (withheld)",
     "GPU properties unreadable": "the properties of {device} cannot be read",
     "allocator settings refused": "PyTorch refused its allocator settings (its message is not kept: it may echo them)",
-    "bounded trial": (
-        "{option}: expected a whole number from {minimum} to {maximum} in ASCII digits, no leading zero "
-        "(a measurement is a short, bounded trial), got {value}"
-    ),
 }
 
 

@@ -1,7 +1,6 @@
 """`mesure_memoire.py estimate`: integer arithmetic, labels, refusals, standard library only."""
 
 import json
-import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -10,15 +9,7 @@ from fractions import Fraction
 import pytest
 
 import mesure_memoire
-from conftest import (
-    MESSAGES,
-    ROOT,
-    assert_one_line,
-    error_line,
-    kit_error_of,
-    message_pattern,
-    plain_ids,
-)
+from conftest import ROOT, assert_one_line, kit_error_of, plain_ids
 
 
 @pytest.mark.parametrize(
@@ -121,26 +112,26 @@ def test_rounded_and_ratios_keep_every_digit_of_the_largest_figures():
 # --- the one number grammar ---------------------------------------------------------------------------------
 
 
-WHOLE_NUMBERS = [  # (value, minimum, maximum or None, the number or the refusal's MESSAGES key)
+WHOLE_NUMBERS = [  # (value, minimum, maximum or None, the number or what the refusal says it must be)
     ("9" * 30, 1, None, 10**30 - 1),
     (10**30 - 1, 1, None, 10**30 - 1),
     ("0", 0, None, 0),
     (str(2**64 - 1), 0, 2**64 - 1, 2**64 - 1),
     ("7", 3, 7, 7),
     (3, 3, 7, 3),
-    (10**30, 1, None, "positive whole number"),
-    ("0" * 29 + "7", 1, None, "positive whole number"),
-    ("0", 1, None, "positive whole number"),
-    (0, 1, None, "positive whole number"),
-    (-1, 0, None, "whole number at least"),
-    (1, 2, None, "whole number at least"),
-    (None, 0, None, "whole number at least"),
-    (False, 0, None, "whole number at least"),
-    (1.0, 0, None, "whole number at least"),
-    (10**30 - 1, 1, 10**30 - 2, "whole number in range"),
-    ("8", 3, 7, "whole number in range"),
-    (2, 3, 7, "whole number in range"),
-    (2**64, 0, 2**64 - 1, "whole number in range"),
+    (10**30, 1, None, "a positive whole number of at most 30 ASCII digits"),
+    ("0" * 29 + "7", 1, None, "a positive whole number of at most 30 ASCII digits, no leading zero"),
+    ("0", 1, None, "a positive whole number"),
+    (0, 1, None, "a positive whole number"),
+    (-1, 0, None, "a whole number >= 0"),
+    (1, 2, None, "a whole number >= 2"),
+    (None, 0, None, "a whole number >= 0"),
+    (False, 0, None, "a whole number >= 0"),
+    (1.0, 0, None, "a whole number >= 0"),
+    (10**30 - 1, 1, 10**30 - 2, "a whole number from 1 to " + "9" * 29 + "8"),
+    ("8", 3, 7, "a whole number from 3 to 7"),
+    (2, 3, 7, "a whole number from 3 to 7"),
+    (2**64, 0, 2**64 - 1, f"a whole number from 0 to {2**64 - 1}"),
 ]
 WHOLE_NUMBER_IDS = plain_ids([(str(case[0]),) for case in WHOLE_NUMBERS])
 
@@ -152,22 +143,20 @@ def test_whole_number_takes_ascii_digits_or_an_int_within_its_bounds(value, mini
     if isinstance(expected, int):
         assert mesure_memoire.whole_number("--x", value, *bounds) == expected
     else:
-        said = MESSAGES[expected].format(
-            option="--x", minimum=minimum, maximum=maximum, value=mesure_memoire.quoted(value)
-        )
-        assert kit_error_of(mesure_memoire.whole_number, "--x", value, *bounds) == said
+        said = kit_error_of(mesure_memoire.whole_number, "--x", value, *bounds)
+        assert said.startswith(f"--x: expected {expected}") and said.endswith(f", got {mesure_memoire.quoted(value)}")
 
 
 def test_non_negative_decimal_message_and_value():
-    said = MESSAGES["number >= 0"].format(option="--r", value="'x'")
-    assert kit_error_of(mesure_memoire.non_negative_decimal, "--r", "x") == said
+    said = kit_error_of(mesure_memoire.non_negative_decimal, "--r", "x")
+    assert said.startswith("--r: expected a number >= 0 written with ASCII digits") and said.endswith(", got 'x'")
     assert str(mesure_memoire.non_negative_decimal("--r", "9" * 30 + "." + "9" * 30)) == "9" * 30 + "." + "9" * 30
     assert mesure_memoire.non_negative_decimal("--r", "0." + "0" * 29 + "1") == Decimal("1E-30")
     assert str(mesure_memoire.non_negative_decimal("--r", "5")) == "5.0"
     assert str(mesure_memoire.non_negative_decimal("--r", "0.5")) == "0.5"
     for value in ("9" * 31, "9" * 31 + ".5", "0." + "0" * 30 + "1", b"1", [1], Fraction(1), True):
         said = kit_error_of(mesure_memoire.non_negative_decimal, "--r", value)
-        assert re.fullmatch(message_pattern("number >= 0", option="--r"), said), value
+        assert said.startswith("--r: expected a number >= 0"), value
 
 
 # --- the estimate, in-process ---------------------------------------------------------------------------------
@@ -250,12 +239,12 @@ def test_the_options_reach_the_estimate_with_its_default_reserve(capsys):
 
 
 @pytest.mark.parametrize(
-    ("argv", "said"),
+    "argv",
     [
-        (["--bitsx=16"], MESSAGES["estimate: --bits missing"]),  # no guess: the required option is missing
-        (["--", "--bitsx"], MESSAGES["estimate: --bits missing"]),  # after --, not an option
+        ["--bitsx=16"],  # no guess: the required option is missing
+        ["--", "--bitsx"],  # after --, not an option
     ],
 )
-def test_a_typo_of_a_required_option_reads_as_that_option_missing(argv, said, capsys):
+def test_a_typo_of_a_required_option_reads_as_that_option_missing(argv, capsys):
     assert mesure_memoire.main(["estimate", "--parameters", "7", *argv]) == 2
-    assert capsys.readouterr().err == error_line(said)
+    assert_one_line(capsys.readouterr().err, "estimate: ", "required: --bits")

@@ -11,12 +11,11 @@ import pytest
 
 import mesure_memoire
 from conftest import (
-    MESSAGES,
     ROOT,
+    assert_one_line,
     assert_one_line_refusal,
     calculator_refusal,
     call_calculator,
-    error_line,
     plain_id,
 )
 
@@ -162,8 +161,14 @@ def plan_text(**changes):
     return json.dumps({key: value for key, value in plan.items() if value != "DROP"})
 
 
-NOT_A_PLAN = MESSAGES["calculator: not a plan"]
-INVALID = MESSAGES["calculator: invalid plan"]
+# The facts of why a file is not a plan this calculator reads.
+NOT_A_PLAN = ["not a plan", "mesure_memoire.py measure --plan --json"]
+ENCODING = ["not a plan: neither UTF-8 nor UTF-16 with a byte order mark"]
+INVALID = ["a missing or invalid configuration or needs figure"]
+
+
+def unknown_schema(version):
+    return [f"plan_schema_version {version} is not one this calculator reads (1)"]
 
 
 # What Windows PowerShell 5.1's ">" writes (UTF-16 LE, a byte order mark, CRLF), and UTF-8 with a byte order mark.
@@ -198,14 +203,14 @@ def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("content", "reason"),
+    ("content", "facts"),
     [
         (b"", NOT_A_PLAN),
         (b"\xff\xfe", NOT_A_PLAN),
         (b"\xff\xfe{\x00", NOT_A_PLAN),
-        (b"\xff\xfe{", MESSAGES["calculator: plan encoding"]),  # an odd byte after the mark: not UTF-16
-        (b"\xff\xfe\x00\xd8}\x00", MESSAGES["calculator: plan encoding"]),  # a lone surrogate
-        ('{"kit": "iteragpu-lab-v1 \u00e9"}'.encode("latin-1"), MESSAGES["calculator: plan encoding"]),
+        (b"\xff\xfe{", ENCODING),  # an odd byte after the mark: not UTF-16
+        (b"\xff\xfe\x00\xd8}\x00", ENCODING),  # a lone surrogate
+        ('{"kit": "iteragpu-lab-v1 \u00e9"}'.encode("latin-1"), ENCODING),
         (plan_text().encode("utf-16-le"), NOT_A_PLAN),  # UTF-16 without its mark: not told from UTF-8's NULs
         (b"\xef\xbb\xbf\xef\xbb\xbf" + plan_text().encode(), NOT_A_PLAN),  # one mark is skipped, not two
         (b"[" * 100000, NOT_A_PLAN),
@@ -213,19 +218,10 @@ def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
         (b'{"kit": "iteragpu-lab-v1"}', NOT_A_PLAN),
         (plan_text(kit="other").encode(), NOT_A_PLAN),
         (plan_text(plan_schema_version="DROP").encode(), NOT_A_PLAN),
-        (plan_text(plan_schema_version=2).encode(), MESSAGES["calculator: unknown plan schema"].format(version=2)),
-        (
-            plan_text(plan_schema_version=True).encode(),
-            MESSAGES["calculator: unknown plan schema"].format(version="true"),
-        ),
-        (
-            plan_text(plan_schema_version="1").encode(),
-            MESSAGES["calculator: unknown plan schema"].format(version='"1"'),
-        ),
-        (
-            plan_text(plan_schema_version="9" * 100).encode(),
-            MESSAGES["calculator: unknown plan schema"].format(version='"' + "9" * 39),
-        ),
+        (plan_text(plan_schema_version=2).encode(), unknown_schema(2)),
+        (plan_text(plan_schema_version=True).encode(), unknown_schema("true")),
+        (plan_text(plan_schema_version="1").encode(), unknown_schema('"1"')),
+        (plan_text(plan_schema_version="9" * 100).encode(), unknown_schema('"' + "9" * 39)),
         (plan_text(needs_card_memory_bytes="DROP").encode(), INVALID),
         (plan_text(needs_card_memory_bytes=0).encode(), INVALID),
         (plan_text(needs_card_memory_bytes=1.5).encode(), INVALID),
@@ -239,33 +235,23 @@ def test_a_30_digit_need_is_shown_exactly_in_gib(tmp_path, capsys):
     ],
     ids=plain_id,
 )
-def test_a_file_that_is_not_a_known_plan_is_refused_in_one_line(tmp_path, capsys, content, reason):
+def test_a_file_that_is_not_a_known_plan_is_refused_in_one_line(tmp_path, capsys, content, facts):
     path = tmp_path / "plan.json"
     path.write_bytes(content)
-    assert calculator_refusal(capsys, "--for-plan", path, "--days", "7") == error_line(
-        MESSAGES["calculator: nothing computed"].format(what=repr(str(path)), reason=reason), prog="calcul_forfaits.py"
-    )
+    line = calculator_refusal(capsys, "--for-plan", path, "--days", "7")
+    assert_one_line(line, f"error: {str(path)!r}: ", *facts, "; nothing computed", prog="calcul_forfaits.py")
 
 
 def test_the_options_of_for_plan(tmp_path, capsys):
     path, _ = plan_file(tmp_path, capsys)
-
-    def refused(message):
-        return error_line(message, prog="calcul_forfaits.py")
-
-    said = MESSAGES["calculator: --days required"].format(mode="--for-plan")
-    assert calculator_refusal(capsys, "--for-plan", path) == refused(said)
-    said = MESSAGES["calculator: not allowed with"].format(option="--lots", mode="--for-plan")
-    assert calculator_refusal(capsys, "--for-plan", path, "--days", "7", "--lots", "2") == refused(said)
-    said = MESSAGES["calculator: file name empty"].format(option="--for-plan")
-    assert calculator_refusal(capsys, "--for-plan", "", "--days", "7") == refused(said)
-    reason = MESSAGES["calculator: cannot be read"].format(error="No such file or directory")
-    said = MESSAGES["calculator: nothing computed"].format(what="'missing.json'", reason=reason)
-    assert calculator_refusal(capsys, "--for-plan", "missing.json", "--days", "7") == refused(said)
-    said = MESSAGES["calculator: nothing computed"].format(
-        what=repr(str(tmp_path)), reason=MESSAGES["not a regular file"]
-    )
-    assert calculator_refusal(capsys, "--for-plan", tmp_path, "--days", "7") == refused(said)
+    assert "--days is required with --for-plan" in calculator_refusal(capsys, "--for-plan", path)
+    line = calculator_refusal(capsys, "--for-plan", path, "--days", "7", "--lots", "2")
+    assert "--lots: not allowed with --for-plan" in line
+    assert "--for-plan: expected a file name, got ''" in calculator_refusal(capsys, "--for-plan", "", "--days", "7")
+    line = calculator_refusal(capsys, "--for-plan", "missing.json", "--days", "7")
+    assert "'missing.json': cannot be read (No such file or directory); nothing computed" in line
+    line = calculator_refusal(capsys, "--for-plan", tmp_path, "--days", "7")
+    assert f"{str(tmp_path)!r}: not a regular file; nothing computed" in line
 
 
 @pytest.mark.whole_kit
@@ -281,10 +267,7 @@ def test_standard_input_without_end_is_refused_after_its_bound(tmp_path):
             cwd=tmp_path,
             timeout=30,
         )
-    said = MESSAGES["calculator: nothing computed"].format(
-        what="standard input", reason=MESSAGES["calculator: larger than"].format(limit=2**20)
-    )
-    assert_one_line_refusal(completed, error_line(said, prog="calcul_forfaits.py").rstrip("\n"))
+    assert_one_line_refusal(completed, "calcul_forfaits.py: error: standard input: larger than 1048576 bytes")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -295,28 +278,16 @@ class UnreadableStdin:
 
 def test_standard_input_is_bounded_and_may_be_missing_or_unreadable(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b" " * (2**20 + 1))))
-    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
-        MESSAGES["calculator: nothing computed"].format(
-            what="standard input", reason=MESSAGES["calculator: larger than"].format(limit=2**20)
-        ),
-        prog="calcul_forfaits.py",
-    )
+    line = calculator_refusal(capsys, "--for-plan", "-", "--days", "7")
+    assert "standard input: larger than 1048576 bytes; nothing computed" in line
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b" " * 2**20)))
-    assert NOT_A_PLAN in calculator_refusal(capsys, "--for-plan", "-", "--days", "7")
+    assert "standard input: not a plan" in calculator_refusal(capsys, "--for-plan", "-", "--days", "7")
     monkeypatch.setattr(sys, "stdin", None)
-    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
-        MESSAGES["calculator: nothing computed"].format(
-            what="standard input", reason=MESSAGES["calculator: cannot be read"].format(error="AttributeError")
-        ),
-        prog="calcul_forfaits.py",
-    )
+    line = calculator_refusal(capsys, "--for-plan", "-", "--days", "7")
+    assert "standard input: cannot be read (AttributeError)" in line
     monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": UnreadableStdin()})())
-    assert calculator_refusal(capsys, "--for-plan", "-", "--days", "7") == error_line(
-        MESSAGES["calculator: nothing computed"].format(
-            what="standard input", reason=MESSAGES["calculator: cannot be read"].format(error="Input/output error")
-        ),
-        prog="calcul_forfaits.py",
-    )
+    line = calculator_refusal(capsys, "--for-plan", "-", "--days", "7")
+    assert "standard input: cannot be read (Input/output error)" in line
 
 
 def test_the_calculator_imports_nothing_of_the_measuring_script():

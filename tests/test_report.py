@@ -14,15 +14,7 @@ from decimal import Decimal
 import pytest
 
 import mesure_memoire
-from conftest import (
-    MESSAGES,
-    ROOT,
-    error_line,
-    kit_error_of,
-    plain_ids,
-    run_script,
-    tree_digest,
-)
+from conftest import ROOT, assert_one_line, kit_error_of, plain_ids, run_script, tree_digest
 
 DATA = ROOT / "tests" / "data" / "report"
 
@@ -226,7 +218,7 @@ def test_the_command_refuses_without_a_file(capsys):
     assert mesure_memoire.main(["report"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == error_line(MESSAGES["report: FILE missing"])
+    assert_one_line(captured.err, "report: ", "required: FILE")
 
 
 # --- hostile files: one line naming the file, exit 2, nothing printed on stdout, nothing changed ---------
@@ -253,38 +245,24 @@ def test_a_file_that_does_not_exist_is_refused_in_one_line_naming_it(argv, shown
     assert mesure_memoire.main(["report", *argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == error_line(MESSAGES["report: does not exist"].format(file=shown))
+    assert_one_line(captured.err, f"report: {shown} does not exist", "run measure on the GPU box", "--output")
     assert os.listdir(tmp_path) == ["good.json"]
-
-
-def wrong(field, what, value):
-    """The refusal of a result's first wrong field: its path, what it must be (MESSAGES), what it holds."""
-    return MESSAGES["report: wrong field"].format(field=field, what=MESSAGES[f"report: {what}"], value=value)
 
 
 LAST = len(load("bfloat16.json")["phases"]) - 1  # the last phase line of the file with_field changes
 
 
-# Each hostile file, and why it is not a kit result.
+# Each hostile file, and the facts of why it is not a kit result.
 HOSTILE = {
-    "not JSON": (
-        lambda folder: _write(folder, "t.json", "hello"),
-        MESSAGES["report: not JSON"].format(error="Expecting value: line 1 column 1"),
-    ),
-    "not UTF-8": (lambda folder: _write(folder, "b.json", b"\xff\xfe{}"), MESSAGES["report: not UTF-8"]),
-    "a JSON list": (
-        lambda folder: _write(folder, "l.json", "[]"),
-        MESSAGES["report: not an object"].format(value="a list"),
-    ),
-    "nested too deep": (
-        lambda folder: _write(folder, "deep.json", "[" * 200000),
-        MESSAGES["report: too long or deep"].format(error="RecursionError"),
-    ),
+    "not JSON": (lambda folder: _write(folder, "t.json", "hello"), ["not JSON", "line 1 column 1"]),
+    "not UTF-8": (lambda folder: _write(folder, "b.json", b"\xff\xfe{}"), ["not UTF-8"]),
+    "a JSON list": (lambda folder: _write(folder, "l.json", "[]"), ["expected an object, got a list"]),
+    "nested too deep": (lambda folder: _write(folder, "deep.json", "[" * 200000), ["too deep", "(RecursionError)"]),
     "a 5000-digit unused number": (
         lambda folder: _write(folder, "dn.json", with_field("unused", 7)[:-1] + "7" * 4999 + "}"),
-        MESSAGES["report: too long or deep"].format(error="ValueError"),
+        ["number too long", "(ValueError)"],
     ),
-    "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), wrong("kit", "this kit", "'other'")),
+    "another kit": (lambda folder: _write(folder, "k.json", '{"kit": "other"}'), ["kit: expected 'iteragpu-lab-v1'"]),
 }
 
 
@@ -307,7 +285,7 @@ def test_hostile_files_are_refused_in_one_line_naming_them(case, tmp_path, monke
     assert mesure_memoire.main(["report", good, name, good]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing shown for the good files either: the report is whole or absent
-    assert captured.err == error_line(MESSAGES["report: not a kit result"].format(file=repr(name), why=why))
+    assert_one_line(captured.err, f"report: {name!r} is not a kit result: ", *why)
     assert tree_digest(tmp_path) == before
 
 
@@ -315,6 +293,7 @@ PHASES = load("bfloat16.json")["phases"]
 WARM = next(k for k, line in enumerate(PHASES) if line["phase"] == "warm_forward")
 DEFAULTS = mesure_memoire.DEFAULT_ALLOCATOR
 ABSENT = object()  # the field left out
+ALLOCATOR = "environment.allocator_settings"
 
 
 def with_field(path, value):
@@ -334,64 +313,49 @@ def with_field(path, value):
 
 
 # Each result not as measure writes it: the field changed in bfloat16.json, which the refusal names, its value,
-# what that field must be and what it holds as the refusal shows it.
+# what that field must be (RESULT_FORMAT's description, its facts) and what it holds as the refusal shows it.
 NOT_AS_WRITTEN = [
     ("configuration", [], "an object", "a list"),
-    ("configuration.batch", True, "a positive count", True),
-    ("configuration.context", 0, "a positive count", 0),
-    ("configuration.dtype", "float64", "a dtype", "'float64'"),
-    ("configuration.fresh_process_warning", ["x"], "text", "a list"),
-    ("configuration.width", 10**40, "a positive count", 10**40),
-    ("environment.allocator_settings", "native", "allocator settings", "'native'"),
-    ("environment.allocator_settings", {**DEFAULTS, "x": 1}, "allocator settings", "an object"),
-    ("environment.allocator_settings", {**DEFAULTS, "backend": "native\n\x1b[31m"}, "allocator settings", "an object"),
-    ("environment.allocator_settings", {**DEFAULTS, "max_split_size_bytes": -5}, "allocator settings", "an object"),
-    ("environment.allocator_settings", {**DEFAULTS, "expandable_segments": 1}, "allocator settings", "an object"),
-    (
-        "environment.allocator_settings",
-        {**DEFAULTS, "roundup_power2_divisions": "xxx"},
-        "allocator settings",
-        "an object",
-    ),
-    (
-        "environment.allocator_settings",
-        {**DEFAULTS, "roundup_power2_divisions": {"3": 4}},
-        "allocator settings",
-        "an object",
-    ),
-    (
-        "environment.allocator_settings",
-        {**DEFAULTS, "roundup_power2_divisions": {"1": 1}},
-        "allocator settings",
-        "an object",
-    ),
+    ("configuration.batch", True, "a whole number > 0", True),
+    ("configuration.context", 0, "a whole number > 0", 0),
+    ("configuration.dtype", "float64", "one of float32, float16, bfloat16", "'float64'"),
+    ("configuration.fresh_process_warning", ["x"], "null or text", "a list"),
+    ("configuration.width", 10**40, "a whole number > 0", 10**40),
+    (ALLOCATOR, "native", "null or the allocator", "'native'"),
+    (ALLOCATOR, {**DEFAULTS, "x": 1}, "null or the allocator", "an object"),
+    (ALLOCATOR, {**DEFAULTS, "backend": "native\n\x1b[31m"}, "null or the allocator", "an object"),
+    (ALLOCATOR, {**DEFAULTS, "max_split_size_bytes": -5}, "null or the allocator", "an object"),
+    (ALLOCATOR, {**DEFAULTS, "expandable_segments": 1}, "null or the allocator", "an object"),
+    (ALLOCATOR, {**DEFAULTS, "roundup_power2_divisions": "xxx"}, "null or the allocator", "an object"),
+    (ALLOCATOR, {**DEFAULTS, "roundup_power2_divisions": {"3": 4}}, "null or the allocator", "an object"),
+    (ALLOCATOR, {**DEFAULTS, "roundup_power2_divisions": {"1": 1}}, "null or the allocator", "an object"),
     ("environment.gpu", [], "null or an object", "a list"),
-    ("environment.gpu.name", "G" * 257, "a name", mesure_memoire.quoted("G" * 257)),
-    ("environment.gpu.name", 5, "a name", 5),
-    ("environment.torch", ABSENT, "a name", "nothing"),
+    ("environment.gpu.name", "G" * 257, "null or text of at most 256", mesure_memoire.quoted("G" * 257)),
+    ("environment.gpu.name", 5, "null or text of at most 256", 5),
+    ("environment.torch", ABSENT, "null or text of at most 256", "nothing"),
     ("output_summary", None, "an object", None),
-    ("output_summary.all_finite", 0, "a boolean", 0),
-    ("phases", [line for line in PHASES if line["phase"] != "warm_forward"], "cold and warm lines", "a list"),
-    ("phases", [*PHASES, PHASES[2]], "cold and warm lines", "a list"),
+    ("output_summary.all_finite", 0, "true or false", 0),
+    ("phases", [line for line in PHASES if line["phase"] != "warm_forward"], "one cold_forward line", "a list"),
+    ("phases", [*PHASES, PHASES[2]], "one cold_forward line", "a list"),
     ("phases", {}, "a list", "an object"),
-    ("phases", [line for line in PHASES if line["phase"] != "cold_forward"], "cold and warm lines", "a list"),
+    ("phases", [line for line in PHASES if line["phase"] != "cold_forward"], "one cold_forward line", "a list"),
     (f"phases[{LAST + 1}]", 5, "an object", 5),
-    (f"phases[{LAST}].device_ms", 10**309, "a time", "1" + "0" * 59 + "..." + "0" * 12 + " (310 characters)"),
-    (f"phases[{WARM}].device_ms", True, "a time", True),
-    (f"phases[{WARM}].device_ms", math.inf, "a time", "inf"),
-    (f"phases[{WARM}].device_ms", math.nan, "a time", "nan"),
-    (f"phases[{WARM}].device_ms", -1, "a time", -1),
-    (f"phases[{WARM}].device_ms", 10**30, "a time", 10**30),
-    ("phases[3].nanoseconds", -1, "a count", -1),
-    ("phases[0].peak_reserved_bytes", "1", "a count", "'1'"),
-    ("phases[0].phase", "backward", "a phase", "'backward'"),
+    (f"phases[{LAST}].device_ms", 10**309, "null or a time", "1" + "0" * 59 + "..." + "0" * 12 + " (310 characters)"),
+    (f"phases[{WARM}].device_ms", True, "null or a time >= 0", True),
+    (f"phases[{WARM}].device_ms", math.inf, "null or a time >= 0", "inf"),
+    (f"phases[{WARM}].device_ms", math.nan, "null or a time >= 0", "nan"),
+    (f"phases[{WARM}].device_ms", -1, "null or a time >= 0", -1),
+    (f"phases[{WARM}].device_ms", 10**30, "null or a time >= 0", 10**30),
+    ("phases[3].nanoseconds", -1, "a whole number >= 0", -1),
+    ("phases[0].peak_reserved_bytes", "1", "a whole number >= 0", "'1'"),
+    ("phases[0].phase", "backward", "one of model_load, inputs", "'backward'"),
     ("prediction_check.disagreements", 1, "a list", "1"),
-    ("schema_version", 7, "this schema", 7),
+    ("schema_version", 7, "8, this kit's (measure again", 7),
     ("sustained", [], "null or an object", "a list"),
-    ("sustained.steady", "yes", "null or a boolean", "'yes'"),
-    ("sustained.steady_ms_per_forward", None, "a steady time", "None"),
-    ("synthetic_model.parameters", 10**30, "a count", 10**30),
-    ("synthetic_model.parameters", 1.0, "a count", "1.0"),
+    ("sustained.steady", "yes", "null, true or false", "'yes'"),
+    ("sustained.steady_ms_per_forward", None, "a time >= 0", "None"),
+    ("synthetic_model.parameters", 10**30, "a whole number >= 0", 10**30),
+    ("synthetic_model.parameters", 1.0, "a whole number >= 0", "1.0"),
 ]
 
 
@@ -406,8 +370,8 @@ def test_a_result_not_as_measure_writes_it_is_refused_naming_its_field(
     assert mesure_memoire.main(["report", good, name, good]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing shown for the good files either: the report is whole or absent
-    why = wrong(field, what, shown)
-    assert captured.err == error_line(MESSAGES["report: not a kit result"].format(file="'r.json'", why=why))
+    line = assert_one_line(captured.err, f"report: 'r.json' is not a kit result: {field}: expected {what}")
+    assert line.endswith(f", got {shown}"), line
     assert tree_digest(tmp_path) == before
 
 
@@ -418,9 +382,7 @@ def test_a_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, 
         stream.write(json.dumps(load("float32.json")).encode() + b" ")
         stream.truncate(mesure_memoire.MAX_RESULT_BYTES + 1)  # valid JSON followed by NULs, one byte too many
     assert mesure_memoire.main(["report", "huge.json"]) == 2
-    assert capsys.readouterr().err == error_line(
-        MESSAGES["report: not a kit result"].format(file="'huge.json'", why=MESSAGES["report: larger than 32 MiB"])
-    )
+    assert_one_line(capsys.readouterr().err, "report: 'huge.json' is not a kit result: larger than 32 MiB")
     with open(tmp_path / "edge.json", "wb") as stream:
         text = json.dumps(load("float32.json")).encode()
         stream.write(text + b" " * (mesure_memoire.MAX_RESULT_BYTES - len(text)))
@@ -430,21 +392,17 @@ def test_a_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, 
 def test_a_file_that_cannot_be_opened_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert mesure_memoire.main(["report", "x\0y"]) == 2
-    assert capsys.readouterr().err == error_line(
-        MESSAGES["report: cannot be opened"].format(file="'x\\x00y'", error="ValueError")
-    )
+    assert_one_line(capsys.readouterr().err, "report: 'x\\x00y' cannot be opened (ValueError)")
     _write(tmp_path, "f", "{}")
     assert mesure_memoire.main(["report", "f/inside.json"]) == 2
-    assert capsys.readouterr().err == error_line(
-        MESSAGES["report: cannot be opened"].format(file="'f/inside.json'", error="NotADirectoryError")
-    )
+    assert_one_line(capsys.readouterr().err, "report: 'f/inside.json' cannot be opened (NotADirectoryError)")
 
     def unreadable(handle):
         raise OSError(errno.EIO, "I/O error")
 
     monkeypatch.setattr(os, "fstat", unreadable)
     assert mesure_memoire.main(["report", "f"]) == 2
-    assert capsys.readouterr().err == error_line(MESSAGES["report: cannot be read"].format(file="'f'", error="OSError"))
+    assert_one_line(capsys.readouterr().err, "report: 'f' cannot be read (OSError)")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
@@ -459,10 +417,9 @@ def test_a_fifo_is_refused_at_once(tmp_path, monkeypatch, capsys):
     finally:
         os.close(writer)
     assert flags == [os.O_RDONLY | os.O_NONBLOCK]  # with no writer, a blocking open would hang
-    assert capsys.readouterr() == (
-        "",
-        error_line(MESSAGES["report: not a kit result"].format(file="'pipe.json'", why=MESSAGES["not a regular file"])),
-    )
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert_one_line(captured.err, "report: 'pipe.json' is not a kit result: not a regular file")
 
 
 @pytest.mark.whole_kit
@@ -530,14 +487,10 @@ def test_a_result_without_gpu_details_is_read_with_none():
 
 def test_a_file_name_is_echoed_whole_up_to_the_longest_path_and_shortened_beyond():
     whole = "d/" * 2000 + "r.json"  # 4006 characters: shown as typed
-    assert kit_error_of(mesure_memoire.read_result_file, whole) == MESSAGES["report: does not exist"].format(
-        file=repr(whole)
-    )
+    assert f"report: {whole!r} does not exist" in kit_error_of(mesure_memoire.read_result_file, whole)
     longer = "x" * 10_000_000
     message = kit_error_of(mesure_memoire.read_result_file, longer)
-    assert message == MESSAGES["report: cannot be opened"].format(
-        file=mesure_memoire.quoted(longer, 4200), error="OSError"
-    )
+    assert message == f"report: {mesure_memoire.quoted(longer, 4200)} cannot be opened (OSError)"
     assert len(message) < 4300
 
 

@@ -436,7 +436,7 @@ MEASURE_REFUSALS = [
     ([*MEASURE, "--output", "sub"], "sub already exists", ""),
     ([*MEASURE, "--output", ""], "a new file name is required", ""),
     ([*MEASURE, "--output", "no\nwhere/o.json"], "'no\\nwhere/o.json' does not exist", ""),
-    ([*MEASURE, "--output", LONG_NAME], "too long", "(305 characters)"),
+    ([*MEASURE, "--output", LONG_NAME], f"cannot create {LONG_NAME}: ", "too long"),  # whole, as typed
     ([*MEASURE, "--output", "/proc/x.json"], "cannot create /proc/x.json", NOTHING_MEASURED),
     ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
 ]

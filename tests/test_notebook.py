@@ -289,7 +289,7 @@ def test_the_results_cell_prints_report_for_the_file_it_wrote(tmp_path, monkeypa
     assert shown.splitlines()[1].startswith("mesures-notebook.json  Crafted GPU  bfloat16")
     (tmp_path / "mesures-notebook.json").write_text("[]", encoding="utf-8")
     exec(compile(cells["run-results"], "<notebook>", "exec"), namespace)
-    assert capsys.readouterr().out.startswith("The result cannot be read back: report: 'mesures-notebook.json' is")
+    assert capsys.readouterr().out.startswith("The result cannot be read back: report: mesures-notebook.json is")
 
 
 def stdout_of(cell):

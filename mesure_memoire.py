@@ -124,16 +124,21 @@ def one_line(text):
 
 
 def quoted(value, limit=80):
-    """A user's value for a message: its repr (quoted, escaped, one line), shortened when long."""
+    """An option's value for a message (a name: name_as_typed): its repr (quoted, escaped, one line), shortened."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-12:]} ({len(str(value))} characters)"
 
 
-def name_as_typed(path):
-    """A file name the user gave, as typed when printable, else as its repr; shortened when long."""
-    if isinstance(path, str) and path.isprintable() and path.strip() == path and len(path) <= 80:
-        return path
-    return quoted(path)
+LONGEST_NAME = 4200  # whole up to PATH_MAX (4096 bytes) with room for escapes: any name a file can bear
+
+
+def name_as_typed(name):
+    """A name (a file's, a GPU's) for a message or a table: as typed when printable, else its repr (escaped, so the
+    line stays one line; quoted, so outer spaces show). Whole, as the user needs it to find or fix the file;
+    shortened only beyond LONGEST_NAME, which no file's name reaches."""
+    if isinstance(name, str) and name and name.isprintable() and name.strip() == name and len(name) <= LONGEST_NAME:
+        return name
+    return quoted(name, LONGEST_NAME)
 
 
 def is_whole_number_text(text):
@@ -1928,15 +1933,10 @@ def card_text(when, state):
 
 # >>> notebook: 4. Reading results side by side (report)
 MAX_RESULT_BYTES = 32 * MIB_BYTES  # a result of thousands of repetitions stays far below this
-QUOTED_PATH_LIMIT = 4200  # a file name is echoed whole up to PATH_MAX (4096 bytes), shortened beyond
-
-
-def _quoted_path(path):
-    return quoted(path, QUOTED_PATH_LIMIT)
 
 
 def _result_problem(path, why):
-    return KitError(f"report: {_quoted_path(path)} is not a kit result: {why}")
+    return KitError(f"report: {name_as_typed(path)} is not a kit result: {why}")
 
 
 def read_result_file(path):
@@ -1949,18 +1949,18 @@ def read_result_file(path):
         handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise KitError(
-            f"report: {_quoted_path(path)} does not exist: check its name, or run measure on the GPU box first "
+            f"report: {name_as_typed(path)} does not exist: check its name, or run measure on the GPU box first "
             "(its --output names the file)"
         ) from None
     except (OSError, ValueError) as exc:
-        raise KitError(f"report: {_quoted_path(path)} cannot be opened ({type(exc).__name__})") from None
+        raise KitError(f"report: {name_as_typed(path)} cannot be opened ({type(exc).__name__})") from None
     try:
         if not stat.S_ISREG(os.fstat(handle).st_mode):
             raise _result_problem(path, "not a regular file")
         with open(handle, "rb", closefd=False) as stream:  # read() reads on until the size or the end
             data = stream.read(MAX_RESULT_BYTES + 1)
     except OSError as exc:
-        raise KitError(f"report: {_quoted_path(path)} cannot be read ({type(exc).__name__})") from None
+        raise KitError(f"report: {name_as_typed(path)} cannot be read ({type(exc).__name__})") from None
     finally:
         os.close(handle)
     if len(data) > MAX_RESULT_BYTES:
@@ -2117,12 +2117,6 @@ def report(paths):
 
 
 # >>> notebook: 4.4 The report's text
-def _cell(value):
-    """Text as it is when printable, else its repr: one table line per file, always."""
-    text = "none" if value is None else str(value)
-    return text if text.isprintable() else repr(text)
-
-
 SUSTAINED_NOTE = (
     "Sustained runs (measure --sustained-s): forwards back to back, timed by CUDA events per window; steady: the "
     "last half's median time per forward; x warm: against the warm repetitions' device median."
@@ -2139,7 +2133,7 @@ def sustained_lines(rows):
         ratio = row["sustained_ratio_to_warm_median"]
         table.append(
             (
-                _cell(row["file"]),
+                name_as_typed(row["file"]),
                 str(row["sustained_seconds"]),
                 str(rounded(row["sustained_ms_per_forward"], 3)),
                 {True: "yes", False: "NO", None: "n/a"}[row["sustained_steady"]],
@@ -2155,8 +2149,8 @@ WARM_FIGURES = ("min", "median", "max")
 def _report_cells(row):
     """One row of report's table, as text."""
     return (
-        _cell(row["file"]),
-        _cell(row["gpu"]),
+        name_as_typed(row["file"]),
+        "none" if row["gpu"] is None else name_as_typed(row["gpu"]),
         row["dtype"],
         *(str(row[key]) for key in ("batch", "context", "width", "parameters")),
         *(shown_figure(name, row[name]) for name in REPORTED_PEAKS),
@@ -2426,8 +2420,7 @@ def _command_measure(args):
     for warning in result_warnings(result):
         say("mesure_memoire.py", warning, prefix="warning: ")
     _print(format_phase_table(result))
-    # As typed, however long (the user needs the whole name); repr only when it would break the line.
-    _print(f"Result written to {args.output if args.output.isprintable() else repr(args.output)}")
+    _print(f"Result written to {name_as_typed(args.output)}")
 
 
 def sweep_folder_files(folder):
@@ -2435,13 +2428,13 @@ def sweep_folder_files(folder):
     try:
         names = os.listdir(folder)
     except OSError as error:
-        raise KitError(f"report: {_quoted_path(folder)} cannot be listed ({describe_error(error)})") from None
+        raise KitError(f"report: {name_as_typed(folder)} cannot be listed ({describe_error(error)})") from None
     sweep_name = rf"mesures-(?:{'|'.join(FIT_DIMENSIONS)})-([1-9][0-9]*)\.json"  # [0-9]: ASCII only, unlike \d
     matches = [re.fullmatch(sweep_name, name) for name in names]
     results = sorted((int(match[1]), match[0]) for match in matches if match)
     if not results:
         raise KitError(
-            f"report: {_quoted_path(folder)} holds no result of sweep (mesures-DIMENSION-VALUE.json): "
+            f"report: {name_as_typed(folder)} holds no result of sweep (mesures-DIMENSION-VALUE.json): "
             "pass result files, or the folder sweep wrote"
         )
     return [os.path.join(folder, name) for _, name in results]
@@ -2477,7 +2470,7 @@ def sweep_values(text):
 def check_new_folder(path):
     """Refuse, before anything runs, a folder that exists or whose parent does not."""
     if not path.strip() or "\0" in path:
-        raise KitError(f"--output-dir: expected the name of a new folder, got {quoted(path)}")
+        raise KitError(f"--output-dir: expected the name of a new folder, got {name_as_typed(path)}")
     if os.path.lexists(path):
         raise KitError(f"--output-dir: {name_as_typed(path)} already exists; the sweep writes only into a new folder")
     if not os.path.isdir(os.path.dirname(os.path.normpath(path)) or "."):
@@ -2574,7 +2567,7 @@ def remove_sweep_folder(folder):
         return ""
     except OSError:
         try:
-            strays = ", ".join(quoted(name) for name in sorted(os.listdir(folder)))
+            strays = ", ".join(name_as_typed(name) for name in sorted(os.listdir(folder)))
         except OSError as error:
             strays = f"files that cannot be listed ({describe_error(error)})"
     return f"; {name_as_typed(folder)} kept: it holds {strays}, which the sweep did not write"

@@ -113,7 +113,7 @@ else:
     for warning in result_warnings(measurement):
         print(f"Warning: {warning}")
     print(format_phase_table(measurement))
-    print(f"Result written to {OUTPUT}")""",
+    print(f"Result written to {name_as_typed(OUTPUT)}")""",
     ),
     "4": (
         "Reads back the file step 3 wrote, as `mesure_memoire.py report` does: peaks are maxima over the phases, "

@@ -1095,7 +1095,7 @@ def command(argv):
     timeout = kit.whole_number("--timeout-seconds", args.timeout_seconds, 1, 10**6)
     budget = kit.whole_number("--budget-seconds", args.budget_seconds, 1, 10**6)
     if not args.output_dir.strip():  # "" would put the evidence in the current folder
-        raise kit.KitError(f"--output-dir: expected the name of a folder, got {kit.quoted(args.output_dir)}")
+        raise kit.KitError(f"--output-dir: expected the name of a folder, got {kit.name_as_typed(args.output_dir)}")
     if os.path.lexists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise kit.KitError(f"--output-dir: {kit.name_as_typed(args.output_dir)} is not a folder")
     for name in (VERDICT_NAME, ARCHIVE_NAME):

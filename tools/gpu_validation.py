@@ -182,7 +182,6 @@ def allocator_child(setting):
 # A failure with the flags as recorded is a finding about the GPU's libraries, not a reason to loosen a bound.
 # This judgement was changed from the source and the emulation, before any GPU run (issue 40).
 UNIT_ROUNDOFF = {"float32": 2**-24, "float16": 2**-11, "bfloat16": 2**-8}
-FLOAT32_ROUNDOFF = 2**-24
 FLOAT64_ROUNDOFF = 2**-53
 FLOAT32_INPUT_ROUNDOFF = {"high": 2**-11, "tf32": 2**-11, "medium": 2**-8}  # both APIs' names (TF32, bfloat16)
 REDUCTION_FLAGS = {

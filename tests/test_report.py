@@ -96,6 +96,16 @@ def test_a_drift_or_a_spread_beyond_a_tenth_is_flagged(milliseconds, drift, flag
     assert row["flags"] == flags
 
 
+def test_warm_times_of_zero_nanoseconds_are_reported_with_no_spread_flag(tmp_path, monkeypatch, capsys):
+    # A median of 0 ms: no spread can be told (no division by zero), the row is shown, report exits 0.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.json").write_text(json.dumps(with_warm_lines([0, 0, 0], [0.1] * 3)), encoding="utf-8")
+    assert mesure_memoire.main(["report", "r.json"]) == 0
+    captured = capsys.readouterr()
+    assert "spread" not in captured.out and captured.err == ""
+    assert "r.json" in captured.out
+
+
 UNCHECKED = "prediction not checked (each such phase's not_checked_reason says why)"
 # Each change of bfloat16.json and the one flag it raises (None: none), in the order of the flags in a row.
 FLAG_CAUSES = [

@@ -1282,8 +1282,8 @@ def largest_that_fits(config, memory_bytes, dimension):
     """The largest value of ``dimension`` whose plan needs at most ``memory_bytes`` (None: not even 1),
     by halving the values the kit accepts: the plan grows with each dimension."""
 
-    def fits(value):  # one pass of each phase: the counts change no level
-        sized = {**config, dimension: value, "warmup": 1, "repeats": 1}
+    def fits(value):
+        sized = {**config, dimension: value}
         return holds_run(memory_plan(sized)["needs_card_memory_bytes"], memory_bytes)
 
     if not fits(1):

@@ -109,6 +109,19 @@ def test_a_version_is_kept_as_is_or_null_with_a_field_error(stand_in_gpu, monkey
         assert SECRET not in json.dumps(data)
 
 
+def test_measure_goes_on_with_a_withheld_version_null_and_its_field_error(stand_in_gpu, monkeypatch, tmp_path, capsys):
+    """A version text the kit withholds is no refusal: the result holds it null, with its field error."""
+    stand_in_gpu()
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
+    monkeypatch.setattr(torch, "__version__", f"2.13.0+/home/ana/{SECRET}")
+    output = tmp_path / "r.json"
+    assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(output)]) == 0, capsys.readouterr().err
+    environment = json.loads(output.read_text(encoding="utf-8"))["environment"]
+    assert environment["torch"] is None
+    assert environment["field_errors"]["torch"] == MESSAGES["withheld text"].format(name="torch", expected="a version")
+    assert SECRET not in output.read_text(encoding="utf-8")
+
+
 def test_the_gpu_s_name_is_kept_as_is_and_withheld_when_not_short_printable_text_without_a_path(stand_in_gpu, capsys):
     properties = stand_in_gpu()
     for kept in ("NVIDIA A100-SXM4-80GB (MIG 1g.10gb)", "X", "x" * 100):

@@ -89,7 +89,8 @@ def test_one_measurement_shows_each_phase_measured_peaks_beside_the_plan(closes_
             assert height == pytest.approx(mib(value), rel=1e-12)
             assert text == mesure_memoire.in_units(value, 2**20)
             assert round(x) == index  # each bar in its phase's group
-    # The three bars of a group side by side, in the legend's order.
+    # The three bars of a group side by side, in the legend's order, the middle one on its phase's label.
+    assert [x for x, _, _ in bars[MEASURED[1]]] == pytest.approx(range(len(labels)), abs=1e-12)
     assert bars[MEASURED[0]][0][0] < bars[MEASURED[1]][0][0] < bars["plan's peak allocated"][0][0]
     assert axes.get_ylabel() == "MiB"
     assert axes.get_title().splitlines() == [

@@ -325,6 +325,44 @@ def test_zero_device_times_and_too_few_windows_are_shown_n_a(stand_in_gpu, monke
     assert "n/a" in main_row  # the warm drift
 
 
+class ForwardTimedEvents(RecordingCudaStandIn):
+    """The stand-in's events timing the work between them: 0.25 ms for each forward of the model run there."""
+
+    def __init__(self):
+        super().__init__(device=CPU)
+        self.forwards = 0
+        self.Event = lambda enable_timing=False: ForwardTimedEvent(self)
+
+
+class ForwardTimedEvent:
+    def __init__(self, recorder):
+        self.recorder, self.forwards = recorder, None
+
+    def record(self, stream):
+        self.recorder._check("event.record", stream.device)
+        self.forwards = self.recorder.forwards
+
+    def elapsed_time(self, end):
+        return (end.forwards - self.forwards) * 0.25
+
+
+def test_the_sustained_run_times_the_model_s_forwards(stand_in_gpu, monkeypatch, folder, capsys):
+    recorder = ForwardTimedEvents()
+
+    def count(module, args, output):  # the model's forwards, each timed at 0.25 ms by the events around it
+        recorder.forwards += isinstance(module, torch.nn.Sequential)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(count)
+    try:
+        code, captured, written = ticking_measure_result(monkeypatch, folder, capsys, recorder, 10**8)
+    finally:
+        handle.remove()
+    assert code == 0, captured.err
+    section = json.loads(written)["sustained"]
+    assert section["steady_ms_per_forward"] == 0.25  # as each warm forward: a window's time is its forwards'
+    assert section["ratio_to_warm_median"] == 1
+
+
 def test_the_ratio_is_to_the_warm_repetitions_alone():
     class SlowFirstPhases(ScriptedEvents):  # loading, inputs, cold forward and warm-up at 5 device ms each
         def _record(self, name, value=None):

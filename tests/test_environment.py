@@ -120,6 +120,13 @@ def test_stand_in_gpu_fields_are_shown_and_identifiers_are_not(stand_in_gpu, cap
     """Each JSON field: test_the_collector_keeps_each_field_and_asks_the_chosen_device (no UUID, no serial)."""
     assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
     human = capsys.readouterr().out
+    lines = human.splitlines()
+    assert f"  PyTorch               {torch.__version__}" in lines
+    assert "  CUDA build            13.0" in lines
+    assert "  GPU name              Stand-in GPU" in lines
+    assert "  compute capability    9.0" in lines  # a CUDA build: no architecture name after it
+    assert "  mem_get_info          free 84825604096 / total 85899345920 bytes" in lines
+    assert "  allocator backend     native" in lines
     assert "  memory (runtime)      85899345920 bytes = 80.00 GiB\n" in human
     assert "  allocator settings    PyTorch's defaults\n" in human
     assert "STANDIN" not in human

@@ -432,7 +432,7 @@ class CapturedPyTorch:
 
 
 # >>> notebook: 1. Weight-memory estimate (arithmetic only, no GPU)
-def estimate_weights(parameters, bits, reserve_gib=0):
+def estimate_weights(parameters, bits, reserve_gib):
     """Weight bytes of ``parameters`` values on ``bits`` bits each (rounded up to whole bytes), plus a reserve."""
     parameters = whole_number("--parameters", parameters, 1)
     bits = whole_number("--bits", bits, 1)
@@ -511,7 +511,7 @@ def refuse_old_torch(version):
         )
 
 
-def collect_environment(device, debug=False):
+def collect_environment(device, debug):
     """What this process sees; each failed query is null and a line in ``field_errors``."""
     index = device_index(device)
     with CapturedPyTorch(debug):
@@ -649,8 +649,8 @@ def _gpu_fields(torch, query, index, properties, hip_build):
     arch = "gcn_arch_name"
     return {
         "name": query("name", lambda: pytorch_text("name", properties.name)),
-        "compute_capability": query("compute_capability", lambda: f"{properties.major}.{properties.minor}"),
-        arch: query(arch, lambda: pytorch_text(arch, getattr(properties, "gcnArchName", None))) if hip_build else None,
+        "compute_capability": f"{properties.major}.{properties.minor}",
+        arch: query(arch, lambda: pytorch_text(arch, properties.gcnArchName)) if hip_build else None,
         "multi_processor_count": properties.multi_processor_count,
         "total_memory_bytes": properties.total_memory,
         "mem_get_info_free_bytes": free_bytes,

@@ -228,6 +228,13 @@ def test_bad_options_are_refused_in_one_line_naming_the_option(capsys, args, fac
     assert_one_line(calculator_refusal(capsys, *args), *facts, prog="calcul_forfaits.py: error")
 
 
+def test_a_usage_error_names_the_option_right_after_the_program(capsys):
+    """The calculator has no subcommand: nothing stands between "error:" and the option (mutant
+    ArgumentParser.error_8 put an empty command's ": " there)."""
+    line = calculator_refusal(capsys, "--list", "--json", "--json")
+    assert line == "calcul_forfaits.py: error: argument --json: given twice\n"
+
+
 def test_a_flag_is_parsed_as_given():
     """A flag's value is True (mutant parse_command_line_39, a flag parsed as False, is seen only here)."""
     assert calcul_forfaits.parse_command_line(["--list", "--json"]) == ("--list", {"--list": True, "--json": True})

@@ -104,3 +104,11 @@ def test_debug_shows_no_stderr_heading_when_pytorch_wrote_nothing(stand_in_gpu, 
     stand_in_gpu()
     assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json", "--debug"]) == 0
     assert "what PyTorch wrote on stderr" not in capfd.readouterr().err
+
+
+def test_environment_with_debug_shows_pytorch_s_text_on_the_terminal_only(telling_pytorch, capfd):
+    assert mesure_memoire.main(["environment", "--device", "cuda:0", "--json", "--debug"]) == 0
+    captured = capfd.readouterr()
+    assert f"{SECRET} in a message" in captured.err
+    assert f"[W] {SECRET} on stderr" in captured.err
+    assert SECRET not in captured.out

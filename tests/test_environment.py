@@ -120,6 +120,13 @@ def test_stand_in_gpu_fields_are_shown_and_identifiers_are_not(stand_in_gpu, cap
     """Each JSON field: test_the_collector_keeps_each_field_and_asks_the_chosen_device (no UUID, no serial)."""
     assert mesure_memoire.main(["environment", "--device", "cuda:0"]) == 0
     human = capsys.readouterr().out
+    lines = human.splitlines()
+    assert f"  PyTorch               {torch.__version__}" in lines
+    assert "  CUDA build            13.0" in lines
+    assert "  GPU name              Stand-in GPU" in lines
+    assert "  compute capability    9.0" in lines  # a CUDA build: no architecture name after it
+    assert "  mem_get_info          free 84825604096 / total 85899345920 bytes" in lines
+    assert "  allocator backend     native" in lines
     assert "  memory (runtime)      85899345920 bytes = 80.00 GiB\n" in human
     assert "  allocator settings    PyTorch's defaults\n" in human
     assert "STANDIN" not in human
@@ -231,7 +238,7 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(two_devices, 
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
     two_devices.properties.gcnArchName = "gfx90a"  # kept only from a ROCm build
-    environment = mesure_memoire.collect_environment("cuda:1")
+    environment = mesure_memoire.collect_environment("cuda:1", False)
     assert set(environment["python"]) == {"version", "implementation"}
     assert set(environment["os"]) == {"name", "release", "machine"}
     del environment["python"], environment["os"]
@@ -271,18 +278,18 @@ def test_the_collector_keeps_each_field_and_asks_the_chosen_device(two_devices, 
 
 def test_attributes_an_older_pytorch_lacks_are_null_not_errors(two_devices, monkeypatch):
     monkeypatch.delattr(torch.version, "hip")
-    environment = mesure_memoire.collect_environment("cuda:1")
+    environment = mesure_memoire.collect_environment("cuda:1", False)
     assert environment["hip_build"] is None
     assert environment["field_errors"] == {}
     monkeypatch.setattr(torch.version, "hip", "7.0.1", raising=False)  # a ROCm build without gcnArchName
-    environment = mesure_memoire.collect_environment("cuda:1")
+    environment = mesure_memoire.collect_environment("cuda:1", False)
     assert environment["gpu"]["gcn_arch_name"] is None
     assert environment["field_errors"] == {}
     # PyTorch 2.11 and 2.12 have no BLAS workspace queries; an older one no preferred_blas_library.
     monkeypatch.delattr(torch.backends.cuda, "cublas_workspace_size")
     monkeypatch.delattr(torch.backends.cuda, "cublaslt_workspace_size")
     monkeypatch.delattr(torch.backends.cuda, "preferred_blas_library")
-    environment = mesure_memoire.collect_environment("cuda:1")
+    environment = mesure_memoire.collect_environment("cuda:1", False)
     assert environment["field_errors"] == {}
     for name in ("preferred_blas_library", "cublas_workspace_size_bytes", "cublaslt_workspace_size_bytes"):
         assert environment["settings"][name] is None
@@ -299,7 +306,7 @@ def test_the_collector_names_a_device_out_of_range(stand_in_gpu, monkeypatch, co
     stand_in_gpu(count=2)
     if count is None:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 / 0)
-    environment = mesure_memoire.collect_environment(device)
+    environment = mesure_memoire.collect_environment(device, False)
     assert environment["gpu_available"] is False
     assert environment["gpu"] is None
     assert environment["gpu_unavailable_reason"] == reason
@@ -309,19 +316,24 @@ def test_the_collector_names_a_device_out_of_range(stand_in_gpu, monkeypatch, co
 def test_the_collector_when_the_gpu_is_not_visible_or_unreadable(stand_in_gpu, monkeypatch):
     stand_in_gpu()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     assert environment["gpu_unavailable_reason"] == (MESSAGES["no GPU visible"])
     monkeypatch.setattr(torch.version, "cuda", None)
-    assert mesure_memoire.collect_environment("cuda:0")["gpu_unavailable_reason"] == (MESSAGES["no CUDA or ROCm build"])
+    assert (
+        mesure_memoire.collect_environment("cuda:0", False)["gpu_unavailable_reason"]
+        == (MESSAGES["no CUDA or ROCm build"])
+    )
     monkeypatch.setattr(torch.version, "hip", "7.0")
-    assert mesure_memoire.collect_environment("cuda:0")["gpu_unavailable_reason"].startswith("torch.cuda.is_avail")
+    assert mesure_memoire.collect_environment("cuda:0", False)["gpu_unavailable_reason"].startswith(
+        "torch.cuda.is_avail"
+    )
     stand_in_gpu()
 
     def unreadable(index):
         raise RuntimeError("no properties")
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", unreadable)
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     assert environment["gpu_unavailable_reason"] == MESSAGES["GPU properties unreadable"].format(device="cuda:0")
     assert environment["gpu_available"] is False
     assert environment["gpu"] is None
@@ -339,7 +351,7 @@ def test_each_failing_query_leaves_null_and_names_itself(stand_in_gpu, monkeypat
     }
     for owner, name in broken.values():
         monkeypatch.setattr(owner, name, raising(RuntimeError("broken")))
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     assert environment["field_errors"] == dict.fromkeys(broken, "RuntimeError (text withheld)")
     settings = environment["settings"]
     assert settings["float32_matmul_precision"] is settings["preferred_blas_library"] is None
@@ -353,7 +365,7 @@ def test_each_odd_text_is_null_and_its_field_error_names_it_and_what_was_expecte
     properties.gcnArchName = "/opt/hunter2/gfx942"
     monkeypatch.setattr(torch.version, "hip", "7.0.1", raising=False)  # gcnArchName is read from a ROCm build
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda: "torch._C._BlasBackend.hunter2/x")
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     expected = {"preferred_blas_library": "a library's name", "gcn_arch_name": "an architecture's name"}
     assert environment["field_errors"] == {
         name: MESSAGES["withheld text"].format(name=name, expected=what) for name, what in expected.items()
@@ -489,7 +501,7 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
     monkeypatch.setattr(
         torch.cuda.memory, "_snapshot", lambda: {"segments": [], "allocator_settings": SNAPSHOT_STAND_IN}
     )
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     expected = {
         "max_split_size_bytes": 21 * MIB,
         "expandable_segments": True,
@@ -502,28 +514,30 @@ def test_the_snapshot_settings_are_kept_as_values_without_their_raw_text(stand_i
     assert f"  allocator settings    {shown}\n" in capsys.readouterr().out
     unlimited = {**SNAPSHOT_STAND_IN, "max_split_size": -1}  # SIZE_MAX as the int64 PyTorch hands over
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": unlimited})
-    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"]["max_split_size_bytes"] is None
+    assert mesure_memoire.collect_environment("cuda:0", False)["allocator_settings"]["max_split_size_bytes"] is None
 
 
 def test_a_division_count_of_1_rounds_nothing_and_is_not_kept_one_of_2_is(stand_in_gpu, monkeypatch):
     counts = {str(2**index): {0: 1, 1: 1, 3: 2}.get(index, 0) for index in range(16)}
     snapshot = {**DEFAULT_SNAPSHOT_SETTINGS, "roundup_power2_divisions": counts}
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"allocator_settings": snapshot})
-    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"]["roundup_power2_divisions"] == {"8": 2}
+    assert mesure_memoire.collect_environment("cuda:0", False)["allocator_settings"]["roundup_power2_divisions"] == {
+        "8": 2
+    }
 
 
 def test_settings_this_pytorch_cannot_tell_are_null(stand_in_gpu, monkeypatch):
     # A private API that fails for another reason than the settings (a stand-in): a failed query like another.
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", raising(RuntimeError("snapshot is not supported here")))
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     assert environment["allocator_settings"] is None
     assert environment["field_errors"] == {"allocator_settings": "RuntimeError (text withheld)"}
     monkeypatch.delattr(torch.cuda.memory, "_snapshot", raising=False)  # no snapshot: PyTorch before 2.4
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     assert environment["allocator_settings"] is None
     assert "allocator_settings" not in environment["field_errors"]
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: 1 / 0)
-    assert mesure_memoire.collect_environment("cuda:0")["allocator_settings"] is None  # no backend: no settings
+    assert mesure_memoire.collect_environment("cuda:0", False)["allocator_settings"] is None  # no backend: no settings
 
 
 @pytest.mark.parametrize("query", ["get_allocator_backend", "mem_get_info", "_snapshot"])
@@ -568,6 +582,6 @@ def test_the_cuda_malloc_async_backend_is_never_asked_for_a_snapshot(stand_in_gp
 
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", refusing)
     monkeypatch.setattr(torch.cuda.memory, "get_allocator_backend", lambda: "cudaMallocAsync")
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     assert environment["allocator_settings"] is None  # unknown: no counter is checked under this backend
     assert environment["field_errors"] == {}

@@ -146,6 +146,20 @@ def test_a_failure_at_each_step_is_one_line_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_set_up_failure_that_withholds_pytorch_s_text_names_debug(stand_in_gpu, monkeypatch, tmp_path, capsys):
+    """What to do next: PyTorch's text, not allow-listed, is withheld, and --debug shows it."""
+
+    def failing():
+        raise RuntimeError("bad")
+
+    stand_in_measurement(monkeypatch, RecordingCudaStandIn(device=torch.device("cpu")))
+    monkeypatch.setattr(torch.cuda, "init", failing)
+    assert mesure_memoire.main(["measure", *SMALL_TRIAL, "--output", str(tmp_path / "o.json")]) == 2
+    message = MESSAGES["set-up step failed"].format(step="torch.cuda.init", device="cuda:0", error=WITHHELD)
+    assert capsys.readouterr().err == error_line(refused(message))
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- the phase table ---------------------------------------------------------------------------------
 
 PHASE_TABLE_RESULT = {

@@ -599,7 +599,7 @@ def test_each_failing_query_before_the_gpu_is_named_and_left_null(stand_in_gpu, 
 
     monkeypatch.setattr(torch.cuda, "is_available", broken)
     monkeypatch.setattr(torch.cuda, "device_count", broken)
-    environment = mesure_memoire.collect_environment("cuda:0")
+    environment = mesure_memoire.collect_environment("cuda:0", False)
     assert environment["field_errors"] == {
         "torch": MESSAGES["withheld text"].format(name="torch", expected="a version"),  # not text
         "cuda_matmul_allow_tf32": "RuntimeError (text withheld)",

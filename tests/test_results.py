@@ -469,6 +469,7 @@ def test_the_bytes_hashed_for_one_results_file_are_bounded(folder, capsys, monke
     assert (status, out) == (2, "")
     where = f"{str(path)!r}: line 5: measurement_file 'b.json': "
     assert_one_line(err, where, f"more than {bound} bytes", prog="calcul_forfaits.py: error")
+    assert err.endswith("; nothing computed\n")
 
 
 # --- hostile results files: one stderr line, exit 2, no file changed --------------------------------------

@@ -441,7 +441,7 @@ MEASURE_REFUSALS = [
     ([*MEASURE, "--output", "o\x00.json"], "cannot create", "'o\\x00.json'"),
 ]
 
-# Each measure option's out-of-range or malformed value, in an otherwise valid run: the line names the option.
+# Each measure option's out-of-range or malformed value, in an otherwise valid run: the line starts with the option.
 BAD_OPTION_VALUES = [
     ("--batch", "0"),
     ("--context", "0"),
@@ -464,7 +464,7 @@ def _with(option, value):
     return argv
 
 
-MEASURE_OPTION_REFUSALS = [(_with(option, value), option, "") for option, value in BAD_OPTION_VALUES]
+MEASURE_OPTION_REFUSALS = [(_with(option, value), f"error: {option}: ", "") for option, value in BAD_OPTION_VALUES]
 HOSTILE_VALUES = ESTIMATE_REFUSALS + ENVIRONMENT_REFUSALS + MEASURE_REFUSALS + MEASURE_OPTION_REFUSALS
 # Each part numbered as it was in its feature file, so that the mutation pass finds each case by its id.
 HOSTILE_IDS = (

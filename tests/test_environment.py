@@ -65,7 +65,7 @@ def test_without_a_gpu_it_reports_none_usable_and_names_the_driver_commands(caps
 
 @pytest.mark.parametrize(
     "device",
-    ["cuda", "cuda:-1", "cpu", "CUDA:0", "cuda:10000"],  # the digits' grammar: test_numbers.py
+    ["cuda", "cuda:-1", "cpu", "CUDA:0", "cuda:10000", "0"],  # the digits' grammar: test_numbers.py
 )
 def test_a_malformed_device_is_a_usage_error(device, capsys):
     assert mesure_memoire.main(["environment", "--device", device]) == 2

@@ -90,6 +90,12 @@ def test_zero_is_a_whole_number_where_an_option_takes_it(capsys):
     assert_one_line(capsys.readouterr().err, "--warmup: expected a whole number from 0 to 1000", ", got '00'")
 
 
+def test_one_is_a_size_each_size_option_takes(capsys):
+    sizes = ["--batch", "1", "--context", "1", "--width", "1"]
+    assert mesure_memoire.main(["measure", "--device", "cuda:0", *sizes, "--plan", "--json"]) == 0
+    assert '"batch": 1,\n    "context": 1,\n    "width": 1,' in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("digits", "accepted"), [(30, True), (31, False)])
 def test_one_bound_on_a_whole_number_s_digits_in_both_scripts(digits, accepted, capsys):
     """30 ASCII digits at most, typed or read from a CSV, in both scripts (--seed's 2**64 - 1 has 20)."""

@@ -87,7 +87,9 @@ def test_the_card_memory_is_a_decimal_more_than_zero(capsys):
     assert mesure_memoire.plan_with_fit(config(), "1.0000000001")["memory_bytes"] == GIB  # rounded down to bytes
     for zero in ("0", "0.0", "0.000", ".5", "-1", "1e3", "8 ", "1.2.3", "", "5.", "01"):  # one wording for all
         assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", zero]) == 2
-        assert_one_line(capsys.readouterr().err, "--memory-gib: expected a card's memory in GiB", f", got '{zero}'")
+        said = capsys.readouterr().err
+        assert_one_line(said, "error: --memory-gib: expected a card's memory in GiB", f", got '{zero}'")
+        assert "at most one decimal point between digits (80, 0.5)" in said
     for bad in ("x" * 100, "\x1b"):
         assert mesure_memoire.main([*MEASURE_TRIAL, "--plan", "--memory-gib", bad]) == 2
         assert_one_line(capsys.readouterr().err, "--memory-gib: ", f", got {mesure_memoire.quoted(bad)}")

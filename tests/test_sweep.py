@@ -199,7 +199,8 @@ def test_a_child_that_ignores_the_interrupt_is_killed(stand_in, capsys, monkeypa
         return real_popen(*args, **kwargs, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
 
     monkeypatch.setattr(subprocess, "Popen", ignoring_sigint)
-    assert mesure_memoire.main([*SWEEP, "--values", "256", "--timeout-s", "1"]) == 2
+    # --debug too: a stopped child's stderr is not its answer, the refusal stays the one line.
+    assert mesure_memoire.main([*SWEEP, "--values", "256", "--timeout-s", "1", "--debug"]) == 2
     assert_one_line(capsys.readouterr().err, "width 256", "within 1 s", "nothing kept")
     assert os.listdir(".") == []
 

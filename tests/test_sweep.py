@@ -190,6 +190,21 @@ def test_debug_is_passed_to_each_measure_child_whose_stderr_then_reaches_the_ter
     assert "--debug" not in (stand_in.work / "out" / "mesures-width-256.json").read_text()
 
 
+def test_each_value_s_line_is_out_before_the_next_child_starts(stand_in, monkeypatch):
+    """A sweep piped to a file or `tee` shows each measured value as it ends, not all at the sweep's end."""
+    stand_in({"256": "write", "512": "write"})
+    written, seen, real_popen = io.BytesIO(), [], subprocess.Popen
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(written, encoding="utf-8"))  # buffered, as a pipe is
+
+    def popen(*args, **kwargs):
+        seen.append(written.getvalue().decode())
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    assert mesure_memoire.main([*SWEEP, "--values", "256,512"]) == 0
+    assert seen == ["", "", MEASURED_256]  # the probe, width 256, width 512
+
+
 def test_a_child_that_ignores_the_interrupt_is_killed(stand_in, capsys, monkeypatch):
     monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 0.5)
     stand_in({"256": "hang"})

@@ -191,6 +191,13 @@ def test_the_shared_contract_s_own_ctrl_c_line_and_a_status_that_is_not_a_number
     assert module.run_command_line("tool.py", lambda argv: 7, []) == 7
 
 
+def test_main_reads_the_command_line_when_given_no_argv(capsys, monkeypatch):
+    """`python mesure_memoire.py ...` calls main(): its arguments are those typed after the script's name."""
+    monkeypatch.setattr("sys.argv", ["mesure_memoire.py", "estimate", "--parameters", "7", "--bits", "8"])
+    assert mesure_memoire.main() == 0
+    assert "  parameters            7\n" in capsys.readouterr().out
+
+
 def test_abbreviations_are_off_and_so_is_colour_where_argparse_has_it(monkeypatch):
     """Python 3.14's argparse reads NO_COLOR and FORCE_COLOR unless color=False; no 3.14 here, so the
     version is stood in for and argparse's constructor recorded."""

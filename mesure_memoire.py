@@ -2754,7 +2754,7 @@ def build_parser():
                     action=Once,
                     metavar=metavar,
                     required=default == REQUIRED,
-                    default=None if default == REQUIRED else default,
+                    default=default,  # never read where required: argparse refuses the option missing
                     help=text,
                 )
         if command == "report":

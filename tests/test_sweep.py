@@ -205,14 +205,6 @@ def test_each_value_s_line_is_out_before_the_next_child_starts(stand_in, monkeyp
     assert seen == ["", "", MEASURED_256]  # the probe, width 256, width 512
 
 
-def test_a_sweep_runs_where_signals_cannot_be_held(stand_in, monkeypatch, capsys):
-    """Windows' signal module has no pthread_sigmask (a stand-in: its absence): the children start all the same."""
-    stand_in({"256": "write"})
-    monkeypatch.delattr(signal, "pthread_sigmask")
-    assert mesure_memoire.main([*SWEEP, "--values", "256"]) == 0
-    assert MEASURED_256 in capsys.readouterr().out
-
-
 def test_a_child_that_ignores_the_interrupt_is_killed(stand_in, capsys, monkeypatch):
     monkeypatch.setattr(mesure_memoire, "SWEEP_STOP_GRACE_S", 0.5)
     stand_in({"256": "hang"})
